@@ -1,0 +1,58 @@
+"""unstall: feed unchanged PyTorch loops from the unstall sidecar over Arrow Flight.
+
+``import unstall`` needs only pyarrow, py4j and numpy; the PyTorch parts (``Dataset``, ``DataLoader``,
+the loaders) import torch on first use, from ``unstall.torch``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .client import FlightClient
+from .errors import (
+    AuthenticationError,
+    DataFileNotFoundError,
+    DatasetNotFoundError,
+    InvalidRequestError,
+    ProtocolMismatchError,
+    ResourceExhaustedError,
+    SidecarError,
+    SidecarInternalError,
+    SidecarStartError,
+    SidecarUnavailableError,
+)
+from .protocol import PROTOCOL_VERSION, DatasetInfo, Stats
+from .sidecar import Sidecar, default_sidecar
+
+__version__ = "0.1.0"
+
+_TORCH_NAMES = ("Dataset", "DataLoader", "EpochIndex", "EpochSampler", "pil_loader", "decode_image", "tensor_loader")
+
+__all__ = [
+    "__version__",
+    "PROTOCOL_VERSION",
+    "Sidecar",
+    "default_sidecar",
+    "FlightClient",
+    "DatasetInfo",
+    "Stats",
+    "SidecarError",
+    "SidecarStartError",
+    "SidecarUnavailableError",
+    "AuthenticationError",
+    "InvalidRequestError",
+    "DatasetNotFoundError",
+    "DataFileNotFoundError",
+    "SidecarInternalError",
+    "ResourceExhaustedError",
+    "ProtocolMismatchError",
+    *_TORCH_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        from . import torch as _torch  # imports torch itself only now
+
+        return getattr(_torch, name)
+    raise AttributeError(f"module 'unstall' has no attribute {name!r}")

@@ -1,0 +1,144 @@
+"""The data plane: an Arrow Flight client for the sidecar.
+
+The connection is opened lazily and per process: a DataLoader worker forked from a process that
+already had one opens its own (gRPC channels do not survive fork), and pickling drops it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from . import protocol
+from .errors import ProtocolMismatchError, SidecarError, from_flight_error
+
+__all__ = ["FlightClient"]
+
+
+class FlightClient:
+    """Fetches batches of samples from the sidecar over Flight.
+
+    >>> with FlightClient("grpc+tcp://127.0.0.1:8815", token) as client:
+    ...     batch = client.fetch("imgs", [0, 7, 41], epoch=0)
+    """
+
+    def __init__(self, location: str, token: Union[str, bytes, None], *, timeout: Optional[float] = None) -> None:
+        if not location:
+            raise ValueError("a Flight location is required, e.g. grpc+tcp://127.0.0.1:8815")
+        self.location = location
+        self._token = token.encode() if isinstance(token, str) else token
+        self.timeout = timeout
+        self._conn: Optional[fl.FlightClient] = None
+        self._pid: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never show the token
+        return f"FlightClient({self.location!r})"
+
+    # -- connection, per process -------------------------------------------------------------
+    def _options(self) -> fl.FlightCallOptions:
+        headers = [(b"authorization", b"Bearer " + self._token)] if self._token else []
+        return fl.FlightCallOptions(headers=headers, timeout=self.timeout)
+
+    def _client(self) -> fl.FlightClient:
+        pid = os.getpid()
+        if self._conn is None or self._pid != pid:
+            with self._lock:
+                if self._conn is None or self._pid != pid:
+                    # A connection inherited through fork belongs to the parent: drop it unclosed.
+                    self._conn = fl.connect(self.location)
+                    self._pid = pid
+        return self._conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and self._pid == os.getpid():
+            conn.close()
+        self._pid = None
+
+    def __enter__(self) -> FlightClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_conn"] = None
+        state["_pid"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- calls ---------------------------------------------------------------------------------
+    def fetch(self, dataset: str, ids: Union[Sequence[int], np.ndarray], epoch: int = 0) -> pa.RecordBatch:
+        """One DoGet: the samples ``ids`` of ``dataset`` in ticket order, counted under ``epoch``.
+
+        Raises ProtocolMismatchError when the ``id`` column is not exactly ``ids``: a training job
+        must never be fed other samples than it asked for.
+        """
+        wanted = np.asarray(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids.astype(np.int64)
+        ticket = fl.Ticket(protocol.encode_fetch_ticket(dataset, wanted, epoch))
+        try:
+            table = self._client().do_get(ticket, self._options()).read_all()
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e, dataset=dataset) from None
+        batch = _single_batch(table)
+        try:
+            protocol.check_batch(batch)
+        except ValueError as e:
+            raise ProtocolMismatchError(f"dataset {dataset!r}: {e}") from None
+        got = batch.column("id").to_numpy(zero_copy_only=False)
+        if got.shape != wanted.shape or not np.array_equal(got, wanted):
+            raise ProtocolMismatchError(
+                f"dataset {dataset!r}: the sidecar returned ids {_preview(got)} for the requested ids "
+                f"{_preview(wanted)}; refusing to feed other samples than asked for"
+            )
+        return batch
+
+    def describe(self, dataset: str) -> protocol.DatasetInfo:
+        """GetFlightInfo: the dataset's description (from app_metadata)."""
+        try:
+            info = self._client().get_flight_info(fl.FlightDescriptor.for_path(dataset), self._options())
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from None
+        return protocol.parse_description(info.app_metadata)
+
+    def list_datasets(self) -> list[protocol.DatasetInfo]:
+        try:
+            infos = list(self._client().list_flights(b"", self._options()))
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from None
+        return [protocol.parse_description(i.app_metadata) for i in infos]
+
+    def stats(self) -> protocol.Stats:
+        """The ``stats`` action."""
+        try:
+            results = list(self._client().do_action(fl.Action("stats", b""), self._options()))
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from None
+        if len(results) != 1:
+            raise ProtocolMismatchError(f"the stats action returned {len(results)} results, expected 1")
+        return protocol.parse_stats(results[0].body.to_pybytes())
+
+
+def _single_batch(table: pa.Table) -> pa.RecordBatch:
+    batches = table.combine_chunks().to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    raise SidecarError(f"expected one record batch, got {len(batches)}")  # pragma: no cover
+
+
+def _preview(a: np.ndarray, n: int = 8) -> str:
+    items = ", ".join(str(int(x)) for x in a[:n])
+    return f"[{items}{', ...' if a.size > n else ''}] ({a.size} ids)"

@@ -1,0 +1,137 @@
+"""Exceptions raised by the shim. Each carries the sidecar's own message, which names the dataset,
+sample, file or option at fault.
+
+The constructors take the message as their only positional argument so that torch's DataLoader can
+re-raise them in the main process ("Caught DatasetNotFoundError in DataLoader worker process 1").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+__all__ = [
+    "SidecarError",
+    "SidecarStartError",
+    "SidecarUnavailableError",
+    "AuthenticationError",
+    "InvalidRequestError",
+    "DatasetNotFoundError",
+    "DataFileNotFoundError",
+    "SidecarInternalError",
+    "ResourceExhaustedError",
+    "ProtocolMismatchError",
+    "from_flight_error",
+    "from_java_error",
+]
+
+
+class SidecarError(Exception):
+    """Base class: the sidecar refused or failed a request. ``code`` is the Flight status or Java class."""
+
+    def __init__(self, msg: str = "", code: Optional[str] = None) -> None:
+        super().__init__(msg)
+        self.code = code
+
+    def __str__(self) -> str:  # KeyError subclasses would otherwise print repr(msg)
+        return str(self.args[0]) if self.args else ""
+
+
+class SidecarStartError(SidecarError):
+    """The embedded sidecar could not be started (no java, no jar, it died or did not come up)."""
+
+
+class SidecarUnavailableError(SidecarError, ConnectionError):
+    """No sidecar answers at the resolved address."""
+
+
+class AuthenticationError(SidecarError, PermissionError):
+    """The token is missing or wrong (Flight UNAUTHENTICATED / Py4J bad auth token)."""
+
+
+class InvalidRequestError(SidecarError, ValueError):
+    """INVALID_ARGUMENT: a malformed ticket, an id out of range, a bad option."""
+
+
+class DatasetNotFoundError(SidecarError, KeyError):
+    """The dataset is not registered with the sidecar."""
+
+
+class DataFileNotFoundError(SidecarError, FileNotFoundError):
+    """A sample's file disappeared from storage after registration."""
+
+
+class SidecarInternalError(SidecarError):
+    """INTERNAL: e.g. a corrupt TFRecord record (the message names file and byte offset)."""
+
+
+class ResourceExhaustedError(SidecarError):
+    """RESOURCE_EXHAUSTED: the batch exceeds the sidecar's stream budget."""
+
+
+class ProtocolMismatchError(SidecarError):
+    """The sidecar answered something this client does not accept (wrong ids, version, schema)."""
+
+
+# pyarrow renders a Flight error as "Flight returned <kind> error, with message: <msg>. gRPC client
+# debug context: ..." (or "... Detail: ..."); keep only the server's message.
+_FLIGHT_MESSAGE = re.compile(r"with message: (.*?)(?:\. gRPC client debug context:.*|\. Detail: .*)?$", re.S)
+
+
+def _server_message(err: BaseException) -> str:
+    text = str(err)
+    m = _FLIGHT_MESSAGE.search(text)
+    return m.group(1).strip() if m else text.strip()
+
+
+def _is_file_not_found(msg: str) -> bool:
+    low = msg.lower()
+    return "file" in low or "sample" in low or "/" in msg
+
+
+def from_flight_error(err: BaseException, *, dataset: Optional[str] = None) -> SidecarError:
+    """Maps a pyarrow Flight/Arrow exception to the shim's hierarchy, keeping the server's message."""
+    import pyarrow as pa
+    import pyarrow.flight as fl
+
+    msg = _server_message(err)
+    if isinstance(err, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
+        return AuthenticationError(msg, "UNAUTHENTICATED")
+    if isinstance(err, fl.FlightUnavailableError):
+        return SidecarUnavailableError(msg, "UNAVAILABLE")
+    if isinstance(err, fl.FlightInternalError):
+        return SidecarInternalError(msg, "INTERNAL")
+    if isinstance(err, pa.ArrowKeyError):  # NOT_FOUND
+        if dataset is not None and "registered" not in msg.lower() and _is_file_not_found(msg):
+            return DataFileNotFoundError(msg, "NOT_FOUND")
+        return DatasetNotFoundError(msg, "NOT_FOUND")
+    if isinstance(err, pa.ArrowInvalid):  # INVALID_ARGUMENT
+        return InvalidRequestError(msg, "INVALID_ARGUMENT")
+    if "resource exhausted" in str(err).lower() or "RESOURCE_EXHAUSTED" in str(err):
+        return ResourceExhaustedError(msg, "RESOURCE_EXHAUSTED")
+    if isinstance(err, fl.FlightServerError):
+        return SidecarError(msg, "UNKNOWN")
+    return SidecarError(msg, type(err).__name__)
+
+
+def from_java_error(err: BaseException) -> SidecarError:
+    """Maps a ``py4j.protocol.Py4JJavaError`` to the shim's hierarchy, keeping the Java message."""
+    java_exc = getattr(err, "java_exception", None)
+    cls = ""
+    msg = ""
+    if java_exc is not None:
+        try:
+            cls = str(java_exc.getClass().getName())
+            msg = str(java_exc.getMessage() or "")
+        except Exception:  # the gateway may be gone already
+            pass
+    if not msg:
+        msg = str(err)
+    simple = cls.rsplit(".", 1)[-1]
+    if "NoSuchFile" in simple or "FileNotFound" in simple:
+        return DataFileNotFoundError(msg, cls)
+    if "NotFound" in simple or "NoSuchElement" in simple or "Unknown" in simple:
+        return DatasetNotFoundError(msg, cls)
+    if "IllegalArgument" in simple or "Invalid" in simple or "IllegalState" in simple:
+        return InvalidRequestError(msg, cls)
+    return SidecarError(msg, cls or None)

@@ -1,0 +1,124 @@
+"""An in-process stand-in for the sidecar's data plane (protocol v1 over pyarrow Flight), so the
+client and the torch integration can be tested without a JVM. The real sidecar is tested by
+tests/python/. ``FakeSidecar`` duck-types the parts of ``unstall.Sidecar`` that Dataset uses.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from unstall import protocol
+from unstall.client import FlightClient
+
+TOKEN = "f" * 64
+
+
+@dataclass
+class FakeDataset:
+    name: str
+    payloads: list[bytes]
+    labels: Optional[list[int]] = None
+    classes: Optional[list[str]] = None
+    fmt: str = "imagefolder"
+
+    def description(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "v": 1,
+            "name": self.name,
+            "format": self.fmt,
+            "uri": f"file:///fake/{self.name}",
+            "num_samples": len(self.payloads),
+            "total_bytes": sum(len(p) for p in self.payloads),
+        }
+        if self.classes is not None:
+            d["classes"] = self.classes
+        return d
+
+
+class _Auth(fl.ServerMiddlewareFactory):
+    def start_call(self, info: Any, headers: dict[str, list[str]]) -> None:
+        values = headers.get("authorization", [])
+        if values != [f"Bearer {TOKEN}"]:
+            raise fl.FlightUnauthenticatedError("missing or wrong token")
+        return None
+
+
+class FakeServer(fl.FlightServerBase):
+    def __init__(self, datasets: list[FakeDataset]) -> None:
+        super().__init__("grpc+tcp://127.0.0.1:0", middleware={"auth": _Auth()})
+        self.datasets = {d.name: d for d in datasets}
+        self.tickets: list[protocol.FetchTicket] = []
+        self.lie_about_ids = False
+        self.lock = threading.Lock()
+
+    def _dataset(self, name: str) -> FakeDataset:
+        if name not in self.datasets:
+            raise KeyError(f"unknown dataset '{name}' (registered: {', '.join(sorted(self.datasets))})")
+        return self.datasets[name]
+
+    def get_flight_info(self, context: Any, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
+        ds = self._dataset(descriptor.path[0].decode())
+        d = ds.description()
+        return fl.FlightInfo(
+            protocol.BATCH_SCHEMA, descriptor, [], d["num_samples"], d["total_bytes"], app_metadata=json.dumps(d).encode()
+        )
+
+    def list_flights(self, context: Any, criteria: bytes) -> Any:
+        for name in sorted(self.datasets):
+            yield self.get_flight_info(context, fl.FlightDescriptor.for_path(name))
+
+    def do_get(self, context: Any, ticket: fl.Ticket) -> fl.RecordBatchStream:
+        try:
+            t = protocol.decode_ticket(ticket.ticket)
+        except ValueError as e:
+            raise pa.ArrowInvalid(str(e)) from None
+        ds = self._dataset(t.dataset)
+        for i in t.ids:
+            if i >= len(ds.payloads):
+                raise pa.ArrowInvalid(f"sample id {i} is out of range for dataset '{t.dataset}' of {len(ds.payloads)} samples")
+        with self.lock:
+            self.tickets.append(t)
+        ids = list(t.ids)
+        if self.lie_about_ids:
+            ids = ids[::-1] if len(ids) > 1 else [ids[0] + 1]
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(ids, pa.int64()),
+                pa.array([ds.labels[i] if ds.labels else None for i in t.ids], pa.int64()),
+                pa.array([f"k{i}" for i in t.ids], pa.utf8()),
+                pa.array([ds.payloads[i] for i in t.ids], pa.binary()),
+            ],
+            schema=protocol.BATCH_SCHEMA,
+        )
+        return fl.RecordBatchStream(pa.Table.from_batches([batch]))
+
+    def do_action(self, context: Any, action: fl.Action) -> Any:
+        if action.type != "stats":
+            raise NotImplementedError(action.type)
+        doc = {"v": 1, "cache": {"policy": "minio", "capacity_bytes": 0, "used_bytes": 0, "entries": 0}, "datasets": {}}
+        return [fl.Result(json.dumps(doc).encode())]
+
+
+class FakeSidecar:
+    """What unstall.torch.Dataset needs from a Sidecar, backed by a FakeServer."""
+
+    def __init__(self, server: FakeServer) -> None:
+        self.server = server
+        self.flight_location = f"grpc+tcp://127.0.0.1:{server.port}"
+        self.token = TOKEN
+
+    def flight_client(self) -> FlightClient:
+        return FlightClient(self.flight_location, TOKEN)
+
+    def describe(self, name: str) -> protocol.DatasetInfo:
+        with self.flight_client() as c:
+            return c.describe(name)
+
+    def register_dataset(self, name: str, root: Any, format: str = "imagefolder", options: Any = None) -> protocol.DatasetInfo:
+        return self.describe(name)
