@@ -1,0 +1,207 @@
+package io.unstall.flight;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.cache.SampleCache;
+import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.dataset.DatasetRegistry;
+import io.unstall.flight.dataset.DatasetStats;
+import io.unstall.flight.dataset.UnknownDatasetException;
+import io.unstall.flight.format.CorruptRecordException;
+import io.unstall.flight.protocol.BatchSchema;
+import io.unstall.flight.protocol.FetchTicket;
+import io.unstall.flight.protocol.MalformedTicketException;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.locks.LockSupport;
+import org.apache.arrow.flight.Action;
+import org.apache.arrow.flight.ActionType;
+import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.flight.Criteria;
+import org.apache.arrow.flight.FlightDescriptor;
+import org.apache.arrow.flight.FlightInfo;
+import org.apache.arrow.flight.FlightRuntimeException;
+import org.apache.arrow.flight.NoOpFlightProducer;
+import org.apache.arrow.flight.Result;
+import org.apache.arrow.flight.Ticket;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/** The Flight producer: list and describe datasets, fetch batches of samples, report stats. */
+public final class UnstallProducer extends NoOpFlightProducer {
+  private static final Logger LOG = LoggerFactory.getLogger(UnstallProducer.class);
+  private static final ObjectMapper JSON = new ObjectMapper();
+  public static final String ACTION_STATS = "stats";
+
+  private final DatasetRegistry registry;
+  private final SampleCache cache;
+  private final BatchAssembler assembler;
+  private final BufferAllocator streams;
+  private final StreamBudget budget;
+
+  /** {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. */
+  public UnstallProducer(DatasetRegistry registry, SampleCache cache, BufferAllocator streams, StreamBudget budget) {
+    this.registry = registry;
+    this.cache = cache;
+    this.assembler = new BatchAssembler(cache);
+    this.streams = streams;
+    this.budget = budget;
+  }
+
+  @Override
+  public void getStream(CallContext context, Ticket ticket, ServerStreamListener listener) {
+    VectorSchemaRoot root = null;
+    try {
+      FetchTicket t = FetchTicket.from(ticket);
+      Dataset d = registry.get(t.dataset());
+      int[] ids = BatchAssembler.checkedIds(d, t);
+      logEpochStart(d, t.epoch());
+      try (StreamBudget.Reservation r = budget.acquire(budget.cost(BatchAssembler.payloadBytes(d, ids), ids.length))) {
+        root = assembler.assemble(d, t.epoch(), ids, streams);
+      }
+      listener.start(root);
+      awaitReady(listener);
+      if (!listener.isCancelled()) {
+        listener.putNext();
+        listener.completed();
+      }
+    } catch (Throwable e) {
+      FlightRuntimeException status = toStatus(e);
+      if (status.status().code() == org.apache.arrow.flight.FlightStatusCode.INTERNAL) {
+        LOG.warn("fetch failed: {}", status.getMessage(), e);
+      } else {
+        LOG.info("fetch rejected: {}", status.getMessage());
+      }
+      listener.error(status);
+    } finally {
+      if (root != null) {
+        root.close();
+      }
+    }
+  }
+
+  /** Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. */
+  private static void awaitReady(ServerStreamListener listener) {
+    while (!listener.isReady() && !listener.isCancelled()) {
+      LockSupport.parkNanos(20_000);
+    }
+  }
+
+  private void logEpochStart(Dataset d, long epoch) {
+    DatasetStats stats = d.stats();
+    if (!stats.hasEpoch(epoch)) {
+      Map.Entry<Long, DatasetStats.Epoch> prev = stats.previous(epoch);
+      stats.epoch(epoch);
+      if (prev != null) {
+        LOG.info(DatasetStats.summary(d.name(), prev.getKey(), prev.getValue()));
+      }
+    }
+  }
+
+  @Override
+  public void listFlights(CallContext context, Criteria criteria, StreamListener<FlightInfo> listener) {
+    try {
+      for (Dataset d : registry.all()) {
+        listener.onNext(info(d));
+      }
+      listener.onCompleted();
+    } catch (Throwable e) {
+      listener.onError(toStatus(e));
+    }
+  }
+
+  @Override
+  public FlightInfo getFlightInfo(CallContext context, FlightDescriptor descriptor) {
+    try {
+      if (descriptor.isCommand() || descriptor.getPath().size() != 1) {
+        throw new IllegalArgumentException(
+            "describe a dataset with FlightDescriptor.path(<dataset name>), got " + descriptor);
+      }
+      return info(registry.get(descriptor.getPath().get(0)));
+    } catch (Throwable e) {
+      throw toStatus(e);
+    }
+  }
+
+  private static FlightInfo info(Dataset d) throws IOException {
+    return FlightInfo.builder(BatchSchema.SCHEMA, FlightDescriptor.path(d.name()), List.of())
+        .setRecords(d.size())
+        .setBytes(d.totalBytes())
+        .setAppMetadata(JSON.writeValueAsBytes(d.describe()))
+        .build();
+  }
+
+  @Override
+  public void doAction(CallContext context, Action action, StreamListener<Result> listener) {
+    try {
+      if (!ACTION_STATS.equals(action.getType())) {
+        throw CallStatus.UNIMPLEMENTED
+            .withDescription("unknown action '" + action.getType() + "'; supported: " + ACTION_STATS)
+            .toRuntimeException();
+      }
+      listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
+      listener.onCompleted();
+    } catch (Throwable e) {
+      listener.onError(toStatus(e));
+    }
+  }
+
+  @Override
+  public void listActions(CallContext context, StreamListener<ActionType> listener) {
+    listener.onNext(new ActionType(ACTION_STATS, "cache and per-dataset, per-epoch statistics as JSON"));
+    listener.onCompleted();
+  }
+
+  /** The stats document (protocol/README.md), shared by the stats action and the control plane. */
+  public String statsJson() {
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    o.put("v", 1);
+    ObjectNode c = o.putObject("cache");
+    c.put("policy", cache.policy());
+    c.put("capacity_bytes", cache.capacityBytes());
+    c.put("used_bytes", cache.usedBytes());
+    c.put("entries", cache.entries());
+    ObjectNode ds = o.putObject("datasets");
+    for (Dataset d : registry.all()) {
+      ds.set(d.name(), d.stats().toJson());
+    }
+    return o.toString();
+  }
+
+  /** One log line per dataset and epoch, for shutdown. */
+  public void logStats() {
+    for (Dataset d : registry.all()) {
+      d.stats().forEach((epoch, e) -> LOG.info(DatasetStats.summary(d.name(), epoch, e)));
+    }
+  }
+
+  /** Maps a failure to the Flight status a client sees; messages name the dataset, file or offset. */
+  static FlightRuntimeException toStatus(Throwable e) {
+    if (e instanceof FlightRuntimeException f) {
+      return f;
+    }
+    CallStatus status;
+    if (e instanceof UnknownDatasetException || e instanceof BatchAssembler.SampleNotFoundException) {
+      status = CallStatus.NOT_FOUND;
+    } else if (e instanceof MalformedTicketException || e instanceof IllegalArgumentException) {
+      status = CallStatus.INVALID_ARGUMENT;
+    } else if (e instanceof StreamBudget.BudgetExceededException
+        || e instanceof org.apache.arrow.memory.OutOfMemoryException) {
+      status = CallStatus.RESOURCE_EXHAUSTED;
+    } else if (e instanceof CorruptRecordException) {
+      status = CallStatus.INTERNAL;
+    } else if (e instanceof InterruptedException) {
+      Thread.currentThread().interrupt();
+      status = CallStatus.CANCELLED;
+    } else {
+      status = CallStatus.INTERNAL;
+    }
+    String msg = e.getMessage() == null ? e.getClass().getName() : e.getMessage();
+    return status.withDescription(msg).withCause(e).toRuntimeException();
+  }
+}

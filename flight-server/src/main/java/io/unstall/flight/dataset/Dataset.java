@@ -1,0 +1,103 @@
+package io.unstall.flight.dataset;
+
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.format.Format;
+import io.unstall.flight.format.SampleIndex;
+import io.unstall.flight.storage.Storage;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.util.List;
+
+/** A registered dataset: a named storage location plus a format, indexed into stable sample ids. */
+public final class Dataset {
+  private final String name;
+  private final Format format;
+  private final Storage storage;
+  private final SampleIndex index;
+  private final List<String> classes;
+  private final DatasetStats stats = new DatasetStats();
+
+  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes) {
+    this.name = name;
+    this.format = format;
+    this.storage = storage;
+    this.index = index;
+    this.classes = List.copyOf(classes);
+  }
+
+  public String name() {
+    return name;
+  }
+
+  public Format format() {
+    return format;
+  }
+
+  public Storage storage() {
+    return storage;
+  }
+
+  public int size() {
+    return index.size();
+  }
+
+  public long totalBytes() {
+    return index.totalBytes();
+  }
+
+  public int length(int id) {
+    return index.length(id);
+  }
+
+  public boolean labelled() {
+    return index.labelled();
+  }
+
+  public long label(int id) {
+    return index.label(id);
+  }
+
+  public String key(int id) {
+    return format.key(index, id);
+  }
+
+  public DatasetStats stats() {
+    return stats;
+  }
+
+  /** Checks that {@code id} is a sample of this dataset. */
+  public int checkId(long id) {
+    if (id < 0 || id >= index.size()) {
+      throw new IllegalArgumentException(
+          "sample id " + id + " out of range for dataset '" + name + "' (size " + index.size()
+              + ", valid ids 0.." + (index.size() - 1) + ")");
+    }
+    return (int) id;
+  }
+
+  /** Reads sample {@code id} from storage into {@code dst}. */
+  public void read(int id, ByteBuffer dst) throws IOException {
+    format.read(storage, index, id, dst);
+  }
+
+  /** The storage path of a sample's file, for error messages. */
+  public String fileOf(int id) {
+    return storage.describe(index.file(id));
+  }
+
+  /** The description sent as FlightInfo app_metadata and returned by the control plane. */
+  public ObjectNode describe() {
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    o.put("v", 1);
+    o.put("name", name);
+    o.put("format", format.name());
+    o.put("uri", storage.uri());
+    o.put("num_samples", index.size());
+    o.put("total_bytes", index.totalBytes());
+    if (index.labelled()) {
+      o.putPOJO("classes", classes);
+    }
+    return o;
+  }
+}

@@ -1,0 +1,108 @@
+package io.unstall.flight.dataset;
+
+import io.unstall.flight.format.Format;
+import io.unstall.flight.format.Formats;
+import io.unstall.flight.format.SampleIndex;
+import io.unstall.flight.storage.LocalStorage;
+import io.unstall.flight.storage.Storage;
+import java.io.IOException;
+import java.net.URI;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.regex.Pattern;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/** The registered datasets by name. Registration indexes the dataset once, logging progress. */
+public final class DatasetRegistry implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(DatasetRegistry.class);
+  private static final Pattern NAME = Pattern.compile("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
+  private static final long PROGRESS_EVERY = 10_000;
+
+  private final Map<String, Dataset> datasets = new ConcurrentHashMap<>();
+
+  /**
+   * Registers {@code name} as {@code format} data at {@code uri}. Registering the same name with the same
+   * format and location again returns the existing dataset; with another one it is an error.
+   */
+  public synchronized Dataset register(String name, String formatName, String uri) throws IOException {
+    if (name == null || !NAME.matcher(name).matches()) {
+      throw new IllegalArgumentException(
+          "invalid dataset name '" + name + "': use 1-128 letters, digits, '.', '_' or '-', starting with a"
+              + " letter or digit");
+    }
+    Format format = Formats.byName(formatName);
+    Storage storage = openStorage(uri);
+    Dataset existing = datasets.get(name);
+    if (existing != null) {
+      if (existing.format().name().equals(format.name()) && existing.storage().uri().equals(storage.uri())) {
+        return existing;
+      }
+      throw new IllegalArgumentException(
+          "dataset '" + name + "' is already registered as " + existing.format().name() + " at "
+              + existing.storage().uri() + "; choose another name");
+    }
+    long start = System.nanoTime();
+    LOG.info("indexing dataset '{}' ({} at {})", name, format.name(), storage.uri());
+    SampleIndex index =
+        format.index(
+            storage,
+            n -> {
+              if (n % PROGRESS_EVERY == 0) {
+                LOG.info("indexing dataset '{}': {} samples so far", name, n);
+              }
+            });
+    Dataset d = new Dataset(name, format, storage, index, format.classes(storage));
+    datasets.put(name, d);
+    LOG.info(
+        "registered dataset '{}': {} samples, {} bytes, indexed in {} ms",
+        name, d.size(), d.totalBytes(), (System.nanoTime() - start) / 1_000_000);
+    return d;
+  }
+
+  /** The dataset called {@code name}; unknown names are an error listing the registered ones. */
+  public Dataset get(String name) {
+    Dataset d = datasets.get(name);
+    if (d == null) {
+      throw new UnknownDatasetException(name, new ArrayList<>(datasets.keySet()));
+    }
+    return d;
+  }
+
+  public Collection<Dataset> all() {
+    List<Dataset> out = new ArrayList<>(datasets.values());
+    out.sort((a, b) -> a.name().compareTo(b.name()));
+    return out;
+  }
+
+  static Storage openStorage(String uri) throws IOException {
+    if (uri == null || uri.isBlank()) {
+      throw new IllegalArgumentException("dataset location (uri) is empty");
+    }
+    if (uri.startsWith("file:")) {
+      return new LocalStorage(Path.of(URI.create(uri)));
+    }
+    if (uri.contains("://")) {
+      throw new IllegalArgumentException(
+          "unsupported storage scheme in '" + uri + "'; supported: file:// or an absolute path");
+    }
+    Path p = Path.of(uri);
+    if (!p.isAbsolute()) {
+      throw new IllegalArgumentException(
+          "dataset location '" + uri + "' must be absolute (the sidecar's working directory is not yours)");
+    }
+    return new LocalStorage(p);
+  }
+
+  @Override
+  public void close() throws IOException {
+    for (Dataset d : datasets.values()) {
+      d.storage().close();
+    }
+    datasets.clear();
+  }
+}

@@ -1,0 +1,103 @@
+package io.unstall.flight.dataset;
+
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.util.Map;
+import java.util.concurrent.ConcurrentSkipListMap;
+import java.util.concurrent.atomic.LongAdder;
+
+/** Per-epoch counters of one dataset: samples served, cache hits and misses, bytes from storage and cache. */
+public final class DatasetStats {
+
+  /** Counters of one epoch. */
+  public static final class Epoch {
+    final LongAdder samples = new LongAdder();
+    final LongAdder hits = new LongAdder();
+    final LongAdder misses = new LongAdder();
+    final LongAdder storageBytes = new LongAdder();
+    final LongAdder cacheBytes = new LongAdder();
+
+    public void hit(long bytes) {
+      samples.increment();
+      hits.increment();
+      cacheBytes.add(bytes);
+    }
+
+    public void miss(long bytes) {
+      samples.increment();
+      misses.increment();
+      storageBytes.add(bytes);
+    }
+
+    public long hits() {
+      return hits.sum();
+    }
+
+    public long misses() {
+      return misses.sum();
+    }
+
+    public long storageBytes() {
+      return storageBytes.sum();
+    }
+
+    void add(Epoch other) {
+      samples.add(other.samples.sum());
+      hits.add(other.hits.sum());
+      misses.add(other.misses.sum());
+      storageBytes.add(other.storageBytes.sum());
+      cacheBytes.add(other.cacheBytes.sum());
+    }
+
+    ObjectNode toJson() {
+      ObjectNode o = JsonNodeFactory.instance.objectNode();
+      o.put("samples", samples.sum());
+      o.put("hits", hits.sum());
+      o.put("misses", misses.sum());
+      o.put("storage_bytes", storageBytes.sum());
+      o.put("cache_bytes", cacheBytes.sum());
+      return o;
+    }
+  }
+
+  private final ConcurrentSkipListMap<Long, Epoch> epochs = new ConcurrentSkipListMap<>();
+
+  /** The counters of {@code epoch}, created on first use. */
+  public Epoch epoch(long epoch) {
+    return epochs.computeIfAbsent(epoch, e -> new Epoch());
+  }
+
+  public boolean hasEpoch(long epoch) {
+    return epochs.containsKey(epoch);
+  }
+
+  /** The latest epoch seen before {@code epoch}, or null. */
+  public Map.Entry<Long, Epoch> previous(long epoch) {
+    return epochs.lowerEntry(epoch);
+  }
+
+  public void forEach(java.util.function.BiConsumer<Long, Epoch> action) {
+    epochs.forEach(action);
+  }
+
+  public ObjectNode toJson() {
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    ObjectNode per = o.putObject("epochs");
+    Epoch total = new Epoch();
+    for (Map.Entry<Long, Epoch> e : epochs.entrySet()) {
+      per.set(Long.toString(e.getKey()), e.getValue().toJson());
+      total.add(e.getValue());
+    }
+    o.set("total", total.toJson());
+    return o;
+  }
+
+  /** One line for the sidecar's log. */
+  public static String summary(String dataset, long epoch, Epoch e) {
+    long s = e.samples.sum();
+    long h = e.hits.sum();
+    return String.format(
+        "dataset '%s' epoch %d: %d samples, cache hits %d (%.1f%%), misses %d, %d bytes from storage, %d from cache",
+        dataset, epoch, s, h, s == 0 ? 0.0 : 100.0 * h / s, e.misses.sum(), e.storageBytes.sum(), e.cacheBytes.sum());
+  }
+}

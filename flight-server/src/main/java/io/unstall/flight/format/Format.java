@@ -1,0 +1,42 @@
+package io.unstall.flight.format;
+
+import io.unstall.flight.storage.Storage;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.util.List;
+import java.util.function.LongConsumer;
+
+/**
+ * How samples are laid out in storage. A format indexes a storage location into stable sample ids once, at
+ * registration, and later reads one sample's bytes. New formats (tar shards, HDF5, NPZ, Parquet) implement
+ * this and register in {@link Formats}.
+ */
+public interface Format {
+
+  /** The name users pass at registration, e.g. {@code imagefolder}. */
+  String name();
+
+  /**
+   * Indexes the dataset. {@code progress} receives the number of files indexed so far, for progress
+   * reporting on large datasets.
+   */
+  SampleIndex index(Storage storage, LongConsumer progress) throws IOException;
+
+  /** Class names by label, for formats with labels; empty otherwise. */
+  default List<String> classes(Storage storage) throws IOException {
+    return List.of();
+  }
+
+  /** A stable human-readable key of a sample: where it lives. */
+  default String key(SampleIndex index, int id) {
+    return index.file(id);
+  }
+
+  /**
+   * Reads sample {@code id} into {@code dst} ({@code index.length(id)} bytes remaining), verifying it where
+   * the format carries checksums. Errors name the file and byte offset.
+   */
+  default void read(Storage storage, SampleIndex index, int id, ByteBuffer dst) throws IOException {
+    storage.readFully(index.file(id), index.offset(id), dst);
+  }
+}

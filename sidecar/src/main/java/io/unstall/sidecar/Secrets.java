@@ -1,0 +1,57 @@
+package io.unstall.sidecar;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.nio.file.attribute.PosixFilePermission;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.security.SecureRandom;
+import java.util.HexFormat;
+import java.util.Set;
+
+/** Files only the user may read: the token file and the state file. The token is never logged. */
+public final class Secrets {
+  private static final Set<PosixFilePermission> OWNER_RW = PosixFilePermissions.fromString("rw-------");
+  private static final Set<PosixFilePermission> OWNER_RWX = PosixFilePermissions.fromString("rwx------");
+
+  private Secrets() {}
+
+  /** Reads the token, creating a random one (mode 0600) if the file does not exist. */
+  public static String readOrCreateToken(Path file) throws IOException {
+    if (Files.exists(file)) {
+      Set<PosixFilePermission> perms = Files.getPosixFilePermissions(file);
+      if (perms.stream().anyMatch(p -> p.name().startsWith("GROUP") || p.name().startsWith("OTHERS"))) {
+        throw new IllegalArgumentException(
+            "token file " + file + " is readable by others (" + PosixFilePermissions.toString(perms)
+                + "); run: chmod 600 " + file);
+      }
+      String token = Files.readString(file, StandardCharsets.UTF_8).trim();
+      if (token.length() < 16) {
+        throw new IllegalArgumentException("token file " + file + " holds fewer than 16 characters");
+      }
+      return token;
+    }
+    byte[] raw = new byte[32];
+    new SecureRandom().nextBytes(raw);
+    String token = HexFormat.of().formatHex(raw);
+    writePrivate(file, token + "\n");
+    return token;
+  }
+
+  /** Writes {@code content} atomically to a file of mode 0600 in a directory it creates with mode 0700. */
+  public static void writePrivate(Path file, String content) throws IOException {
+    Path dir = file.toAbsolutePath().getParent();
+    if (!Files.isDirectory(dir)) {
+      Files.createDirectories(dir, PosixFilePermissions.asFileAttribute(OWNER_RWX));
+    }
+    Path tmp = Files.createTempFile(dir, ".tmp-", "", PosixFilePermissions.asFileAttribute(OWNER_RW));
+    try {
+      Files.writeString(tmp, content, StandardCharsets.UTF_8);
+      Files.move(tmp, file, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+    } finally {
+      Files.deleteIfExists(tmp);
+    }
+  }
+}

@@ -1,0 +1,109 @@
+package io.unstall.sidecar;
+
+import java.net.InetAddress;
+import java.nio.file.Path;
+import java.util.concurrent.Callable;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+
+/** {@code serve}: run the sidecar until SIGTERM (or a control-plane shutdown). */
+@Command(
+    name = "serve",
+    mixinStandardHelpOptions = true,
+    description = "Start the Flight data plane and the Py4J control plane and serve until stopped.")
+public final class ServeCommand implements Callable<Integer> {
+
+  @Option(names = "--config", paramLabel = "FILE",
+      description = "Properties file with these options as keys (cache-capacity=4GiB); flags override it.")
+  Path config;
+
+  @Option(names = "--bind", defaultValue = "${env:UNSTALL_BIND:-127.0.0.1}",
+      description = "Address to listen on (default ${DEFAULT-VALUE}). A non-loopback address requires --tls-cert/--tls-key.")
+  String bind;
+
+  @Option(names = "--port", defaultValue = "${env:UNSTALL_FLIGHT_PORT:-8815}",
+      description = "Flight port (default ${DEFAULT-VALUE}; 0 picks a free one).")
+  int port;
+
+  @Option(names = "--control-port", defaultValue = "${env:UNSTALL_CONTROL_PORT:-0}",
+      description = "Py4J control-plane port, always on loopback (default ${DEFAULT-VALUE}: a free one).")
+  int controlPort;
+
+  @Option(names = "--cache-capacity", defaultValue = "${env:UNSTALL_CACHE_CAPACITY:-1GiB}", paramLabel = "SIZE",
+      description = "Bytes the never-evict cache may hold (default ${DEFAULT-VALUE}; 0 disables it).")
+  String cacheCapacity;
+
+  @Option(names = "--memory-budget", defaultValue = "${env:UNSTALL_MEMORY_BUDGET:-2GiB}", paramLabel = "SIZE",
+      description = "Off-heap bytes the sidecar may use in all: the cache plus batches in flight (default ${DEFAULT-VALUE}).")
+  String memoryBudget;
+
+  @Option(names = "--home", defaultValue = "${env:UNSTALL_HOME:-${sys:user.home}/.unstall}",
+      description = "Directory of the state and token files (default ${DEFAULT-VALUE}).")
+  Path home;
+
+  @Option(names = "--state-file", description = "Where to write the discovery file (default HOME/sidecar.json).")
+  Path stateFile;
+
+  @Option(names = "--token-file", description = "The token file, created (mode 0600) if missing (default HOME/token).")
+  Path tokenFile;
+
+  @Option(names = "--tls-cert", description = "PEM certificate chain; enables TLS on the Flight port.")
+  Path tlsCert;
+
+  @Option(names = "--tls-key", description = "PEM private key for --tls-cert.")
+  Path tlsKey;
+
+  @Option(names = "--batch-timeout", defaultValue = "60", paramLabel = "SECONDS",
+      description = "How long a fetch may wait for memory under load before RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
+  long batchTimeoutSeconds;
+
+  @Override
+  public Integer call() throws Exception {
+    SidecarSettings s = settings();
+    try (Sidecar sidecar = Sidecar.start(s)) {
+      sidecar.awaitShutdown();
+    }
+    return 0;
+  }
+
+  /** Validates the options into settings; every problem names the option. */
+  SidecarSettings settings() throws Exception {
+    long capacity = size("--cache-capacity", cacheCapacity);
+    long budget = size("--memory-budget", memoryBudget);
+    checkPort("--port", port);
+    checkPort("--control-port", controlPort);
+    if ((tlsCert == null) != (tlsKey == null)) {
+      throw new IllegalArgumentException("--tls-cert and --tls-key go together");
+    }
+    InetAddress addr;
+    try {
+      addr = InetAddress.getByName(bind);
+    } catch (java.net.UnknownHostException e) {
+      throw new IllegalArgumentException("--bind: cannot resolve '" + bind + "'");
+    }
+    if (!addr.isLoopbackAddress() && tlsCert == null) {
+      throw new IllegalArgumentException(
+          "--bind " + bind + " exposes the sidecar beyond this machine; that requires TLS (--tls-cert and --tls-key)");
+    }
+    Path h = home.toAbsolutePath();
+    return new SidecarSettings(
+        bind, port, controlPort, capacity, budget,
+        stateFile != null ? stateFile : h.resolve("sidecar.json"),
+        tokenFile != null ? tokenFile : h.resolve("token"),
+        tlsCert, tlsKey, batchTimeoutSeconds);
+  }
+
+  private static long size(String option, String value) {
+    try {
+      return Sizes.parse(value);
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("invalid value for option '" + option + "': " + e.getMessage());
+    }
+  }
+
+  private static void checkPort(String option, int p) {
+    if (p < 0 || p > 65535) {
+      throw new IllegalArgumentException("invalid value for option '" + option + "': port " + p + " not in 0..65535");
+    }
+  }
+}

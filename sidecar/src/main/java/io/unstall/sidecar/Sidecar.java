@@ -1,0 +1,154 @@
+package io.unstall.sidecar;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.DataPlane;
+import java.io.IOException;
+import java.net.BindException;
+import java.net.InetAddress;
+import java.nio.file.Files;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import py4j.GatewayServer;
+
+/**
+ * A running sidecar: owns the process's one root allocator (limited to the memory budget), the data plane,
+ * the Py4J control plane and the state file. Closing it (SIGTERM, or {@code shutdown()} from the control
+ * plane) stops serving, logs the final stats, frees all memory and removes the state file.
+ */
+public final class Sidecar implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(Sidecar.class);
+
+  private final SidecarSettings settings;
+  private final BufferAllocator root;
+  private final DataPlane dataPlane;
+  private final GatewayServer gateway;
+  private final CountDownLatch stopped = new CountDownLatch(1);
+  private final AtomicBoolean closed = new AtomicBoolean();
+  private final Thread hook;
+
+  private Sidecar(SidecarSettings s, BufferAllocator root, DataPlane dataPlane, GatewayServer gateway) {
+    this.settings = s;
+    this.root = root;
+    this.dataPlane = dataPlane;
+    this.gateway = gateway;
+    this.hook = new Thread(this::closeQuietly, "unstall-sigterm");
+  }
+
+  /** Starts everything or nothing: on failure whatever was started is closed again. */
+  public static Sidecar start(SidecarSettings s) throws Exception {
+    checkDirectMemory(s.memoryBudget());
+    String token = Secrets.readOrCreateToken(s.tokenFile());
+    BufferAllocator root = new RootAllocator(s.memoryBudget());
+    DataPlane dp = null;
+    GatewayServer gw = null;
+    try {
+      DataPlane.Builder b =
+          DataPlane.builder(root, token).host(s.bind()).port(s.port()).cacheCapacity(s.cacheCapacity())
+              .budgetTimeoutSeconds(s.batchTimeoutSeconds());
+      if (s.tlsCert() != null) {
+        b.tls(s.tlsCert().toFile(), s.tlsKey().toFile());
+      }
+      dp = b.build().start();
+      Sidecar[] self = new Sidecar[1];
+      ControlPlane control = new ControlPlane(dp, () -> self[0].closeQuietly());
+      gw = new GatewayServer.GatewayServerBuilder(control)
+          .javaAddress(InetAddress.getLoopbackAddress())
+          .javaPort(s.controlPort())
+          .authToken(token)
+          .build();
+      try {
+        gw.start();
+      } catch (py4j.Py4JNetworkException e) {
+        throw new BindException("control port " + s.controlPort() + " on 127.0.0.1 is already in use; pick --control-port");
+      }
+      Sidecar sidecar = new Sidecar(s, root, dp, gw);
+      self[0] = sidecar;
+      sidecar.writeStateFile();
+      Runtime.getRuntime().addShutdownHook(sidecar.hook);
+      LOG.info(
+          "unstall sidecar listening: flight={} control=127.0.0.1:{} cache=minio capacity={} memory-budget={} state={}",
+          dp.location().getUri(), gw.getListeningPort(), Sizes.format(s.cacheCapacity()),
+          Sizes.format(s.memoryBudget()), s.stateFile());
+      return sidecar;
+    } catch (Exception e) {
+      if (gw != null) {
+        gw.shutdown();
+      }
+      if (dp != null) {
+        dp.close();
+      }
+      root.close();
+      throw e;
+    }
+  }
+
+  /** The netty allocator Arrow uses is bounded by the JVM's direct-memory limit: the budget must fit in it. */
+  private static void checkDirectMemory(long budget) {
+    long max = io.netty.util.internal.PlatformDependent.maxDirectMemory();
+    if (budget > max) {
+      throw new IllegalArgumentException(
+          "--memory-budget " + Sizes.format(budget) + " exceeds the JVM's direct-memory limit " + Sizes.format(max)
+              + "; start java with -XX:MaxDirectMemorySize=" + (budget / (1 << 20) + 256) + "m");
+    }
+  }
+
+  private void writeStateFile() throws IOException {
+    ObjectNode o = new ObjectMapper().createObjectNode();
+    o.put("v", 1);
+    o.put("pid", ProcessHandle.current().pid());
+    o.put("flight", dataPlane.location().getUri().toString());
+    o.put("control_port", gateway.getListeningPort());
+    o.put("token_file", settings.tokenFile().toAbsolutePath().toString());
+    Secrets.writePrivate(settings.stateFile(), o.toString() + "\n");
+  }
+
+  public DataPlane dataPlane() {
+    return dataPlane;
+  }
+
+  public int controlPort() {
+    return gateway.getListeningPort();
+  }
+
+  public void awaitShutdown() throws InterruptedException {
+    stopped.await();
+  }
+
+  private void closeQuietly() {
+    try {
+      close();
+    } catch (Exception e) {
+      LOG.warn("error while stopping: {}", e.toString());
+    }
+  }
+
+  @Override
+  public void close() throws Exception {
+    if (!closed.compareAndSet(false, true)) {
+      stopped.await();
+      return;
+    }
+    LOG.info("unstall sidecar stopping");
+    try {
+      Files.deleteIfExists(settings.stateFile());
+      gateway.shutdown();
+      dataPlane.close();
+      root.close();
+    } finally {
+      stopped.countDown();
+      if (Thread.currentThread() != hook) {
+        try {
+          Runtime.getRuntime().removeShutdownHook(hook);
+        } catch (IllegalStateException shuttingDown) {
+          // already in shutdown: nothing to remove
+        }
+      }
+      LOG.info("unstall sidecar stopped");
+    }
+  }
+}

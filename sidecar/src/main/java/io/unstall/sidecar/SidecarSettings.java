@@ -1,0 +1,16 @@
+package io.unstall.sidecar;
+
+import java.nio.file.Path;
+
+/** Validated settings of a sidecar. */
+public record SidecarSettings(
+    String bind,
+    int port,
+    int controlPort,
+    long cacheCapacity,
+    long memoryBudget,
+    Path stateFile,
+    Path tokenFile,
+    Path tlsCert,
+    Path tlsKey,
+    long batchTimeoutSeconds) {}
