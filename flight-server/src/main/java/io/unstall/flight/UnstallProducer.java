@@ -73,7 +73,11 @@ public final class UnstallProducer extends NoOpFlightProducer {
     } catch (Throwable e) {
       FlightRuntimeException status = toStatus(e);
       if (status.status().code() == org.apache.arrow.flight.FlightStatusCode.INTERNAL) {
-        LOG.warn("fetch failed: {}", status.getMessage(), e);
+        if (e instanceof IOException) {
+          LOG.warn("fetch failed: {}", status.getMessage());
+        } else {
+          LOG.warn("fetch failed: {}", status.getMessage(), e); // a bug: keep the stack
+        }
       } else {
         LOG.info("fetch rejected: {}", status.getMessage());
       }

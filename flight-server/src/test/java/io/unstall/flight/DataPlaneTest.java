@@ -1,0 +1,238 @@
+package io.unstall.flight;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import io.unstall.flight.format.TfRecords;
+import io.unstall.flight.protocol.FetchTicket;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Random;
+import org.apache.arrow.flight.Action;
+import org.apache.arrow.flight.CallHeaders;
+import org.apache.arrow.flight.FlightCallHeaders;
+import org.apache.arrow.flight.FlightClient;
+import org.apache.arrow.flight.FlightDescriptor;
+import org.apache.arrow.flight.FlightInfo;
+import org.apache.arrow.flight.FlightRuntimeException;
+import org.apache.arrow.flight.FlightStatusCode;
+import org.apache.arrow.flight.FlightStream;
+import org.apache.arrow.flight.HeaderCallOption;
+import org.apache.arrow.flight.Result;
+import org.apache.arrow.flight.Ticket;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VarCharVector;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** The data plane end to end in one JVM: a real Flight server on a free port and a real Flight client. */
+class DataPlaneTest {
+  static final String TOKEN = "0123456789abcdef0123456789abcdef";
+  static final ObjectMapper JSON = new ObjectMapper();
+  static final int SAMPLE = 1000;
+
+  @TempDir Path dir;
+  BufferAllocator root;
+  DataPlane plane;
+  FlightClient client;
+  HeaderCallOption auth;
+  List<byte[]> images = new ArrayList<>();
+
+  @BeforeEach
+  void start() throws Exception {
+    Random rnd = new Random(7);
+    for (int c = 0; c < 2; c++) {
+      for (int i = 0; i < 5; i++) {
+        byte[] b = new byte[SAMPLE];
+        rnd.nextBytes(b);
+        Path p = dir.resolve("imgs/class" + c + "/img" + i + ".jpg");
+        Files.createDirectories(p.getParent());
+        Files.write(p, b);
+        images.add(b);
+      }
+    }
+    root = new RootAllocator(64L << 20);
+    plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(3 * SAMPLE).build().start();
+    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
+    client = FlightClient.builder(root, plane.location()).build();
+    CallHeaders h = new FlightCallHeaders();
+    h.insert("authorization", "Bearer " + TOKEN);
+    auth = new HeaderCallOption(h);
+  }
+
+  @AfterEach
+  void stop() throws Exception {
+    client.close();
+    plane.close();
+    root.close(); // throws if anything leaked
+  }
+
+  private List<byte[]> fetch(String dataset, long epoch, long... ids) throws Exception {
+    List<byte[]> out = new ArrayList<>();
+    try (FlightStream s = client.getStream(new FetchTicket(dataset, epoch, ids).toTicket(), auth)) {
+      while (s.next()) {
+        BigIntVector id = (BigIntVector) s.getRoot().getVector("id");
+        VarBinaryVector payload = (VarBinaryVector) s.getRoot().getVector("payload");
+        for (int i = 0; i < s.getRoot().getRowCount(); i++) {
+          assertEquals(ids[out.size()], id.get(i));
+          out.add(payload.get(i));
+        }
+      }
+    }
+    return out;
+  }
+
+  private JsonNode stats() throws Exception {
+    Iterator<Result> r = client.doAction(new Action("stats"), auth);
+    return JSON.readTree(new String(r.next().getBody(), StandardCharsets.UTF_8));
+  }
+
+  private FlightRuntimeException fetchFails(Ticket t) {
+    return assertThrows(FlightRuntimeException.class, () -> {
+      try (FlightStream s = client.getStream(t, auth)) {
+        while (s.next()) {
+          // drain
+        }
+      }
+    });
+  }
+
+  @Test
+  void servesExactBytesLabelsAndKeys() throws Exception {
+    try (FlightStream s = client.getStream(new FetchTicket("imgs", 0, new long[] {9, 0, 5, 0}).toTicket(), auth)) {
+      assertTrue(s.next());
+      var r = s.getRoot();
+      assertEquals(4, r.getRowCount());
+      BigIntVector label = (BigIntVector) r.getVector("label");
+      VarCharVector key = (VarCharVector) r.getVector("key");
+      VarBinaryVector payload = (VarBinaryVector) r.getVector("payload");
+      assertEquals(1, label.get(0));
+      assertEquals(0, label.get(1));
+      assertEquals("class1/img4.jpg", new String(key.get(0), StandardCharsets.UTF_8));
+      assertArrayEquals(images.get(9), payload.get(0));
+      assertArrayEquals(images.get(0), payload.get(1));
+      assertArrayEquals(images.get(5), payload.get(2));
+      assertArrayEquals(images.get(0), payload.get(3)); // repeated ids come back repeated
+    }
+  }
+
+  @Test
+  void secondEpochHitsExactlyTheCapacity() throws Exception {
+    long[] all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    fetch("imgs", 0, all);
+    long[] reversed = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+    List<byte[]> second = fetch("imgs", 1, reversed);
+    for (int i = 0; i < 10; i++) {
+      assertArrayEquals(images.get((int) reversed[i]), second.get(i));
+    }
+    JsonNode s = stats();
+    JsonNode e0 = s.at("/datasets/imgs/epochs/0");
+    JsonNode e1 = s.at("/datasets/imgs/epochs/1");
+    assertEquals(0, e0.get("hits").asLong());
+    assertEquals(10L * SAMPLE, e0.get("storage_bytes").asLong());
+    assertEquals(3, e1.get("hits").asLong(), "MinIO: exactly capacity/sample hits, whatever the order");
+    assertEquals(7, e1.get("misses").asLong());
+    assertEquals(7L * SAMPLE, e1.get("storage_bytes").asLong());
+    assertEquals(3L * SAMPLE, e1.get("cache_bytes").asLong());
+    assertEquals(3L * SAMPLE, s.at("/cache/used_bytes").asLong());
+  }
+
+  @Test
+  void describesDatasets() throws Exception {
+    FlightInfo info = client.getInfo(FlightDescriptor.path("imgs"), auth);
+    assertEquals(10, info.getRecords());
+    assertEquals(10L * SAMPLE, info.getBytes());
+    JsonNode meta = JSON.readTree(info.getAppMetadata());
+    assertEquals("imagefolder", meta.get("format").asText());
+    assertEquals("[\"class0\",\"class1\"]", meta.get("classes").toString());
+    FlightRuntimeException e =
+        assertThrows(FlightRuntimeException.class, () -> client.getInfo(FlightDescriptor.path("nope"), auth));
+    assertEquals(FlightStatusCode.NOT_FOUND, e.status().code());
+  }
+
+  @Test
+  void badRequestsAreRejectedAndTheServerKeepsServing() throws Exception {
+    FlightRuntimeException malformed = fetchFails(new Ticket("garbage!garbage!".getBytes()));
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, malformed.status().code());
+    assertTrue(malformed.getMessage().contains("malformed ticket: bad magic"), malformed.getMessage());
+
+    FlightRuntimeException unknown = fetchFails(new FetchTicket("nope", 0, new long[] {0}).toTicket());
+    assertEquals(FlightStatusCode.NOT_FOUND, unknown.status().code());
+    assertTrue(unknown.getMessage().contains("unknown dataset 'nope'; registered datasets: imgs"), unknown.getMessage());
+
+    FlightRuntimeException range = fetchFails(new FetchTicket("imgs", 0, new long[] {3, 10}).toTicket());
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, range.status().code());
+    assertTrue(range.getMessage().contains("sample id 10 out of range for dataset 'imgs' (size 10"), range.getMessage());
+
+    Path victim = dir.resolve("imgs/class0/img2.jpg");
+    Files.delete(victim);
+    FlightRuntimeException gone = fetchFails(new FetchTicket("imgs", 0, new long[] {1, 2}).toTicket());
+    assertEquals(FlightStatusCode.NOT_FOUND, gone.status().code());
+    assertTrue(gone.getMessage().contains("sample 2: file '" + victim + "' no longer exists"), gone.getMessage());
+
+    assertArrayEquals(images.get(4), fetch("imgs", 0, 4).get(0), "still serving after every error");
+  }
+
+  @Test
+  void corruptTfRecordNamesFileAndOffset() throws Exception {
+    Path shard = dir.resolve("tf/s-0.tfrecord");
+    Files.createDirectories(shard.getParent());
+    long[] offsets = TfRecords.write(shard, List.of("aaaa".getBytes(), "bbbb".getBytes()));
+    byte[] raw = Files.readAllBytes(shard);
+    raw[(int) offsets[1] + 13] ^= 1;
+    Files.write(shard, raw);
+    plane.registry().register("tf", "tfrecord", shard.getParent().toUri().toString());
+    assertArrayEquals("aaaa".getBytes(), fetch("tf", 0, 0).get(0));
+    FlightRuntimeException e = fetchFails(new FetchTicket("tf", 0, new long[] {1}).toTicket());
+    assertEquals(FlightStatusCode.INTERNAL, e.status().code());
+    assertTrue(e.getMessage().contains("'" + shard + "' at byte offset " + offsets[1]), e.getMessage());
+  }
+
+  @Test
+  void callsWithoutTheTokenAreUnauthenticated() {
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> {
+      try (FlightStream s = client.getStream(new FetchTicket("imgs", 0, new long[] {0}).toTicket())) {
+        s.next();
+      }
+    });
+    assertEquals(FlightStatusCode.UNAUTHENTICATED, e.status().code());
+    CallHeaders wrong = new FlightCallHeaders();
+    wrong.insert("authorization", "Bearer wrong-token-wrong-token");
+    FlightRuntimeException w =
+        assertThrows(FlightRuntimeException.class, () -> client.getInfo(FlightDescriptor.path("imgs"), new HeaderCallOption(wrong)));
+    assertEquals(FlightStatusCode.UNAUTHENTICATED, w.status().code());
+  }
+
+  @Test
+  void aBatchLargerThanTheStreamBudgetIsRefusedNotAllocated() throws Exception {
+    try (BufferAllocator small = new RootAllocator(2L << 20);
+        DataPlane p = DataPlane.builder(small, TOKEN).port(0).cacheCapacity(0).build().start();
+        FlightClient c = FlightClient.builder(small, p.location()).build()) {
+      byte[] big = new byte[3 << 20];
+      Path f = dir.resolve("big/c/x.jpg");
+      Files.createDirectories(f.getParent());
+      Files.write(f, big);
+      p.registry().register("big", "imagefolder", dir.resolve("big").toString());
+      FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> {
+        try (FlightStream s = c.getStream(new FetchTicket("big", 0, new long[] {0}).toTicket(), auth)) {
+          s.next();
+        }
+      });
+      assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, e.status().code());
+      assertTrue(e.getMessage().contains("stream budget"), e.getMessage());
+    }
+  }
+}

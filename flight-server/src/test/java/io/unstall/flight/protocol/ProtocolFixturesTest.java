@@ -1,0 +1,121 @@
+package io.unstall.flight.protocol;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.ByteArrayOutputStream;
+import java.nio.channels.Channels;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VarCharVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.ipc.ArrowStreamReader;
+import org.apache.arrow.vector.ipc.ArrowStreamWriter;
+import org.junit.jupiter.api.Test;
+
+/** The golden wire fixtures in protocol/fixtures, shared with python-shim/tests/test_protocol.py. */
+class ProtocolFixturesTest {
+  static final ObjectMapper JSON = new ObjectMapper();
+  static final Path FIXTURES = Path.of(System.getProperty("unstall.root", "..")).resolve("protocol/fixtures");
+
+  @Test
+  void fetchTicketEncodesToTheGoldenBytes() throws Exception {
+    JsonNode expected = JSON.readTree(FIXTURES.resolve("ticket-fetch-v1.json").toFile());
+    long[] ids = new long[expected.get("ids").size()];
+    for (int i = 0; i < ids.length; i++) {
+      ids[i] = expected.get("ids").get(i).asLong();
+    }
+    FetchTicket t = new FetchTicket(expected.get("dataset").asText(), expected.get("epoch").asLong(), ids);
+    assertArrayEquals(Files.readAllBytes(FIXTURES.resolve("ticket-fetch-v1.bin")), t.toBytes());
+  }
+
+  @Test
+  void goldenBytesDecodeToTheFixture() throws Exception {
+    JsonNode expected = JSON.readTree(FIXTURES.resolve("ticket-fetch-v1.json").toFile());
+    FetchTicket t = FetchTicket.parse(Files.readAllBytes(FIXTURES.resolve("ticket-fetch-v1.bin")));
+    assertEquals(expected.get("dataset").asText(), t.dataset());
+    assertEquals(expected.get("epoch").asLong(), t.epoch());
+    assertEquals(expected.get("ids").size(), t.size());
+    for (int i = 0; i < t.size(); i++) {
+      assertEquals(expected.get("ids").get(i).asLong(), t.id(i));
+    }
+  }
+
+  @Test
+  void malformedTicketsAreRejectedWithTheirMessages() throws Exception {
+    JsonNode cases = JSON.readTree(FIXTURES.resolve("malformed-tickets.json").toFile());
+    assertTrue(cases.size() >= 4);
+    for (JsonNode c : cases) {
+      byte[] bytes = Files.readAllBytes(FIXTURES.resolve(c.get("file").asText()));
+      MalformedTicketException e = assertThrows(MalformedTicketException.class, () -> FetchTicket.parse(bytes));
+      assertTrue(
+          e.getMessage().startsWith(c.get("error_prefix").asText()),
+          c.get("file").asText() + ": " + e.getMessage());
+    }
+  }
+
+  /**
+   * The golden batch: its schema must be exactly {@link BatchSchema#SCHEMA} and its rows the known values.
+   * Run with -Dunstall.regenFixtures=true to rewrite it after a deliberate schema change (and bump the version).
+   */
+  @Test
+  void goldenBatchHasTheWireSchema() throws Exception {
+    Path file = FIXTURES.resolve("batch-v1.arrows");
+    try (BufferAllocator alloc = new RootAllocator()) {
+      if (Boolean.getBoolean("unstall.regenFixtures")) {
+        Files.write(file, goldenBatch(alloc));
+      }
+      try (ArrowStreamReader r = new ArrowStreamReader(Files.newInputStream(file), alloc)) {
+        VectorSchemaRoot root = r.getVectorSchemaRoot();
+        assertEquals(BatchSchema.SCHEMA, root.getSchema());
+        assertTrue(r.loadNextBatch());
+        assertEquals(2, root.getRowCount());
+        assertEquals(7L, ((BigIntVector) root.getVector("id")).get(0));
+        assertEquals(3L, ((BigIntVector) root.getVector("label")).get(0));
+        assertTrue(root.getVector("label").isNull(1));
+        assertEquals("cat/7.jpg", new String(((VarCharVector) root.getVector("key")).get(0), StandardCharsets.UTF_8));
+        assertEquals("shard-0.tfrecord@0", new String(((VarCharVector) root.getVector("key")).get(1), StandardCharsets.UTF_8));
+        assertArrayEquals(new byte[] {(byte) 0xff, (byte) 0xd8, 0, 1}, ((VarBinaryVector) root.getVector("payload")).get(0));
+        assertArrayEquals(new byte[0], ((VarBinaryVector) root.getVector("payload")).get(1));
+      }
+    }
+  }
+
+  private static byte[] goldenBatch(BufferAllocator alloc) throws Exception {
+    try (VectorSchemaRoot root = VectorSchemaRoot.create(BatchSchema.SCHEMA, alloc)) {
+      BigIntVector id = (BigIntVector) root.getVector("id");
+      BigIntVector label = (BigIntVector) root.getVector("label");
+      VarCharVector key = (VarCharVector) root.getVector("key");
+      VarBinaryVector payload = (VarBinaryVector) root.getVector("payload");
+      id.allocateNew(2);
+      label.allocateNew(2);
+      key.allocateNew(2);
+      payload.allocateNew(2);
+      id.set(0, 7);
+      id.set(1, 8);
+      label.set(0, 3);
+      label.setNull(1);
+      key.setSafe(0, "cat/7.jpg".getBytes(StandardCharsets.UTF_8));
+      key.setSafe(1, "shard-0.tfrecord@0".getBytes(StandardCharsets.UTF_8));
+      payload.setSafe(0, new byte[] {(byte) 0xff, (byte) 0xd8, 0, 1});
+      payload.setSafe(1, new byte[0]);
+      root.setRowCount(2);
+      ByteArrayOutputStream out = new ByteArrayOutputStream();
+      try (ArrowStreamWriter w = new ArrowStreamWriter(root, null, Channels.newChannel(out))) {
+        w.start();
+        w.writeBatch();
+        w.end();
+      }
+      return out.toByteArray();
+    }
+  }
+}
