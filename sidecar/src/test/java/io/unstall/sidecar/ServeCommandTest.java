@@ -1,0 +1,64 @@
+package io.unstall.sidecar;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** Bad configuration is refused before anything starts, with a message naming the option. */
+class ServeCommandTest {
+  @TempDir Path home;
+
+  private String runExpecting(int code, String... args) {
+    PrintStream old = System.err;
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    System.setErr(new PrintStream(err, true));
+    try {
+      assertEquals(code, Main.run(args), err::toString);
+    } finally {
+      System.setErr(old);
+    }
+    return err.toString();
+  }
+
+  @Test
+  void badSizeNamesTheOption() {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--cache-capacity", "lots");
+    assertTrue(err.contains("invalid value for option '--cache-capacity': 'lots' is not a size"), err);
+  }
+
+  @Test
+  void exposedBindWithoutTlsIsRefused() {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--bind", "0.0.0.0");
+    assertTrue(err.contains("--bind 0.0.0.0 exposes the sidecar beyond this machine; that requires TLS"), err);
+  }
+
+  @Test
+  void cacheMustLeaveRoomForBatchesInFlight() {
+    String err = runExpecting(
+        2, "serve", "--home", home.toString(), "--port", "0", "--cache-capacity", "2GiB", "--memory-budget", "1GiB");
+    assertTrue(err.contains("--cache-capacity (2147483648 bytes) must be below --memory-budget"), err);
+    assertTrue(Files.notExists(home.resolve("sidecar.json")), "nothing is left behind");
+  }
+
+  @Test
+  void unknownConfigFileKeyIsRefused() throws Exception {
+    Path cfg = home.resolve("sidecar.properties");
+    Files.writeString(cfg, "cache-capacity=1GiB\ncahce-size=3\n");
+    String err = runExpecting(2, "serve", "--config", cfg.toString());
+    assertTrue(err.contains("unknown option 'cahce-size' in config file " + cfg), err);
+  }
+
+  @Test
+  void badValueInConfigFileNamesTheOption() throws Exception {
+    Path cfg = home.resolve("sidecar.properties");
+    Files.writeString(cfg, "memory-budget=big\nhome=" + home + "\n");
+    String err = runExpecting(2, "serve", "--config", cfg.toString());
+    assertTrue(err.contains("invalid value for option '--memory-budget': 'big' is not a size"), err);
+  }
+}
