@@ -1,0 +1,353 @@
+package io.unstall.agent.bootstrap;
+
+import java.io.File;
+import java.io.RandomAccessFile;
+import java.nio.channels.FileChannel;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Map;
+import java.util.WeakHashMap;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.LongAdder;
+
+/**
+ * The one class advice calls. Every entry point is static, cheap when the agent is quiet, never
+ * throws, and allocates nothing on the per-read path once a stream has been seen.
+ *
+ * <p>A read is: {@link #readEnter()} returns the thread's state (null = do not track, for example
+ * when nested inside another tracked read or inside the agent's own code), then {@link #readExit}
+ * records it. A wait for the next batch is {@link #iteratorEnter()} / {@link #iteratorExit}.
+ */
+public final class IoBridge {
+  private IoBridge() {}
+
+  /** False until the agent installs a sink, and forever after the agent fails once. */
+  private static volatile boolean active;
+
+  private static volatile Sink sink;
+  private static volatile String[] excludePrefixes = new String[0];
+  private static volatile String[] excludeSuffixes = new String[0];
+
+  private static final ThreadLocal<ThreadState> STATE =
+      new ThreadLocal<ThreadState>() {
+        @Override
+        protected ThreadState initialValue() {
+          return new ThreadState();
+        }
+      };
+
+  private static final Map<Object, StreamState> STREAMS =
+      Collections.synchronizedMap(new WeakHashMap<Object, StreamState>());
+  private static final ConcurrentHashMap<String, FileStats> FILES =
+      new ConcurrentHashMap<String, FileStats>();
+  private static final AtomicInteger FILE_IDS = new AtomicInteger();
+
+  private static final LongAdder PROCESS_BYTES = new LongAdder();
+  private static final LongAdder READER_THREADS = new LongAdder();
+  private static final LongAdder STALLS = new LongAdder();
+  private static final LongAdder STALL_NANOS = new LongAdder();
+  private static final LongAdder STALL_BYTES = new LongAdder();
+  private static final LongAdder STALL_READ_NANOS = new LongAdder();
+  private static volatile long maxStallNanos;
+
+  private static volatile FailureListener failureListener;
+
+  /** Told once, when the agent turns itself off after an internal failure. */
+  public interface FailureListener {
+    void failed(String where, Throwable t);
+  }
+
+  // ---------------------------------------------------------------- set-up (agent side)
+
+  public static void configure(String[] prefixes, String[] suffixes) {
+    excludePrefixes = prefixes.clone();
+    excludeSuffixes = suffixes.clone();
+  }
+
+  public static void start(Sink s, FailureListener listener) {
+    failureListener = listener;
+    sink = s;
+    active = true;
+  }
+
+  public static void stop() {
+    active = false;
+  }
+
+  public static boolean isActive() {
+    return active;
+  }
+
+  /** Marks the current thread as running agent code: its reads and waits are not recorded. */
+  public static void enterAgent() {
+    STATE.get().guard++;
+  }
+
+  public static void exitAgent() {
+    STATE.get().guard--;
+  }
+
+  /** Turns instrumentation off and reports the failure once. */
+  public static void fail(String where, Throwable t) {
+    boolean wasActive = active;
+    active = false;
+    if (wasActive) {
+      FailureListener l = failureListener;
+      if (l != null) {
+        try {
+          l.failed(where, t);
+        } catch (Throwable ignored) {
+          // Nothing else can be done; the agent is already quiet.
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- reads (advice side)
+
+  /** Start of a read call; returns null when this read must not be recorded. */
+  public static ThreadState readEnter() {
+    if (!active) {
+      return null;
+    }
+    ThreadState ts = STATE.get();
+    if (ts.guard != 0) {
+      return null;
+    }
+    ts.guard = 1;
+    ts.readStart = System.nanoTime();
+    return ts;
+  }
+
+  /**
+   * End of a read call.
+   *
+   * @param ts what {@link #readEnter()} returned
+   * @param stream the FileInputStream, RandomAccessFile or FileChannel
+   * @param path the stream's path field (null when opened from a file descriptor)
+   * @param n bytes returned (negative at end of file; 0 when the call threw)
+   * @param position the explicit offset of a positional read, or -1 to use the stream position
+   */
+  public static void readExit(ThreadState ts, Object stream, String path, long n, long position) {
+    if (ts == null) {
+      return;
+    }
+    try {
+      long nanos = System.nanoTime() - ts.readStart;
+      StreamState s = ts.cached(stream);
+      if (s == null) {
+        s = lookup(ts, stream, path, n, position);
+      }
+      if (s == StreamState.EXCLUDED) {
+        return;
+      }
+      long offset;
+      if (position >= 0) {
+        offset = position;
+      } else {
+        offset = s.position;
+        if (n > 0) {
+          s.position = offset + n;
+        }
+      }
+      s.file.record(offset, n, nanos);
+      if (n > 0) {
+        PROCESS_BYTES.add(n);
+      }
+      if (!ts.countedAsReader) {
+        ts.countedAsReader = true;
+        READER_THREADS.increment();
+      }
+      if (ts.iteratorDepth > 0) {
+        ts.addToWindow(s.file.id, n, nanos);
+      }
+    } catch (Throwable t) {
+      fail("read", t);
+    } finally {
+      ts.guard = 0;
+    }
+  }
+
+  /** After seek(pos) / position(pos): the next non-positional read starts at {@code newPosition}. */
+  public static void seekExit(Object stream, String path, long newPosition) {
+    if (!active) {
+      return;
+    }
+    ThreadState ts = STATE.get();
+    if (ts.guard != 0) {
+      return;
+    }
+    ts.guard = 1;
+    try {
+      StreamState s = ts.cached(stream);
+      if (s == null) {
+        s = lookup(ts, stream, path, 0, newPosition);
+      }
+      if (s != StreamState.EXCLUDED) {
+        s.position = newPosition;
+      }
+    } catch (Throwable t) {
+      fail("seek", t);
+    } finally {
+      ts.guard = 0;
+    }
+  }
+
+  /** After skip(n) returned {@code skipped}. */
+  public static void skipExit(Object stream, String path, long skipped) {
+    if (!active || skipped <= 0) {
+      return;
+    }
+    ThreadState ts = STATE.get();
+    if (ts.guard != 0) {
+      return;
+    }
+    ts.guard = 1;
+    try {
+      StreamState s = ts.cached(stream);
+      if (s == null) {
+        s = lookup(ts, stream, path, 0, -1);
+      }
+      if (s != StreamState.EXCLUDED) {
+        s.position += skipped;
+      }
+    } catch (Throwable t) {
+      fail("skip", t);
+    } finally {
+      ts.guard = 0;
+    }
+  }
+
+  /** Slow path, once per stream and thread: find or create the stream's state. */
+  private static StreamState lookup(
+      ThreadState ts, Object stream, String path, long n, long position) throws Exception {
+    StreamState s = STREAMS.get(stream);
+    if (s == null) {
+      s = newStreamState(stream, path, n, position);
+      StreamState raced = STREAMS.putIfAbsent(stream, s);
+      if (raced != null) {
+        s = raced;
+      } else if (s != StreamState.EXCLUDED) {
+        s.file.opened(System.nanoTime());
+      }
+    }
+    ts.cache(stream, s);
+    return s;
+  }
+
+  private static StreamState newStreamState(Object stream, String path, long n, long position)
+      throws Exception {
+    if (path == null) {
+      return StreamState.EXCLUDED;
+    }
+    String absolute = new File(path).getAbsolutePath();
+    if (isExcluded(absolute)) {
+      return StreamState.EXCLUDED;
+    }
+    FileStats file = FILES.get(absolute);
+    if (file == null) {
+      FileStats created = new FileStats(FILE_IDS.incrementAndGet(), absolute);
+      file = FILES.putIfAbsent(absolute, created);
+      if (file == null) {
+        file = created;
+      }
+    }
+    // The position before the read that made us notice this stream.
+    long before = 0;
+    long consumed = n > 0 && position < 0 ? n : 0;
+    if (stream instanceof RandomAccessFile) {
+      before = ((RandomAccessFile) stream).getFilePointer() - consumed;
+    } else if (stream instanceof FileChannel) {
+      before = ((FileChannel) stream).position() - consumed;
+    }
+    return new StreamState(file, Math.max(0, before));
+  }
+
+  static boolean isExcluded(String absolutePath) {
+    for (String p : excludePrefixes) {
+      if (absolutePath.startsWith(p)) {
+        return true;
+      }
+    }
+    for (String s : excludeSuffixes) {
+      if (absolutePath.endsWith(s)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // ---------------------------------------------------------------- waits for a batch
+
+  /** Start of a next-batch call; returns null when it is not tracked. */
+  public static ThreadState iteratorEnter() {
+    if (!active) {
+      return null;
+    }
+    ThreadState ts = STATE.get();
+    if (ts.guard != 0) {
+      return null;
+    }
+    if (ts.iteratorDepth++ == 0) {
+      ts.resetWindow();
+      ts.processBytesAtStart = PROCESS_BYTES.sum();
+      ts.iteratorStart = System.nanoTime();
+    }
+    return ts;
+  }
+
+  public static void iteratorExit(ThreadState ts, Object iterator, String method, Throwable error) {
+    if (ts == null) {
+      return;
+    }
+    if (--ts.iteratorDepth != 0) {
+      return;
+    }
+    long duration = System.nanoTime() - ts.iteratorStart;
+    if (!active) {
+      return;
+    }
+    ts.guard++;
+    try {
+      STALLS.increment();
+      STALL_NANOS.add(duration);
+      STALL_BYTES.add(ts.windowBytes);
+      STALL_READ_NANOS.add(ts.windowReadNanos);
+      if (duration > maxStallNanos) {
+        maxStallNanos = duration;
+      }
+      long processBytes = PROCESS_BYTES.sum() - ts.processBytesAtStart;
+      Sink s = sink;
+      if (s != null) {
+        s.stall(iterator, method, ts.iteratorStart, duration, ts, processBytes, error);
+      }
+    } catch (Throwable t) {
+      fail("stall", t);
+    } finally {
+      ts.guard--;
+    }
+  }
+
+  // ---------------------------------------------------------------- the profile reads these
+
+  public static List<FileStats.Snapshot> fileSnapshots() {
+    List<FileStats.Snapshot> out = new ArrayList<FileStats.Snapshot>();
+    for (FileStats f : FILES.values()) {
+      out.add(f.snapshot());
+    }
+    return out;
+  }
+
+  public static long readerThreads() {
+    return READER_THREADS.sum();
+  }
+
+  /** {count, total nanos, bytes read by the waiting threads, read nanos, max nanos}. */
+  public static long[] stallTotals() {
+    return new long[] {
+      STALLS.sum(), STALL_NANOS.sum(), STALL_BYTES.sum(), STALL_READ_NANOS.sum(), maxStallNanos
+    };
+  }
+}

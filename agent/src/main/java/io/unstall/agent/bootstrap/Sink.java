@@ -1,0 +1,25 @@
+package io.unstall.agent.bootstrap;
+
+/** Receives the end of each data stall; implemented by the agent (OpenTelemetry lives there). */
+public interface Sink {
+
+  /**
+   * Called on the thread that waited, after the outermost "next batch" method returned or threw.
+   *
+   * @param iterator the object whose next-batch method was called
+   * @param method the method name, for example {@code next}
+   * @param startNanos {@link System#nanoTime()} when the wait began
+   * @param durationNanos how long the wait took
+   * @param window the I/O this thread did during the wait (valid only during the call)
+   * @param processBytes bytes read by all threads of the process during the wait
+   * @param error what the method threw, or null
+   */
+  void stall(
+      Object iterator,
+      String method,
+      long startNanos,
+      long durationNanos,
+      ThreadState window,
+      long processBytes,
+      Throwable error);
+}

@@ -1,0 +1,32 @@
+package io.unstall.agent.trace;
+
+import static io.opentelemetry.api.common.AttributeKey.longKey;
+import static io.opentelemetry.api.common.AttributeKey.stringKey;
+
+import io.opentelemetry.api.common.AttributeKey;
+
+/**
+ * The stable names of the stall span and its attributes. The Python shim emits the same names;
+ * change them only together with docs/AGENT.md.
+ */
+public final class StallAttributes {
+  private StallAttributes() {}
+
+  /** One span per wait for the next batch. */
+  public static final String SPAN_NAME = "unstall.stall";
+
+  /** The instrumentation scope (tracer) name. */
+  public static final String SCOPE = "io.unstall.agent";
+
+  public static final AttributeKey<Long> STALL_DURATION_NS = longKey("unstall.stall.duration_ns");
+  public static final AttributeKey<Long> IO_BYTES = longKey("unstall.io.bytes");
+  public static final AttributeKey<Long> IO_READ_CALLS = longKey("unstall.io.read_calls");
+  public static final AttributeKey<Long> IO_FILES = longKey("unstall.io.files");
+  public static final AttributeKey<Long> IO_READ_TIME_NS = longKey("unstall.io.read_time_ns");
+  public static final AttributeKey<Long> IO_PROCESS_BYTES = longKey("unstall.io.process_bytes");
+  public static final AttributeKey<String> ITERATOR_CLASS = stringKey("unstall.iterator.class");
+  public static final AttributeKey<String> ITERATOR_METHOD = stringKey("unstall.iterator.method");
+  public static final AttributeKey<String> THREAD_NAME = stringKey("thread.name");
+  public static final AttributeKey<Long> THREAD_ID = longKey("thread.id");
+  public static final AttributeKey<String> EXCEPTION_TYPE = stringKey("exception.type");
+}

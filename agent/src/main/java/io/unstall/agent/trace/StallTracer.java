@@ -1,0 +1,76 @@
+package io.unstall.agent.trace;
+
+import static io.unstall.agent.trace.StallAttributes.*;
+
+import io.opentelemetry.api.trace.Span;
+import io.opentelemetry.api.trace.SpanBuilder;
+import io.opentelemetry.api.trace.SpanKind;
+import io.opentelemetry.api.trace.StatusCode;
+import io.opentelemetry.api.trace.Tracer;
+import io.opentelemetry.context.Context;
+import io.unstall.agent.bootstrap.Sink;
+import io.unstall.agent.bootstrap.ThreadState;
+import java.time.Instant;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+
+/** Turns each data stall into one {@value StallAttributes#SPAN_NAME} span. */
+public final class StallTracer implements Sink {
+  private final Tracer tracer;
+  private final AppContext appContext = new AppContext();
+  private final long anchorEpochNanos;
+  private final long anchorNanoTime;
+  private final long failAtStall;
+  private final AtomicLong stalls = new AtomicLong();
+
+  public StallTracer(Tracer tracer, long failAtStall) {
+    this.tracer = tracer;
+    this.failAtStall = failAtStall;
+    Instant now = Instant.now();
+    this.anchorNanoTime = System.nanoTime();
+    this.anchorEpochNanos = now.getEpochSecond() * 1_000_000_000L + now.getNano();
+  }
+
+  @Override
+  public void stall(
+      Object iterator,
+      String method,
+      long startNanos,
+      long durationNanos,
+      ThreadState window,
+      long processBytes,
+      Throwable error) {
+    if (stalls.incrementAndGet() == failAtStall) {
+      throw new IllegalStateException("test failure requested by test.fail_at_stall");
+    }
+    long start = anchorEpochNanos + (startNanos - anchorNanoTime);
+    Thread thread = Thread.currentThread();
+    SpanBuilder b =
+        tracer
+            .spanBuilder(SPAN_NAME)
+            .setSpanKind(SpanKind.INTERNAL)
+            .setStartTimestamp(start, TimeUnit.NANOSECONDS)
+            .setAttribute(ITERATOR_CLASS, iterator.getClass().getName())
+            .setAttribute(ITERATOR_METHOD, method)
+            .setAttribute(STALL_DURATION_NS, durationNanos)
+            .setAttribute(IO_BYTES, window.bytes())
+            .setAttribute(IO_READ_CALLS, window.readCalls())
+            .setAttribute(IO_FILES, (long) window.files())
+            .setAttribute(IO_READ_TIME_NS, window.readNanos())
+            .setAttribute(IO_PROCESS_BYTES, processBytes)
+            .setAttribute(THREAD_NAME, thread.getName())
+            .setAttribute(THREAD_ID, thread.getId());
+    Context parent = appContext.parentFor(iterator);
+    if (parent != null) {
+      b.setParent(parent);
+    } else {
+      b.setNoParent();
+    }
+    Span span = b.startSpan();
+    if (error != null) {
+      span.setStatus(StatusCode.ERROR, error.getClass().getName());
+      span.setAttribute(EXCEPTION_TYPE, error.getClass().getName());
+    }
+    span.end(start + durationNanos, TimeUnit.NANOSECONDS);
+  }
+}
