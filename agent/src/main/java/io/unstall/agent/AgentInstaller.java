@@ -75,7 +75,7 @@ public final class AgentInstaller {
             .with(new FailureListener())
             // Not the default ignore: that one skips the bootstrap loader and so the JDK readers.
             .ignore(
-                nameStartsWith("io.unstall.agent.")
+                isAgentClass()
                     .or(nameStartsWith("jdk.internal.reflect."))
                     .or(nameStartsWith("sun.reflect."))
                     .or(nameContains("$$Lambda")));
@@ -188,6 +188,16 @@ public final class AgentInstaller {
     } finally {
       IoBridge.exitAgent();
     }
+  }
+
+  /** The agent's own packages (its tests and other io.unstall code stay instrumentable). */
+  static net.bytebuddy.matcher.ElementMatcher.Junction<TypeDescription> isAgentClass() {
+    return nameStartsWith("io.unstall.agent.bootstrap.")
+        .or(nameStartsWith("io.unstall.agent.shaded."))
+        .or(nameStartsWith("io.unstall.agent.instrument."))
+        .or(nameStartsWith("io.unstall.agent.trace."))
+        .or(nameStartsWith("io.unstall.agent.profile."))
+        .or(net.bytebuddy.matcher.ElementMatchers.nameMatches("io\\.unstall\\.agent\\.[^.]+"));
   }
 
   static String version() {
