@@ -55,6 +55,7 @@ public final class AgentInstaller {
     configureExclusions(options);
 
     OpenTelemetrySdk sdk = options.tracing() ? startSdk(options) : null;
+    AgentLog.debug("OpenTelemetry: " + sdk);
     Sink sink =
         sdk == null
             ? (it, m, s, d, w, p, e) -> {}
@@ -122,6 +123,8 @@ public final class AgentInstaller {
     // The agent only produces traces; metrics and logs exporters stay off unless asked for.
     defaults.put("otel.metrics.exporter", "none");
     defaults.put("otel.logs.exporter", "none");
+    // The OTLP default of the specification (port 4318); grpc (4317) on request.
+    defaults.put("otel.exporter.otlp.protocol", "http/protobuf");
     defaults.putAll(options.otelProperties());
     String spansFile = options.spansFile();
     return AutoConfiguredOpenTelemetrySdk.builder()
