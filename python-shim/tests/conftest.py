@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -10,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_sidecar import FakeDataset, FakeServer, FakeSidecar  # noqa: E402
+from fake_sidecar import FakeSidecar  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "protocol" / "fixtures"
@@ -29,19 +30,24 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[FakeServer]:
-    payloads = [bytes([i % 251]) * (100 + i) for i in range(50)]
-    datasets = [
-        FakeDataset("imgs", payloads, labels=[i % 5 for i in range(50)], classes=[f"c{i}" for i in range(5)]),
-        FakeDataset("recs", payloads[:20], fmt="tfrecord"),
-    ]
-    with FakeServer(datasets) as server:
-        yield server
+@pytest.fixture(scope="session")
+def fake_server_port() -> Iterator[int]:
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "fake_sidecar.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError("the fake Flight server did not start")
+        yield int(line)
+    finally:
+        proc.stdin.close()  # type: ignore[union-attr]
+        proc.wait(timeout=10)
 
 
 @pytest.fixture
-def fake_sidecar(fake_server: FakeServer) -> FakeSidecar:
-    fake_server.lie_about_ids = False
-    fake_server.tickets.clear()
-    return FakeSidecar(fake_server)
+def fake_sidecar(fake_server_port: int) -> FakeSidecar:
+    sidecar = FakeSidecar(fake_server_port)
+    sidecar.lie_about_ids(False)
+    sidecar.take_tickets()
+    return sidecar

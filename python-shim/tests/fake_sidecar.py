@@ -1,6 +1,9 @@
-"""An in-process stand-in for the sidecar's data plane (protocol v1 over pyarrow Flight), so the
-client and the torch integration can be tested without a JVM. The real sidecar is tested by
-tests/python/. ``FakeSidecar`` duck-types the parts of ``unstall.Sidecar`` that Dataset uses.
+"""A stand-in for the sidecar's data plane (protocol v1 over pyarrow Flight), so the client and the
+torch integration can be tested without a JVM. The real sidecar is tested by tests/python/.
+
+It runs in its own process (``python fake_sidecar.py`` prints its port): a gRPC server inside the test
+process would be inherited by forked DataLoader workers, which is not what users have.
+``FakeSidecar`` duck-types the parts of ``unstall.Sidecar`` that Dataset uses.
 """
 
 from __future__ import annotations
@@ -99,19 +102,46 @@ class FakeServer(fl.FlightServerBase):
         return fl.RecordBatchStream(pa.Table.from_batches([batch]))
 
     def do_action(self, context: Any, action: fl.Action) -> Any:
+        # test hooks: read/clear the tickets seen, make the server answer with wrong ids
+        if action.type == "tickets":
+            with self.lock:
+                doc = [[t.epoch, list(t.ids)] for t in self.tickets]
+                self.tickets.clear()
+            return [fl.Result(json.dumps(doc).encode())]
+        if action.type == "lie":
+            self.lie_about_ids = action.body.to_pybytes() == b"1"
+            return []
         if action.type != "stats":
             raise NotImplementedError(action.type)
         doc = {"v": 1, "cache": {"policy": "minio", "capacity_bytes": 0, "used_bytes": 0, "entries": 0}, "datasets": {}}
         return [fl.Result(json.dumps(doc).encode())]
 
 
-class FakeSidecar:
-    """What unstall.torch.Dataset needs from a Sidecar, backed by a FakeServer."""
+def default_datasets() -> list[FakeDataset]:
+    payloads = [bytes([i % 251]) * (100 + i) for i in range(50)]
+    return [
+        FakeDataset("imgs", payloads, labels=[i % 5 for i in range(50)], classes=[f"c{i}" for i in range(5)]),
+        FakeDataset("recs", payloads[:20], fmt="tfrecord"),
+    ]
 
-    def __init__(self, server: FakeServer) -> None:
-        self.server = server
-        self.flight_location = f"grpc+tcp://127.0.0.1:{server.port}"
+
+class FakeSidecar:
+    """What unstall.torch.Dataset needs from a Sidecar, backed by a FakeServer in another process."""
+
+    def __init__(self, port: int) -> None:
+        self.flight_location = f"grpc+tcp://127.0.0.1:{port}"
         self.token = TOKEN
+
+    def _action(self, kind: str, body: bytes = b"") -> list[bytes]:
+        with self.flight_client() as c:
+            return c.do_action(kind, body)
+
+    def take_tickets(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The (epoch, ids) of every DoGet since the last call."""
+        return [(e, tuple(ids)) for e, ids in json.loads(self._action("tickets")[0])]
+
+    def lie_about_ids(self, lie: bool) -> None:
+        self._action("lie", b"1" if lie else b"0")
 
     def flight_client(self) -> FlightClient:
         return FlightClient(self.flight_location, TOKEN)
@@ -122,3 +152,11 @@ class FakeSidecar:
 
     def register_dataset(self, name: str, root: Any, format: str = "imagefolder", options: Any = None) -> protocol.DatasetInfo:
         return self.describe(name)
+
+
+if __name__ == "__main__":
+    with FakeServer(default_datasets()) as server:
+        print(server.port, flush=True)
+        import sys
+
+        sys.stdin.read()  # serve until the test process closes our stdin

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -17,7 +18,31 @@ import pyarrow.flight as fl
 from . import protocol
 from .errors import ProtocolMismatchError, SidecarError, from_flight_error
 
-__all__ = ["FlightClient"]
+__all__ = ["FlightClient", "grpc_used_in_this_process"]
+
+# gRPC does not survive fork: a child forked from a process that has used gRPC may hang on its first
+# call (reliably while a channel is open, at random once closed: gRPC's own threads may hold locks at
+# the fork). So every open connection is closed just before this process forks, and the DataLoader
+# starts its workers with "forkserver" instead of "fork" once this process has used Flight.
+_open_clients: "weakref.WeakSet[FlightClient]" = weakref.WeakSet()
+_grpc_pid: Optional[int] = None
+
+
+def grpc_used_in_this_process() -> bool:
+    """True once this process has opened a Flight connection (forking it is then unsafe)."""
+    return _grpc_pid == os.getpid()
+
+
+def _close_all_before_fork() -> None:
+    for client in list(_open_clients):
+        try:
+            client.close()
+        except Exception:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_close_all_before_fork)
 
 
 class FlightClient:
@@ -46,6 +71,7 @@ class FlightClient:
         return fl.FlightCallOptions(headers=headers, timeout=self.timeout)
 
     def _client(self) -> fl.FlightClient:
+        global _grpc_pid
         pid = os.getpid()
         if self._conn is None or self._pid != pid:
             with self._lock:
@@ -53,6 +79,8 @@ class FlightClient:
                     # A connection inherited through fork belongs to the parent: drop it unclosed.
                     self._conn = fl.connect(self.location)
                     self._pid = pid
+                    _grpc_pid = pid
+                    _open_clients.add(self)
         return self._conn
 
     def close(self) -> None:
@@ -60,6 +88,7 @@ class FlightClient:
         if conn is not None and self._pid == os.getpid():
             conn.close()
         self._pid = None
+        _open_clients.discard(self)
 
     def __enter__(self) -> FlightClient:
         return self
@@ -119,15 +148,19 @@ class FlightClient:
             raise from_flight_error(e) from None
         return [protocol.parse_description(i.app_metadata) for i in infos]
 
-    def stats(self) -> protocol.Stats:
-        """The ``stats`` action."""
+    def do_action(self, action: str, body: bytes = b"") -> list[bytes]:
+        """A DoAction call; the result bodies."""
         try:
-            results = list(self._client().do_action(fl.Action("stats", b""), self._options()))
+            return [r.body.to_pybytes() for r in self._client().do_action(fl.Action(action, body), self._options())]
         except (fl.FlightError, pa.ArrowException) as e:
             raise from_flight_error(e) from None
+
+    def stats(self) -> protocol.Stats:
+        """The ``stats`` action."""
+        results = self.do_action("stats")
         if len(results) != 1:
             raise ProtocolMismatchError(f"the stats action returned {len(results)} results, expected 1")
-        return protocol.parse_stats(results[0].body.to_pybytes())
+        return protocol.parse_stats(results[0])
 
 
 def _single_batch(table: pa.Table) -> pa.RecordBatch:

@@ -9,6 +9,7 @@ payload goes through ``loader`` then ``transform``, its label (or key) through `
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -18,7 +19,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data import get_worker_info
 
-from .client import FlightClient
+from .client import FlightClient, grpc_used_in_this_process
 from .protocol import DatasetInfo
 from .sidecar import Sidecar, default_sidecar
 
@@ -331,6 +332,19 @@ class DataLoader(tud.DataLoader):
             super().__init__(
                 dataset, batch_size=batch_size, sampler=self.epoch_sampler, drop_last=drop_last, **common
             )
+        self._user_context = multiprocessing_context is not None
+
+    def _get_iterator(self) -> Any:
+        # Workers forked from a process that has used gRPC (Flight) can hang: start them from a
+        # clean forkserver instead, unless the caller chose a context.
+        if (
+            self.num_workers > 0
+            and not self._user_context
+            and grpc_used_in_this_process()
+            and multiprocessing.get_start_method(allow_none=False) == "fork"
+        ):
+            self.multiprocessing_context = "forkserver"
+        return super()._get_iterator()
 
     @property
     def epoch(self) -> int:
