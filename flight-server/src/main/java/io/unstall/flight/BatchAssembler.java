@@ -1,6 +1,7 @@
 package io.unstall.flight;
 
-import io.unstall.flight.cache.CacheKey;
+import io.unstall.flight.cache.Digest;
+import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetStats;
@@ -17,15 +18,33 @@ import org.apache.arrow.vector.VarCharVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 
 /**
- * Builds the record batch for a fetch ticket: each sample comes from the cache on a hit, or is read from
- * storage straight into the batch's payload buffer on a miss and then offered to the cache. The whole batch
- * is assembled before anything is sent, so a failure never yields a partial batch.
+ * Builds the record batch for a fetch ticket. Each sample comes from the first tier that has it: the
+ * prefetcher's staging, the memory cache (by content digest), the disk tier, or storage, read straight into
+ * the batch's payload buffer and then offered to the caches. The whole batch is assembled before anything is sent, so a failure
+ * never yields a partial batch.
  */
 public final class BatchAssembler {
   private final SampleCache cache;
+  private final DiskTier disk; // null when there is no disk tier
+  private final Prefetcher prefetcher;
 
-  public BatchAssembler(SampleCache cache) {
+  /** The prefetcher's staging memory is a child of {@code parent} limited to {@code prefetchWindowBytes}. */
+  public BatchAssembler(
+      SampleCache cache, DiskTier disk, BufferAllocator parent, long prefetchWindowBytes, int prefetchWindowSamples,
+      int prefetchThreads) {
     this.cache = cache;
+    this.disk = disk;
+    this.prefetcher = new Prefetcher(
+        parent, prefetchWindowBytes, prefetchWindowSamples, prefetchThreads, this::admit, this::isCached);
+  }
+
+  public Prefetcher prefetcher() {
+    return prefetcher;
+  }
+
+  private boolean isCached(Dataset d, int id) {
+    Digest digest = d.digest(id);
+    return digest != null && (cache.contains(digest) || (disk != null && disk.contains(digest)));
   }
 
   /** Checks the ticket's ids against the dataset and returns them with the batch's payload size. */
@@ -74,14 +93,7 @@ public final class BatchAssembler {
       for (int i = 0; i < n; i++) {
         int id = ids[i];
         int len = d.length(id);
-        CacheKey key = new CacheKey(d.name(), id);
-        if (cache.copyTo(key, data, off)) {
-          stats.hit(len);
-        } else {
-          readFromStorage(d, id, data, off, len);
-          stats.miss(len);
-          cache.admit(key, data, off, len);
-        }
+        fill(d, id, data, off, len, stats);
         off += len;
         offsets.setInt((long) (i + 1) * Integer.BYTES, off);
         BitVectorHelper.setBit(validity, i);
@@ -103,7 +115,40 @@ public final class BatchAssembler {
     }
   }
 
-  private static void readFromStorage(Dataset d, int id, ArrowBuf data, int off, int len) throws IOException {
+  /** Copies sample {@code id} into {@code data[off..off+len)} from the first tier that has it. */
+  private void fill(Dataset d, int id, ArrowBuf data, int off, int len, DatasetStats.Epoch stats) throws IOException {
+    if (prefetcher.take(d, id, data, off)) {
+      stats.prefetchHit();
+      return;
+    }
+    Digest digest = d.digest(id);
+    if (digest != null) {
+      if (cache.copyTo(digest, data, off, d.name())) {
+        stats.hit(len);
+        return;
+      }
+      if (disk != null && disk.read(digest, data.nioBuffer(off, len))) {
+        stats.diskHit(len);
+        cache.admit(digest, data, off, len, d.name()); // promote while there is room
+        return;
+      }
+    }
+    readFromStorage(d, id, data, off, len);
+    stats.miss(len);
+    admit(d, id, data, off, len);
+  }
+
+  /** Learns the digest of bytes just read from storage and offers them to both tiers. */
+  void admit(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException {
+    Digest digest = Digest.of(data.nioBuffer(off, len));
+    d.recordDigest(id, digest);
+    cache.admit(digest, data, off, len, d.name());
+    if (disk != null) {
+      disk.admit(digest, data.nioBuffer(off, len));
+    }
+  }
+
+  static void readFromStorage(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException {
     try {
       d.read(id, data.nioBuffer(off, len));
     } catch (java.nio.file.NoSuchFileException e) {

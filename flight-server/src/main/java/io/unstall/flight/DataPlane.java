@@ -1,5 +1,7 @@
 package io.unstall.flight;
 
+import io.unstall.flight.cache.DiskTier;
+import io.unstall.flight.cache.LruCache;
 import io.unstall.flight.cache.MinioCache;
 import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.DatasetRegistry;
@@ -7,6 +9,8 @@ import java.io.File;
 import java.io.IOException;
 import java.net.BindException;
 import java.net.InetAddress;
+import java.nio.file.Path;
+import io.unstall.flight.storage.Throttle;
 import java.util.concurrent.TimeUnit;
 import org.apache.arrow.flight.FlightServer;
 import org.apache.arrow.flight.Location;
@@ -25,6 +29,8 @@ public final class DataPlane implements AutoCloseable {
 
   private final DatasetRegistry registry = new DatasetRegistry();
   private final SampleCache cache;
+  private final DiskTier disk;
+  private final BatchAssembler assembler;
   private final BufferAllocator streams;
   private final UnstallProducer producer;
   private final FlightServer server;
@@ -38,11 +44,32 @@ public final class DataPlane implements AutoCloseable {
           "--cache-capacity (" + b.cacheCapacity + " bytes) must be below --memory-budget (" + budget
               + " bytes): the rest carries batches in flight");
     }
+    if (cacheReserve + b.prefetchWindowBytes >= budget) {
+      throw new IllegalArgumentException(
+          "--cache-capacity plus --prefetch-window-bytes (" + (cacheReserve + b.prefetchWindowBytes)
+              + " bytes) must be below --memory-budget (" + budget + " bytes)");
+    }
     this.tls = b.tls;
-    this.cache = new MinioCache(b.parent, b.cacheCapacity);
-    this.streams = b.parent.newChildAllocator("streams", 0, budget - cacheReserve);
-    this.producer =
-        new UnstallProducer(registry, cache, streams, new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS));
+    this.cache = switch (b.cachePolicy) {
+      case "minio" -> new MinioCache(b.parent, b.cacheCapacity);
+      case "lru" -> new LruCache(b.parent, b.cacheCapacity);
+      default -> throw new IllegalArgumentException(
+          "invalid value for option '--cache-policy': '" + b.cachePolicy + "' (choose minio or lru)");
+    };
+    DiskTier diskTier = null;
+    if (b.diskDir != null) {
+      diskTier = new DiskTier(b.diskDir, b.diskCapacity);
+      registry.persistManifestsIn(b.diskDir.resolve("manifests"));
+    }
+    this.disk = diskTier;
+    if (b.storageBandwidth > 0) {
+      registry.throttleStorage(new Throttle(b.storageBandwidth));
+    }
+    this.assembler = new BatchAssembler(
+        cache, disk, b.parent, b.prefetchWindowBytes, b.prefetchWindowSamples, b.prefetchThreads);
+    this.streams = b.parent.newChildAllocator("streams", 0, budget - cacheReserve - b.prefetchWindowBytes);
+    this.producer = new UnstallProducer(
+        registry, cache, disk, assembler, streams, new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS));
     Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
     FlightServer.Builder sb =
         FlightServer.builder(streams, location, producer)
@@ -103,6 +130,15 @@ public final class DataPlane implements AutoCloseable {
     return cache;
   }
 
+  /** The disk tier, or null. */
+  public DiskTier disk() {
+    return disk;
+  }
+
+  public Prefetcher prefetcher() {
+    return assembler.prefetcher();
+  }
+
   /** Stops serving (waiting for calls in progress), logs final stats, frees memory. */
   @Override
   public void close() throws Exception {
@@ -114,7 +150,7 @@ public final class DataPlane implements AutoCloseable {
       server.close();
     } finally {
       producer.logStats();
-      AutoCloseables.close(registry, cache, streams);
+      AutoCloseables.close(assembler.prefetcher(), registry, cache, disk, streams);
     }
   }
 
@@ -126,6 +162,13 @@ public final class DataPlane implements AutoCloseable {
     private int port;
     private long cacheCapacity;
     private long budgetTimeoutSeconds = 60;
+    private String cachePolicy = "minio";
+    private Path diskDir;
+    private long diskCapacity;
+    private long prefetchWindowBytes;
+    private int prefetchWindowSamples = 1024;
+    private int prefetchThreads = 8;
+    private long storageBandwidth;
     private boolean tls;
     private File certChain;
     private File privateKey;
@@ -147,6 +190,33 @@ public final class DataPlane implements AutoCloseable {
 
     public Builder cacheCapacity(long bytes) {
       this.cacheCapacity = bytes;
+      return this;
+    }
+
+    /** {@code minio} (never evict, the default) or {@code lru}. */
+    public Builder cachePolicy(String policy) {
+      this.cachePolicy = policy;
+      return this;
+    }
+
+    /** A disk tier of {@code capacity} bytes in {@code dir}; it persists across restarts. */
+    public Builder diskTier(Path dir, long capacity) {
+      this.diskDir = dir;
+      this.diskCapacity = capacity;
+      return this;
+    }
+
+    /** Prefetch at most {@code samples} ahead of consumption, staging at most {@code bytes}; 0 disables. */
+    public Builder prefetch(long bytes, int samples, int threads) {
+      this.prefetchWindowBytes = bytes;
+      this.prefetchWindowSamples = samples;
+      this.prefetchThreads = threads;
+      return this;
+    }
+
+    /** Throttle storage reads to {@code bytesPerSecond} (0: unthrottled), as a slow remote link would. */
+    public Builder storageBandwidth(long bytesPerSecond) {
+      this.storageBandwidth = bytesPerSecond;
       return this;
     }
 

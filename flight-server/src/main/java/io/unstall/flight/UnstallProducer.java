@@ -3,6 +3,7 @@ package io.unstall.flight;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
@@ -37,18 +38,23 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private static final Logger LOG = LoggerFactory.getLogger(UnstallProducer.class);
   private static final ObjectMapper JSON = new ObjectMapper();
   public static final String ACTION_STATS = "stats";
+  public static final String ACTION_PREFETCH = "prefetch";
 
   private final DatasetRegistry registry;
   private final SampleCache cache;
+  private final DiskTier disk;
   private final BatchAssembler assembler;
   private final BufferAllocator streams;
   private final StreamBudget budget;
 
   /** {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. */
-  public UnstallProducer(DatasetRegistry registry, SampleCache cache, BufferAllocator streams, StreamBudget budget) {
+  public UnstallProducer(
+      DatasetRegistry registry, SampleCache cache, DiskTier disk, BatchAssembler assembler, BufferAllocator streams,
+      StreamBudget budget) {
     this.registry = registry;
     this.cache = cache;
-    this.assembler = new BatchAssembler(cache);
+    this.disk = disk;
+    this.assembler = assembler;
     this.streams = streams;
     this.budget = budget;
   }
@@ -143,12 +149,23 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public void doAction(CallContext context, Action action, StreamListener<Result> listener) {
     try {
-      if (!ACTION_STATS.equals(action.getType())) {
-        throw CallStatus.UNIMPLEMENTED
-            .withDescription("unknown action '" + action.getType() + "'; supported: " + ACTION_STATS)
+      switch (action.getType()) {
+        case ACTION_STATS -> listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
+        case ACTION_PREFETCH -> {
+          FetchTicket plan = FetchTicket.parse(action.getBody(), FetchTicket.KIND_PLAN);
+          Dataset d = registry.get(plan.dataset());
+          int[] ids = new int[plan.size()];
+          for (int i = 0; i < ids.length; i++) {
+            ids[i] = d.checkId(plan.id(i));
+          }
+          assembler.prefetcher().plan(d, plan.epoch(), ids);
+          listener.onNext(new Result(("{\"v\":1,\"planned\":" + ids.length + "}").getBytes(StandardCharsets.UTF_8)));
+        }
+        default -> throw CallStatus.UNIMPLEMENTED
+            .withDescription("unknown action '" + action.getType() + "'; supported: " + ACTION_STATS + ", "
+                + ACTION_PREFETCH)
             .toRuntimeException();
       }
-      listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
       listener.onCompleted();
     } catch (Throwable e) {
       listener.onError(toStatus(e));
@@ -158,6 +175,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public void listActions(CallContext context, StreamListener<ActionType> listener) {
     listener.onNext(new ActionType(ACTION_STATS, "cache and per-dataset, per-epoch statistics as JSON"));
+    listener.onNext(new ActionType(ACTION_PREFETCH, "the epoch's sample order (a PLAN message): read ahead"));
     listener.onCompleted();
   }
 
@@ -170,6 +188,14 @@ public final class UnstallProducer extends NoOpFlightProducer {
     c.put("capacity_bytes", cache.capacityBytes());
     c.put("used_bytes", cache.usedBytes());
     c.put("entries", cache.entries());
+    c.put("shared_bytes", cache.sharedBytes());
+    if (disk != null) {
+      ObjectNode k = o.putObject("disk");
+      k.put("capacity_bytes", disk.capacityBytes());
+      k.put("used_bytes", disk.usedBytes());
+      k.put("entries", disk.entries());
+      k.put("corrupt_dropped", disk.corruptDropped());
+    }
     ObjectNode ds = o.putObject("datasets");
     for (Dataset d : registry.all()) {
       ds.set(d.name(), d.stats().toJson());

@@ -40,13 +40,14 @@ import org.junit.jupiter.api.io.TempDir;
 
 /** The data plane end to end in one JVM: a real Flight server on a free port and a real Flight client. */
 class DataPlaneTest {
-  static final String TOKEN = "0123456789abcdef0123456789abcdef";
-  static final ObjectMapper JSON = new ObjectMapper();
+  static final String TOKEN = FlightTestClient.TOKEN;
+  static final ObjectMapper JSON = FlightTestClient.JSON;
   static final int SAMPLE = 1000;
 
   @TempDir Path dir;
   BufferAllocator root;
   DataPlane plane;
+  FlightTestClient flight;
   FlightClient client;
   HeaderCallOption auth;
   List<byte[]> images = new ArrayList<>();
@@ -67,37 +68,24 @@ class DataPlaneTest {
     root = new RootAllocator(64L << 20);
     plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(3 * SAMPLE).build().start();
     plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
-    client = FlightClient.builder(root, plane.location()).build();
-    CallHeaders h = new FlightCallHeaders();
-    h.insert("authorization", "Bearer " + TOKEN);
-    auth = new HeaderCallOption(h);
+    flight = new FlightTestClient(root, plane);
+    client = flight.client;
+    auth = flight.auth;
   }
 
   @AfterEach
   void stop() throws Exception {
-    client.close();
+    flight.close();
     plane.close();
     root.close(); // throws if anything leaked
   }
 
   private List<byte[]> fetch(String dataset, long epoch, long... ids) throws Exception {
-    List<byte[]> out = new ArrayList<>();
-    try (FlightStream s = client.getStream(new FetchTicket(dataset, epoch, ids).toTicket(), auth)) {
-      while (s.next()) {
-        BigIntVector id = (BigIntVector) s.getRoot().getVector("id");
-        VarBinaryVector payload = (VarBinaryVector) s.getRoot().getVector("payload");
-        for (int i = 0; i < s.getRoot().getRowCount(); i++) {
-          assertEquals(ids[out.size()], id.get(i));
-          out.add(payload.get(i));
-        }
-      }
-    }
-    return out;
+    return flight.fetch(dataset, epoch, ids);
   }
 
   private JsonNode stats() throws Exception {
-    Iterator<Result> r = client.doAction(new Action("stats"), auth);
-    return JSON.readTree(new String(r.next().getBody(), StandardCharsets.UTF_8));
+    return flight.stats();
   }
 
   private FlightRuntimeException fetchFails(Ticket t) {

@@ -4,6 +4,9 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import io.unstall.flight.DataPlane;
 import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.dataset.Manifests;
+import com.fasterxml.jackson.databind.JsonNode;
+import java.nio.file.Path;
 import java.io.IOException;
 
 /**
@@ -25,12 +28,30 @@ public final class ControlPlane {
     return 1;
   }
 
+  /**
+   * Registers a dataset. Options (JSON object): {@code manifest}, the path of a digest manifest exported from a
+   * dataset of the same content, to use the cache entries it holds.
+   */
   public String registerDataset(String name, String format, String uri, String optionsJson) throws IOException {
-    if (optionsJson != null && !optionsJson.isBlank() && JSON.readTree(optionsJson).size() > 0) {
-      throw new IllegalArgumentException(
-          "dataset '" + name + "': format '" + format + "' takes no options, got " + optionsJson);
+    JsonNode options = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
+    Path manifest = null;
+    for (var it = options.fieldNames(); it.hasNext(); ) {
+      String key = it.next();
+      if (!key.equals("manifest")) {
+        throw new IllegalArgumentException(
+            "dataset '" + name + "': unknown option '" + key + "' (supported: manifest)");
+      }
+      manifest = Path.of(options.get(key).asText());
     }
-    return JSON.writeValueAsString(dataPlane.registry().register(name, format, uri).describe());
+    return JSON.writeValueAsString(dataPlane.registry().register(name, format, uri, manifest).describe());
+  }
+
+  /** Writes the dataset's digest manifest to {@code path} (mode 0600): give it to share cache entries. */
+  public String exportManifest(String name, String path) throws IOException {
+    Dataset d = dataPlane.registry().get(name);
+    int known = Manifests.write(d, Path.of(path));
+    return JSON.writeValueAsString(
+        JSON.createObjectNode().put("path", path).put("known", known).put("num_samples", d.size()));
   }
 
   public String describeDataset(String name) throws IOException {

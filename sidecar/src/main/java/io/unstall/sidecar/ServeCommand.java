@@ -53,6 +53,34 @@ public final class ServeCommand implements Callable<Integer> {
   @Option(names = "--tls-key", description = "PEM private key for --tls-cert.")
   Path tlsKey;
 
+  @Option(names = "--cache-policy", defaultValue = "${env:UNSTALL_CACHE_POLICY:-minio}",
+      description = "minio (admit until full, never evict; default) or lru (for comparison).")
+  String cachePolicy;
+
+  @Option(names = "--disk-cache-dir", paramLabel = "DIR",
+      description = "Directory of the disk cache tier (never evicts, checksummed, survives restarts); off if unset.")
+  Path diskCacheDir;
+
+  @Option(names = "--disk-cache-capacity", defaultValue = "${env:UNSTALL_DISK_CACHE_CAPACITY:-10GiB}", paramLabel = "SIZE",
+      description = "Bytes the disk tier may hold (default ${DEFAULT-VALUE}).")
+  String diskCacheCapacity;
+
+  @Option(names = "--prefetch-window-bytes", defaultValue = "${env:UNSTALL_PREFETCH_WINDOW_BYTES:-256MiB}", paramLabel = "SIZE",
+      description = "Memory for samples read ahead of consumption (default ${DEFAULT-VALUE}; 0 disables prefetch).")
+  String prefetchWindowBytes;
+
+  @Option(names = "--prefetch-window", defaultValue = "1024", paramLabel = "SAMPLES",
+      description = "How many samples ahead of consumption prefetch may run (default ${DEFAULT-VALUE}).")
+  int prefetchWindowSamples;
+
+  @Option(names = "--prefetch-threads", defaultValue = "8",
+      description = "Parallel storage reads for prefetch (default ${DEFAULT-VALUE}).")
+  int prefetchThreads;
+
+  @Option(names = "--storage-bandwidth", defaultValue = "0", paramLabel = "SIZE",
+      description = "Throttle storage reads to SIZE per second, as a slow link to remote storage would (0: off).")
+  String storageBandwidth;
+
   @Option(names = "--batch-timeout", defaultValue = "60", paramLabel = "SECONDS",
       description = "How long a fetch may wait for memory under load before RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
   long batchTimeoutSeconds;
@@ -85,12 +113,18 @@ public final class ServeCommand implements Callable<Integer> {
       throw new IllegalArgumentException(
           "--bind " + bind + " exposes the sidecar beyond this machine; that requires TLS (--tls-cert and --tls-key)");
     }
+    if (prefetchWindowSamples < 0 || prefetchThreads < 1) {
+      throw new IllegalArgumentException("--prefetch-window must be >= 0 and --prefetch-threads >= 1");
+    }
     Path h = home.toAbsolutePath();
     return new SidecarSettings(
         bind, port, controlPort, capacity, budget,
         stateFile != null ? stateFile : h.resolve("sidecar.json"),
         tokenFile != null ? tokenFile : h.resolve("token"),
-        tlsCert, tlsKey, batchTimeoutSeconds);
+        tlsCert, tlsKey, batchTimeoutSeconds, cachePolicy,
+        diskCacheDir == null ? null : diskCacheDir.toAbsolutePath(), size("--disk-cache-capacity", diskCacheCapacity),
+        size("--prefetch-window-bytes", prefetchWindowBytes), prefetchWindowSamples, prefetchThreads,
+        size("--storage-bandwidth", storageBandwidth));
   }
 
   private static long size(String option, String value) {

@@ -49,7 +49,13 @@ public final class Sidecar implements AutoCloseable {
     try {
       DataPlane.Builder b =
           DataPlane.builder(root, token).host(s.bind()).port(s.port()).cacheCapacity(s.cacheCapacity())
-              .budgetTimeoutSeconds(s.batchTimeoutSeconds());
+              .budgetTimeoutSeconds(s.batchTimeoutSeconds())
+              .cachePolicy(s.cachePolicy())
+              .prefetch(s.prefetchWindowBytes(), s.prefetchWindowSamples(), s.prefetchThreads())
+              .storageBandwidth(s.storageBandwidth());
+      if (s.diskCacheDir() != null) {
+        b.diskTier(s.diskCacheDir(), s.diskCacheCapacity());
+      }
       if (s.tlsCert() != null) {
         b.tls(s.tlsCert().toFile(), s.tlsKey().toFile());
       }
@@ -71,8 +77,8 @@ public final class Sidecar implements AutoCloseable {
       sidecar.writeStateFile();
       Runtime.getRuntime().addShutdownHook(sidecar.hook);
       LOG.info(
-          "unstall sidecar listening: flight={} control=127.0.0.1:{} cache=minio capacity={} memory-budget={} state={}",
-          dp.location().getUri(), gw.getListeningPort(), Sizes.format(s.cacheCapacity()),
+          "unstall sidecar listening: flight={} control=127.0.0.1:{} cache={} capacity={} memory-budget={} state={}",
+          dp.location().getUri(), gw.getListeningPort(), s.cachePolicy(), Sizes.format(s.cacheCapacity()),
           Sizes.format(s.memoryBudget()), s.stateFile());
       return sidecar;
     } catch (Exception e) {

@@ -13,4 +13,11 @@ public record SidecarSettings(
     Path tokenFile,
     Path tlsCert,
     Path tlsKey,
-    long batchTimeoutSeconds) {}
+    long batchTimeoutSeconds,
+    String cachePolicy,
+    Path diskCacheDir,
+    long diskCacheCapacity,
+    long prefetchWindowBytes,
+    int prefetchWindowSamples,
+    int prefetchThreads,
+    long storageBandwidth) {}

@@ -1,7 +1,7 @@
 package io.unstall.flight.cache;
 
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.atomic.AtomicReferenceArray;
+import java.util.concurrent.atomic.AtomicLong;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 
@@ -9,35 +9,33 @@ import org.apache.arrow.memory.BufferAllocator;
  * CoorDL's MinIO cache: samples are admitted until the capacity is reached and are never evicted, so every
  * epoch gets the same hits however the sampler orders it (LRU and the page cache thrash under random order).
  *
- * <p>Never evicting makes the cache an append-only arena: entries are laid end to end in 1 MiB off-heap pages
- * allocated lazily from the cache's own child allocator. Admission only bumps a pointer, nothing fragments,
- * and the memory held is at most the capacity rounded up to a page.
+ * <p>Never evicting makes the cache an append-only arena: entries are laid end to end in lazily allocated
+ * pages, admission is a pointer bump, nothing fragments, and used bytes are exactly the entries' bytes.
  */
 public final class MinioCache implements SampleCache {
-  public static final int PAGE = 1 << 20;
+  public static final int PAGE = PagedArena.PAGE;
 
-  private record Entry(long address, int length) {}
+  private static final class Entry extends SharedEntry {
+    final long address;
 
-  private final BufferAllocator allocator;
+    Entry(long address, int length, String owner) {
+      super(length, owner);
+      this.address = address;
+    }
+  }
+
+  private final PagedArena arena;
   private final long capacity;
-  private final AtomicReferenceArray<ArrowBuf> pages;
-  private final ConcurrentHashMap<CacheKey, Entry> entries = new ConcurrentHashMap<>();
-  private final ConcurrentHashMap<CacheKey, Boolean> pending = new ConcurrentHashMap<>();
+  private final ConcurrentHashMap<Digest, Entry> entries = new ConcurrentHashMap<>();
+  private final ConcurrentHashMap<Digest, Boolean> pending = new ConcurrentHashMap<>();
+  private final AtomicLong sharedBytes = new AtomicLong();
   private long end; // guarded by this: next free address
   private volatile long used;
 
-  /** Takes ownership of a child allocator of {@code parent} named "cache", limited to the capacity. */
+  /** Takes a child allocator of {@code parent} named "cache", limited to the capacity (rounded to a page). */
   public MinioCache(BufferAllocator parent, long capacityBytes) {
-    if (capacityBytes < 0) {
-      throw new IllegalArgumentException("cache capacity must be >= 0, got " + capacityBytes);
-    }
-    long pageCount = (capacityBytes + PAGE - 1) / PAGE;
-    if (pageCount > Integer.MAX_VALUE) {
-      throw new IllegalArgumentException("cache capacity " + capacityBytes + " is too large");
-    }
+    this.arena = new PagedArena(parent, "cache", capacityBytes);
     this.capacity = capacityBytes;
-    this.allocator = parent.newChildAllocator("cache", 0, pageCount * PAGE);
-    this.pages = new AtomicReferenceArray<>((int) pageCount);
   }
 
   @Override
@@ -61,76 +59,65 @@ public final class MinioCache implements SampleCache {
   }
 
   @Override
-  public boolean copyTo(CacheKey key, ArrowBuf dst, long dstIndex) {
+  public long sharedBytes() {
+    return sharedBytes.get();
+  }
+
+  @Override
+  public boolean contains(Digest key) {
+    return entries.containsKey(key);
+  }
+
+  @Override
+  public boolean copyTo(Digest key, ArrowBuf dst, long dstIndex, String dataset) {
     Entry e = entries.get(key);
     if (e == null) {
       return false;
     }
-    transfer(e.address(), dst, dstIndex, e.length(), false);
+    arena.transfer(e.address, dst, dstIndex, e.length, false);
+    e.usedBy(dataset, sharedBytes);
     return true;
   }
 
   @Override
-  public boolean admit(CacheKey key, ArrowBuf src, long srcIndex, int length) {
-    if (entries.containsKey(key) || pending.putIfAbsent(key, Boolean.TRUE) != null) {
-      return false;
+  public Admission admit(Digest key, ArrowBuf src, long srcIndex, int length, String dataset) {
+    Entry present = entries.get(key);
+    if (present != null) {
+      present.usedBy(dataset, sharedBytes);
+      return Admission.PRESENT;
+    }
+    if (pending.putIfAbsent(key, Boolean.TRUE) != null) {
+      return Admission.PRESENT; // another stream is admitting the same bytes right now
     }
     try {
       long addr;
       synchronized (this) {
         if (end + length > capacity) {
-          return false; // full for this sample: MinIO never evicts to make room
+          return Admission.REFUSED; // full for this sample: MinIO never evicts to make room
         }
         addr = end;
         end += length;
-        for (long p = addr / PAGE; p * PAGE < end; p++) {
-          if (pages.get((int) p) == null) {
-            pages.set((int) p, allocator.buffer(PAGE));
-          }
-        }
+        arena.ensure(addr, end);
       }
-      transfer(addr, src, srcIndex, length, true);
-      entries.put(key, new Entry(addr, length));
+      arena.transfer(addr, src, srcIndex, length, true);
+      entries.put(key, new Entry(addr, length, dataset));
       synchronized (this) {
         used += length;
       }
-      return true;
+      return Admission.ADMITTED;
     } finally {
       pending.remove(key);
     }
   }
 
-  /** Copies between the arena at {@code addr} and {@code buf}, page by page, in the given direction. */
-  private void transfer(long addr, ArrowBuf buf, long bufIndex, long length, boolean intoCache) {
-    while (length > 0) {
-      ArrowBuf page = pages.get((int) (addr / PAGE));
-      int inPage = (int) (addr % PAGE);
-      int n = (int) Math.min(length, PAGE - inPage);
-      if (intoCache) {
-        page.setBytes(inPage, buf, bufIndex, n);
-      } else {
-        buf.setBytes(bufIndex, page, inPage, n);
-      }
-      addr += n;
-      bufIndex += n;
-      length -= n;
-    }
-  }
-
   /** Off-heap bytes held (whole pages), for accounting tests. */
   public long allocatedBytes() {
-    return allocator.getAllocatedMemory();
+    return arena.allocatedBytes();
   }
 
   @Override
   public synchronized void close() {
     entries.clear();
-    for (int i = 0; i < pages.length(); i++) {
-      ArrowBuf b = pages.getAndSet(i, null);
-      if (b != null) {
-        b.close();
-      }
-    }
-    allocator.close();
+    arena.close();
   }
 }

@@ -3,12 +3,12 @@ package io.unstall.flight.cache;
 import org.apache.arrow.memory.ArrowBuf;
 
 /**
- * A cache of sample bytes held off-heap. Implementations account every byte to their own allocator and never
- * hold more than their capacity. Thread-safe.
+ * An in-memory cache of sample bytes keyed by content digest, held off-heap. Implementations account every
+ * byte to their own allocator and never hold more than their capacity. Thread-safe.
  */
 public interface SampleCache extends AutoCloseable {
 
-  /** The policy name reported in stats, e.g. {@code minio}. */
+  /** The policy name reported in stats and chosen by {@code --cache-policy}. */
   String policy();
 
   long capacityBytes();
@@ -18,11 +18,29 @@ public interface SampleCache extends AutoCloseable {
 
   long entries();
 
-  /** Copies the cached bytes of {@code key} into {@code dst} at {@code dstIndex}; false on a miss. */
-  boolean copyTo(CacheKey key, ArrowBuf dst, long dstIndex);
+  /** Bytes of entries used by more than one dataset (content shared across jobs). */
+  long sharedBytes();
 
-  /** Offers {@code length} bytes at {@code src[srcIndex]} for {@code key}; returns whether they were admitted. */
-  boolean admit(CacheKey key, ArrowBuf src, long srcIndex, int length);
+  /** Whether {@code key} is cached (a hint: it may be evicted right after, by policies that evict). */
+  boolean contains(Digest key);
+
+  /**
+   * Copies the cached bytes of {@code key} into {@code dst} at {@code dstIndex} for {@code dataset}; false on
+   * a miss.
+   */
+  boolean copyTo(Digest key, ArrowBuf dst, long dstIndex, String dataset);
+
+  /** Offers {@code length} bytes at {@code src[srcIndex]} with digest {@code key}, read for {@code dataset}. */
+  Admission admit(Digest key, ArrowBuf src, long srcIndex, int length, String dataset);
+
+  /** What {@link #admit} did. */
+  enum Admission {
+    ADMITTED,
+    /** Already cached (maybe by another dataset: then it is now shared). */
+    PRESENT,
+    /** No room, and the policy does not evict. */
+    REFUSED
+  }
 
   @Override
   void close();

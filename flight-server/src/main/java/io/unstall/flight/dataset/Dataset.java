@@ -2,12 +2,14 @@ package io.unstall.flight.dataset;
 
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.cache.Digest;
 import io.unstall.flight.format.Format;
 import io.unstall.flight.format.SampleIndex;
 import io.unstall.flight.storage.Storage;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicReferenceArray;
 
 /** A registered dataset: a named storage location plus a format, indexed into stable sample ids. */
 public final class Dataset {
@@ -17,6 +19,8 @@ public final class Dataset {
   private final SampleIndex index;
   private final List<String> classes;
   private final DatasetStats stats = new DatasetStats();
+  /** The digest manifest: sample id -> content digest, learned from reads or loaded from a manifest file. */
+  private final AtomicReferenceArray<Digest> digests;
 
   Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes) {
     this.name = name;
@@ -24,6 +28,20 @@ public final class Dataset {
     this.storage = storage;
     this.index = index;
     this.classes = List.copyOf(classes);
+    this.digests = new AtomicReferenceArray<>(index.size());
+  }
+
+  /** The content digest of sample {@code id}, or null if not known yet. */
+  public Digest digest(int id) {
+    return digests.get(id);
+  }
+
+  public void recordDigest(int id, Digest digest) {
+    digests.set(id, digest);
+  }
+
+  SampleIndex index() {
+    return index;
   }
 
   public String name() {

@@ -1,5 +1,6 @@
 package io.unstall.flight.dataset;
 
+import io.unstall.flight.cache.Digest;
 import io.unstall.flight.format.Format;
 import io.unstall.flight.format.Formats;
 import io.unstall.flight.format.SampleIndex;
@@ -7,6 +8,9 @@ import io.unstall.flight.storage.LocalStorage;
 import io.unstall.flight.storage.Storage;
 import java.io.IOException;
 import java.net.URI;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collection;
@@ -24,12 +28,32 @@ public final class DatasetRegistry implements AutoCloseable {
   private static final long PROGRESS_EVERY = 10_000;
 
   private final Map<String, Dataset> datasets = new ConcurrentHashMap<>();
+  private volatile Path manifestDir;
+  private volatile io.unstall.flight.storage.Throttle throttle;
+
+  /** Throttle every dataset's storage reads (a stand-in for a slow link to remote storage). */
+  public void throttleStorage(io.unstall.flight.storage.Throttle t) {
+    this.throttle = t;
+  }
+
+  /** Persist digest manifests here (next to the disk tier) so a restarted sidecar finds its entries. */
+  public void persistManifestsIn(Path dir) {
+    this.manifestDir = dir;
+  }
+
+  /** Registers without importing a manifest; see {@link #register(String, String, String, Path)}. */
+  public Dataset register(String name, String formatName, String uri) throws IOException {
+    return register(name, formatName, uri, null);
+  }
 
   /**
    * Registers {@code name} as {@code format} data at {@code uri}. Registering the same name with the same
-   * format and location again returns the existing dataset; with another one it is an error.
+   * format and location again returns the existing dataset; with another one it is an error. A
+   * {@code manifest} (exported from a dataset of the same content) lets this dataset use cache entries that
+   * one already holds.
    */
-  public synchronized Dataset register(String name, String formatName, String uri) throws IOException {
+  public synchronized Dataset register(String name, String formatName, String uri, Path manifest)
+      throws IOException {
     if (name == null || !NAME.matcher(name).matches()) {
       throw new IllegalArgumentException(
           "invalid dataset name '" + name + "': use 1-128 letters, digits, '.', '_' or '-', starting with a"
@@ -37,6 +61,9 @@ public final class DatasetRegistry implements AutoCloseable {
     }
     Format format = Formats.byName(formatName);
     Storage storage = openStorage(uri);
+    if (throttle != null) {
+      storage = new io.unstall.flight.storage.ThrottledStorage(storage, throttle);
+    }
     Dataset existing = datasets.get(name);
     if (existing != null) {
       if (existing.format().name().equals(format.name()) && existing.storage().uri().equals(storage.uri())) {
@@ -57,6 +84,16 @@ public final class DatasetRegistry implements AutoCloseable {
               }
             });
     Dataset d = new Dataset(name, format, storage, index, format.classes(storage));
+    Path persisted = persistedManifest(d);
+    if (persisted != null && Files.exists(persisted)) {
+      int n = Manifests.load(d, persisted, true);
+      LOG.info(n < 0 ? "dataset '{}' changed since its manifest was saved: digests will be relearned"
+          : "dataset '{}': {} sample digests restored from {}", name, n, persisted);
+    }
+    if (manifest != null) {
+      int n = Manifests.load(d, manifest, false);
+      LOG.info("dataset '{}': {} sample digests imported from {}", name, n, manifest);
+    }
     datasets.put(name, d);
     LOG.info(
         "registered dataset '{}': {} samples, {} bytes, indexed in {} ms",
@@ -79,6 +116,25 @@ public final class DatasetRegistry implements AutoCloseable {
     return out;
   }
 
+  private Path persistedManifest(Dataset d) {
+    Path dir = manifestDir;
+    if (dir == null) {
+      return null;
+    }
+    byte[] id = (d.format().name() + "|" + d.storage().uri()).getBytes(StandardCharsets.UTF_8);
+    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ".manifest");
+  }
+
+  /** Saves every dataset's manifest where {@link #persistManifestsIn} says. */
+  public void persistManifests() throws IOException {
+    for (Dataset d : datasets.values()) {
+      Path p = persistedManifest(d);
+      if (p != null) {
+        Manifests.write(d, p);
+      }
+    }
+  }
+
   static Storage openStorage(String uri) throws IOException {
     if (uri == null || uri.isBlank()) {
       throw new IllegalArgumentException("dataset location (uri) is empty");
@@ -86,9 +142,12 @@ public final class DatasetRegistry implements AutoCloseable {
     if (uri.startsWith("file:")) {
       return new LocalStorage(Path.of(URI.create(uri)));
     }
+    if (uri.startsWith("s3://")) {
+      return io.unstall.flight.storage.S3Storage.open(uri);
+    }
     if (uri.contains("://")) {
       throw new IllegalArgumentException(
-          "unsupported storage scheme in '" + uri + "'; supported: file:// or an absolute path");
+          "unsupported storage scheme in '" + uri + "'; supported: file://, s3:// or an absolute path");
     }
     Path p = Path.of(uri);
     if (!p.isAbsolute()) {
@@ -100,6 +159,7 @@ public final class DatasetRegistry implements AutoCloseable {
 
   @Override
   public void close() throws IOException {
+    persistManifests();
     for (Dataset d : datasets.values()) {
       d.storage().close();
     }

@@ -16,6 +16,9 @@ public final class DatasetStats {
     final LongAdder misses = new LongAdder();
     final LongAdder storageBytes = new LongAdder();
     final LongAdder cacheBytes = new LongAdder();
+    final LongAdder diskHits = new LongAdder();
+    final LongAdder diskBytes = new LongAdder();
+    final LongAdder prefetchHits = new LongAdder();
 
     public void hit(long bytes) {
       samples.increment();
@@ -23,10 +26,34 @@ public final class DatasetStats {
       cacheBytes.add(bytes);
     }
 
+    /** Served from the disk tier. */
+    public void diskHit(long bytes) {
+      samples.increment();
+      diskHits.increment();
+      diskBytes.add(bytes);
+    }
+
+    /** Read from storage ahead of time by the prefetcher (the storage bytes were counted then). */
+    public void prefetchHit() {
+      samples.increment();
+      prefetchHits.increment();
+    }
+
+    /** Bytes read from storage ahead of consumption (prefetch), counted in the epoch they are for. */
+    public void prefetched(long bytes) {
+      misses.increment();
+      storageBytes.add(bytes);
+    }
+
     public void miss(long bytes) {
       samples.increment();
       misses.increment();
       storageBytes.add(bytes);
+    }
+
+    /** Samples served to clients this epoch. */
+    public long servedSamples() {
+      return samples.sum();
     }
 
     public long hits() {
@@ -47,6 +74,9 @@ public final class DatasetStats {
       misses.add(other.misses.sum());
       storageBytes.add(other.storageBytes.sum());
       cacheBytes.add(other.cacheBytes.sum());
+      diskHits.add(other.diskHits.sum());
+      diskBytes.add(other.diskBytes.sum());
+      prefetchHits.add(other.prefetchHits.sum());
     }
 
     ObjectNode toJson() {
@@ -56,6 +86,9 @@ public final class DatasetStats {
       o.put("misses", misses.sum());
       o.put("storage_bytes", storageBytes.sum());
       o.put("cache_bytes", cacheBytes.sum());
+      o.put("disk_hits", diskHits.sum());
+      o.put("disk_bytes", diskBytes.sum());
+      o.put("prefetch_hits", prefetchHits.sum());
       return o;
     }
   }
@@ -97,7 +130,9 @@ public final class DatasetStats {
     long s = e.samples.sum();
     long h = e.hits.sum();
     return String.format(
-        "dataset '%s' epoch %d: %d samples, cache hits %d (%.1f%%), misses %d, %d bytes from storage, %d from cache",
-        dataset, epoch, s, h, s == 0 ? 0.0 : 100.0 * h / s, e.misses.sum(), e.storageBytes.sum(), e.cacheBytes.sum());
+        "dataset '%s' epoch %d: %d samples, cache hits %d (%.1f%%), disk hits %d, misses %d, %d bytes from storage,"
+            + " %d from cache",
+        dataset, epoch, s, h, s == 0 ? 0.0 : 100.0 * h / s, e.diskHits.sum(), e.misses.sum(), e.storageBytes.sum(),
+        e.cacheBytes.sum());
   }
 }

@@ -87,6 +87,11 @@ public final class LocalStorage implements Storage {
   }
 
   @Override
+  public String version(String path) throws IOException {
+    return Files.getLastModifiedTime(resolve(path)).toMillis() + ":" + Files.size(resolve(path));
+  }
+
+  @Override
   public String describe(String path) {
     return resolve(path).toString();
   }

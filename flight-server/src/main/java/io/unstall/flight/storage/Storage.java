@@ -28,6 +28,14 @@ public interface Storage extends AutoCloseable {
   /** Reads exactly {@code dst.remaining()} bytes at {@code offset}; a short object is an error naming it. */
   void readFully(String path, long offset, ByteBuffer dst) throws IOException;
 
+  /**
+   * A version of the object that changes when its content does (mtime, ETag), or "" if unknown. Used to
+   * decide whether a persisted digest manifest still describes the dataset.
+   */
+  default String version(String path) throws IOException {
+    return "";
+  }
+
   /** The absolute location of {@code path}, for messages. */
   String describe(String path);
 

@@ -19,15 +19,19 @@ import org.junit.jupiter.api.Test;
 
 class MinioCacheTest {
 
+  static Digest key(int i) {
+    return new Digest(i, 0, 0, 0);
+  }
+
   private static ArrowBuf bytes(BufferAllocator a, byte[] data) {
     ArrowBuf b = a.buffer(Math.max(1, data.length));
     b.setBytes(0, data);
     return b;
   }
 
-  private static byte[] read(MinioCache c, BufferAllocator a, CacheKey k, int len) {
+  private static byte[] read(MinioCache c, BufferAllocator a, Digest k, int len) {
     try (ArrowBuf out = a.buffer(Math.max(1, len))) {
-      assertTrue(c.copyTo(k, out, 0), "expected a hit for " + k);
+      assertTrue(c.copyTo(k, out, 0, "d"), "expected a hit for " + k);
       byte[] r = new byte[len];
       out.getBytes(0, r);
       return r;
@@ -44,22 +48,22 @@ class MinioCacheTest {
         rnd.nextBytes(s);
         samples.add(s);
         try (ArrowBuf b = bytes(root, s)) {
-          assertEquals(i < 3, cache.admit(new CacheKey("d", i), b, 0, s.length), "sample " + i);
+          assertEquals(i < 3, cache.admit(key(i), b, 0, s.length, "d") == SampleCache.Admission.ADMITTED, "sample " + i);
         }
       }
       // Later samples never displace earlier ones, however often they are offered.
       for (int round = 0; round < 3; round++) {
         for (int i = 3; i < 10; i++) {
           try (ArrowBuf b = bytes(root, samples.get(i))) {
-            assertFalse(cache.admit(new CacheKey("d", i), b, 0, 1000));
+            assertFalse(cache.admit(key(i), b, 0, 1000, "d") == SampleCache.Admission.ADMITTED);
           }
         }
       }
       for (int i = 0; i < 3; i++) {
-        assertArrayEquals(samples.get(i), read(cache, root, new CacheKey("d", i), 1000));
+        assertArrayEquals(samples.get(i), read(cache, root, key(i), 1000));
       }
       try (ArrowBuf out = root.buffer(1000)) {
-        assertFalse(cache.copyTo(new CacheKey("d", 5), out, 0));
+        assertFalse(cache.copyTo(key(5), out, 0, "d"));
       }
       assertEquals(3000, cache.usedBytes());
       assertEquals(3, cache.entries());
@@ -70,9 +74,9 @@ class MinioCacheTest {
   void aSmallerSampleStillFitsAfterALargerOneDidNot() {
     try (BufferAllocator root = new RootAllocator(); MinioCache cache = new MinioCache(root, 1500)) {
       try (ArrowBuf b = bytes(root, new byte[1000])) {
-        assertTrue(cache.admit(new CacheKey("d", 0), b, 0, 1000));
-        assertFalse(cache.admit(new CacheKey("d", 1), b, 0, 1000));
-        assertTrue(cache.admit(new CacheKey("d", 2), b, 0, 500));
+        assertTrue(cache.admit(key(0), b, 0, 1000, "d") == SampleCache.Admission.ADMITTED);
+        assertFalse(cache.admit(key(1), b, 0, 1000, "d") == SampleCache.Admission.ADMITTED);
+        assertTrue(cache.admit(key(2), b, 0, 500, "d") == SampleCache.Admission.ADMITTED);
       }
       assertEquals(1500, cache.usedBytes());
     }
@@ -88,11 +92,11 @@ class MinioCacheTest {
       rnd.nextBytes(a);
       rnd.nextBytes(b);
       try (ArrowBuf x = bytes(root, a); ArrowBuf y = bytes(root, b)) {
-        assertTrue(cache.admit(new CacheKey("d", 0), x, 0, a.length));
-        assertTrue(cache.admit(new CacheKey("d", 1), y, 0, b.length));
+        assertTrue(cache.admit(key(0), x, 0, a.length, "d") == SampleCache.Admission.ADMITTED);
+        assertTrue(cache.admit(key(1), y, 0, b.length, "d") == SampleCache.Admission.ADMITTED);
       }
-      assertArrayEquals(a, read(cache, root, new CacheKey("d", 0), a.length));
-      assertArrayEquals(b, read(cache, root, new CacheKey("d", 1), b.length));
+      assertArrayEquals(a, read(cache, root, key(0), a.length));
+      assertArrayEquals(b, read(cache, root, key(1), b.length));
       assertEquals(2L * MinioCache.PAGE, cache.allocatedBytes(), "pages are allocated lazily");
     }
   }
@@ -113,7 +117,7 @@ class MinioCacheTest {
             int id = rnd.nextInt(300); // overlapping keys across threads
             try (ArrowBuf b = root.buffer(len)) {
               b.setZero(0, len);
-              if (cache.admit(new CacheKey("d", id), b, 0, len)) {
+              if (cache.admit(key(id), b, 0, len, "d") == SampleCache.Admission.ADMITTED) {
                 admittedBytes.addAndGet(len);
               }
             }
@@ -136,7 +140,7 @@ class MinioCacheTest {
   void zeroCapacityCachesNothing() {
     try (BufferAllocator root = new RootAllocator(); MinioCache cache = new MinioCache(root, 0)) {
       try (ArrowBuf b = bytes(root, new byte[10])) {
-        assertFalse(cache.admit(new CacheKey("d", 0), b, 0, 10));
+        assertFalse(cache.admit(key(0), b, 0, 10, "d") == SampleCache.Admission.ADMITTED);
       }
       assertEquals(0, cache.allocatedBytes());
     }

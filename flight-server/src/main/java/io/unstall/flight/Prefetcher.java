@@ -1,0 +1,179 @@
+package io.unstall.flight;
+
+import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.dataset.DatasetStats;
+import java.io.IOException;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.BufferAllocator;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Clairvoyant prefetch (NoPFS): the shim sends the epoch's sample order (derived from the sampler's seed) and
+ * this reads upcoming misses from storage ahead of consumption, with parallel reads, at most a window ahead:
+ * {@code windowSamples} beyond the samples already served this epoch, and {@code windowBytes} of staged data
+ * (its own child allocator: the bytes are part of the sidecar's budget). Bytes read are offered to the
+ * caches; what the caches do not take is staged until the batch that needs it is assembled, then freed.
+ */
+public final class Prefetcher implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(Prefetcher.class);
+
+  /** Offers bytes just read from storage to the caches (and records their digest). */
+  interface Admitter {
+    void admit(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException;
+  }
+
+  /** Whether a sample is already held by a cache tier. */
+  interface Cached {
+    boolean test(Dataset d, int id);
+  }
+
+  private record Key(String dataset, int id) {}
+
+  private final BufferAllocator allocator;
+  private final ExecutorService readers;
+  private final ExecutorService drivers;
+  private final int windowSamples;
+  private final Admitter admitter;
+  private final Cached cached;
+  private final Map<Key, CompletableFuture<ArrowBuf>> staged = new ConcurrentHashMap<>();
+  private final Map<String, Future<?>> plans = new ConcurrentHashMap<>();
+
+  Prefetcher(BufferAllocator parent, long windowBytes, int windowSamples, int threads, Admitter admitter, Cached cached) {
+    this.allocator = parent.newChildAllocator("prefetch", 0, Math.max(0, windowBytes));
+    this.windowSamples = windowSamples;
+    this.readers = Executors.newFixedThreadPool(Math.max(1, threads), daemon("unstall-prefetch-read"));
+    this.drivers = Executors.newCachedThreadPool(daemon("unstall-prefetch-plan"));
+    this.admitter = admitter;
+    this.cached = cached;
+  }
+
+  private static java.util.concurrent.ThreadFactory daemon(String name) {
+    AtomicInteger n = new AtomicInteger();
+    return r -> {
+      Thread t = new Thread(r, name + "-" + n.incrementAndGet());
+      t.setDaemon(true);
+      return t;
+    };
+  }
+
+  public boolean enabled() {
+    return allocator.getLimit() > 0 && windowSamples > 0;
+  }
+
+  /** Starts prefetching {@code ids} (the epoch's order) for {@code d}, replacing its previous plan. */
+  public void plan(Dataset d, long epoch, int[] ids) {
+    if (!enabled()) {
+      throw new IllegalArgumentException(
+          "prefetch is disabled on this sidecar (--prefetch-window 0); start it with a prefetch window");
+    }
+    Future<?> old = plans.put(d.name(), drivers.submit(() -> drive(d, epoch, ids)));
+    if (old != null) {
+      old.cancel(true);
+    }
+    LOG.info("dataset '{}' epoch {}: prefetching {} samples, window {} samples / {} bytes", d.name(), epoch,
+        ids.length, windowSamples, allocator.getLimit());
+  }
+
+  private void drive(Dataset d, long epoch, int[] ids) {
+    DatasetStats.Epoch stats = d.stats().epoch(epoch);
+    try {
+      for (int p = 0; p < ids.length; p++) {
+        int id = ids[p];
+        Key key = new Key(d.name(), id);
+        if (cached.test(d, id) || staged.containsKey(key)) {
+          continue;
+        }
+        int len = d.length(id);
+        long cost = allocator.getRoundingPolicy().getRoundedSize(Math.max(1, len));
+        if (cost > allocator.getLimit()) {
+          continue; // larger than the whole window: the batch will read it itself
+        }
+        while (p - stats.servedSamples() > windowSamples || allocator.getAllocatedMemory() + cost > allocator.getLimit()) {
+          Thread.sleep(1);
+        }
+        ArrowBuf buf = allocator.buffer(Math.max(1, len));
+        CompletableFuture<ArrowBuf> f = new CompletableFuture<>();
+        staged.put(key, f);
+        readers.execute(() -> {
+          try {
+            BatchAssembler.readFromStorage(d, id, buf, 0, len);
+            stats.prefetched(len);
+            admitter.admit(d, id, buf, 0, len);
+            f.complete(buf);
+          } catch (Throwable e) {
+            buf.close();
+            f.completeExceptionally(e);
+          }
+        });
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    } catch (RuntimeException e) {
+      LOG.warn("prefetch for dataset '{}' epoch {} stopped: {}", d.name(), epoch, e.toString());
+    }
+  }
+
+  /**
+   * If {@code id} was prefetched (or is being read), waits for it and copies it into {@code dst}. A read error
+   * is raised here, for the batch that needs the sample.
+   */
+  public boolean take(Dataset d, int id, ArrowBuf dst, long off) throws IOException {
+    CompletableFuture<ArrowBuf> f = staged.remove(new Key(d.name(), id));
+    if (f == null) {
+      return false;
+    }
+    ArrowBuf buf;
+    try {
+      buf = f.get();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted waiting for a prefetched sample", e);
+    } catch (ExecutionException e) {
+      if (e.getCause() instanceof IOException io) {
+        throw io;
+      }
+      throw new IOException(e.getCause());
+    }
+    try {
+      dst.setBytes(off, buf, 0, d.length(id));
+    } finally {
+      buf.close();
+    }
+    return true;
+  }
+
+  /** Bytes staged right now (for tests of the bound). */
+  public long stagedBytes() {
+    return allocator.getAllocatedMemory();
+  }
+
+  public long peakStagedBytes() {
+    return allocator.getPeakMemoryAllocation();
+  }
+
+  @Override
+  public void close() {
+    plans.values().forEach(p -> p.cancel(true));
+    drivers.shutdownNow();
+    readers.shutdownNow();
+    try {
+      readers.awaitTermination(10, java.util.concurrent.TimeUnit.SECONDS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+    for (CompletableFuture<ArrowBuf> f : staged.values()) {
+      f.thenAccept(ArrowBuf::close);
+    }
+    staged.clear();
+    allocator.close();
+  }
+}

@@ -1,0 +1,46 @@
+package io.unstall.flight.storage;
+
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.LockSupport;
+
+/**
+ * A token bucket on storage bytes, shared by every dataset of a sidecar: it stands in for a constrained link
+ * to remote storage in benchmarks and experiments ({@code --storage-bandwidth}). Reads wait for their bytes;
+ * at most one second of burst accumulates.
+ */
+public final class Throttle {
+  private final double bytesPerNano;
+  private final double burst;
+  private double tokens; // guarded by this
+  private long last; // guarded by this
+
+  public Throttle(long bytesPerSecond) {
+    if (bytesPerSecond <= 0) {
+      throw new IllegalArgumentException("storage bandwidth must be > 0 bytes/s, got " + bytesPerSecond);
+    }
+    this.bytesPerNano = bytesPerSecond / 1e9;
+    this.burst = bytesPerSecond;
+    this.last = System.nanoTime();
+  }
+
+  /** Blocks until {@code bytes} may pass. */
+  public void acquire(long bytes) {
+    long waitNanos;
+    synchronized (this) {
+      long now = System.nanoTime();
+      tokens = Math.min(burst, tokens + (now - last) * bytesPerNano);
+      last = now;
+      tokens -= bytes; // may go negative: the debt is the wait
+      waitNanos = tokens >= 0 ? 0 : (long) (-tokens / bytesPerNano);
+    }
+    long deadline = System.nanoTime() + waitNanos;
+    while (waitNanos > 0) {
+      LockSupport.parkNanos(waitNanos);
+      waitNanos = deadline - System.nanoTime();
+    }
+  }
+
+  public long bytesPerSecond() {
+    return (long) (bytesPerNano * TimeUnit.SECONDS.toNanos(1));
+  }
+}

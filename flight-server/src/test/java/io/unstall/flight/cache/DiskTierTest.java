@@ -1,0 +1,91 @@
+package io.unstall.flight.cache;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.ByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.Random;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+class DiskTierTest {
+  @TempDir Path dir;
+
+  static byte[] bytes(int seed, int n) {
+    byte[] b = new byte[n];
+    new Random(seed).nextBytes(b);
+    return b;
+  }
+
+  static byte[] read(DiskTier t, Digest k, int n) throws Exception {
+    ByteBuffer b = ByteBuffer.allocate(n);
+    assertTrue(t.read(k, b), "expected " + k + " on disk");
+    return b.array();
+  }
+
+  @Test
+  void admitsUntilFullNeverEvictsAndSurvivesRestart() throws Exception {
+    byte[] a = bytes(1, 1000);
+    byte[] b = bytes(2, 3000);
+    Digest ka = Digest.of(ByteBuffer.wrap(a));
+    Digest kb = Digest.of(ByteBuffer.wrap(b));
+    try (DiskTier t = new DiskTier(dir, DiskTier.HEADER * 2 + 4000)) {
+      assertTrue(t.admit(ka, ByteBuffer.wrap(a)));
+      assertTrue(t.admit(kb, ByteBuffer.wrap(b)));
+      assertFalse(t.admit(Digest.of(ByteBuffer.wrap(new byte[1])), ByteBuffer.wrap(new byte[1])), "full: never evicts");
+      assertEquals(DiskTier.HEADER * 2 + 4000, t.usedBytes());
+    }
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      assertEquals(2, t.entries());
+      assertArrayEquals(a, read(t, ka, 1000));
+      assertArrayEquals(b, read(t, kb, 3000));
+    }
+  }
+
+  @Test
+  void aFlippedByteIsDetectedDroppedAndNeverServed() throws Exception {
+    byte[] a = bytes(3, 5000);
+    Digest ka = Digest.of(ByteBuffer.wrap(a));
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      t.admit(ka, ByteBuffer.wrap(a));
+    }
+    try (FileChannel ch = FileChannel.open(dir.resolve(DiskTier.FILE), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+      ByteBuffer one = ByteBuffer.allocate(1);
+      ch.read(one, DiskTier.HEADER + 1234);
+      one.put(0, (byte) (one.get(0) ^ 0x10)).rewind();
+      ch.write(one, DiskTier.HEADER + 1234);
+    }
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      assertTrue(t.contains(ka), "the header is intact, so the entry is indexed");
+      assertFalse(t.read(ka, ByteBuffer.allocate(5000)), "corrupt data is not served");
+      assertEquals(1, t.corruptDropped());
+      assertFalse(t.contains(ka), "dropped");
+      assertTrue(t.admit(ka, ByteBuffer.wrap(a)), "refetched bytes are admitted again");
+      assertArrayEquals(a, read(t, ka, 5000));
+    }
+  }
+
+  @Test
+  void aTruncatedTailIsCutOffAtRestart() throws Exception {
+    byte[] a = bytes(4, 100);
+    byte[] b = bytes(5, 100);
+    Digest ka = Digest.of(ByteBuffer.wrap(a));
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      t.admit(ka, ByteBuffer.wrap(a));
+      t.admit(Digest.of(ByteBuffer.wrap(b)), ByteBuffer.wrap(b));
+    }
+    try (FileChannel ch = FileChannel.open(dir.resolve(DiskTier.FILE), StandardOpenOption.WRITE)) {
+      ch.truncate(DiskTier.HEADER * 2 + 150); // the second entry lost its last 50 bytes (a crash mid-write)
+    }
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      assertEquals(1, t.entries());
+      assertEquals(DiskTier.HEADER + 100, t.usedBytes());
+      assertArrayEquals(a, read(t, ka, 100));
+    }
+  }
+}
