@@ -65,8 +65,8 @@ public final class ServeCommand implements Callable<Integer> {
       description = "Bytes the disk tier may hold (default ${DEFAULT-VALUE}).")
   String diskCacheCapacity;
 
-  @Option(names = "--prefetch-window-bytes", defaultValue = "${env:UNSTALL_PREFETCH_WINDOW_BYTES:-256MiB}", paramLabel = "SIZE",
-      description = "Memory for samples read ahead of consumption (default ${DEFAULT-VALUE}; 0 disables prefetch).")
+  @Option(names = "--prefetch-window-bytes", defaultValue = "${env:UNSTALL_PREFETCH_WINDOW_BYTES:-auto}", paramLabel = "SIZE",
+      description = "Memory for samples read ahead of consumption (default ${DEFAULT-VALUE}: 1/8 of the memory budget; 0 disables prefetch).")
   String prefetchWindowBytes;
 
   @Option(names = "--prefetch-window", defaultValue = "1024", paramLabel = "SAMPLES",
@@ -123,7 +123,8 @@ public final class ServeCommand implements Callable<Integer> {
         tokenFile != null ? tokenFile : h.resolve("token"),
         tlsCert, tlsKey, batchTimeoutSeconds, cachePolicy,
         diskCacheDir == null ? null : diskCacheDir.toAbsolutePath(), size("--disk-cache-capacity", diskCacheCapacity),
-        size("--prefetch-window-bytes", prefetchWindowBytes), prefetchWindowSamples, prefetchThreads,
+        prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
+        prefetchWindowSamples, prefetchThreads,
         size("--storage-bandwidth", storageBandwidth));
   }
 
