@@ -51,6 +51,21 @@ class ProtocolFixturesTest {
   }
 
   @Test
+  void planMessageMatchesItsGoldenBytes() throws Exception {
+    JsonNode expected = JSON.readTree(FIXTURES.resolve("plan-v1.json").toFile());
+    byte[] golden = Files.readAllBytes(FIXTURES.resolve("plan-v1.bin"));
+    FetchTicket plan = FetchTicket.parse(golden, FetchTicket.KIND_PLAN);
+    assertEquals(expected.get("dataset").asText(), plan.dataset());
+    assertEquals(expected.get("epoch").asLong(), plan.epoch());
+    long[] ids = new long[expected.get("ids").size()];
+    for (int i = 0; i < ids.length; i++) {
+      ids[i] = expected.get("ids").get(i).asLong();
+    }
+    assertArrayEquals(ids, plan.ids());
+    assertArrayEquals(golden, new FetchTicket(FetchTicket.KIND_PLAN, plan.dataset(), plan.epoch(), ids).toBytes());
+  }
+
+  @Test
   void malformedTicketsAreRejectedWithTheirMessages() throws Exception {
     JsonNode cases = JSON.readTree(FIXTURES.resolve("malformed-tickets.json").toFile());
     assertTrue(cases.size() >= 4);
