@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from unstall import protocol
-from unstall.protocol import decode_ticket, encode_fetch_ticket
+from unstall.protocol import KIND_PLAN, decode_ticket, encode_fetch_ticket, encode_plan
 
 
 def test_encode_matches_golden_fixture(fixtures_dir: Path) -> None:
@@ -32,14 +32,21 @@ def _malformed(fixtures_dir: Path) -> list[tuple[str, str]]:
     return [(m["file"], m["error_prefix"]) for m in json.loads((fixtures_dir / "malformed-tickets.json").read_text())]
 
 
-@pytest.mark.parametrize("index", range(4))
-def test_malformed_fixture_raises_with_prefix(fixtures_dir: Path, index: int) -> None:
+def test_malformed_fixtures_raise_with_their_prefixes(fixtures_dir: Path) -> None:
     cases = _malformed(fixtures_dir)
-    assert len(cases) == 4
-    name, prefix = cases[index]
-    with pytest.raises(ValueError) as err:
-        decode_ticket((fixtures_dir / name).read_bytes())
-    assert str(err.value).startswith(prefix), (name, str(err.value))
+    assert len(cases) >= 5
+    for name, prefix in cases:
+        with pytest.raises(ValueError) as err:
+            decode_ticket((fixtures_dir / name).read_bytes())
+        assert str(err.value).startswith(prefix), (name, str(err.value))
+
+
+def test_plan_message_matches_its_golden_bytes(fixtures_dir: Path) -> None:
+    expected = json.loads((fixtures_dir / "plan-v1.json").read_text())
+    golden = (fixtures_dir / "plan-v1.bin").read_bytes()
+    assert encode_plan(expected["dataset"], expected["ids"], expected["epoch"]) == golden
+    plan = decode_ticket(golden, KIND_PLAN)
+    assert (plan.dataset, plan.epoch, list(plan.ids)) == (expected["dataset"], expected["epoch"], expected["ids"])
 
 
 def _ticket(name: bytes = b"ds", epoch: int = 0, ids: tuple[int, ...] = (1,), kind: int = 1, version: int = 1) -> bytes:
@@ -55,7 +62,8 @@ def _ticket(name: bytes = b"ds", epoch: int = 0, ids: tuple[int, ...] = (1,), ki
         (b"", "malformed ticket: truncated"),
         (b"UNS", "malformed ticket: truncated"),
         (b"UNST\x01\x01", "malformed ticket: truncated"),
-        (_ticket(kind=2), "malformed ticket: unknown kind 2"),
+        (_ticket(kind=2), "malformed ticket: kind 2 is not valid here"),
+        (_ticket(kind=7), "malformed ticket: unknown kind 7"),
         (_ticket(name=b""), "malformed ticket: dataset name length 0"),
         (_ticket(name=b"\xff\xfe"), "malformed ticket: dataset name is not UTF-8"),
         (_ticket(ids=()), "malformed ticket: id count 0"),

@@ -39,8 +39,10 @@ __all__ = [
 PROTOCOL_VERSION = 1
 TICKET_MAGIC = b"UNST"
 KIND_FETCH = 1
+KIND_PLAN = 2
 MAX_NAME_BYTES = 1024
 MAX_IDS = 65536
+MAX_PLAN_IDS = 1 << 28
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
 # magic, version, kind, name length
@@ -75,6 +77,15 @@ class FetchTicket:
 
 def encode_fetch_ticket(dataset: str, ids: Sequence[int] | np.ndarray, epoch: int = 0) -> bytes:
     """Encodes a FETCH ticket: ``UNST``, version, kind, u16 name length, name, u32 epoch, u32 n, u64 ids."""
+    return _encode(KIND_FETCH, dataset, ids, epoch)
+
+
+def encode_plan(dataset: str, ids: Sequence[int] | np.ndarray, epoch: int) -> bytes:
+    """Encodes a PLAN message (the ``prefetch`` action's body): the epoch's whole sample order."""
+    return _encode(KIND_PLAN, dataset, ids, epoch)
+
+
+def _encode(kind: int, dataset: str, ids: Sequence[int] | np.ndarray, epoch: int) -> bytes:
     if not isinstance(dataset, str):
         raise TypeError(f"dataset name must be a str, not {type(dataset).__name__}")
     name = dataset.encode("utf-8")
@@ -84,11 +95,12 @@ def encode_fetch_ticket(dataset: str, ids: Sequence[int] | np.ndarray, epoch: in
     if not 0 <= epoch <= _U32_MAX:
         raise ValueError(f"epoch {epoch} is outside 0..{_U32_MAX}")
     arr = _ids_array(ids)
-    if not 1 <= arr.size <= MAX_IDS:
-        raise ValueError(f"a ticket carries 1..{MAX_IDS} sample ids, got {arr.size}")
+    max_ids = MAX_PLAN_IDS if kind == KIND_PLAN else MAX_IDS
+    if not 1 <= arr.size <= max_ids:
+        raise ValueError(f"a ticket carries 1..{max_ids} sample ids, got {arr.size}")
     return b"".join(
         (
-            _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, KIND_FETCH, len(name)),
+            _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, kind, len(name)),
             name,
             _MIDDLE.pack(epoch, arr.size),
             arr.astype("<u8", copy=False).tobytes(),
@@ -112,8 +124,8 @@ def _ids_array(ids: Iterable[int] | np.ndarray) -> np.ndarray:
     return np.array(values, dtype=np.uint64)
 
 
-def decode_ticket(data: bytes) -> FetchTicket:
-    """Decodes a ticket; raises ValueError starting with ``malformed ticket:`` on anything else."""
+def decode_ticket(data: bytes, expected_kind: int = KIND_FETCH) -> FetchTicket:
+    """Decodes a ticket (or, with ``KIND_PLAN``, a plan); raises ValueError starting with ``malformed ticket:``."""
     buf = memoryview(bytes(data))
     size = len(buf)
     if size < 4:
@@ -127,8 +139,9 @@ def decode_ticket(data: bytes) -> FetchTicket:
         raise ValueError(
             f"malformed ticket: unsupported version {version} (this client speaks version {PROTOCOL_VERSION})"
         )
-    if kind != KIND_FETCH:
-        raise ValueError(f"malformed ticket: unknown kind {kind} (known: {KIND_FETCH} = FETCH)")
+    if kind != expected_kind:
+        what = f"kind {kind} is not valid here" if kind in (KIND_FETCH, KIND_PLAN) else f"unknown kind {kind}"
+        raise ValueError(f"malformed ticket: {what} (expected {expected_kind}; 1 = FETCH, 2 = PLAN)")
     if not 1 <= name_len <= MAX_NAME_BYTES:
         raise ValueError(f"malformed ticket: dataset name length {name_len} is outside 1..{MAX_NAME_BYTES}")
     if size < 16 + name_len:
@@ -138,8 +151,9 @@ def decode_ticket(data: bytes) -> FetchTicket:
     except UnicodeDecodeError as e:
         raise ValueError(f"malformed ticket: dataset name is not UTF-8 ({e.reason})") from None
     epoch, n = _MIDDLE.unpack_from(buf, 8 + name_len)
-    if not 1 <= n <= MAX_IDS:
-        raise ValueError(f"malformed ticket: id count {n} is outside 1..{MAX_IDS}")
+    max_ids = MAX_PLAN_IDS if kind == KIND_PLAN else MAX_IDS
+    if not 1 <= n <= max_ids:
+        raise ValueError(f"malformed ticket: id count {n} is outside 1..{max_ids}")
     expected = 16 + name_len + 8 * n
     if size < expected:
         raise ValueError(f"malformed ticket: truncated: {size} bytes, {n} ids need {expected}")
