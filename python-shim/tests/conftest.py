@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,10 @@ from typing import Iterator
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Test this checkout's shim even if the venv's editable install points at another clone.
+_SRC = str(Path(__file__).resolve().parents[2] / "python-shim" / "src")
+sys.path.insert(0, _SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join([_SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from fake_sidecar import FakeSidecar  # noqa: E402
 

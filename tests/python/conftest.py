@@ -14,6 +14,10 @@ from typing import Callable, Iterator
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Test this checkout's shim even if the venv's editable install points at another clone.
+_SRC = str(Path(__file__).resolve().parents[2] / "python-shim" / "src")
+sys.path.insert(0, _SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join([_SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 import unstall  # noqa: E402
 from unstall.sidecar import find_jar  # noqa: E402

@@ -1,0 +1,135 @@
+"""Bad input, each on its own: the error names what is wrong, and the sidecar keeps serving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+import unstall
+from unstall.client import FlightClient
+from unstall.protocol import encode_fetch_ticket
+from unstall.torch import DataLoader, Dataset
+from datagen import make_image_folder, make_tfrecord_shards
+
+FIXTURES = Path(__file__).resolve().parents[2] / "protocol" / "fixtures"
+
+
+def keep(batch):
+    return batch
+
+
+@pytest.fixture(scope="module")
+def small_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("small")
+    make_image_folder(root, ["x", "y"], per_class=3, seed=9, extras=False)
+    return root
+
+
+def _auth(sidecar: unstall.Sidecar) -> fl.FlightCallOptions:
+    return fl.FlightCallOptions(headers=[(b"authorization", b"Bearer " + sidecar.token.encode())])
+
+
+def test_unknown_dataset_is_named(sidecar: unstall.Sidecar, small_root: Path) -> None:
+    sidecar.register_dataset("known", small_root)
+    with pytest.raises(unstall.DatasetNotFoundError, match="nope-ds") as err:
+        Dataset("nope-ds", sidecar=sidecar)
+    assert isinstance(err.value, KeyError)
+    with sidecar.flight_client() as c:
+        with pytest.raises(unstall.DatasetNotFoundError, match="nope-ds.*known|known.*nope-ds"):
+            c.fetch("nope-ds", [0])
+        with pytest.raises(unstall.DatasetNotFoundError, match="nope-ds"):
+            c.describe("nope-ds")
+
+
+def test_malformed_tickets_with_raw_pyarrow_then_a_good_request(sidecar: unstall.Sidecar, small_root: Path) -> None:
+    sidecar.register_dataset("imgs", small_root)  # the fixtures' dataset name
+    cases = json.loads((FIXTURES / "malformed-tickets.json").read_text())
+    with fl.connect(sidecar.flight_location) as client:
+        for case in cases + [{"file": None, "error_prefix": "malformed ticket: bad magic"}]:
+            data = (FIXTURES / case["file"]).read_bytes() if case["file"] else b"garbage!" * 4
+            with pytest.raises(pa.ArrowInvalid, match="INVALID_ARGUMENT|invalid argument") as err:
+                client.do_get(fl.Ticket(data), _auth(sidecar)).read_all()
+            assert case["error_prefix"] in str(err.value), (case, str(err.value))
+            good = client.do_get(fl.Ticket(encode_fetch_ticket("imgs", [0, 2])), _auth(sidecar)).read_all()
+            assert good.column("id").to_pylist() == [0, 2]
+        golden = fl.Ticket((FIXTURES / "ticket-fetch-v1.bin").read_bytes())
+        with pytest.raises(pa.ArrowInvalid, match="sample id 7 .*'imgs'"):  # the golden ids exceed this dataset
+            client.do_get(golden, _auth(sidecar)).read_all()
+
+
+def test_sample_id_out_of_range(sidecar: unstall.Sidecar, small_root: Path) -> None:
+    ds = Dataset("range", root=small_root, sidecar=sidecar)
+    with pytest.raises(unstall.InvalidRequestError, match=r"(?s)\b6\b.*'range'.*\b6\b") as err:
+        ds.fetch([0, 6])
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(IndexError, match="-1"):
+        ds[-1]
+    assert ds[5][1] == 1  # still serving
+
+
+def test_file_deleted_after_registration(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
+    root = tmp_path / "del"
+    make_image_folder(root, ["a", "b"], per_class=4, seed=10, extras=False)
+    ds = Dataset("deleted", root=root, sidecar=sidecar)
+    index = 6
+    key = ds.fetch([index]).column("key")[0].as_py()  # now cached ...
+    assert key.startswith("b/img002.")
+    ds2 = Dataset("deleted2", root=root, sidecar=sidecar)  # ... so use a dataset that never read it
+    (root / key).unlink()
+    with pytest.raises(unstall.DataFileNotFoundError, match=key) as err:
+        ds2.fetch([0, index])
+    assert isinstance(err.value, FileNotFoundError) and "deleted2" in str(err.value)
+    loader = DataLoader(ds2, batch_size=8, num_workers=2, collate_fn=keep)
+    with pytest.raises(unstall.DataFileNotFoundError, match=r"(?s)in DataLoader worker process \d.*" + key):
+        list(loader)
+    assert len(ds2.fetch([0, 1, 2])) == 3  # the rest still served
+
+
+def test_corrupt_tfrecord_record_names_file_and_offset(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
+    records = make_tfrecord_shards(tmp_path, shards=2, per_shard=4, size=64, seed=11)
+    bad = records[5]  # part-00001.tfrecord, second record
+    path = tmp_path / bad.shard
+    blob = bytearray(path.read_bytes())
+    blob[bad.offset + 12 + 10] ^= 0xFF  # a data byte: the data CRC no longer matches
+    path.write_bytes(bytes(blob))
+    ds = Dataset("corrupt", root=tmp_path, format="tfrecord", sidecar=sidecar)
+    with pytest.raises(unstall.SidecarInternalError, match=bad.shard) as err:
+        ds.fetch([4, 5])
+    msg = str(err.value)
+    assert str(bad.offset) in msg or str(bad.offset + 12) in msg, msg
+    assert ds.fetch([4, 6]).column("key").to_pylist() == [records[4].key, records[6].key]
+
+
+def test_missing_or_wrong_token_is_unauthenticated(sidecar: unstall.Sidecar, small_root: Path) -> None:
+    sidecar.register_dataset("auth", small_root)
+    ticket = fl.Ticket(encode_fetch_ticket("auth", [0]))
+    with fl.connect(sidecar.flight_location) as raw:
+        with pytest.raises(fl.FlightUnauthenticatedError):
+            raw.do_get(ticket).read_all()
+        with pytest.raises(fl.FlightUnauthenticatedError):
+            list(raw.list_flights())
+        wrong = fl.FlightCallOptions(headers=[(b"authorization", b"Bearer " + b"0" * 64)])
+        with pytest.raises(fl.FlightUnauthenticatedError):
+            raw.do_get(ticket, wrong).read_all()
+        assert raw.do_get(ticket, _auth(sidecar)).read_all().num_rows == 1
+    with FlightClient(sidecar.flight_location, "not-the-token") as c:
+        with pytest.raises(unstall.AuthenticationError) as err:
+            c.fetch("auth", [0])
+        assert sidecar.token not in str(err.value)
+    with pytest.raises(unstall.AuthenticationError):
+        unstall.Sidecar(sidecar.flight_location, token="wrong", control_port=sidecar.control_port)
+
+
+def test_registration_errors_name_the_problem(sidecar: unstall.Sidecar, small_root: Path, tmp_path: Path) -> None:
+    sidecar.register_dataset("taken", small_root)
+    with pytest.raises(unstall.SidecarError, match="taken"):
+        sidecar.register_dataset("taken", tmp_path)
+    missing = tmp_path / "does-not-exist"
+    with pytest.raises(unstall.SidecarError, match="does-not-exist"):
+        sidecar.register_dataset("missing", missing)
+    with pytest.raises(ValueError, match="unknown format"):
+        sidecar.register_dataset("fmt", small_root, format="parquet")
