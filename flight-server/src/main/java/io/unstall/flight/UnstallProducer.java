@@ -10,6 +10,8 @@ import io.unstall.flight.dataset.DatasetRegistry;
 import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.dataset.UnknownDatasetException;
 import io.unstall.flight.format.CorruptRecordException;
+import io.unstall.flight.prep.PrepService;
+import io.unstall.flight.prep.PrepTicket;
 import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.protocol.FetchTicket;
 import io.unstall.flight.protocol.MalformedTicketException;
@@ -46,6 +48,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private final BatchAssembler assembler;
   private final BufferAllocator streams;
   private final StreamBudget budget;
+  private final PrepService prep; // coordinated prep: prep.* actions and PREP tickets
 
   /** {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. */
   public UnstallProducer(
@@ -57,12 +60,17 @@ public final class UnstallProducer extends NoOpFlightProducer {
     this.assembler = assembler;
     this.streams = streams;
     this.budget = budget;
+    this.prep = new PrepService(registry, assembler, streams);
   }
 
   @Override
   public void getStream(CallContext context, Ticket ticket, ServerStreamListener listener) {
     VectorSchemaRoot root = null;
     try {
+      if (PrepTicket.isPrep(ticket.getBytes())) {
+        prep.getStream(ticket, listener);
+        return;
+      }
       FetchTicket t = FetchTicket.from(ticket);
       Dataset d = registry.get(t.dataset());
       int[] ids = BatchAssembler.checkedIds(d, t);
@@ -149,6 +157,11 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public void doAction(CallContext context, Action action, StreamListener<Result> listener) {
     try {
+      if (PrepService.handles(action.getType())) {
+        listener.onNext(new Result(prep.doAction(action)));
+        listener.onCompleted();
+        return;
+      }
       switch (action.getType()) {
         case ACTION_STATS -> listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
         case ACTION_PREFETCH -> {
@@ -176,7 +189,12 @@ public final class UnstallProducer extends NoOpFlightProducer {
   public void listActions(CallContext context, StreamListener<ActionType> listener) {
     listener.onNext(new ActionType(ACTION_STATS, "cache and per-dataset, per-epoch statistics as JSON"));
     listener.onNext(new ActionType(ACTION_PREFETCH, "the epoch's sample order (a PLAN message): read ahead"));
+    PrepService.listActions(listener);
     listener.onCompleted();
+  }
+
+  public PrepService prep() {
+    return prep;
   }
 
   /** The stats document (protocol/README.md), shared by the stats action and the control plane. */

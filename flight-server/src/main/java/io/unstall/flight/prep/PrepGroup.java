@@ -1,0 +1,651 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.BatchAssembler;
+import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.protocol.BatchSchema;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.SplittableRandom;
+import java.util.TreeMap;
+import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.LockSupport;
+import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.flight.FlightProducer.ServerStreamListener;
+import org.apache.arrow.flight.FlightRuntimeException;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.BitVectorHelper;
+import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VectorLoader;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.VectorUnloader;
+import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
+import org.apache.arrow.vector.types.pojo.Schema;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * One coordinated-prep group: the jobs that declared the same dataset, pipeline, seed, batch size, shuffle and
+ * drop_last. Batch positions run over epochs ({@code pos = epoch * numBatches + batch}); a producer thread
+ * prepares each position once, in order, into the group's staging allocator, and a staged batch is freed as
+ * soon as every member's cursor has passed it. The producer stays at most {@code window} positions ahead of
+ * the slowest member and never allocates beyond the staging limit, so staging memory is bounded. Members that
+ * neither wait in a DoGet nor heartbeat for {@code memberTimeout} are dropped, so a dead job stalls the others
+ * for at most that long.
+ */
+final class PrepGroup {
+  private static final Logger LOG = LoggerFactory.getLogger(PrepGroup.class);
+  /** Ids, labels, validity bits per row, on top of the tensor (a generous bound, as StreamBudget's). */
+  static final long ROW_OVERHEAD = 512;
+  /** Minimum allocations of a batch's small vectors (keys, ids, labels, validity), whatever its rows. */
+  static final long BATCH_OVERHEAD = 256 << 10;
+
+  record Key(String dataset, String fingerprint, long seed, int batchSize, boolean shuffle, boolean dropLast) {}
+
+  /** The group's settings, fixed by the first joiner. */
+  record Settings(int window, long stagingBytes, long memberTimeoutNanos, int groupSize, long joinTimeoutNanos) {}
+
+  private static final class Member {
+    final long id;
+    final String name;
+    final long startPos;
+    final long endPos;
+    long cursor;
+    long lastSeen;
+    int waiting;
+
+    Member(long id, String name, long startPos, long endPos, long now) {
+      this.id = id;
+      this.name = name;
+      this.startPos = startPos;
+      this.endPos = endPos;
+      this.cursor = startPos;
+      this.lastSeen = now;
+    }
+  }
+
+  final String id;
+  final Key key;
+  private final Dataset dataset;
+  private final PrepPipeline pipeline; // null: raw batches, no sidecar-side prep
+  private final ImagePrep imagePrep;
+  private final BatchAssembler assembler;
+  private final ExecutorService pool;
+  private final int threads;
+  private final BufferAllocator alloc;
+  private final Schema schema;
+  private final int numSamples;
+  private final int numBatches;
+  private final int window;
+  private final long stagingLimit;
+  private final long rawCost;
+  private final long outCost;
+  private final Settings settings;
+  private final long created = System.nanoTime();
+  private final Thread producer;
+
+  // Guarded by this.
+  private final Map<Long, Member> members = new LinkedHashMap<>();
+  private final Map<Long, String> gone = new HashMap<>();
+  private final List<ObjectNode> dropped = new ArrayList<>();
+  private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
+  private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
+  private final TreeMap<Long, Long> preparedPerEpoch = new TreeMap<>();
+  private long nextToProduce;
+  private boolean started;
+  private boolean closed;
+  private int inFlight;
+  private int left;
+  private long batchesPrepared;
+  private long samplesPrepared;
+  private long batchesServed;
+  private long prepNanos;
+  private int stagedPeak;
+  private long orderEpoch = -1;
+  private int[] order;
+
+  PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
+      int threads, BufferAllocator parent, Settings requested) {
+    this.id = id;
+    this.key = key;
+    this.dataset = dataset;
+    this.pipeline = pipeline;
+    this.imagePrep = pipeline == null ? null : new ImagePrep(pipeline);
+    this.assembler = assembler;
+    this.pool = pool;
+    this.threads = threads;
+    this.numSamples = dataset.size();
+    int b = key.batchSize();
+    this.numBatches = key.dropLast() ? numSamples / b : (numSamples + b - 1) / b;
+    if (numBatches == 0) {
+      throw new IllegalArgumentException("prep group: dataset '" + dataset.name() + "' has " + numSamples
+          + " samples, fewer than batch_size " + b + " with drop_last: no batch at all");
+    }
+    int maxLen = 0;
+    for (int i = 0; i < numSamples; i++) {
+      maxLen = Math.max(maxLen, dataset.length(i));
+    }
+    long rounded = parent.getRoundingPolicy().getRoundedSize(Math.max(1L, (long) maxLen * b));
+    this.rawCost = rounded + b * ROW_OVERHEAD + BATCH_OVERHEAD;
+    this.outCost = pipeline == null
+        ? 0
+        : parent.getRoundingPolicy().getRoundedSize((long) pipeline.sampleBytes() * b) + b * ROW_OVERHEAD + BATCH_OVERHEAD;
+    long perBatch = pipeline == null ? rawCost : outCost;
+    long fixed = pipeline == null ? 0 : rawCost; // one raw batch being decoded
+    long staging = requested.stagingBytes() > 0
+        ? requested.stagingBytes()
+        : Math.min(parent.getLimit(), fixed + perBatch * requested.window());
+    if (staging > parent.getLimit()) {
+      throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
+          + " exceeds the sidecar's prep staging budget of " + parent.getLimit() + " bytes").toRuntimeException();
+    }
+    if (fixed + perBatch > staging) {
+      throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
+          + " cannot hold one batch (" + (fixed + perBatch) + " bytes for batch_size " + b
+          + (pipeline == null ? "" : " and output " + Arrays.toString(pipeline.sampleShape()) + " " + pipeline.dtype().wire())
+          + "); raise staging_bytes or lower batch_size").toRuntimeException();
+    }
+    this.window = (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch));
+    this.stagingLimit = staging;
+    this.settings = new Settings(window, staging, requested.memberTimeoutNanos(), requested.groupSize(),
+        requested.joinTimeoutNanos());
+    this.schema = pipeline == null ? BatchSchema.SCHEMA : PrepSchema.of(pipeline);
+    this.alloc = parent.newChildAllocator("prep-group-" + id, 0, staging);
+    this.producer = new Thread(this::produceLoop, "unstall-prep-" + id);
+    this.producer.setDaemon(true);
+    this.producer.start();
+  }
+
+  Settings settings() {
+    return settings;
+  }
+
+  int numBatches() {
+    return numBatches;
+  }
+
+  synchronized boolean isClosed() {
+    return closed;
+  }
+
+  // -- membership ---------------------------------------------------------------------------------------
+
+  /** Adds a member; null when the group has just closed (the caller makes a new one). */
+  synchronized ObjectNode join(long memberId, String name, long epochs) {
+    if (closed) {
+      return null;
+    }
+    long now = System.nanoTime();
+    long startPos = 0;
+    if (started) {
+      // A late joiner starts at the first whole epoch whose batch 0 every member still holds or has yet to
+      // read: it never sees a partial epoch and never makes the group re-prepare a batch.
+      long min = minCursor();
+      startPos = (min + numBatches - 1) / numBatches * numBatches;
+    }
+    long endPos = epochs > 0 ? startPos + epochs * numBatches : Long.MAX_VALUE;
+    members.put(memberId, new Member(memberId, name, startPos, endPos, now));
+    notifyAll();
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    o.put("v", 1);
+    o.put("group", id);
+    o.put("member", memberId);
+    o.put("start_epoch", startPos / numBatches);
+    o.put("num_batches", numBatches);
+    o.put("num_samples", numSamples);
+    o.put("batch_size", key.batchSize());
+    o.put("fingerprint", key.fingerprint());
+    if (pipeline != null) {
+      ArrayNode shape = o.putArray("shape");
+      for (int s : pipeline.sampleShape()) {
+        shape.add(s);
+      }
+      o.put("dtype", pipeline.dtype().wire());
+      o.put("layout", pipeline.layout().name());
+    }
+    o.put("window", window);
+    o.put("staging_limit_bytes", stagingLimit);
+    o.put("member_timeout_s", settings.memberTimeoutNanos() / 1e9);
+    o.put("group_size", settings.groupSize());
+    return o;
+  }
+
+  synchronized void heartbeat(long memberId) {
+    member(memberId).lastSeen = System.nanoTime();
+  }
+
+  synchronized void leave(long memberId) {
+    remove(member(memberId), "left");
+    left++;
+  }
+
+  /** Drops members that neither wait in a DoGet nor heartbeat; opens the join barrier on its timeout. */
+  synchronized void reap(long now) {
+    if (closed) {
+      return;
+    }
+    maybeStart(now);
+    for (Member m : List.copyOf(members.values())) {
+      long silent = now - m.lastSeen;
+      if (m.waiting == 0 && silent > settings.memberTimeoutNanos()) {
+        String why = "dropped after no heartbeat for " + String.format("%.1f", silent / 1e9) + " s (member_timeout_s "
+            + settings.memberTimeoutNanos() / 1e9 + ")";
+        LOG.warn("prep group {}: member {} ({}) {}; the others go on", id, m.id, m.name, why);
+        ObjectNode d = JsonNodeFactory.instance.objectNode();
+        d.put("member", m.id);
+        d.put("name", m.name);
+        d.put("at_epoch", m.cursor / numBatches);
+        d.put("at_batch", m.cursor % numBatches);
+        d.put("reason", why);
+        dropped.add(d);
+        remove(m, why);
+      }
+    }
+  }
+
+  private void maybeStart(long now) {
+    if (!started && (members.size() >= settings.groupSize() || (!members.isEmpty()
+        && now - created > settings.joinTimeoutNanos()))) {
+      started = true;
+      LOG.info("prep group {} starts with {} member(s) (group_size {})", id, members.size(), settings.groupSize());
+      notifyAll();
+    }
+  }
+
+  private Member member(long memberId) {
+    Member m = members.get(memberId);
+    if (m == null) {
+      String why = gone.get(memberId);
+      throw CallStatus.NOT_FOUND.withDescription("prep group " + id + ": member " + memberId
+          + (why != null ? " was " + why : " is unknown (join first)")).toRuntimeException();
+    }
+    return m;
+  }
+
+  private void remove(Member m, String why) {
+    members.remove(m.id);
+    gone.put(m.id, why);
+    releaseConsumed();
+    if (members.isEmpty() && started) {
+      closed = true; // the producer frees everything on its way out
+    }
+    notifyAll();
+  }
+
+  private long minCursor() {
+    long min = Long.MAX_VALUE;
+    for (Member m : members.values()) {
+      min = Math.min(min, m.cursor);
+    }
+    return min == Long.MAX_VALUE ? nextToProduce : min;
+  }
+
+  private long maxEnd() {
+    long max = 0;
+    for (Member m : members.values()) {
+      max = Math.max(max, m.endPos);
+    }
+    return max;
+  }
+
+  /** Frees every staged batch all members are past; removes members that read all their epochs. */
+  private void releaseConsumed() {
+    long min = minCursor();
+    while (!staged.isEmpty() && staged.firstKey() < min) {
+      staged.pollFirstEntry().getValue().close();
+    }
+    failed.keySet().removeIf(p -> p < min);
+  }
+
+  // -- production ---------------------------------------------------------------------------------------
+
+  private void produceLoop() {
+    try {
+      while (true) {
+        long pos;
+        synchronized (this) {
+          while (true) {
+            if (closed) {
+              return;
+            }
+            maybeStart(System.nanoTime());
+            if (started && !members.isEmpty() && nextToProduce < minCursor() + window && nextToProduce < maxEnd()
+                && alloc.getAllocatedMemory() + outCost + rawCost <= stagingLimit) {
+              break;
+            }
+            wait(10); // sends release memory without telling us: look again soon
+          }
+          pos = nextToProduce++;
+        }
+        long t0 = System.nanoTime();
+        VectorSchemaRoot root = null;
+        FlightRuntimeException failure = null;
+        try {
+          root = prepare(pos);
+        } catch (FlightRuntimeException e) {
+          failure = e;
+        } catch (Exception e) {
+          failure = CallStatus.INTERNAL.withDescription(e.getMessage() == null ? e.toString() : e.getMessage())
+              .withCause(e).toRuntimeException();
+        }
+        synchronized (this) {
+          if (failure != null) {
+            LOG.warn("prep group {}: batch {} of epoch {} failed: {}", id, pos % numBatches, pos / numBatches,
+                failure.getMessage());
+            failed.put(pos, failure);
+          } else {
+            prepNanos += System.nanoTime() - t0;
+            batchesPrepared++;
+            samplesPrepared += root.getRowCount();
+            preparedPerEpoch.merge(pos / numBatches, 1L, Long::sum);
+            if (closed || pos < minCursor()) {
+              root.close();
+            } else {
+              staged.put(pos, root);
+              stagedPeak = Math.max(stagedPeak, staged.size());
+            }
+          }
+          notifyAll();
+        }
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    } catch (Throwable e) {
+      LOG.error("prep group {}: producer failed", id, e);
+    } finally {
+      synchronized (this) {
+        closed = true;
+        notifyAll();
+      }
+      free();
+    }
+  }
+
+  /** Waits for sends still holding staged buffers, then frees the staging allocator. */
+  private void free() {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+    synchronized (this) {
+      while (inFlight > 0 && System.nanoTime() < deadline) {
+        try {
+          wait(10);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          break;
+        }
+      }
+      staged.values().forEach(VectorSchemaRoot::close);
+      staged.clear();
+    }
+    try {
+      alloc.close();
+    } catch (RuntimeException e) {
+      LOG.warn("prep group {}: {}", id, e.getMessage());
+    }
+  }
+
+  /** Stops the producer (sidecar shutdown) and waits until it has freed its memory. */
+  void close() throws InterruptedException {
+    synchronized (this) {
+      closed = true;
+      notifyAll();
+    }
+    producer.join(TimeUnit.SECONDS.toMillis(40));
+  }
+
+  private int[] order(long epoch) {
+    if (orderEpoch != epoch) {
+      int[] o = new int[numSamples];
+      for (int i = 0; i < o.length; i++) {
+        o[i] = i;
+      }
+      if (key.shuffle()) {
+        SplittableRandom r = ImagePrep.rng(key.seed() ^ 0x5EED5EEDL, epoch, Long.MIN_VALUE);
+        for (int i = o.length - 1; i > 0; i--) {
+          int j = r.nextInt(i + 1);
+          int t = o[i];
+          o[i] = o[j];
+          o[j] = t;
+        }
+      }
+      order = o;
+      orderEpoch = epoch;
+    }
+    return order;
+  }
+
+  private VectorSchemaRoot prepare(long pos) throws Exception {
+    long epoch = pos / numBatches;
+    int b = (int) (pos % numBatches);
+    int from = b * key.batchSize();
+    int to = Math.min(from + key.batchSize(), numSamples);
+    int[] ids = Arrays.copyOfRange(order(epoch), from, to);
+    VectorSchemaRoot raw = assembler.assemble(dataset, epoch, ids, alloc);
+    if (pipeline == null) {
+      return raw;
+    }
+    try {
+      return decode(raw, epoch, ids);
+    } finally {
+      raw.close();
+    }
+  }
+
+  /** Runs the pipeline on every row of {@code raw}, spread over the prep pool. */
+  private VectorSchemaRoot decode(VectorSchemaRoot raw, long epoch, int[] ids) throws Exception {
+    int n = ids.length;
+    VectorSchemaRoot out = VectorSchemaRoot.create(schema, alloc);
+    try {
+      BigIntVector idOut = (BigIntVector) out.getVector(PrepSchema.ID);
+      BigIntVector labelOut = (BigIntVector) out.getVector(PrepSchema.LABEL);
+      FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) out.getVector(PrepSchema.TENSOR);
+      BigIntVector labelIn = (BigIntVector) raw.getVector(BatchSchema.LABEL);
+      VarBinaryVector payload = (VarBinaryVector) raw.getVector(BatchSchema.PAYLOAD);
+      idOut.allocateNew(n);
+      labelOut.allocateNew(n);
+      tensor.allocateNew(n);
+      for (int i = 0; i < n; i++) {
+        idOut.set(i, ids[i]);
+        if (labelIn.isNull(i)) {
+          labelOut.setNull(i);
+        } else {
+          labelOut.set(i, labelIn.get(i));
+        }
+      }
+      int sb = pipeline.sampleBytes();
+      ArrowBuf in = payload.getDataBuffer();
+      ArrowBuf dst = tensor.getDataBuffer();
+      int chunks = Math.min(n, threads);
+      List<Callable<Void>> tasks = new ArrayList<>(chunks);
+      for (int c = 0; c < chunks; c++) {
+        int lo = (int) ((long) n * c / chunks);
+        int hi = (int) ((long) n * (c + 1) / chunks);
+        tasks.add(() -> {
+          for (int i = lo; i < hi; i++) {
+            int start = payload.getStartOffset(i);
+            int len = payload.getEndOffset(i) - start;
+            try {
+              imagePrep.run(in.nioBuffer(start, len), ImagePrep.rng(key.seed(), epoch, ids[i]),
+                  dst.nioBuffer((long) i * sb, sb));
+            } catch (ImagePrep.UndecodableImageException e) {
+              throw CallStatus.INTERNAL.withDescription("dataset '" + dataset.name() + "' sample " + ids[i] + " ('"
+                  + dataset.key(ids[i]) + "'): " + e.getMessage()).toRuntimeException();
+            }
+          }
+          return null;
+        });
+      }
+      for (Future<Void> f : pool.invokeAll(tasks)) {
+        try {
+          f.get();
+        } catch (ExecutionException e) {
+          if (e.getCause() instanceof Exception ex) {
+            throw ex;
+          }
+          throw e;
+        }
+      }
+      ArrowBuf validity = tensor.getValidityBuffer();
+      for (int i = 0; i < n; i++) {
+        BitVectorHelper.setBit(validity, i);
+      }
+      out.setRowCount(n);
+      return out;
+    } catch (Exception | Error e) {
+      out.close();
+      throw e;
+    }
+  }
+
+  // -- serving ------------------------------------------------------------------------------------------
+
+  /** Serves one batch to one member: waits until it is staged, sends it, then advances the member's cursor. */
+  void serve(PrepTicket t, ServerStreamListener listener) throws InterruptedException {
+    VectorSchemaRoot view;
+    long pos;
+    synchronized (this) {
+      Member m = member(t.member());
+      if (t.batch() >= numBatches) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": batch " + t.batch()
+            + " out of range; an epoch has " + numBatches + " batches").toRuntimeException();
+      }
+      pos = t.epoch() * numBatches + t.batch();
+      if (pos < m.startPos) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + " joined at epoch "
+            + m.startPos / numBatches + "; epoch " + t.epoch() + " is before it").toRuntimeException();
+      }
+      if (pos < m.cursor) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
+            + " already read past epoch " + t.epoch() + " batch " + t.batch() + " (members read forward only)")
+            .toRuntimeException();
+      }
+      if (pos >= m.endPos) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
+            + " declared " + (m.endPos - m.startPos) / numBatches + " epochs; epoch " + t.epoch() + " is beyond them")
+            .toRuntimeException();
+      }
+      if (pos > m.cursor) { // skipped ahead (e.g. left an epoch early): its holds on earlier batches end
+        m.cursor = pos;
+        releaseConsumed();
+        notifyAll();
+      }
+      m.waiting++;
+      try {
+        while (!staged.containsKey(pos)) {
+          FlightRuntimeException f = failed.get(pos);
+          if (f != null) {
+            throw f;
+          }
+          if (listener.isCancelled()) {
+            return;
+          }
+          if (!members.containsKey(m.id)) {
+            member(m.id); // throws, naming why
+          }
+          if (closed) {
+            throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed (sidecar stopping)")
+                .toRuntimeException();
+          }
+          m.lastSeen = System.nanoTime();
+          wait(10);
+        }
+      } finally {
+        m.waiting--;
+      }
+      view = share(staged.get(pos));
+      inFlight++;
+    }
+    boolean sent = false;
+    try {
+      listener.start(view);
+      while (!listener.isReady() && !listener.isCancelled()) {
+        LockSupport.parkNanos(20_000);
+      }
+      if (!listener.isCancelled()) {
+        listener.putNext();
+        listener.completed();
+        sent = true;
+      }
+    } finally {
+      view.close();
+      synchronized (this) {
+        inFlight--;
+        Member m = members.get(t.member());
+        if (sent) {
+          batchesServed++;
+        }
+        if (sent && m != null) {
+          m.cursor = Math.max(m.cursor, pos + 1);
+          m.lastSeen = System.nanoTime();
+          if (m.cursor >= m.endPos) {
+            remove(m, "finished its " + (m.endPos - m.startPos) / numBatches + " epochs");
+          }
+        }
+        releaseConsumed();
+        notifyAll();
+      }
+    }
+  }
+
+  /** A root over the same buffers (reference counted): members are sent one staged batch without copies. */
+  private VectorSchemaRoot share(VectorSchemaRoot src) {
+    VectorSchemaRoot view = VectorSchemaRoot.create(src.getSchema(), alloc);
+    try (ArrowRecordBatch rb = new VectorUnloader(src).getRecordBatch()) {
+      new VectorLoader(view).load(rb);
+    }
+    return view;
+  }
+
+  // -- stats ----------------------------------------------------------------------------------------------
+
+  synchronized ObjectNode statsJson() {
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    o.put("dataset", key.dataset());
+    o.put("fingerprint", key.fingerprint());
+    o.put("prep", pipeline != null);
+    o.put("seed", key.seed());
+    o.put("batch_size", key.batchSize());
+    o.put("shuffle", key.shuffle());
+    o.put("drop_last", key.dropLast());
+    o.put("num_batches", numBatches);
+    o.put("state", closed ? "closed" : started ? "running" : "waiting");
+    o.put("group_size", settings.groupSize());
+    o.put("window", window);
+    o.put("staging_limit_bytes", stagingLimit);
+    o.put("staging_allocated_bytes", closed ? 0 : alloc.getAllocatedMemory());
+    o.put("staging_peak_bytes", alloc.getPeakMemoryAllocation());
+    o.put("staged_batches", staged.size());
+    o.put("staged_batches_peak", stagedPeak);
+    o.put("batches_prepared", batchesPrepared);
+    o.put("samples_prepared", samplesPrepared);
+    o.put("batches_served", batchesServed);
+    o.put("prep_seconds", prepNanos / 1e9);
+    ObjectNode per = o.putObject("batches_prepared_per_epoch");
+    preparedPerEpoch.forEach((e, c) -> per.put(Long.toString(e), c));
+    ArrayNode ms = o.putArray("members");
+    for (Member m : members.values()) {
+      ObjectNode mo = ms.addObject();
+      mo.put("member", m.id);
+      mo.put("name", m.name);
+      mo.put("start_epoch", m.startPos / numBatches);
+      mo.put("epoch", m.cursor / numBatches);
+      mo.put("batch", m.cursor % numBatches);
+    }
+    ArrayNode ds = o.putArray("dropped");
+    dropped.forEach(ds::add);
+    o.put("left", left);
+    return o;
+  }
+}

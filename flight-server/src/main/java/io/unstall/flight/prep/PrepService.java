@@ -1,0 +1,281 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.BatchAssembler;
+import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.dataset.DatasetRegistry;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.arrow.flight.Action;
+import org.apache.arrow.flight.ActionType;
+import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.flight.FlightProducer.ServerStreamListener;
+import org.apache.arrow.flight.FlightProducer.StreamListener;
+import org.apache.arrow.flight.Ticket;
+import org.apache.arrow.memory.BufferAllocator;
+
+/**
+ * Coordinated prep (docs/PREP.md): the {@code prep.*} actions and PREP tickets. Jobs that join with the same
+ * dataset, pipeline fingerprint, seed, batch size, shuffle and drop_last share one {@link PrepGroup}; every
+ * batch is fetched and prepared once, by a pool of prep threads sized to the cores, and served to all members.
+ * All staging memory comes from the "prep" child of the data plane's streams allocator (half its limit), one
+ * child per group bounded by the group's staging limit.
+ */
+public final class PrepService implements AutoCloseable {
+  public static final String ACTION_JOIN = "prep.join";
+  public static final String ACTION_HEARTBEAT = "prep.heartbeat";
+  public static final String ACTION_LEAVE = "prep.leave";
+  public static final String ACTION_STATS = "prep.stats";
+  private static final ObjectMapper JSON = new ObjectMapper();
+  private static final int HISTORY = 64;
+
+  private final DatasetRegistry registry;
+  private final BatchAssembler assembler;
+  private final BufferAllocator allocator;
+  private final int threads;
+  private final ExecutorService pool;
+  private final ScheduledExecutorService reaper;
+  private final AtomicLong memberIds = new AtomicLong();
+  // Guarded by this: the open group of each key, and every group by id (closed ones kept for stats).
+  private final Map<PrepGroup.Key, PrepGroup> open = new HashMap<>();
+  private final LinkedHashMap<String, PrepGroup> byId = new LinkedHashMap<>();
+
+  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams) {
+    this.registry = registry;
+    this.assembler = assembler;
+    this.allocator = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
+    this.threads = Math.max(1, Integer.getInteger("unstall.prep.threads", Runtime.getRuntime().availableProcessors()));
+    AtomicInteger n = new AtomicInteger();
+    this.pool = Executors.newFixedThreadPool(threads, r -> {
+      Thread t = new Thread(r, "unstall-prep-worker-" + n.incrementAndGet());
+      t.setDaemon(true);
+      return t;
+    });
+    this.reaper = Executors.newSingleThreadScheduledExecutor(r -> {
+      Thread t = new Thread(r, "unstall-prep-reaper");
+      t.setDaemon(true);
+      return t;
+    });
+    reaper.scheduleWithFixedDelay(this::reap, 100, 100, TimeUnit.MILLISECONDS);
+  }
+
+  public static boolean handles(String actionType) {
+    return actionType.startsWith("prep.");
+  }
+
+  public int threads() {
+    return threads;
+  }
+
+  public BufferAllocator allocator() {
+    return allocator;
+  }
+
+  public static void listActions(StreamListener<ActionType> listener) {
+    listener.onNext(new ActionType(ACTION_JOIN, "join (or create) a coordinated prep group; JSON in and out"));
+    listener.onNext(new ActionType(ACTION_HEARTBEAT, "keep a group member alive: {\"group\",\"member\"}"));
+    listener.onNext(new ActionType(ACTION_LEAVE, "leave a group: {\"group\",\"member\"}"));
+    listener.onNext(new ActionType(ACTION_STATS, "prep groups, staging memory and prepared/served counts as JSON"));
+  }
+
+  /** Runs a {@code prep.*} action; the result is one UTF-8 JSON document. */
+  public byte[] doAction(Action action) throws Exception {
+    String type = action.getType();
+    String out = switch (type) {
+      case ACTION_JOIN -> join(body(action)).toString();
+      case ACTION_HEARTBEAT -> {
+        JsonNode b = body(action);
+        group(b).heartbeat(memberOf(b));
+        yield "{\"v\":1,\"ok\":true}";
+      }
+      case ACTION_LEAVE -> {
+        JsonNode b = body(action);
+        group(b).leave(memberOf(b));
+        yield "{\"v\":1,\"left\":true}";
+      }
+      case ACTION_STATS -> statsJson();
+      default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
+          + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_STATS)).toRuntimeException();
+    };
+    return out.getBytes(StandardCharsets.UTF_8);
+  }
+
+  /** Serves a PREP ticket. */
+  public void getStream(Ticket ticket, ServerStreamListener listener) throws InterruptedException {
+    PrepTicket t = PrepTicket.from(ticket);
+    PrepGroup g;
+    synchronized (this) {
+      g = byId.get(t.group());
+    }
+    if (g == null) {
+      throw CallStatus.NOT_FOUND.withDescription("prep group " + t.group() + " is unknown (join first)")
+          .toRuntimeException();
+    }
+    g.serve(t, listener);
+  }
+
+  private static JsonNode body(Action action) {
+    try {
+      JsonNode n = JSON.readTree(action.getBody());
+      if (n == null || !n.isObject()) {
+        throw new IllegalArgumentException(action.getType() + ": the body must be a JSON object");
+      }
+      return n;
+    } catch (java.io.IOException e) {
+      throw new IllegalArgumentException(action.getType() + ": the body is not valid JSON (" + e.getMessage() + ")");
+    }
+  }
+
+  private PrepGroup group(JsonNode b) {
+    String id = b.path("group").asText("");
+    synchronized (this) {
+      PrepGroup g = byId.get(id);
+      if (g == null) {
+        throw CallStatus.NOT_FOUND.withDescription("prep group '" + id + "' is unknown").toRuntimeException();
+      }
+      return g;
+    }
+  }
+
+  private static long memberOf(JsonNode b) {
+    JsonNode m = b.get("member");
+    if (m == null || !m.canConvertToLong()) {
+      throw new IllegalArgumentException("\"member\" (the id prep.join returned) is required, got " + m);
+    }
+    return m.asLong();
+  }
+
+  ObjectNode join(JsonNode b) throws Exception {
+    String dsName = b.path("dataset").asText("");
+    if (dsName.isEmpty()) {
+      throw new IllegalArgumentException("prep.join: \"dataset\" (a registered dataset's name) is required");
+    }
+    Dataset d = registry.get(dsName);
+    JsonNode p = b.get("pipeline");
+    PrepPipeline pipeline = p == null || p.isNull() ? null : PrepPipeline.parse(p);
+    int batchSize = intIn(b, "batch_size", 1, 65536, -1);
+    long seed = b.path("seed").asLong(0);
+    if (b.has("seed") && !b.get("seed").canConvertToLong()) {
+      throw new IllegalArgumentException("prep.join: \"seed\" must be an integer, got " + b.get("seed"));
+    }
+    boolean shuffle = b.path("shuffle").asBoolean(true);
+    boolean dropLast = b.path("drop_last").asBoolean(false);
+    PrepGroup.Settings s = new PrepGroup.Settings(
+        intIn(b, "window", 1, 1024, 4),
+        b.path("staging_bytes").asLong(0),
+        seconds(b, "member_timeout_s", 30),
+        intIn(b, "group_size", 1, 1024, 1),
+        seconds(b, "join_timeout_s", 60));
+    long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
+    String name = b.path("name").asText("");
+    String fingerprint = pipeline == null ? "raw" : pipeline.fingerprint();
+    PrepGroup.Key key = new PrepGroup.Key(d.name(), fingerprint, seed, batchSize, shuffle, dropLast);
+    long member = memberIds.incrementAndGet();
+    synchronized (this) {
+      PrepGroup g = open.get(key);
+      ObjectNode r = g == null ? null : g.join(member, name, epochs);
+      if (r == null) {
+        String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
+        g = new PrepGroup(id, key, d, pipeline, assembler, pool, threads, allocator, s);
+        open.put(key, g);
+        byId.put(id, g);
+        trimHistory();
+        r = g.join(member, name, epochs);
+      }
+      return r;
+    }
+  }
+
+  private void trimHistory() {
+    if (byId.size() <= HISTORY) {
+      return;
+    }
+    for (var it = byId.entrySet().iterator(); it.hasNext() && byId.size() > HISTORY; ) {
+      if (it.next().getValue().isClosed()) {
+        it.remove();
+      }
+    }
+  }
+
+  private static int intIn(JsonNode b, String field, int min, int max, int dflt) {
+    JsonNode v = b.get(field);
+    if (v == null || v.isNull()) {
+      if (dflt < 0) {
+        throw new IllegalArgumentException("prep.join: \"" + field + "\" is required");
+      }
+      return dflt;
+    }
+    if (!v.isIntegralNumber() || v.asLong() < min || v.asLong() > max) {
+      throw new IllegalArgumentException("prep.join: \"" + field + "\" must be an integer in " + min + ".." + max
+          + ", got " + v);
+    }
+    return v.asInt();
+  }
+
+  private static long seconds(JsonNode b, String field, double dflt) {
+    JsonNode v = b.get(field);
+    double s = v == null || v.isNull() ? dflt : v.asDouble(-1);
+    if (v != null && !v.isNull() && !v.isNumber() || !(s > 0) || s > 86400) {
+      throw new IllegalArgumentException("prep.join: \"" + field + "\" must be seconds in (0, 86400], got " + v);
+    }
+    return (long) (s * 1e9);
+  }
+
+  private void reap() {
+    List<PrepGroup> groups;
+    synchronized (this) {
+      groups = new ArrayList<>(open.values());
+    }
+    long now = System.nanoTime();
+    for (PrepGroup g : groups) {
+      g.reap(now);
+      if (g.isClosed()) {
+        synchronized (this) {
+          open.remove(g.key, g);
+        }
+      }
+    }
+  }
+
+  public synchronized String statsJson() {
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    o.put("v", 1);
+    o.put("threads", threads);
+    ObjectNode st = o.putObject("staging");
+    st.put("limit_bytes", allocator.getLimit());
+    st.put("allocated_bytes", allocator.getAllocatedMemory());
+    st.put("peak_bytes", allocator.getPeakMemoryAllocation());
+    ObjectNode gs = o.putObject("groups");
+    byId.forEach((id, g) -> gs.set(id, g.statsJson()));
+    return o.toString();
+  }
+
+  @Override
+  public void close() throws Exception {
+    reaper.shutdownNow();
+    List<PrepGroup> groups;
+    synchronized (this) {
+      groups = new ArrayList<>(byId.values());
+      open.clear();
+    }
+    for (PrepGroup g : groups) {
+      g.close();
+    }
+    pool.shutdownNow();
+    pool.awaitTermination(10, TimeUnit.SECONDS);
+    allocator.close();
+  }
+}

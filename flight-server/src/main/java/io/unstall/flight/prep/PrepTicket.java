@@ -1,0 +1,84 @@
+package io.unstall.flight.prep;
+
+import io.unstall.flight.protocol.FetchTicket;
+import io.unstall.flight.protocol.MalformedTicketException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
+import org.apache.arrow.flight.Ticket;
+
+/**
+ * A DoGet ticket of kind 3 = PREP (protocol/README.md, "Coordinated prep"): one batch of a prep group, for
+ * one member. Layout (little-endian):
+ *
+ * <pre>"UNST" u8 version=1 u8 kind=3 u16 L group[L] u64 member u32 epoch u32 batch</pre>
+ */
+public record PrepTicket(String group, long member, long epoch, long batch) {
+  public static final int KIND_PREP = 3; // 1 = FETCH, 2 = PLAN (the prefetch action body)
+  private static final int HEADER = 8;
+
+  public PrepTicket {
+    int len = group.getBytes(StandardCharsets.UTF_8).length;
+    if (len < 1 || len > FetchTicket.MAX_NAME_BYTES) {
+      throw new IllegalArgumentException("group id must be 1.." + FetchTicket.MAX_NAME_BYTES + " UTF-8 bytes");
+    }
+    if (epoch < 0 || epoch > 0xFFFFFFFFL || batch < 0 || batch > 0xFFFFFFFFL) {
+      throw new IllegalArgumentException("epoch and batch must be in [0, 2^32)");
+    }
+  }
+
+  /** True when {@code bytes} carry the unstall magic, version 1 and kind PREP; everything else goes to FETCH. */
+  public static boolean isPrep(byte[] bytes) {
+    return bytes.length >= 6
+        && Arrays.equals(bytes, 0, 4, FetchTicket.MAGIC, 0, 4)
+        && bytes[4] == FetchTicket.VERSION
+        && bytes[5] == KIND_PREP;
+  }
+
+  public byte[] toBytes() {
+    byte[] name = group.getBytes(StandardCharsets.UTF_8);
+    ByteBuffer b = ByteBuffer.allocate(HEADER + name.length + 16).order(ByteOrder.LITTLE_ENDIAN);
+    b.put(FetchTicket.MAGIC).put((byte) FetchTicket.VERSION).put((byte) KIND_PREP).putShort((short) name.length);
+    b.put(name).putLong(member).putInt((int) epoch).putInt((int) batch);
+    return b.array();
+  }
+
+  public Ticket toTicket() {
+    return new Ticket(toBytes());
+  }
+
+  public static PrepTicket parse(byte[] bytes) {
+    if (!isPrep(bytes)) {
+      throw new MalformedTicketException("not a PREP ticket (magic \"UNST\", version 1, kind 3)");
+    }
+    ByteBuffer b = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
+    if (bytes.length < HEADER) {
+      throw new MalformedTicketException("truncated at byte " + bytes.length + ": header needs " + HEADER + " bytes");
+    }
+    b.position(6);
+    int len = Short.toUnsignedInt(b.getShort());
+    if (len < 1 || len > FetchTicket.MAX_NAME_BYTES) {
+      throw new MalformedTicketException("group id length " + len + " not in 1.." + FetchTicket.MAX_NAME_BYTES);
+    }
+    int expected = HEADER + len + 16;
+    if (bytes.length < expected) {
+      throw new MalformedTicketException(
+          "truncated at byte " + bytes.length + ": a PREP ticket with a " + len + "-byte group id is " + expected + " bytes");
+    }
+    if (bytes.length > expected) {
+      int extra = bytes.length - expected;
+      throw new MalformedTicketException(extra + " trailing byte" + (extra == 1 ? "" : "s") + " after the batch index");
+    }
+    byte[] name = new byte[len];
+    b.get(name);
+    long member = b.getLong();
+    long epoch = Integer.toUnsignedLong(b.getInt());
+    long batch = Integer.toUnsignedLong(b.getInt());
+    return new PrepTicket(new String(name, StandardCharsets.UTF_8), member, epoch, batch);
+  }
+
+  public static PrepTicket from(Ticket t) {
+    return parse(t.getBytes());
+  }
+}

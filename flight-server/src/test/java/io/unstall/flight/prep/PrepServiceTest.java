@@ -1,0 +1,271 @@
+package io.unstall.flight.prep;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.DataPlane;
+import java.awt.Color;
+import java.awt.Graphics2D;
+import java.awt.image.BufferedImage;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import javax.imageio.ImageIO;
+import org.apache.arrow.flight.Action;
+import org.apache.arrow.flight.CallHeaders;
+import org.apache.arrow.flight.FlightCallHeaders;
+import org.apache.arrow.flight.FlightClient;
+import org.apache.arrow.flight.FlightRuntimeException;
+import org.apache.arrow.flight.FlightStatusCode;
+import org.apache.arrow.flight.FlightStream;
+import org.apache.arrow.flight.HeaderCallOption;
+import org.apache.arrow.flight.Result;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** Coordinated prep end to end in one JVM: a real data plane, real JPEGs, a real Flight client. */
+class PrepServiceTest {
+  static final String TOKEN = "0123456789abcdef0123456789abcdef";
+  static final ObjectMapper JSON = new ObjectMapper();
+  static final int N = 23;
+  static final String PIPELINE = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"random_resized_crop\",\"size\":32},"
+      + "{\"op\":\"hflip\"},{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]}";
+
+  @TempDir Path dir;
+  BufferAllocator root;
+  DataPlane plane;
+  FlightClient client;
+  HeaderCallOption auth;
+
+  @BeforeEach
+  void start() throws Exception {
+    Random rnd = new Random(3);
+    for (int i = 0; i < N; i++) {
+      BufferedImage img = new BufferedImage(60 + rnd.nextInt(60), 40 + rnd.nextInt(50), BufferedImage.TYPE_INT_RGB);
+      Graphics2D g = img.createGraphics();
+      for (int k = 0; k < 12; k++) {
+        g.setColor(new Color(rnd.nextInt(256), rnd.nextInt(256), rnd.nextInt(256)));
+        g.fillRect(rnd.nextInt(img.getWidth()), rnd.nextInt(img.getHeight()), 5 + rnd.nextInt(40), 5 + rnd.nextInt(40));
+      }
+      g.dispose();
+      Path p = dir.resolve("imgs/c" + (i % 3) + "/img" + i + (i % 5 == 0 ? ".png" : ".jpg"));
+      Files.createDirectories(p.getParent());
+      ImageIO.write(img, i % 5 == 0 ? "png" : "jpg", p.toFile());
+    }
+    Files.createDirectories(dir.resolve("bad/c0"));
+    Files.writeString(dir.resolve("bad/c0/not-an-image.jpg"), "hello");
+    root = new RootAllocator(256L << 20);
+    plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(1 << 20).build().start();
+    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
+    plane.registry().register("bad", "imagefolder", dir.resolve("bad").toString());
+    client = FlightClient.builder(root, plane.location()).build();
+    CallHeaders h = new FlightCallHeaders();
+    h.insert("authorization", "Bearer " + TOKEN);
+    auth = new HeaderCallOption(h);
+  }
+
+  @AfterEach
+  void stop() throws Exception {
+    if (client != null) {
+      client.close();
+    }
+    if (plane != null) {
+      plane.close();
+    }
+    root.close(); // throws if anything leaked, staging included
+  }
+
+  JsonNode action(String type, String body) throws Exception {
+    Iterator<Result> it = client.doAction(new Action(type, body.getBytes(StandardCharsets.UTF_8)), auth);
+    return JSON.readTree(it.next().getBody());
+  }
+
+  JsonNode join(String extra) throws Exception {
+    return action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":" + PIPELINE + ",\"batch_size\":5" + extra + "}");
+  }
+
+  /** One batch: ids and the raw tensor bytes. */
+  record Batch(long[] ids, byte[] tensor) {}
+
+  Batch get(JsonNode j, long epoch, long batch) throws Exception {
+    PrepTicket t = new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch);
+    try (FlightStream s = client.getStream(t.toTicket(), auth)) {
+      assertTrue(s.next());
+      VectorSchemaRoot r = s.getRoot();
+      assertEquals("[3,32,32]", r.getSchema().getCustomMetadata().get(PrepSchema.SHAPE));
+      BigIntVector ids = (BigIntVector) r.getVector("id");
+      FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) r.getVector("tensor");
+      long[] out = new long[r.getRowCount()];
+      ByteBuffer bytes = ByteBuffer.allocate(r.getRowCount() * 3 * 32 * 32 * 4);
+      for (int i = 0; i < out.length; i++) {
+        out[i] = ids.get(i);
+        bytes.put(tensor.get(i));
+      }
+      assertFalse(s.next());
+      return new Batch(out, bytes.array());
+    }
+  }
+
+  List<Batch> epoch(JsonNode j, long epoch) throws Exception {
+    List<Batch> out = new ArrayList<>();
+    for (int b = 0; b < j.get("num_batches").asInt(); b++) {
+      out.add(get(j, epoch, b));
+    }
+    return out;
+  }
+
+  static long[] sortedIds(List<Batch> batches) {
+    return batches.stream().flatMapToLong(b -> Arrays.stream(b.ids())).sorted().toArray();
+  }
+
+  JsonNode groupStats(JsonNode j) throws Exception {
+    return action("prep.stats", "").get("groups").get(j.get("group").asText());
+  }
+
+  @Test
+  void membersShareEveryBatchWhichIsPreparedOnce() throws Exception {
+    JsonNode a = join(",\"group_size\":2,\"seed\":11,\"epochs\":2");
+    JsonNode b = join(",\"group_size\":2,\"seed\":11,\"epochs\":2");
+    assertEquals(a.get("group"), b.get("group"));
+    assertEquals(5, a.get("num_batches").asInt()); // 23 samples, batch 5, no drop_last
+    ExecutorService pool = Executors.newFixedThreadPool(2);
+    try {
+      Future<List<List<Batch>>> fa = pool.submit(() -> List.of(epoch(a, 0), epoch(a, 1)));
+      Future<List<List<Batch>>> fb = pool.submit(() -> List.of(epoch(b, 0), epoch(b, 1)));
+      List<List<Batch>> ea = fa.get();
+      List<List<Batch>> eb = fb.get();
+      long[] all = java.util.stream.LongStream.range(0, N).toArray();
+      for (int e = 0; e < 2; e++) {
+        assertArrayEquals(all, sortedIds(ea.get(e)), "every sample exactly once in epoch " + e);
+        for (int k = 0; k < 5; k++) {
+          assertArrayEquals(ea.get(e).get(k).ids(), eb.get(e).get(k).ids());
+          assertArrayEquals(ea.get(e).get(k).tensor(), eb.get(e).get(k).tensor());
+        }
+      }
+      assertFalse(Arrays.equals(ea.get(0).get(0).ids(), ea.get(1).get(0).ids()), "each epoch reshuffles");
+    } finally {
+      pool.shutdownNow();
+    }
+    JsonNode s = groupStats(a);
+    assertEquals(10, s.get("batches_prepared").asInt());
+    assertEquals(5, s.get("batches_prepared_per_epoch").get("0").asInt());
+    assertEquals(5, s.get("batches_prepared_per_epoch").get("1").asInt());
+    assertEquals(20, s.get("batches_served").asInt());
+    assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong());
+    assertTrue(s.get("staged_batches_peak").asInt() <= s.get("window").asInt());
+    assertEquals("closed", s.get("state").asText(), "both members read their 2 epochs and left");
+  }
+
+  @Test
+  void theSameSeedGivesTheSameCropsAndAnotherSeedOthers() throws Exception {
+    Map<String, Map<Long, byte[]>> bySeed = new HashMap<>();
+    for (String run : new String[] {"a7", "b7", "c8"}) {
+      JsonNode j = join(",\"seed\":" + run.substring(1) + ",\"epochs\":1");
+      Map<Long, byte[]> m = new HashMap<>();
+      for (Batch bt : epoch(j, 0)) {
+        int per = bt.tensor().length / bt.ids().length;
+        for (int i = 0; i < bt.ids().length; i++) {
+          m.put(bt.ids()[i], Arrays.copyOfRange(bt.tensor(), i * per, (i + 1) * per));
+        }
+      }
+      bySeed.put(run, m);
+      assertEquals("closed", groupStats(j).get("state").asText(), "a member that read its epochs leaves");
+    }
+    for (long id = 0; id < N; id++) {
+      assertArrayEquals(bySeed.get("a7").get(id), bySeed.get("b7").get(id), "sample " + id);
+    }
+    int differ = 0;
+    for (long id = 0; id < N; id++) {
+      differ += Arrays.equals(bySeed.get("a7").get(id), bySeed.get("c8").get(id)) ? 0 : 1;
+    }
+    assertTrue(differ > N / 2, "seed 8 crops differ from seed 7 for most samples, differ=" + differ);
+  }
+
+  @Test
+  void aSilentMemberIsDroppedAndTheOthersGoOn() throws Exception {
+    JsonNode live = join(",\"group_size\":2,\"member_timeout_s\":0.5,\"window\":2");
+    JsonNode dead = join(",\"group_size\":2,\"member_timeout_s\":0.5,\"window\":2");
+    List<Batch> got = epoch(live, 0); // blocks on the window until `dead` is dropped
+    assertEquals(N, sortedIds(got).length);
+    JsonNode s = groupStats(live);
+    assertEquals(1, s.get("dropped").size());
+    assertEquals(dead.get("member").asLong(), s.get("dropped").get(0).get("member").asLong());
+    assertTrue(s.get("dropped").get(0).get("reason").asText().contains("no heartbeat"));
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> get(dead, 0, 0));
+    assertEquals(FlightStatusCode.NOT_FOUND, e.status().code());
+    assertTrue(e.getMessage().contains("dropped after no heartbeat"), e.getMessage());
+  }
+
+  @Test
+  void stagingStaysWithinItsBound() throws Exception {
+    long oneBatch = 5L * 3 * 32 * 32 * 4 + 5 * PrepGroup.ROW_OVERHEAD + PrepGroup.BATCH_OVERHEAD;
+    JsonNode j = join(",\"staging_bytes\":" + (4 * oneBatch) + ",\"window\":64");
+    assertTrue(j.get("window").asInt() < 64, "the window shrinks to what staging_bytes holds: " + j);
+    epoch(j, 0);
+    JsonNode s = groupStats(j);
+    assertTrue(s.get("staging_peak_bytes").asLong() > 0);
+    assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong(), s.toString());
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> join(",\"staging_bytes\":1000,\"seed\":99"));
+    assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, e.status().code());
+    assertTrue(e.getMessage().contains("staging_bytes 1000 cannot hold one batch"), e.getMessage());
+  }
+
+  @Test
+  void badInputNamesTheThing() throws Exception {
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class,
+        () -> action("prep.join", "{\"dataset\":\"imgs\",\"batch_size\":4,\"pipeline\":{\"ops\":[{\"op\":\"decode\"},"
+            + "{\"op\":\"blur\"}]}}"));
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code());
+    assertTrue(e.getMessage().contains("prep op #1 'blur': unknown op"), e.getMessage());
+    e = assertThrows(FlightRuntimeException.class,
+        () -> action("prep.join", "{\"dataset\":\"nope\",\"batch_size\":4}"));
+    assertEquals(FlightStatusCode.NOT_FOUND, e.status().code());
+    JsonNode j = action("prep.join", "{\"dataset\":\"bad\",\"batch_size\":1,\"pipeline\":" + PIPELINE + "}");
+    e = assertThrows(FlightRuntimeException.class, () -> get(j, 0, 0));
+    assertEquals(FlightStatusCode.INTERNAL, e.status().code());
+    assertTrue(e.getMessage().contains("not-an-image.jpg") && e.getMessage().contains("not a decodable image"),
+        e.getMessage());
+  }
+
+  @Test
+  void pipelinesWithTheSameMeaningShareAFingerprint() {
+    PrepPipeline a = PrepPipeline.parse(PIPELINE);
+    PrepPipeline b = PrepPipeline.parse("{\"dtype\":\"float32\",\"layout\":\"NCHW\",\"ops\":[{\"op\":\"decode\"},"
+        + "{\"size\":[32,32],\"op\":\"random_resized_crop\",\"scale\":[0.08,1.0]},{\"op\":\"hflip\",\"p\":0.5},"
+        + "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]}");
+    assertEquals(a.fingerprint(), b.fingerprint());
+    assertNotEquals(a.fingerprint(), PrepPipeline.parse(PIPELINE.replace("32", "33")).fingerprint());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> PrepPipeline.parse("{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":64}]}"));
+    assertTrue(e.getMessage().contains("output size is not fixed"), e.getMessage());
+    e = assertThrows(IllegalArgumentException.class, () -> PrepPipeline.parse(
+        "{\"dtype\":\"uint8\",\"ops\":[{\"op\":\"decode\"},{\"op\":\"center_crop\",\"size\":8},{\"op\":\"normalize\","
+            + "\"mean\":[0,0,0],\"std\":[1,1,1]}]}"));
+    assertTrue(e.getMessage().contains("'normalize' needs \"dtype\": \"float32\""), e.getMessage());
+  }
+}
