@@ -9,14 +9,21 @@ for tool in java mvn python3 go; do
   command -v "$tool" >/dev/null || { echo "setup: '$tool' is required but not on PATH" >&2; exit 1; }
 done
 
-step "Python environment ($VENV)"
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
+step "Python environment (.venv, dependencies shared from $DEPS_VENV)"
+# torch from PyPI carries CUDA libraries (gigabytes): the dependencies live in one cached venv, so this is
+# slow only once. Each checkout gets its own small .venv that sees them through a .pth file and holds an
+# editable install of its own python-shim (two checkouts never point one install at each other).
+if [ ! -x "$DEPS_VENV/bin/python" ]; then
+  python3 -m venv "$DEPS_VENV"
 fi
-# torch from PyPI carries CUDA libraries (gigabytes): the venv is cached so this is slow only once.
-"$VENV/bin/pip" install -q --disable-pip-version-check --cache-dir "$UNSTALL_CACHE/pip" -r python-shim/requirements-dev.txt
+"$DEPS_VENV/bin/pip" install -q --disable-pip-version-check --cache-dir "$UNSTALL_CACHE/pip" -r python-shim/requirements-dev.txt
+if [ -L .venv ]; then rm .venv; fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+purelib "$DEPS_VENV/bin/python" > "$(purelib .venv/bin/python)/unstall-deps.pth"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e python-shim
-ln -sfn "$VENV" .venv
 
 step "Jaeger (for the tracing end-to-end tests)"
 bash scripts/install-jaeger.sh
