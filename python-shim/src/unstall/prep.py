@@ -1,0 +1,406 @@
+"""Coordinated prep: the sidecar decodes and augments each batch once for a whole group of jobs.
+
+Jobs of a hyper-parameter search that declare the same dataset, pipeline, seed, batch size, shuffle
+and drop_last join one group (``prep.join``); the sidecar prepares every batch once, with a pool of
+native prep threads, keeps it until every member has read it, and frees it. See docs/PREP.md.
+
+>>> from unstall import prep
+>>> pipe = prep.imagenet_train(224)
+>>> with prep.PrepLoader("imgs", pipe, batch_size=64, seed=0, group_size=4) as loader:
+...     for epoch in range(3):
+...         for images, labels in loader:  # torch tensors, [64, 3, 224, 224] float32
+...             ...
+
+``PrepLoader`` needs torch; ``Membership`` and the pipeline builders need only pyarrow and numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as fl
+
+from .client import FlightClient
+from .errors import ProtocolMismatchError, SidecarError, from_flight_error
+from .protocol import MAX_NAME_BYTES, PROTOCOL_VERSION, TICKET_MAGIC
+
+__all__ = [
+    "KIND_PREP",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "Pipeline",
+    "decode",
+    "random_resized_crop",
+    "resize",
+    "center_crop",
+    "hflip",
+    "normalize",
+    "imagenet_train",
+    "imagenet_eval",
+    "encode_prep_ticket",
+    "batch_to_numpy",
+    "Membership",
+    "join",
+    "PrepLoader",
+]
+
+KIND_PREP = 3  # 1 = FETCH, 2 = PLAN (the prefetch action body), 3 = PREP
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_HEADER = struct.Struct("<4sBBH")
+_TAIL = struct.Struct("<QII")  # member, epoch, batch
+
+# ---------------------------------------------------------------------------------------------
+# Pipelines: plain JSON documents (protocol/README.md, "Prep pipelines")
+
+
+def decode() -> dict[str, Any]:
+    """JPEG/PNG bytes to an RGB image (must be the first op)."""
+    return {"op": "decode"}
+
+
+def random_resized_crop(
+    size: Union[int, Sequence[int]],
+    scale: Tuple[float, float] = (0.08, 1.0),
+    ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+) -> dict[str, Any]:
+    """torchvision's ``RandomResizedCrop`` (same parameter sampling)."""
+    return {"op": "random_resized_crop", "size": _size(size), "scale": list(scale), "ratio": list(ratio)}
+
+
+def resize(size: Union[int, Sequence[int]]) -> dict[str, Any]:
+    """One int: the shorter side becomes ``size`` (aspect kept); ``[h, w]``: exactly that."""
+    return {"op": "resize", "size": size if isinstance(size, int) else list(size)}
+
+
+def center_crop(size: Union[int, Sequence[int]]) -> dict[str, Any]:
+    return {"op": "center_crop", "size": _size(size)}
+
+
+def hflip(p: float = 0.5) -> dict[str, Any]:
+    return {"op": "hflip", "p": float(p)}
+
+
+def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> dict[str, Any]:
+    """``(x / 255 - mean) / std`` per RGB channel (float32 output only)."""
+    return {"op": "normalize", "mean": [float(m) for m in mean], "std": [float(s) for s in std]}
+
+
+def _size(size: Union[int, Sequence[int]]) -> list[int]:
+    if isinstance(size, int):
+        return [size, size]
+    s = [int(v) for v in size]
+    if len(s) != 2:
+        raise ValueError(f"size must be an int or (height, width), got {size!r}")
+    return s
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A declarative prep pipeline; the sidecar validates it and names the op and field at fault."""
+
+    ops: Tuple[Mapping[str, Any], ...]
+    layout: str = "NCHW"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", tuple(dict(o) for o in self.ops))
+        if self.layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {self.layout!r}")
+        if self.dtype not in ("float32", "uint8"):
+            raise ValueError(f"dtype must be 'float32' or 'uint8', got {self.dtype!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ops": [dict(o) for o in self.ops], "layout": self.layout, "dtype": self.dtype}
+
+
+def imagenet_train(size: int = 224, *, layout: str = "NCHW", dtype: str = "float32") -> Pipeline:
+    """The common training recipe: decode, random-resized-crop, flip, normalize."""
+    ops = [decode(), random_resized_crop(size), hflip()]
+    if dtype == "float32":
+        ops.append(normalize())
+    return Pipeline(tuple(ops), layout=layout, dtype=dtype)
+
+
+def imagenet_eval(size: int = 224, resize_to: int = 256, *, layout: str = "NCHW") -> Pipeline:
+    """The evaluation recipe: decode, resize the shorter side, center-crop, normalize."""
+    return Pipeline((decode(), resize(resize_to), center_crop(size), normalize()), layout=layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wire
+
+
+def encode_prep_ticket(group: str, member: int, epoch: int, batch: int) -> bytes:
+    """A PREP ticket: ``UNST``, version 1, kind 3, u16 group length, group, u64 member, u32 epoch, u32 batch."""
+    name = group.encode("utf-8")
+    if not 1 <= len(name) <= MAX_NAME_BYTES:
+        raise ValueError(f"group id must be 1..{MAX_NAME_BYTES} UTF-8 bytes, got {len(name)}")
+    for what, v, hi in (("member", member, 2**64 - 1), ("epoch", epoch, 2**32 - 1), ("batch", batch, 2**32 - 1)):
+        if not 0 <= int(v) <= hi:
+            raise ValueError(f"{what} {v} is outside 0..{hi}")
+    return _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, KIND_PREP, len(name)) + name + _TAIL.pack(member, epoch, batch)
+
+
+def batch_to_numpy(batch: pa.RecordBatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tensors, labels, ids)`` of a prepared batch. ``tensors`` is a read-only view of the Arrow buffer
+    (no copy), shaped ``[n, *shape]`` from the schema metadata; labels are -1 where the format has none."""
+    meta = batch.schema.metadata or {}
+    try:
+        shape = tuple(json.loads(meta[b"unstall.prep.shape"]))
+        dtype = np.dtype(meta[b"unstall.prep.dtype"].decode()).newbyteorder("<")
+    except KeyError as e:
+        raise ProtocolMismatchError(f"prepared batch without {e.args[0]!r} metadata") from None
+    col = batch.column("tensor")
+    n = len(col)
+    width = col.type.byte_width
+    if width != int(np.prod(shape)) * dtype.itemsize:
+        raise ProtocolMismatchError(f"tensor width {width} bytes does not match shape {shape} {dtype}")
+    buf = col.buffers()[1]
+    tensors = np.frombuffer(buf, dtype=dtype, count=n * width // dtype.itemsize, offset=col.offset * width)
+    labels = pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False)
+    ids = batch.column("id").to_numpy(zero_copy_only=False)
+    return tensors.reshape((n,) + shape), labels, ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Membership of a group
+
+
+@dataclass
+class Membership:
+    """This job's place in a prep group: read batch ``b`` of epoch ``e`` with :meth:`batch`.
+
+    A daemon thread heartbeats so that long training steps do not get the member dropped; a member
+    that stops (crash, kill) is dropped by the sidecar after ``member_timeout`` seconds, and the
+    others go on. Leave with :meth:`leave` (or a ``with`` block); reading all declared ``epochs``
+    leaves by itself.
+    """
+
+    client: FlightClient
+    dataset: str
+    info: dict[str, Any]
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: Optional[threading.Thread] = field(default=None, repr=False)
+    dropped: Optional[str] = None
+
+    @property
+    def group(self) -> str:
+        return str(self.info["group"])
+
+    @property
+    def member(self) -> int:
+        return int(self.info["member"])
+
+    @property
+    def start_epoch(self) -> int:
+        """The first epoch this member reads (later than 0 for a late joiner: docs/PREP.md)."""
+        return int(self.info["start_epoch"])
+
+    @property
+    def num_batches(self) -> int:
+        return int(self.info["num_batches"])
+
+    @property
+    def shape(self) -> Optional[Tuple[int, ...]]:
+        s = self.info.get("shape")
+        return tuple(int(v) for v in s) if s is not None else None
+
+    @property
+    def dtype(self) -> Optional[str]:
+        return self.info.get("dtype")
+
+    def _start_heartbeat(self) -> None:
+        period = max(0.1, float(self.info.get("member_timeout_s", 30)) / 3)
+        body = json.dumps({"group": self.group, "member": self.member}).encode()
+
+        def beat() -> None:
+            while not self._stop.wait(period):
+                try:
+                    self.client.do_action("prep.heartbeat", body)
+                except SidecarError as e:
+                    self.dropped = str(e)
+                    return
+
+        self._thread = threading.Thread(target=beat, name=f"unstall-prep-heartbeat-{self.member}", daemon=True)
+        self._thread.start()
+
+    def batch(self, epoch: int, index: int) -> pa.RecordBatch:
+        """One DoGet: waits until the group has prepared the batch, then receives it."""
+        ticket = fl.Ticket(encode_prep_ticket(self.group, self.member, epoch, index))
+        try:
+            table = self.client._client().do_get(ticket, self.client._options()).read_all()
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from None
+        batches = table.combine_chunks().to_batches()
+        if len(batches) != 1:
+            raise ProtocolMismatchError(f"expected one record batch, got {len(batches)}")
+        return batches[0]
+
+    def epoch(self, epoch: int) -> Iterator[pa.RecordBatch]:
+        for b in range(self.num_batches):
+            yield self.batch(epoch, b)
+
+    def leave(self) -> None:
+        """Leaves the group (idempotent; a member already gone is fine)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            self.client.do_action("prep.leave", json.dumps({"group": self.group, "member": self.member}).encode())
+        except SidecarError:
+            pass
+
+    def __enter__(self) -> Membership:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.leave()
+
+
+def join(
+    dataset: str,
+    pipeline: Union[Pipeline, Mapping[str, Any], None] = None,
+    *,
+    batch_size: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    group_size: int = 1,
+    join_timeout: float = 60.0,
+    member_timeout: float = 30.0,
+    window: int = 4,
+    staging_bytes: Optional[int] = None,
+    epochs: Optional[int] = None,
+    name: Optional[str] = None,
+    client: Optional[FlightClient] = None,
+    sidecar: Any = None,
+) -> Membership:
+    """Joins (or creates) the group for this dataset, pipeline, seed, batch size, shuffle and drop_last.
+
+    ``group_size``: batches start once that many members joined (or ``join_timeout`` passed), so the
+    jobs of a search started together all begin at epoch 0. ``pipeline=None`` shares raw batches
+    (``id``, ``label``, ``key``, ``payload``) without sidecar-side prep. The first joiner's
+    ``window``, ``staging_bytes``, ``member_timeout``, ``group_size`` apply to the group.
+    """
+    if not isinstance(dataset, str) or not dataset:
+        raise ValueError(f"a dataset name is required, got {dataset!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if client is None:
+        if sidecar is None:
+            from .sidecar import default_sidecar
+
+            sidecar = default_sidecar()
+        client = sidecar.flight_client()
+    body: dict[str, Any] = {
+        "v": 1,
+        "dataset": dataset,
+        "pipeline": pipeline.to_json() if isinstance(pipeline, Pipeline) else pipeline,
+        "batch_size": batch_size,
+        "seed": int(seed),
+        "shuffle": bool(shuffle),
+        "drop_last": bool(drop_last),
+        "group_size": int(group_size),
+        "join_timeout_s": float(join_timeout),
+        "member_timeout_s": float(member_timeout),
+        "window": int(window),
+        "name": name or f"pid {os.getpid()}",
+    }
+    if staging_bytes is not None:
+        body["staging_bytes"] = int(staging_bytes)
+    if epochs is not None:
+        body["epochs"] = int(epochs)
+    results = client.do_action("prep.join", json.dumps(body).encode())
+    if len(results) != 1:
+        raise ProtocolMismatchError(f"prep.join returned {len(results)} results, expected 1")
+    info = json.loads(results[0])
+    if info.get("v") != PROTOCOL_VERSION:
+        raise ProtocolMismatchError(f"prep.join: unsupported version {info.get('v')!r}")
+    m = Membership(client=client, dataset=dataset, info=info)
+    m._start_heartbeat()
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch
+
+
+class PrepLoader:
+    """An iterable of ``(images, labels)`` torch tensors prepared by the sidecar for a whole group.
+
+    Each ``for`` over it is the next epoch (starting at the group's ``start_epoch``), like a
+    DataLoader; ``set_epoch`` picks one. ``images`` is a zero-copy view of the received Arrow buffer
+    (read-only in spirit: use ``copy=True`` to own writable memory); ``labels`` is int64. With
+    ``pipeline=None`` the batches are raw: ``(list of payload bytes, labels)``.
+    ``with_ids=True`` adds the sample ids as a third element.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        pipeline: Union[Pipeline, Mapping[str, Any], None] = None,
+        *,
+        batch_size: int,
+        copy: bool = False,
+        with_ids: bool = False,
+        **join_kwargs: Any,
+    ) -> None:
+        import torch  # noqa: F401  (fail early, naming the missing extra)
+
+        self.membership = join(dataset, pipeline, batch_size=batch_size, **join_kwargs)
+        self.copy = copy
+        self.with_ids = with_ids
+        self._next_epoch = self.membership.start_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._next_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch < self.membership.start_epoch:
+            raise ValueError(f"this member starts at epoch {self.membership.start_epoch}, not {epoch}")
+        self._next_epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.membership.num_batches
+
+    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+        import torch
+
+        epoch = self._next_epoch
+        self._next_epoch = epoch + 1
+        for rb in self.membership.epoch(epoch):
+            if "tensor" in rb.schema.names:
+                arr, labels, ids = batch_to_numpy(rb)
+                if self.copy:
+                    images = torch.from_numpy(arr.copy())
+                else:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", UserWarning)  # "not writable": a view of Arrow memory
+                        images = torch.from_numpy(arr)
+                out: Tuple[Any, ...] = (images, torch.from_numpy(np.array(labels, dtype=np.int64)))
+            else:
+                ids = rb.column("id").to_numpy(zero_copy_only=False)
+                labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
+                out = (rb.column("payload").to_pylist(), torch.from_numpy(np.array(labels, dtype=np.int64)))
+            yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+
+    def close(self) -> None:
+        self.membership.leave()
+
+    def __enter__(self) -> PrepLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,144 @@
+"""Coordinated prep with real PyTorch: a real sidecar process, real JPEG/PNG files, member processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from test_prep_support import BATCH, N_SAMPLES, PIPELINE_NCHW, SIZE, PrepEnv, start_env, wait_all
+
+import unstall  # noqa: E402  (after test_prep_support put this checkout's shim first)
+from unstall import prep  # noqa: E402
+
+NUM_BATCHES = -(-N_SAMPLES // BATCH)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
+    yield from start_env(tmp_path_factory.mktemp("prep-torch"))
+
+
+def _check_members_agree(results: list[dict], epochs: list[int]) -> None:
+    for r in results:
+        for e in epochs:
+            batches = r["epochs"][str(e)]
+            assert len(batches) == NUM_BATCHES
+            ids = sorted(i for b in batches for i in b["ids"])
+            assert ids == list(range(N_SAMPLES)), f"member {r['pid']} epoch {e}: every sample exactly once"
+    for e in epochs:
+        first = results[0]["epochs"][str(e)]
+        for other in results[1:]:
+            assert other["epochs"][str(e)] == first, f"epoch {e}: identical batches across members"
+
+
+def test_three_torch_jobs_share_one_group_and_each_batch_is_prepared_once(env: PrepEnv, tmp_path: Path) -> None:
+    outs = [tmp_path / f"m{i}.json" for i in range(3)]
+    procs = [env.member(o, "torch", "1", "3", "2", "30", "0") for o in outs]
+    logs = wait_all(procs)
+    assert [p.returncode for p in procs] == [0, 0, 0], logs
+    results = [json.loads(o.read_text()) for o in outs]
+    groups = {r["info"]["group"] for r in results}
+    assert len(groups) == 1, "same dataset, pipeline, seed and batch size: one group"
+    assert {r["info"]["start_epoch"] for r in results} == {0}
+    _check_members_agree(results, [0, 1])
+    b0 = results[0]["epochs"]["0"][0]
+    assert b0["shape"] == [BATCH, 3, SIZE, SIZE]
+    assert results[0]["epochs"]["0"] != results[0]["epochs"]["1"], "epochs reshuffle"
+
+    s = env.group_stats(groups.pop())
+    assert s["batches_prepared_per_epoch"] == {"0": NUM_BATCHES, "1": NUM_BATCHES}, "prepared once per epoch"
+    assert s["batches_prepared"] == 2 * NUM_BATCHES
+    assert s["samples_prepared"] == 2 * N_SAMPLES
+    assert s["batches_served"] == 3 * 2 * NUM_BATCHES
+    assert 0 < s["staging_peak_bytes"] <= s["staging_limit_bytes"]
+    assert s["staged_batches_peak"] <= s["window"]
+    assert s["state"] == "closed" and s["dropped"] == []
+
+
+def test_a_killed_member_is_dropped_and_the_others_finish(env: PrepEnv, tmp_path: Path) -> None:
+    outs = [tmp_path / f"m{i}.json" for i in range(3)]
+    # Member 2 SIGKILLs itself after 2 batches; member_timeout 1.5 s.
+    procs = [env.member(o, "torch", "2", "3", "2", "1.5", "2" if i == 2 else "0") for i, o in enumerate(outs)]
+    logs = wait_all(procs)
+    assert procs[2].returncode == -9
+    assert [p.returncode for p in procs[:2]] == [0, 0], logs
+    results = [json.loads(o.read_text()) for o in outs]
+    _check_members_agree(results[:2], [0, 1])
+    killed = results[2]
+    assert len(killed["epochs"]["0"]) == 2
+    assert killed["epochs"]["0"] == results[0]["epochs"]["0"][:2], "it saw the group's batches until it died"
+    s = env.group_stats(killed["info"]["group"])
+    assert [d["member"] for d in s["dropped"]] == [killed["info"]["member"]]
+    assert "no heartbeat" in s["dropped"][0]["reason"]
+    assert s["batches_prepared_per_epoch"] == {"0": NUM_BATCHES, "1": NUM_BATCHES}
+    assert 0 < s["staging_peak_bytes"] <= s["staging_limit_bytes"]
+
+
+def _crops(env: PrepEnv, seed: int) -> dict[int, np.ndarray]:
+    with env.client() as client, prep.PrepLoader(
+        "imgs", PIPELINE_NCHW, batch_size=BATCH, seed=seed, epochs=1, client=client, with_ids=True, copy=True
+    ) as loader:
+        out = {}
+        for images, labels, ids in loader:
+            for img, i in zip(images.numpy(), ids.numpy()):
+                out[int(i)] = img
+        return out
+
+
+def test_the_same_seed_gives_the_same_crops(env: PrepEnv) -> None:
+    a, b, c = _crops(env, 5), _crops(env, 5), _crops(env, 6)
+    assert sorted(a) == list(range(N_SAMPLES))
+    for i in range(N_SAMPLES):
+        np.testing.assert_array_equal(a[i], b[i])
+    assert sum(not np.array_equal(a[i], c[i]) for i in range(N_SAMPLES)) > N_SAMPLES // 2
+    # Normalized with ImageNet mean/std: values of real pixels land in about [-2.2, 2.7].
+    x = np.stack(list(a.values()))
+    assert x.dtype == np.float32 and x.shape == (N_SAMPLES, 3, SIZE, SIZE)
+    assert -2.2 < x.min() < 0 < x.max() < 2.7
+
+
+def test_staging_memory_stays_within_its_bound(env: PrepEnv) -> None:
+    one = BATCH * 3 * SIZE * SIZE * 4 + BATCH * 512 + (256 << 10)
+    with env.client() as client:
+        m = prep.join("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=9, window=64, staging_bytes=3 * one,
+                      epochs=1, client=client)
+        assert m.info["window"] < 64, "the window shrinks to what staging_bytes holds"
+        n = sum(rb.num_rows for rb in m.epoch(0))
+        assert n == N_SAMPLES
+        s = env.group_stats(m.group)
+        assert s["staging_limit_bytes"] == 3 * one
+        assert 0 < s["staging_peak_bytes"] <= s["staging_limit_bytes"]
+        assert s["staged_batches_peak"] <= m.info["window"]
+        with pytest.raises(unstall.SidecarError, match="staging_bytes 1000 cannot hold one batch"):
+            prep.join("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=10, staging_bytes=1000, client=client)
+
+
+def test_raw_groups_share_batches_without_prep(env: PrepEnv) -> None:
+    with env.client() as client, prep.PrepLoader("imgs", None, batch_size=BATCH, seed=3, epochs=1, client=client,
+                                                 with_ids=True) as loader:
+        got = [(payloads, labels, ids) for payloads, labels, ids in loader]
+    files = {p.name: p.read_bytes() for p in env.root.rglob("*") if p.is_file()}
+    assert sorted(int(i) for _, _, ids in got for i in ids) == list(range(N_SAMPLES))
+    assert all(isinstance(p, bytes) and p in files.values() for payloads, _, _ in got for p in payloads)
+
+
+def test_bad_input_names_the_thing(env: PrepEnv) -> None:
+    with env.client() as client:
+        bad = {"ops": [{"op": "decode"}, {"op": "blur", "sigma": 2}]}
+        with pytest.raises(unstall.InvalidRequestError, match="prep op #1 'blur': unknown op"):
+            prep.join("imgs", bad, batch_size=4, client=client)
+        with pytest.raises(unstall.InvalidRequestError, match="random_resized_crop.*\"scale\""):
+            prep.join("imgs", {"ops": [{"op": "decode"}, prep.random_resized_crop(8, scale=(0.9, 0.1))]},
+                      batch_size=4, client=client)
+        with pytest.raises(unstall.DatasetNotFoundError, match="nope"):
+            prep.join("nope", PIPELINE_NCHW, batch_size=4, client=client)
+        with pytest.raises(ValueError, match="batch_size"):
+            prep.join("imgs", PIPELINE_NCHW, batch_size=0, client=client)
+        m = prep.join("imgs", PIPELINE_NCHW, batch_size=4, seed=77, client=client)
+        m.leave()
+        with pytest.raises(unstall.DatasetNotFoundError, match=f"member {m.member} was left"):
+            m.batch(0, 0)
