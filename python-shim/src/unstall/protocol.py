@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -231,10 +231,13 @@ class EpochStats:
     misses: int = 0
     storage_bytes: int = 0
     cache_bytes: int = 0
+    disk_hits: int = 0
+    disk_bytes: int = 0
+    prefetch_hits: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpochStats:
-        return cls(**{k: int(d.get(k, 0)) for k in ("samples", "hits", "misses", "storage_bytes", "cache_bytes")})
+        return cls(**{f.name: int(d.get(f.name, 0)) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,7 @@ class CacheStats:
     capacity_bytes: int
     used_bytes: int
     entries: int
+    shared_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -277,6 +281,7 @@ def parse_stats(doc: str | bytes | Mapping[str, Any]) -> Stats:
             capacity_bytes=int(c["capacity_bytes"]),
             used_bytes=int(c["used_bytes"]),
             entries=int(c["entries"]),
+            shared_bytes=int(c.get("shared_bytes", 0)),
         )
         datasets = {
             str(name): DatasetStats(
