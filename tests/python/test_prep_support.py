@@ -134,7 +134,7 @@ def digest(a: np.ndarray) -> str:
 
 
 def _member(location: str, out: str, framework: str, seed: int, group_size: int, epochs: int,
-            member_timeout: float, kill_after: int) -> None:
+            member_timeout: float, kill_after: int, layout: str = "NCHW") -> None:
     import unstall
     from unstall import prep
 
@@ -174,7 +174,7 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
         import tensorflow as tf
         import unstall.tf
 
-        ds = unstall.tf.dataset("imgs", PIPELINE_NHWC, with_ids=True, **join)
+        ds = unstall.tf.dataset("imgs", PIPELINE_NHWC if layout == "NHWC" else PIPELINE_NCHW, with_ids=True, **join)
         m = unstall.tf.membership(ds)
         record["info"] = m.info
         record["element_spec"] = [str(s) for s in ds.element_spec]
@@ -186,7 +186,9 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
         model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         rest = epochs - 1
         if rest:
-            hist = model.fit(ds.map(lambda x, y, i: (x, y)).prefetch(2), epochs=rest, verbose=0)
+            # Conv2D on CPU wants NHWC: a job that shares the torch (NCHW) group transposes on its side.
+            fix = (lambda x: x) if layout == "NHWC" else (lambda x: tf.transpose(x, [0, 2, 3, 1]))
+            hist = model.fit(ds.map(lambda x, y, i: (fix(x), y)).prefetch(2), epochs=rest, verbose=0)
             record["fit_loss"] = [float(v) for v in hist.history["loss"]]
     Path(out).write_text(json.dumps(record))
 
@@ -194,4 +196,4 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "member":
         loc, out, fw, seed, gs, ep, mt, ka = sys.argv[2:10]
-        _member(loc, out, fw, int(seed), int(gs), int(ep), float(mt), int(ka))
+        _member(loc, out, fw, int(seed), int(gs), int(ep), float(mt), int(ka), *sys.argv[10:11])
