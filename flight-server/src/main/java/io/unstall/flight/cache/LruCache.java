@@ -3,7 +3,6 @@ package io.unstall.flight.cache;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.Map;
-import java.util.concurrent.atomic.AtomicLong;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 
@@ -12,7 +11,7 @@ import org.apache.arrow.memory.BufferAllocator;
  * ({@code --cache-policy lru}). Entries occupy 16 KiB blocks of the same paged arena; evicting returns their
  * blocks to a free list. Used bytes count whole blocks (the rounding is the honest price of eviction).
  */
-public final class LruCache implements SampleCache {
+public final class LruCache extends ArenaCache {
   static final int BLOCK = 16 * 1024;
 
   private static final class Entry extends SharedEntry {
@@ -24,30 +23,16 @@ public final class LruCache implements SampleCache {
     }
   }
 
-  private final PagedArena arena;
-  private final long capacity;
   private final int totalBlocks;
   private final LinkedHashMap<Digest, Entry> entries = new LinkedHashMap<>(1024, 0.75f, true); // guarded by this
-  private final AtomicLong sharedBytes = new AtomicLong();
   private int[] free; // guarded by this: stack of free block numbers
   private int freeTop;
   private int nextFresh;
 
   public LruCache(BufferAllocator parent, long capacityBytes) {
-    this.arena = new PagedArena(parent, "cache", capacityBytes);
-    this.capacity = capacityBytes;
+    super("lru", parent, capacityBytes);
     this.totalBlocks = (int) Math.min(Integer.MAX_VALUE, capacityBytes / BLOCK);
     this.free = new int[0];
-  }
-
-  @Override
-  public String policy() {
-    return "lru";
-  }
-
-  @Override
-  public long capacityBytes() {
-    return capacity;
   }
 
   @Override
@@ -58,11 +43,6 @@ public final class LruCache implements SampleCache {
   @Override
   public synchronized long entries() {
     return entries.size();
-  }
-
-  @Override
-  public long sharedBytes() {
-    return sharedBytes.get();
   }
 
   @Override
@@ -127,13 +107,8 @@ public final class LruCache implements SampleCache {
     }
   }
 
-  public long allocatedBytes() {
-    return arena.allocatedBytes();
-  }
-
   @Override
-  public synchronized void close() {
+  protected synchronized void clearEntries() {
     entries.clear();
-    arena.close();
   }
 }

@@ -1,7 +1,6 @@
 package io.unstall.flight.cache;
 
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.atomic.AtomicLong;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 
@@ -12,7 +11,7 @@ import org.apache.arrow.memory.BufferAllocator;
  * <p>Never evicting makes the cache an append-only arena: entries are laid end to end in lazily allocated
  * pages, admission is a pointer bump, nothing fragments, and used bytes are exactly the entries' bytes.
  */
-public final class MinioCache implements SampleCache {
+public final class MinioCache extends ArenaCache {
   public static final int PAGE = PagedArena.PAGE;
 
   private static final class Entry extends SharedEntry {
@@ -24,28 +23,14 @@ public final class MinioCache implements SampleCache {
     }
   }
 
-  private final PagedArena arena;
-  private final long capacity;
   private final ConcurrentHashMap<Digest, Entry> entries = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<Digest, Boolean> pending = new ConcurrentHashMap<>();
-  private final AtomicLong sharedBytes = new AtomicLong();
   private long end; // guarded by this: next free address
   private volatile long used;
 
   /** Takes a child allocator of {@code parent} named "cache", limited to the capacity (rounded to a page). */
   public MinioCache(BufferAllocator parent, long capacityBytes) {
-    this.arena = new PagedArena(parent, "cache", capacityBytes);
-    this.capacity = capacityBytes;
-  }
-
-  @Override
-  public String policy() {
-    return "minio";
-  }
-
-  @Override
-  public long capacityBytes() {
-    return capacity;
+    super("minio", parent, capacityBytes);
   }
 
   @Override
@@ -56,11 +41,6 @@ public final class MinioCache implements SampleCache {
   @Override
   public long entries() {
     return entries.size();
-  }
-
-  @Override
-  public long sharedBytes() {
-    return sharedBytes.get();
   }
 
   @Override
@@ -110,14 +90,8 @@ public final class MinioCache implements SampleCache {
     }
   }
 
-  /** Off-heap bytes held (whole pages), for accounting tests. */
-  public long allocatedBytes() {
-    return arena.allocatedBytes();
-  }
-
   @Override
-  public synchronized void close() {
+  protected synchronized void clearEntries() {
     entries.clear();
-    arena.close();
   }
 }
