@@ -142,9 +142,12 @@ public final class DatasetRegistry implements AutoCloseable {
     if (uri.startsWith("file:")) {
       return new LocalStorage(Path.of(URI.create(uri)));
     }
+    if (uri.startsWith("s3://")) {
+      return io.unstall.flight.storage.S3Storage.open(uri);
+    }
     if (uri.contains("://")) {
       throw new IllegalArgumentException(
-          "unsupported storage scheme in '" + uri + "'; supported: file:// or an absolute path");
+          "unsupported storage scheme in '" + uri + "'; supported: file://, s3:// or an absolute path");
     }
     Path p = Path.of(uri);
     if (!p.isAbsolute()) {
