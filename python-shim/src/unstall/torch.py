@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import time
 from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -19,6 +20,8 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data import get_worker_info
 
+from . import progress as _progress
+from . import tracing as _tracing
 from .client import FlightClient, grpc_used_in_this_process
 from .protocol import DatasetInfo
 from .sidecar import Sidecar, default_sidecar
@@ -158,7 +161,8 @@ class Dataset(tud.Dataset):
             raise ValueError(f"a dataset name (non-empty str) is required, got {name!r}")
         sidecar = sidecar if sidecar is not None else default_sidecar()
         if root is not None:
-            self.info: DatasetInfo = sidecar.register_dataset(name, root, format=format, options=options)
+            with _progress.while_running(f"indexing {name!r} ({root})"):
+                self.info: DatasetInfo = sidecar.register_dataset(name, root, format=format, options=options)
         else:
             self.info = sidecar.describe(name)
         self.name = name
@@ -171,6 +175,7 @@ class Dataset(tud.Dataset):
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0  # used for plain int indices (a stock torch DataLoader); EpochIndex carries its own
         self._client: FlightClient = sidecar.flight_client()
+        _tracing.bind_sidecar(self, sidecar)  # loader.stats() reads cache counters over the control plane
 
     def __repr__(self) -> str:
         return (
@@ -187,7 +192,10 @@ class Dataset(tud.Dataset):
 
     def fetch(self, ids: Union[Sequence[int], np.ndarray], epoch: Optional[int] = None) -> pa.RecordBatch:
         """The raw Arrow batch (``id``, ``label``, ``key``, ``payload``) for ``ids``: one DoGet."""
-        return self._client.fetch(self.name, ids, self.epoch if epoch is None else epoch)
+        t0 = time.perf_counter_ns()
+        batch = self._client.fetch(self.name, ids, self.epoch if epoch is None else epoch)
+        _tracing.record_fetch(self, batch.num_rows, _tracing.payload_bytes(batch), time.perf_counter_ns() - t0)
+        return batch
 
     def __getitem__(self, index: Index) -> Tuple[Any, Any]:
         return self.__getitems__([index])[0]
@@ -219,6 +227,7 @@ class Dataset(tud.Dataset):
         return out
 
     def _convert(self, batch: pa.RecordBatch) -> List[Tuple[Any, Any]]:
+        t0 = time.perf_counter_ns()
         payloads = batch.column("payload").to_pylist()
         labels = batch.column("label").to_pylist()
         keys = batch.column("key").to_pylist()
@@ -231,6 +240,7 @@ class Dataset(tud.Dataset):
             if self.target_transform is not None:
                 target = self.target_transform(target)
             out.append((sample, target))
+        _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0)
         return out
 
     def __getstate__(self) -> dict[str, Any]:
@@ -348,6 +358,14 @@ class DataLoader(tud.DataLoader):
             ctx.set_forkserver_preload(["__main__", "torch", "unstall.torch"])
             self.multiprocessing_context = ctx
         return super()._get_iterator()
+
+    def __iter__(self) -> Any:
+        # Timed and counted (loader.stats(), stall spans); under `unstall analyze`, driven by it.
+        return _tracing.observe(self, super().__iter__, self.epoch_sampler.epoch)
+
+    def stats(self) -> "_tracing.LoaderStats":
+        """Stall, fetch/prep time, cache hits and bytes of the current epoch (``.total``: all epochs)."""
+        return _tracing.observer_of(self).stats()
 
     @property
     def epoch(self) -> int:

@@ -1,0 +1,141 @@
+"""The analysis for people (text), for programs (JSON) and as a picture (PNG: stall breakdown bar,
+throughput vs cache size, throughput vs DataLoader workers)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from .model import Analysis, Run
+
+__all__ = ["text", "write_json", "write_png", "REPORT_FORMAT"]
+
+REPORT_FORMAT = "unstall.analyze/1"
+
+
+def _rate(x: float) -> str:
+    return "unbounded" if math.isinf(x) else f"{x:,.1f} samples/s"
+
+
+def _bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def text(cmd: Sequence[str], a: Analysis, runs: Mapping[str, Run], dataset: Mapping[str, Any]) -> str:
+    lines = [
+        f"unstall analyze: {shlex.join(cmd)}",
+        f"  dataset {dataset.get('name')!r}: {a.num_samples} samples, {_bytes(a.dataset_bytes)}; "
+        f"batch size {a.batch_size:g}, num_workers {a.num_workers}; {a.steps} timed steps per run",
+        "",
+        f"  {'run':<10} {'time':>9} {'per step':>10} {'samples/s':>11}  cache hits",
+    ]
+    for mode in ("synthetic", "cached", "cold"):
+        r = runs[mode]
+        hf = r.hit_fraction
+        lines.append(f"  {mode:<10} {r.elapsed_s:>8.2f}s {1000 * r.step_s:>8.1f}ms {r.rate:>11.1f}  "
+                     f"{'-' if hf is None else f'{100 * hf:.0f}%'}")
+    lines += [
+        "",
+        f"  ingestion rate (synthetic data)   {_rate(a.ingestion_rate)}",
+        f"  prep rate (fully cached)          {_rate(a.prep_rate)}",
+        f"  fetch rate (cold cache)           {_rate(a.fetch_rate)}",
+        f"  storage                           {_bytes(a.storage_bandwidth_Bps)}/s, "
+        + ("overlapped with the loader (prefetch/readahead)" if a.storage_model == "overlapped"
+           else "reads block the loader"),
+        "",
+        f"  cold run: trainer {100 * a.compute_fraction:.1f}%, prep stall {100 * a.prep_stall_fraction:.1f}%, "
+        f"fetch stall {100 * a.fetch_stall_fraction:.1f}%",
+        "",
+        "  what if (predicted samples/s):",
+        "    cache   " + "  ".join(f"{int(100 * p['cache_fraction']):>6}%" for p in a.cache_curve[::4]),
+        "            " + "  ".join(f"{p['samples_per_s']:>7.1f}" for p in a.cache_curve[::4]),
+        "    workers " + "  ".join(f"{p['workers']:>7}" for p in a.cpu_curve[:9]) + "   (cold cache)",
+        "            " + "  ".join(f"{p['samples_per_s_cold']:>7.1f}" for p in a.cpu_curve[:9]),
+    ]
+    c = a.cheapest or {}
+    if not c.get("found"):
+        lines.append(f"  {c.get('message', 'no configuration removes the stall')}")
+    elif not c["stalled_now"]:
+        lines.append("  no stall: the cold run already runs at the ingestion rate (within 5%)")
+    else:
+        lines.append(
+            f"  cheapest configuration without a stall: cache {100 * c['cache_fraction']:.0f}% of the dataset "
+            f"({_bytes(c['cache_bytes'])}) with {c['workers']} DataLoader workers -> {_rate(c['samples_per_s'])} "
+            f"(~${c['cost_per_hour']:.3f}/h at ${a.prices['core_hour']}/core-h, ${a.prices['gib_hour']}/GiB-h)")
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path: Path, doc: Dict[str, Any]) -> None:
+    path.write_text(json.dumps(doc, indent=1, default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and math.isinf(o):
+        return None
+    raise TypeError(type(o).__name__)
+
+
+def write_png(path: Path, a: Analysis, title: str) -> bool:
+    """The picture; False when matplotlib is not installed (``pip install 'unstall[analyze]'``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig = plt.figure(figsize=(11, 6.5))
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 3])
+    ax0 = fig.add_subplot(grid[0, :])
+    left = 0.0
+    for label, frac, color in (("trainer", a.compute_fraction, "#4c72b0"), ("prep stall", a.prep_stall_fraction, "#dd8452"),
+                               ("fetch stall", a.fetch_stall_fraction, "#c44e52")):
+        ax0.barh([0], [frac], left=[left], color=color, label=f"{label} {100 * frac:.1f}%")
+        if frac > 0.06:
+            ax0.text(left + frac / 2, 0, f"{label}\n{100 * frac:.0f}%", ha="center", va="center", color="white", fontsize=9)
+        left += frac
+    ax0.set_xlim(0, 1)
+    ax0.set_yticks([])
+    ax0.set_xlabel("share of the cold run's time")
+    ax0.set_title(title, fontsize=10)
+    ax0.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=3, fontsize=8, frameon=False)
+
+    ax1 = fig.add_subplot(grid[1, 0])
+    xs = [100 * p["cache_fraction"] for p in a.cache_curve]
+    ax1.plot(xs, [p["samples_per_s"] for p in a.cache_curve], marker="o", ms=3, label=f"{a.num_workers} workers (as run)")
+    ax1.axhline(a.ingestion_rate, color="gray", ls="--", lw=1, label="ingestion rate (no stall)")
+    c = a.cheapest or {}
+    if c.get("found") and c.get("workers") != a.num_workers:
+        ax1.plot(xs, [a.predict(p["cache_fraction"], c["workers"]) for p in a.cache_curve], marker=".", ms=3,
+                 label=f"{c['workers']} workers")
+    if c.get("found") and c.get("stalled_now"):
+        ax1.plot([100 * c["cache_fraction"]], [c["samples_per_s"]], marker="*", ms=14, color="#c44e52",
+                 label=f"cheapest: {100 * c['cache_fraction']:.0f}% cache, {c['workers']} workers")
+    ax1.set_xlabel("dataset cached (%)")
+    ax1.set_ylabel("samples/s (predicted)")
+    ax1.set_ylim(bottom=0)
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+
+    ax2 = fig.add_subplot(grid[1, 1])
+    ks = [p["workers"] for p in a.cpu_curve]
+    ax2.plot(ks, [p["samples_per_s_cold"] for p in a.cpu_curve], marker="o", ms=3, label="cold cache")
+    ax2.plot(ks, [p["samples_per_s_cached"] for p in a.cpu_curve], marker="o", ms=3, label="fully cached")
+    ax2.axhline(a.ingestion_rate, color="gray", ls="--", lw=1, label="ingestion rate")
+    ax2.set_xlabel("DataLoader workers (CPU cores for fetch+prep)")
+    ax2.set_ylabel("samples/s (predicted)")
+    ax2.set_ylim(bottom=0)
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,610 @@
+"""Seeing the stall: every wait for the next batch timed, counted and (optionally) traced.
+
+``unstall.torch.DataLoader`` wraps each epoch's iterator in an :class:`ObservedIterator`. It times each
+``next()`` (the **wait**, the data stall) and the time between batches (the **step**: the trainer's own
+work), and reads the loader's work counters: how long ``Dataset`` spent in Flight DoGets (**fetch**) and
+in ``loader``/``transform`` (**prep**), in this process and in every DataLoader worker (each worker
+writes its own row of a small shared-memory table, :class:`WorkCounters`).
+
+From these come ``loader.stats()`` (:class:`LoaderStats`), one log line at the end of every epoch, and
+OpenTelemetry spans named as the Java agent's (docs/AGENT.md): ``unstall.stall`` per wait and
+``unstall.step`` per step. Tracing is optional and cheap: without ``opentelemetry-sdk`` installed, with
+``OTEL_SDK_DISABLED=true``, ``OTEL_TRACES_EXPORTER=none`` or ``UNSTALL_TRACING=0`` there are no spans
+and nothing else changes. It is on when the SDK is installed and OTel is configured through the
+standard variables (``OTEL_EXPORTER_OTLP_*ENDPOINT``, ``OTEL_TRACES_EXPORTER``, ``OTEL_SERVICE_NAME``)
+or ``UNSTALL_TRACING=1``: a job that merely has the SDK installed does not start exporting to nowhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import numpy as np
+
+__all__ = [
+    "LoaderStats",
+    "ObservedIterator",
+    "WorkCounters",
+    "StallTracer",
+    "stall_tracer",
+    "observe",
+    "record_fetch",
+    "record_prep",
+    "payload_bytes",
+    "bind_sidecar",
+    "STALL_SPAN",
+    "STEP_SPAN",
+]
+
+log = logging.getLogger("unstall")
+
+# -- stable names: the agent's where the meaning is the same (docs/AGENT.md), then the shim's own ------
+STALL_SPAN = "unstall.stall"
+STEP_SPAN = "unstall.step"
+SCOPE = "io.unstall.shim"
+A_STALL_NS = "unstall.stall.duration_ns"
+A_IO_BYTES = "unstall.io.bytes"  # bytes the waiting thread fetched during the wait (num_workers=0)
+A_IO_CALLS = "unstall.io.read_calls"  # Flight DoGets the waiting thread made during the wait
+A_IO_TIME = "unstall.io.read_time_ns"  # time the waiting thread spent in those DoGets
+A_IO_PROCESS_BYTES = "unstall.io.process_bytes"  # bytes fetched by this process AND its workers during the wait
+A_ITER_CLASS = "unstall.iterator.class"
+A_ITER_METHOD = "unstall.iterator.method"
+A_THREAD_NAME = "thread.name"
+A_THREAD_ID = "thread.id"
+A_EXC_TYPE = "exception.type"
+A_STEP_NS = "unstall.step.duration_ns"
+A_BATCH = "unstall.batch.index"
+A_EPOCH = "unstall.epoch"
+A_DATASET = "unstall.dataset"
+A_WORKERS = "unstall.loader.num_workers"
+A_FETCH_NS = "unstall.fetch.time_ns"  # DoGet time, all processes, during the wait
+A_PREP_NS = "unstall.prep.time_ns"  # loader+transform time, all processes, during the wait
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenTelemetry, imported lazily and only when enabled
+
+
+def _env_true(name: str) -> Optional[bool]:
+    v = os.environ.get(name, "").strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def tracing_wanted() -> bool:
+    """Whether the environment asks for spans (the SDK may still be missing)."""
+    if _env_true("OTEL_SDK_DISABLED") or _env_true("UNSTALL_TRACING") is False:
+        return False
+    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporters == "none":
+        return False
+    if _env_true("UNSTALL_TRACING"):
+        return True
+    return bool(
+        exporters
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_SERVICE_NAME")
+    )
+
+
+class StallTracer:
+    """Emits ``unstall.stall`` / ``unstall.step`` spans with explicit timestamps, or nothing."""
+
+    def __init__(self, tracer: Any = None, provider: Any = None) -> None:
+        self._tracer = tracer
+        self._provider = provider
+        self._otel_context: Any = None
+        self._otel_trace: Any = None
+        if tracer is not None:
+            from opentelemetry import context, trace
+
+            self._otel_context, self._otel_trace = context, trace
+
+    @property
+    def enabled(self) -> bool:
+        return self._tracer is not None
+
+    def span(self, name: str, start_ns: int, end_ns: int, attributes: Dict[str, Any],
+             error: Optional[BaseException] = None) -> None:
+        """One finished span. Its parent is the application's current span, if it has one."""
+        if self._tracer is None:
+            return
+        try:
+            span = self._tracer.start_span(name, context=self._otel_context.get_current(),
+                                           start_time=start_ns, attributes=attributes)
+            if error is not None:
+                span.set_attribute(A_EXC_TYPE, type(error).__qualname__)
+                span.set_status(self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, str(error)[:200]))
+            span.end(end_time=end_ns)
+        except Exception as e:  # tracing must never break training
+            log.warning("unstall: tracing failed (%s); spans are now off", e)
+            self._tracer = None
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        if self._provider is not None:
+            try:
+                self._provider.force_flush(int(timeout_s * 1000))
+            except Exception:
+                pass
+
+    def shutdown(self) -> None:
+        provider, self._provider, self._tracer = self._provider, None, None
+        if provider is not None:
+            try:
+                provider.shutdown()
+            except Exception:
+                pass
+
+
+_tracer: Optional[StallTracer] = None
+_tracer_pid: Optional[int] = None
+_tracer_lock = threading.Lock()
+
+
+def _build_tracer() -> StallTracer:
+    if not tracing_wanted():
+        return StallTracer()
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError:
+        log.info("unstall: OTEL_* is set but opentelemetry-sdk is not installed (pip install 'unstall[tracing]'); no spans")
+        return StallTracer()
+    # An application that configured its own SDK gets our spans in its pipeline.
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        return StallTracer(current.get_tracer(SCOPE))
+    exporters = [e.strip() for e in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if e.strip()]
+    provider = TracerProvider(resource=Resource.create(), shutdown_on_exit=False)
+    for name in exporters:
+        if name == "otlp":
+            protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                      os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
+            try:
+                if protocol == "grpc":
+                    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+                else:
+                    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            except ImportError:
+                log.warning("unstall: no OTLP %s exporter installed (pip install 'unstall[tracing]'); no spans", protocol)
+                continue
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        elif name == "console":
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        else:
+            log.warning("unstall: OTEL_TRACES_EXPORTER=%s is not supported here (otlp, console, none)", name)
+    tracer = StallTracer(provider.get_tracer(SCOPE), provider)
+    atexit.register(tracer.shutdown)  # flushes what is queued
+    return tracer
+
+
+def stall_tracer() -> StallTracer:
+    """The process's tracer (built on first use from the OTEL_* environment; never in a worker)."""
+    global _tracer, _tracer_pid
+    with _tracer_lock:
+        if _tracer is None or _tracer_pid != os.getpid():
+            try:
+                _tracer = _build_tracer()
+            except Exception as e:  # a broken OTel install must not stop training
+                log.warning("unstall: cannot set up tracing (%s); no spans", e)
+                _tracer = StallTracer()
+            _tracer_pid = os.getpid()
+        return _tracer
+
+
+def reset_tracer() -> None:
+    """Forgets the tracer so that the next use reads the environment again (tests)."""
+    global _tracer
+    with _tracer_lock:
+        if _tracer is not None:
+            _tracer.shutdown()
+        _tracer = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Work counters: one row per process (row 0 = the process that iterates, row k = worker k-1)
+
+FETCH_CALLS, FETCH_NS, FETCH_BYTES, FETCH_SAMPLES, PREP_NS, PREP_SAMPLES = range(6)
+_COLUMNS = 8
+
+
+class WorkCounters:
+    """A small int64 table in shared memory (a file under /dev/shm), one row per process; each process
+    only writes its own row, so no locks. Only its path travels to the workers (in the Dataset)."""
+
+    def __init__(self, rows: int, path: Optional[str] = None) -> None:
+        self.rows = rows
+        if path is None:
+            base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            fd, path = tempfile.mkstemp(prefix="unstall-counters-", dir=base)
+            os.ftruncate(fd, rows * _COLUMNS * 8)
+            os.close(fd)
+            self._owner = os.getpid()
+            weakref.finalize(self, _unlink, path, self._owner)
+        else:
+            self._owner = None
+        self.path = path
+        self.table = np.memmap(path, dtype=np.int64, mode="r+", shape=(rows, _COLUMNS))
+
+    def totals(self) -> np.ndarray:
+        return np.array(self.table.sum(axis=0))
+
+    def row(self, r: int) -> np.ndarray:
+        return np.array(self.table[r])
+
+
+def _unlink(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+_opened: Dict[str, WorkCounters] = {}
+
+
+def _my_row(dataset: Any) -> Optional[np.ndarray]:
+    """The counters row of this process for ``dataset``, or None when no DataLoader observes it."""
+    path = getattr(dataset, "_unstall_counters", None)
+    if path is None:
+        return None
+    counters = _opened.get(path)
+    if counters is None:
+        try:
+            rows = os.path.getsize(path) // (_COLUMNS * 8)
+            counters = _opened[path] = WorkCounters(rows, path)
+        except (OSError, ValueError):
+            dataset._unstall_counters = None
+            return None
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    r = 0 if info is None else info.id + 1
+    return counters.table[r] if r < counters.rows else None
+
+
+def payload_bytes(batch: Any) -> int:
+    """The sample bytes of a fetched batch (the payload column's values, as the sidecar counts them)."""
+    import pyarrow.compute as pc
+
+    col = batch.column("payload")
+    return int(pc.sum(pc.binary_length(col)).as_py() or 0) if len(col) else 0
+
+
+def record_fetch(dataset: Any, samples: int, nbytes: int, ns: int) -> None:
+    """Called by ``Dataset.fetch`` after each DoGet."""
+    row = _my_row(dataset)
+    if row is not None:
+        row[FETCH_CALLS] += 1
+        row[FETCH_NS] += ns
+        row[FETCH_BYTES] += nbytes
+        row[FETCH_SAMPLES] += samples
+
+
+def record_prep(dataset: Any, samples: int, ns: int) -> None:
+    """Called by ``Dataset._convert`` after loader/transform of a batch."""
+    row = _my_row(dataset)
+    if row is not None:
+        row[PREP_NS] += ns
+        row[PREP_SAMPLES] += samples
+
+
+# The Sidecar a Dataset was built with (kept here: a Sidecar cannot be pickled into workers).
+_sidecars: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def bind_sidecar(dataset: Any, sidecar: Any) -> None:
+    try:
+        _sidecars[dataset] = sidecar
+    except TypeError:
+        pass
+
+
+def _dataset_stats(dataset: Any) -> Any:
+    """The sidecar's per-dataset counters over the control plane (never Flight: this process may
+    still fork DataLoader workers), or None."""
+    sidecar = _sidecars.get(dataset)
+    if sidecar is None or getattr(sidecar, "_entry", None) is None:
+        return None
+    try:
+        return sidecar.stats().dataset(dataset.name)
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Stats
+
+
+@dataclass
+class LoaderStats:
+    """What ``loader.stats()`` returns: the current (or last finished) epoch and all epochs together.
+
+    ``wait_s`` is the data stall (time inside ``next()``), ``step_s`` the time between batches.
+    ``fetch_s``/``prep_s`` are busy times summed over the iterating process and its workers (they
+    overlap with steps when workers run ahead). ``stall_fetch_s``/``stall_prep_s`` split the stall in
+    proportion to them: an estimate; ``unstall analyze`` measures the split differentially.
+    Cache counters come from the sidecar (``None`` when it is not reachable over its control plane).
+    """
+
+    epoch: int = 0
+    batches: int = 0
+    samples_fetched: int = 0
+    bytes_fetched: int = 0
+    elapsed_s: float = 0.0
+    wait_s: float = 0.0
+    step_s: float = 0.0
+    stall_fraction: float = 0.0
+    fetch_s: float = 0.0
+    prep_s: float = 0.0
+    stall_fetch_s: float = 0.0
+    stall_prep_s: float = 0.0
+    cache_hits: Optional[int] = None
+    cache_misses: Optional[int] = None
+    storage_bytes: Optional[int] = None
+    cache_bytes: Optional[int] = None
+    total: Optional["LoaderStats"] = field(default=None, repr=False)
+
+    def as_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d.pop("total")
+        if self.total is not None:
+            d["total"] = self.total.as_dict()
+        return d
+
+    def line(self) -> str:
+        """The end-of-epoch log line."""
+        busy = self.fetch_s + self.prep_s
+        s = (f"unstall: epoch {self.epoch}: {self.batches} batches in {self.elapsed_s:.2f} s, "
+             f"stall {self.wait_s:.2f} s ({100 * self.stall_fraction:.0f}%")
+        if self.wait_s > 0 and busy > 0:
+            s += f": fetch ~{self.stall_fetch_s:.2f} s, prep ~{self.stall_prep_s:.2f} s"
+        s += f"), loader busy: fetch {self.fetch_s:.2f} s, prep {self.prep_s:.2f} s"
+        if self.cache_hits is not None and self.cache_misses is not None:
+            n = self.cache_hits + self.cache_misses
+            pct = f" ({100 * self.cache_hits / n:.0f}%)" if n else ""
+            s += (f", cache {self.cache_hits}/{n} hits{pct}, {_mb(self.storage_bytes)} from storage, "
+                  f"{_mb(self.cache_bytes)} from cache")
+        else:
+            s += f", {_mb(self.bytes_fetched)} fetched"
+        return s
+
+
+def _mb(n: Optional[int]) -> str:
+    return "?" if n is None else f"{n / 1e6:.1f} MB"
+
+
+class _Acc:
+    """Timing accumulators of one epoch (or of all)."""
+
+    __slots__ = ("batches", "wait_ns", "step_ns", "first_ns", "last_ns", "work_base", "work_final")
+
+    def __init__(self, work_base: np.ndarray) -> None:
+        self.batches = 0
+        self.wait_ns = 0
+        self.step_ns = 0
+        self.first_ns: Optional[int] = None
+        self.last_ns: Optional[int] = None
+        self.work_base = work_base  # counters when the epoch began; the work done since is the epoch's
+        self.work_final: Optional[np.ndarray] = None
+
+
+class LoaderObserver:
+    """Per DataLoader: counters, accumulators, spans, the end-of-epoch line."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.counters: Optional[WorkCounters] = None
+        zero = np.zeros(_COLUMNS, dtype=np.int64)
+        self.epoch_acc = _Acc(zero)
+        self.total_acc = _Acc(zero)
+        self.epoch = 0
+        self.epochs_seen: List[int] = []
+        self._cache_base: Dict[int, Any] = {}
+        self.iterator_class = f"{type(loader).__module__}.{type(loader).__qualname__}"
+
+    def attach_counters(self) -> None:
+        """Creates the counters once, before the first iterator (workers get the path with the Dataset)."""
+        if self.counters is not None:
+            return
+        ds = self.loader.dataset
+        if not hasattr(ds, "name"):  # not an unstall Dataset: timing only
+            return
+        try:
+            self.counters = WorkCounters(max(self.loader.num_workers, 0) + 1)
+            ds._unstall_counters = self.counters.path
+        except Exception as e:
+            log.debug("unstall: no work counters (%s)", e)
+            self.counters = None
+
+    def work(self) -> np.ndarray:
+        return self.counters.totals() if self.counters is not None else np.zeros(_COLUMNS, dtype=np.int64)
+
+    def stats(self) -> LoaderStats:
+        total = self._stats(self.total_acc, self.epoch, all_epochs=True)
+        current = self._stats(self.epoch_acc, self.epoch, all_epochs=False)
+        current.total = total
+        return current
+
+    def _stats(self, acc: _Acc, epoch: int, all_epochs: bool) -> LoaderStats:
+        w = acc.work_final if acc.work_final is not None else self.work() - acc.work_base
+        elapsed = (acc.last_ns - acc.first_ns) / 1e9 if acc.first_ns is not None and acc.last_ns is not None else 0.0
+        wait_s, fetch_s, prep_s = acc.wait_ns / 1e9, w[FETCH_NS] / 1e9, w[PREP_NS] / 1e9
+        busy = fetch_s + prep_s
+        st = LoaderStats(
+            epoch=epoch, batches=acc.batches, samples_fetched=int(w[FETCH_SAMPLES]), bytes_fetched=int(w[FETCH_BYTES]),
+            elapsed_s=elapsed, wait_s=wait_s, step_s=acc.step_ns / 1e9,
+            stall_fraction=wait_s / elapsed if elapsed > 0 else 0.0, fetch_s=float(fetch_s), prep_s=float(prep_s),
+            stall_fetch_s=float(wait_s * fetch_s / busy) if busy > 0 else 0.0,
+            stall_prep_s=float(wait_s * prep_s / busy) if busy > 0 else 0.0,
+        )
+        ds_stats = _dataset_stats(self.loader.dataset)
+        if ds_stats is not None:
+            if all_epochs:
+                epochs = [ds_stats.epoch(e) for e in self.epochs_seen]
+            else:
+                epochs = [ds_stats.epoch(epoch)]
+            st.cache_hits = sum(e.hits for e in epochs)
+            st.cache_misses = sum(e.misses for e in epochs)
+            st.storage_bytes = sum(e.storage_bytes for e in epochs)
+            st.cache_bytes = sum(e.cache_bytes for e in epochs)
+        return st
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.epoch_acc = _Acc(self.work())
+        if epoch not in self.epochs_seen:
+            self.epochs_seen.append(epoch)
+
+    def end_epoch(self) -> None:
+        if self.epoch_acc.work_final is None:
+            self.epoch_acc.work_final = self.work() - self.epoch_acc.work_base
+        if self.epoch_acc.batches == 0:
+            return
+        st = self.stats()
+        if os.environ.get("UNSTALL_EPOCH_LOG", "1") != "0":
+            _log_line(st.line())
+
+
+def _log_line(line: str) -> None:
+    # Shown even when the application never configured logging (logging's last resort drops INFO).
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    log.info(line)
+
+
+# ---------------------------------------------------------------------------------------------
+# The iterator
+
+
+class ObservedIterator:
+    """Wraps one epoch's DataLoader iterator; behaves like it (attributes and ``len`` pass through)."""
+
+    def __init__(self, observer: LoaderObserver, inner: Iterator[Any], epoch: int) -> None:
+        self._obs = observer
+        self._inner = inner
+        self._tracer = stall_tracer()
+        self._epoch = epoch
+        self._index = 0
+        self._last_return_ns: Optional[int] = None
+        self._done = False
+        self._offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._thread = threading.current_thread()
+        observer.begin_epoch(epoch)
+
+    def __iter__(self) -> "ObservedIterator":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __next__(self) -> Any:
+        obs = self._obs
+        t0 = time.perf_counter_ns()
+        main0 = obs.counters.row(0) if obs.counters is not None else None
+        all0 = obs.work()
+        if self._last_return_ns is not None:
+            self._step(self._last_return_ns, t0)
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._finish()
+            raise
+        except BaseException as e:
+            t1 = time.perf_counter_ns()
+            self._stall(t0, t1, main0, all0, error=e)
+            raise
+        t1 = time.perf_counter_ns()
+        self._stall(t0, t1, main0, all0)
+        self._last_return_ns = t1
+        self._index += 1
+        return batch
+
+    def _step(self, start: int, end: int) -> None:
+        obs = self._obs
+        for acc in (obs.epoch_acc, obs.total_acc):
+            acc.step_ns += end - start
+            acc.last_ns = end
+        if self._tracer.enabled:
+            self._tracer.span(STEP_SPAN, start + self._offset_ns, end + self._offset_ns, {
+                A_STEP_NS: end - start, A_BATCH: self._index - 1, A_EPOCH: self._epoch,
+                A_THREAD_NAME: self._thread.name, A_THREAD_ID: self._thread.ident or 0,
+            })
+
+    def _stall(self, t0: int, t1: int, main0: Optional[np.ndarray], all0: np.ndarray,
+               error: Optional[BaseException] = None) -> None:
+        obs = self._obs
+        work = obs.work() - all0
+        for acc in (obs.epoch_acc, obs.total_acc):
+            if acc.first_ns is None:
+                acc.first_ns = t0
+            acc.last_ns = t1
+            acc.wait_ns += t1 - t0
+            if error is None:
+                acc.batches += 1
+        if self._tracer.enabled:
+            main = obs.counters.row(0) - main0 if main0 is not None and obs.counters is not None else np.zeros(_COLUMNS, dtype=np.int64)
+            attrs: Dict[str, Any] = {
+                A_STALL_NS: t1 - t0,
+                A_IO_BYTES: int(main[FETCH_BYTES]), A_IO_CALLS: int(main[FETCH_CALLS]), A_IO_TIME: int(main[FETCH_NS]),
+                A_IO_PROCESS_BYTES: int(work[FETCH_BYTES]),
+                A_FETCH_NS: int(work[FETCH_NS]), A_PREP_NS: int(work[PREP_NS]),
+                A_ITER_CLASS: obs.iterator_class, A_ITER_METHOD: "__next__",
+                A_THREAD_NAME: self._thread.name, A_THREAD_ID: self._thread.ident or 0,
+                A_BATCH: self._index, A_EPOCH: self._epoch, A_WORKERS: int(obs.loader.num_workers),
+            }
+            name = getattr(obs.loader.dataset, "name", None)
+            if isinstance(name, str):
+                attrs[A_DATASET] = name
+            self._tracer.span(STALL_SPAN, t0 + self._offset_ns, t1 + self._offset_ns, attrs, error)
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._obs.end_epoch()
+
+
+_observers: "weakref.WeakKeyDictionary[Any, LoaderObserver]" = weakref.WeakKeyDictionary()
+
+
+def observer_of(loader: Any) -> LoaderObserver:
+    obs = _observers.get(loader)
+    if obs is None:
+        obs = _observers[loader] = LoaderObserver(loader)
+    return obs
+
+
+def observe(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
+    """What ``DataLoader.__iter__`` returns: the epoch's iterator, observed (and, under
+    ``unstall analyze``, driven by the analysis: see ``unstall.analyze.child``)."""
+    obs = observer_of(loader)
+    obs.attach_counters()
+    from .analyze import child
+
+    session = child.session_for(loader)
+    if session is not None:
+        return session.iterate(obs, make_iterator, epoch)
+    return ObservedIterator(obs, make_iterator(), epoch)
