@@ -15,6 +15,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.concurrent.ConcurrentHashMap;
 import software.amazon.awssdk.auth.credentials.AwsCredentialsProvider;
 import software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider;
@@ -23,6 +24,10 @@ import software.amazon.awssdk.core.ResponseInputStream;
 import software.amazon.awssdk.core.exception.SdkClientException;
 import software.amazon.awssdk.core.exception.SdkException;
 import software.amazon.awssdk.http.apache5.Apache5HttpClient;
+import software.amazon.awssdk.profiles.Profile;
+import software.amazon.awssdk.profiles.ProfileFile;
+import software.amazon.awssdk.profiles.ProfileFileSystemSetting;
+import software.amazon.awssdk.profiles.ProfileProperty;
 import software.amazon.awssdk.regions.Region;
 import software.amazon.awssdk.regions.providers.AwsProfileRegionProvider;
 import software.amazon.awssdk.regions.providers.AwsRegionProviderChain;
@@ -80,7 +85,8 @@ public final class S3Storage implements Storage {
 
     /**
      * As AWS tools do: endpoint from {@code aws.endpointUrlS3} / {@code AWS_ENDPOINT_URL_S3}, else {@code
-     * aws.endpointUrl} / {@code AWS_ENDPOINT_URL} (unless {@code AWS_IGNORE_CONFIGURED_ENDPOINT_URLS}); region
+     * aws.endpointUrl} / {@code AWS_ENDPOINT_URL}, else the profile's {@code endpoint_url} (unless {@code
+     * AWS_IGNORE_CONFIGURED_ENDPOINT_URLS}); region
      * from the default chain ({@code AWS_REGION}, profile, instance metadata), else us-east-1; credentials
      * from the default chain ({@code AWS_ACCESS_KEY_ID}/{@code AWS_SECRET_ACCESS_KEY}, {@code AWS_PROFILE},
      * web identity, container, instance profile); path-style addressing with an endpoint override or {@code
@@ -93,6 +99,9 @@ public final class S3Storage implements Storage {
         if (url.isEmpty()) {
           url = setting("aws.endpointUrl", "AWS_ENDPOINT_URL");
         }
+        if (url.isEmpty()) {
+          url = profileEndpoint();
+        }
         if (!url.isEmpty()) {
           try {
             endpoint = URI.create(url);
@@ -103,6 +112,23 @@ public final class S3Storage implements Storage {
       }
       boolean pathStyle = endpoint != null || setting("aws.s3ForcePathStyle", "AWS_S3_FORCE_PATH_STYLE").equalsIgnoreCase("true");
       return new Config(endpoint, defaultRegion(endpoint != null), defaultCredentials(), pathStyle);
+    }
+
+    /** {@code endpoint_url} of the active profile: its {@code services} section's {@code s3}, else its own. */
+    private static String profileEndpoint() {
+      try {
+        ProfileFile file = ProfileFile.defaultProfileFile();
+        Optional<Profile> profile = file.profile(ProfileFileSystemSetting.AWS_PROFILE.getStringValue().orElse("default"));
+        if (profile.isEmpty()) {
+          return "";
+        }
+        Optional<String> services = profile.get().property("services");
+        Optional<String> s3 =
+            services.flatMap(name -> file.getSection("services", name)).flatMap(sec -> sec.property("s3.endpoint_url"));
+        return s3.or(() -> profile.get().property(ProfileProperty.ENDPOINT_URL)).orElse("").trim();
+      } catch (RuntimeException e) {
+        return ""; // an unreadable config file: the SDK reports it when it needs the file
+      }
     }
 
     private static String setting(String property, String env) {

@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.unstall.flight.DataPlane;
 import io.unstall.flight.dataset.Dataset;
@@ -59,8 +60,8 @@ import software.amazon.awssdk.services.s3.S3Client;
  * byte; and the errors a user meets (missing bucket, bad or no credentials, an object deleted mid-epoch).
  *
  * <p>Registration reads its configuration as in production ({@link S3Storage.Config#fromEnvironment()}), here
- * from the SDK's system properties ({@code aws.endpointUrl}, {@code aws.accessKeyId}, ...), which this class
- * sets and restores.
+ * from the SDK's system properties ({@code aws.endpointUrlS3}, {@code aws.accessKeyId}, ...), which this class
+ * sets and restores; they take precedence over the AWS_* environment variables.
  */
 class S3StorageTest {
   static final String AK = "unstall-test-key";
@@ -68,8 +69,8 @@ class S3StorageTest {
   static final String TOKEN = "0123456789abcdef0123456789abcdef";
   static final String BUCKET = "data";
   static final List<String> PROPS =
-      List.of("aws.endpointUrl", "aws.accessKeyId", "aws.secretAccessKey", "aws.region", "aws.disableEc2Metadata",
-          "aws.sharedCredentialsFile", "aws.configFile");
+      List.of("aws.endpointUrlS3", "aws.accessKeyId", "aws.secretAccessKey", "aws.region", "aws.disableEc2Metadata",
+          "aws.sharedCredentialsFile", "aws.configFile", "aws.profile");
 
   static S3Proxy proxy;
   static URI endpoint;
@@ -161,7 +162,7 @@ class S3StorageTest {
   /** The configuration a user gives the sidecar, through the SDK's system properties. */
   @BeforeEach
   void configure() throws Exception {
-    System.setProperty("aws.endpointUrl", endpoint.toString());
+    System.setProperty("aws.endpointUrlS3", endpoint.toString()); // wins over AWS_ENDPOINT_URL[_S3] in our env
     System.setProperty("aws.accessKeyId", AK);
     System.setProperty("aws.secretAccessKey", SK);
     System.setProperty("aws.region", "eu-west-3"); // anything: S3Proxy accepts any signing region
@@ -331,6 +332,38 @@ class S3StorageTest {
       NoSuchFileException gone = assertThrows(NoSuchFileException.class, () -> s.size("cat/missing.jpg"));
       assertEquals("s3://data/imgs/cat/missing.jpg", gone.getFile());
       assertTrue(s.version("cat/img3.jpg").endsWith(":" + img.length), s.version("cat/img3.jpg"));
+    }
+  }
+
+  @Test
+  void theEndpointAndRegionMayComeFromTheActiveProfile() throws Exception {
+    Path config = tmp.resolve("config");
+    Files.writeString(
+        config,
+        "[profile s3test]\nregion = eu-west-1\nservices = local\n\n[services local]\ns3 =\n  endpoint_url = " + endpoint
+            + "\n\n[profile plain]\nendpoint_url = " + endpoint + "\n");
+    assumeTrue(
+        System.getenv("AWS_ENDPOINT_URL_S3") == null && System.getenv("AWS_ENDPOINT_URL") == null
+            && System.getenv("AWS_REGION") == null,
+        "the environment's AWS_ENDPOINT_URL/AWS_REGION would win over the profile");
+    System.clearProperty("aws.endpointUrlS3");
+    System.clearProperty("aws.region");
+    System.setProperty("aws.configFile", config.toString());
+    System.setProperty("aws.sharedCredentialsFile", tmp.resolve("no-credentials").toString());
+    try {
+      System.setProperty("aws.profile", "s3test");
+      S3Storage.Config c = S3Storage.Config.fromEnvironment();
+      assertEquals(endpoint, c.endpoint());
+      assertEquals(Region.EU_WEST_1, c.region());
+      assertTrue(c.forcePathStyle(), "a custom endpoint is addressed path-style");
+      assertEquals(List.of("cat", "dog"), new S3Storage("s3://data/imgs", c).listDirectories(""));
+      System.setProperty("aws.profile", "plain");
+      assertEquals(endpoint, S3Storage.Config.fromEnvironment().endpoint());
+      assertEquals(Region.US_EAST_1, S3Storage.Config.fromEnvironment().region(), "no region anywhere: us-east-1");
+    } finally {
+      System.clearProperty("aws.profile");
+      System.clearProperty("aws.configFile");
+      System.clearProperty("aws.sharedCredentialsFile");
     }
   }
 
