@@ -6,6 +6,8 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.protocol.BatchSchema;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -19,6 +21,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.LockSupport;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightProducer.ServerStreamListener;
@@ -113,6 +116,8 @@ final class PrepGroup {
   private long samplesPrepared;
   private long batchesServed;
   private long prepNanos;
+  private final AtomicLong prepCpuNanos = new AtomicLong();
+  private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
   private int stagedPeak;
   private long orderEpoch = -1;
   private int[] order;
@@ -473,6 +478,7 @@ final class PrepGroup {
         int lo = (int) ((long) n * c / chunks);
         int hi = (int) ((long) n * (c + 1) / chunks);
         tasks.add(() -> {
+          long cpu0 = CPU.getCurrentThreadCpuTime();
           for (int i = lo; i < hi; i++) {
             int start = payload.getStartOffset(i);
             int len = payload.getEndOffset(i) - start;
@@ -484,6 +490,7 @@ final class PrepGroup {
                   + dataset.key(ids[i]) + "'): " + e.getMessage()).toRuntimeException();
             }
           }
+          prepCpuNanos.addAndGet(CPU.getCurrentThreadCpuTime() - cpu0);
           return null;
         });
       }
@@ -632,6 +639,8 @@ final class PrepGroup {
     o.put("samples_prepared", samplesPrepared);
     o.put("batches_served", batchesServed);
     o.put("prep_seconds", prepNanos / 1e9);
+    o.put("decode_cpu_seconds", prepCpuNanos.get() / 1e9); // CPU time of decode + augment on the prep threads
+    o.put("threads", threads);
     ObjectNode per = o.putObject("batches_prepared_per_epoch");
     preparedPerEpoch.forEach((e, c) -> per.put(Long.toString(e), c));
     ArrayNode ms = o.putArray("members");

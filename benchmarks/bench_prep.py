@@ -1,0 +1,306 @@
+"""Coordinated prep benchmark (not a test): k concurrent hyper-parameter-search jobs over one dataset.
+
+For k = 1, 2, 4 it runs, one after the other:
+  * unstall: k processes join ONE prep group (unstall.prep.PrepLoader); the sidecar decodes and augments
+    each batch once;
+  * torch: k independent torch DataLoaders (torchvision ImageFolder + transforms, num_workers=2);
+  * tf.data: k independent tf.data pipelines (decode_jpeg + crop + resize + flip + normalize, AUTOTUNE);
+and prints aggregate images/s (all jobs' images over the wall time from the common start to the last
+job's end) and CPU seconds per epoch (all processes involved: jobs, their workers, and the sidecar).
+It also prints tjbench's single-thread decode rate on the same images and the sidecar's single-job
+decode+augment rate per core (samples / CPU seconds of the prep threads) as a ratio to it.
+
+    python benchmarks/bench_prep.py [--images 640] [--data ~/.cache/unstall/bench-prep] [--ks 1,2,4]
+
+Needs the sidecar jar (mvn -pl flight-server,sidecar -am package), torch, torchvision, tensorflow-cpu,
+and tjbench (apt-get install libjpeg-turbo-progs) for the decode reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "python-shim" / "src"))
+
+BATCH = 64
+SIZE = 224
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: photo-like JPEGs, 500x375, ~110 KB (smooth colour fields, blurred shapes, texture, noise)
+
+
+def photo(rng: Any, w: int = 500, h: int = 375, quality: int = 93) -> bytes:
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFilter
+
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.zeros((h, w, 3), np.float32)
+    for c in range(3):
+        for _ in range(4):
+            fx, fy, ph = rng.uniform(0.002, 0.02), rng.uniform(0.002, 0.02), rng.uniform(0, 6.28)
+            img[..., c] += rng.uniform(20, 60) * np.sin(xx * fx * 6.28 + yy * fy * 6.28 + ph)
+        img[..., c] += rng.uniform(60, 190)
+    pil = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+    d = ImageDraw.Draw(pil)
+    for _ in range(25):
+        x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
+        d.ellipse([x0, y0, x0 + int(rng.integers(10, 160)), y0 + int(rng.integers(10, 160))],
+                  fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
+    a = np.asarray(pil.filter(ImageFilter.GaussianBlur(1.5))).astype(np.float32)
+    tex = rng.normal(0, 1, (h // 4 + 1, w // 4 + 1, 3)).astype(np.float32)
+    a += np.kron(tex, np.ones((4, 4, 1), np.float32))[:h, :w] * 16 + rng.normal(0, 11.0, a.shape)
+    out = io.BytesIO()
+    Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def make_dataset(root: Path, n: int) -> Path:
+    import numpy as np
+
+    marker = root / f".complete-{n}"
+    if marker.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    rng = np.random.default_rng(2026)
+    for i in range(n):
+        d = root / f"class{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img{i:05d}.jpg").write_bytes(photo(rng))
+    marker.write_text("ok")
+    return root
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs (each its own process): READY after setup, wait for GO on stdin, run one epoch, print RESULT
+
+
+def _cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _go() -> None:
+    print("READY", flush=True)
+    sys.stdin.readline()
+
+
+def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str) -> dict[str, Any]:
+    import unstall
+    from unstall import prep
+
+    client = unstall.FlightClient(location, os.environ["UNSTALL_TOKEN"])
+    pipe = prep.imagenet_train(SIZE, dtype=dtype)
+    loader = prep.PrepLoader("bench", pipe, batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client,
+                             window=4)
+    _go()
+    t0, c0, n = time.time(), _cpu(), 0
+    for images, labels in loader:
+        n += images.shape[0]
+    return {"start": t0, "end": time.time(), "cpu": _cpu() - c0, "images": n, "group": loader.membership.group}
+
+
+def job_torch(data: Path, seed: int) -> dict[str, Any]:
+    import torch
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
+                             transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+    ds = datasets.ImageFolder(str(data), transform=tf)
+    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2,
+                                         generator=torch.Generator().manual_seed(seed))
+    _go()
+    t0, c0, n = time.time(), _cpu(), 0
+    for images, labels in loader:
+        n += images.shape[0]
+    end = time.time()
+    del loader  # joins the workers, so that their CPU time lands in RUSAGE_CHILDREN
+    return {"start": t0, "end": end, "cpu": _cpu() - c0, "images": n}
+
+
+def job_tf(data: Path, seed: int) -> dict[str, Any]:
+    import tensorflow as tf
+
+    files = sorted(str(p) for p in data.rglob("*.jpg"))
+    classes = sorted({Path(f).parent.name for f in files})
+    labels = [classes.index(Path(f).parent.name) for f in files]
+    mean = tf.constant(MEAN) * 255.0
+    std = tf.constant(STD) * 255.0
+
+    def load(path: Any, label: Any) -> Any:
+        raw = tf.io.read_file(path)
+        shape = tf.io.extract_jpeg_shape(raw)
+        begin, size, _ = tf.image.sample_distorted_bounding_box(  # RandomResizedCrop's sampling
+            shape, tf.zeros([0, 0, 4]), min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+        crop = tf.stack([begin[0], begin[1], size[0], size[1]])
+        img = tf.io.decode_and_crop_jpeg(raw, crop, channels=3)
+        img = tf.image.resize(img, [SIZE, SIZE])
+        img = tf.image.random_flip_left_right(img)
+        return (img - mean) / std, label
+
+    ds = (tf.data.Dataset.from_tensor_slices((files, labels)).shuffle(len(files), seed=seed)
+          .map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE))
+    _go()
+    t0, c0, n = time.time(), _cpu(), 0
+    for images, _ in ds:
+        n += int(images.shape[0])
+    return {"start": t0, "end": time.time(), "cpu": _cpu() - c0, "images": n}
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime of a live process (the sidecar), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
+    procs = []
+    for i in range(k):
+        cmd = [sys.executable, __file__, "--job", kind, "--data", str(data), "--seed", str(i), *extra]
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+    for p in procs:  # all set up (imports, joins) before the clock starts
+        line = p.stdout.readline()
+        if line.strip() != "READY":
+            raise SystemExit(f"{kind} job failed to start: {line}{p.stderr.read()[-3000:]}")
+    for p in procs:
+        p.stdin.write("GO\n")
+        p.stdin.flush()
+    results = []
+    for p in procs:
+        out, err = p.communicate()
+        got = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode != 0 or not got:
+            raise SystemExit(f"{kind} job failed ({p.returncode}): {err[-3000:]}")
+        results.append(json.loads(got[0][7:]))
+    return results
+
+
+def summarize(results: list[dict[str, Any]], extra_cpu: float = 0.0) -> dict[str, float]:
+    images = sum(r["images"] for r in results)
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    return {"images_per_s": images / wall, "cpu_s_per_epoch": sum(r["cpu"] for r in results) + extra_cpu,
+            "wall_s": wall, "images": images}
+
+
+def tjbench_rate(data: Path, samples: int = 4) -> Optional[float]:
+    """Single-thread libjpeg-turbo decode rate (images/s) on a few of the dataset's images."""
+    exe = shutil.which("tjbench")
+    if exe is None:
+        return None
+    rates = []
+    for f in sorted(data.rglob("*.jpg"))[:samples]:
+        p = subprocess.run([exe, str(f), "-benchtime", "2", "-warmup", "1"], capture_output=True, text=True)
+        m = re.search(r"Decompress\s+-->\s+Frame rate:\s+([\d.]+)", p.stdout)
+        if m:
+            rates.append(float(m.group(1)))
+    return sum(rates) / len(rates) if rates else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=640)
+    ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-prep")
+    ap.add_argument("--ks", default="1,2,4")
+    ap.add_argument("--systems", default="unstall,torch,tf")
+    ap.add_argument("--dtype", default="float32", help="unstall output dtype: float32 (normalized) or uint8")
+    ap.add_argument("--job")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--location")
+    ap.add_argument("--k", type=int, default=1)
+    args = ap.parse_args()
+
+    if args.job:
+        if args.job == "unstall":
+            r = job_unstall(args.data, args.location, args.k, 0, args.dtype)  # same seed: one group
+        elif args.job == "torch":
+            r = job_torch(args.data, args.seed)
+        else:
+            r = job_tf(args.data, args.seed)
+        print("RESULT " + json.dumps(r), flush=True)
+        return
+
+    import unstall
+
+    data = make_dataset(args.data.expanduser() / f"n{args.images}", args.images)
+    files = list(data.rglob("*.jpg"))
+    avg_kb = sum(f.stat().st_size for f in files) / len(files) / 1024
+    ks = [int(k) for k in args.ks.split(",")]
+    systems = args.systems.split(",")
+    print(f"# unstall coordinated-prep benchmark, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"# {platform.node()}: {os.cpu_count()} cores; {len(files)} JPEGs 500x375, {avg_kb:.0f} KB avg; "
+          f"batch {BATCH}; RandomResizedCrop {SIZE} + flip + normalize; unstall output {args.dtype}")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(REPO / "python-shim" / "src"))
+    table: dict[tuple[str, int], dict[str, float]] = {}
+    decode_ratio = None
+    tj = tjbench_rate(data)
+
+    if "unstall" in systems:
+        home = Path(os.environ.get("TMPDIR", "/tmp")) / f"unstall-bench-{os.getpid()}"
+        with unstall.Sidecar(home=home, cache_capacity="512MiB", memory_budget="2GiB",
+                             java_options=["-XX:MaxDirectMemorySize=3g"]) as sidecar:
+            sidecar.register_dataset("bench", data)
+            env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
+            extra = ["--location", sidecar.flight_location, "--dtype", args.dtype]
+            run_jobs("unstall", 1, data, extra + ["--k", "1"], env_u)  # warm-up: JIT, the cache
+            for k in ks:
+                c0 = proc_cpu(sidecar.pid)
+                res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
+                table[("unstall", k)] = summarize(res, proc_cpu(sidecar.pid) - c0)
+                with sidecar.flight_client() as c:
+                    g = json.loads(c.do_action("prep.stats")[0])["groups"][res[0]["group"]]
+                table[("unstall", k)]["prepared"] = g["samples_prepared"]
+                if k == 1:
+                    decode_ratio = g["samples_prepared"] / g["decode_cpu_seconds"]
+    for kind in ("torch", "tf"):
+        if kind in systems:
+            for k in ks:
+                table[(kind, k)] = summarize(run_jobs(kind, k, data, [], env))
+
+    names = {"unstall": "unstall coordinated", "torch": "torch DataLoader x k (w=2)", "tf": "tf.data x k (AUTOTUNE)"}
+    print()
+    print("| system | k | aggregate images/s | CPU s per epoch (all jobs) | x of k=1 |")
+    print("|---|---|---|---|---|")
+    for kind in ("unstall", "torch", "tf"):
+        for k in ks:
+            r = table.get((kind, k))
+            if r is None:
+                continue
+            base = table.get((kind, ks[0]))
+            print(f"| {names[kind]} | {k} | {r['images_per_s']:.0f} | {r['cpu_s_per_epoch']:.1f} | "
+                  f"{r['images_per_s'] / base['images_per_s']:.2f} |")
+    print()
+    if tj is not None:
+        print(f"tjbench (libjpeg-turbo, 1 thread) decode: {tj:.0f} images/s")
+    if decode_ratio is not None:
+        line = f"sidecar single-job decode+RRC+flip+normalize per core: {decode_ratio:.0f} images/s"
+        if tj:
+            line += f" = {decode_ratio / tj:.2f} x tjbench decode-only"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
