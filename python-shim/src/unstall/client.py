@@ -6,6 +6,8 @@ already had one opens its own (gRPC channels do not survive fork), and pickling 
 
 from __future__ import annotations
 
+import json
+
 import os
 import threading
 import weakref
@@ -154,6 +156,11 @@ class FlightClient:
             return [r.body.to_pybytes() for r in self._client().do_action(fl.Action(action, body), self._options())]
         except (fl.FlightError, pa.ArrowException) as e:
             raise from_flight_error(e) from None
+
+    def prefetch(self, dataset: str, ids: Union[Sequence[int], np.ndarray], epoch: int) -> int:
+        """Sends the epoch's order (a PLAN message); returns how many samples the sidecar planned."""
+        results = self.do_action("prefetch", protocol.encode_plan(dataset, ids, epoch))
+        return int(json.loads(results[0])["planned"])
 
     def stats(self) -> protocol.Stats:
         """The ``stats`` action."""

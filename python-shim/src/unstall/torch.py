@@ -83,11 +83,19 @@ class EpochSampler(tud.Sampler):
     wrapped sampler when that has ``set_epoch``.
     """
 
-    def __init__(self, sampler: Iterable[Any], *, batched: bool = False, start_epoch: int = 0) -> None:
+    def __init__(
+        self,
+        sampler: Iterable[Any],
+        *,
+        batched: bool = False,
+        start_epoch: int = 0,
+        on_epoch: Optional[Callable[[int, List[int]], None]] = None,
+    ) -> None:
         if start_epoch < 0:
             raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
         self.sampler = sampler
         self.batched = batched
+        self.on_epoch = on_epoch  # told the epoch's whole order before it starts (clairvoyant prefetch)
         self._next_epoch = start_epoch
         self._forward_epoch = False
         self.last_epoch: Optional[int] = None
@@ -111,11 +119,15 @@ class EpochSampler(tud.Sampler):
         self.last_epoch = epoch
         if self._forward_epoch and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        order: Iterable[Any] = self.sampler
+        if self.on_epoch is not None:
+            order = list(self.sampler)  # the order is fixed by the seed: draw it now, replay it below
+            self.on_epoch(epoch, [int(i) for b in order for i in b] if self.batched else [int(i) for i in order])
         if self.batched:
-            for batch in self.sampler:
+            for batch in order:
                 yield [EpochIndex(epoch, int(i)) for i in batch]
         else:
-            for i in self.sampler:
+            for i in order:
                 yield EpochIndex(epoch, int(i))
 
     def __len__(self) -> int:
@@ -196,6 +208,10 @@ class Dataset(tud.Dataset):
         batch = self._client.fetch(self.name, ids, self.epoch if epoch is None else epoch)
         _tracing.record_fetch(self, batch.num_rows, _tracing.payload_bytes(batch), time.perf_counter_ns() - t0)
         return batch
+
+    def plan(self, ids: Sequence[int], epoch: int) -> None:
+        """Tells the sidecar the epoch's whole order so it reads upcoming misses ahead (``prefetch``)."""
+        self._client.prefetch(self.name, ids, epoch)
 
     def __getitem__(self, index: Index) -> Tuple[Any, Any]:
         return self.__getitems__([index])[0]
@@ -283,6 +299,7 @@ class DataLoader(tud.DataLoader):
         in_order: bool = True,
         seed: Optional[int] = None,
         start_epoch: int = 0,
+        clairvoyant: bool = False,
         sidecar: Optional[Sidecar] = None,
         root: Optional[str] = None,
         format: str = "imagefolder",
@@ -315,6 +332,8 @@ class DataLoader(tud.DataLoader):
             generator = torch.Generator()
             generator.manual_seed(int(seed))
 
+        # Clairvoyant prefetch (NoPFS): the sampler's order is known once the epoch starts, so send it.
+        on_epoch = (lambda epoch, ids: dataset.plan(ids, epoch)) if clairvoyant else None
         common = dict(
             num_workers=num_workers,
             collate_fn=collate_fn,
@@ -331,14 +350,14 @@ class DataLoader(tud.DataLoader):
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
-            self.epoch_sampler = EpochSampler(batch_sampler, batched=True, start_epoch=start_epoch)
+            self.epoch_sampler = EpochSampler(batch_sampler, batched=True, start_epoch=start_epoch, on_epoch=on_epoch)
             super().__init__(dataset, batch_sampler=self.epoch_sampler, **common)
         else:
             if sampler is not None and shuffle:
                 raise ValueError("sampler option is mutually exclusive with shuffle")
             if sampler is None:
                 sampler = tud.RandomSampler(dataset, generator=generator) if shuffle else tud.SequentialSampler(dataset)
-            self.epoch_sampler = EpochSampler(sampler, start_epoch=start_epoch)
+            self.epoch_sampler = EpochSampler(sampler, start_epoch=start_epoch, on_epoch=on_epoch)
             super().__init__(
                 dataset, batch_size=batch_size, sampler=self.epoch_sampler, drop_last=drop_last, **common
             )
