@@ -273,6 +273,8 @@ class DataLoader(tud.DataLoader):
     Same arguments as torch's. Its sampler is wrapped in an ``EpochSampler`` so that every ticket
     carries the epoch (0 for the first iteration, then 1, 2, ...; ``set_epoch`` overrides), also with
     ``persistent_workers=True``. ``seed`` is a shortcut for ``generator=torch.Generator().manual_seed(seed)``.
+    With ``clairvoyant=True`` each epoch's order is drawn when the epoch starts and sent to the sidecar,
+    which then reads upcoming misses ahead of consumption (NoPFS-style prefetch, within its window).
     When ``dataset`` is a name, ``root``/``format``/``loader``/``transform``/``target_transform``
     /``sidecar`` build the ``Dataset``.
     """
