@@ -66,6 +66,7 @@ public final class DatasetRegistry implements AutoCloseable {
     }
     Dataset existing = datasets.get(name);
     if (existing != null) {
+      storage.close(); // the existing dataset keeps its own
       if (existing.format().name().equals(format.name()) && existing.storage().uri().equals(storage.uri())) {
         return existing;
       }
