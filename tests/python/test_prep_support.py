@@ -134,7 +134,7 @@ def digest(a: np.ndarray) -> str:
 
 
 def _member(location: str, out: str, framework: str, seed: int, group_size: int, epochs: int,
-            member_timeout: float, kill_after: int, layout: str = "NCHW") -> None:
+            member_timeout: float, kill_after: int, layout: str = "NCHW", transport: str = "auto") -> None:
     import unstall
     from unstall import prep
 
@@ -153,7 +153,7 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
             os.kill(os.getpid(), signal.SIGKILL)  # a crash mid-epoch: no leave, no more heartbeats
 
     join = dict(batch_size=BATCH, seed=seed, group_size=group_size, epochs=epochs, member_timeout=member_timeout,
-                join_timeout=120, client=client, window=3)
+                join_timeout=120, client=client, window=3, transport=transport)
     if framework == "torch":
         import torch
 
@@ -196,4 +196,4 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "member":
         loc, out, fw, seed, gs, ep, mt, ka = sys.argv[2:10]
-        _member(loc, out, fw, int(seed), int(gs), int(ep), float(mt), int(ka), *sys.argv[10:11])
+        _member(loc, out, fw, int(seed), int(gs), int(ep), float(mt), int(ka), *sys.argv[10:12])

@@ -37,13 +37,14 @@ def _check_members_agree(results: list[dict], epochs: list[int]) -> None:
 
 def test_three_torch_jobs_share_one_group_and_each_batch_is_prepared_once(env: PrepEnv, tmp_path: Path) -> None:
     outs = [tmp_path / f"m{i}.json" for i in range(3)]
-    procs = [env.member(o, "torch", "1", "3", "2", "30", "0") for o in outs]
+    procs = [env.member(o, "torch", "1", "3", "2", "30", "0") for o in outs]  # shared memory (same host)
     logs = wait_all(procs)
     assert [p.returncode for p in procs] == [0, 0, 0], logs
     results = [json.loads(o.read_text()) for o in outs]
     groups = {r["info"]["group"] for r in results}
     assert len(groups) == 1, "same dataset, pipeline, seed and batch size: one group"
     assert {r["info"]["start_epoch"] for r in results} == {0}
+    assert all(r["info"]["shm"] for r in results), "members on the sidecar's host map /dev/shm batches"
     _check_members_agree(results, [0, 1])
     b0 = results[0]["epochs"]["0"][0]
     assert b0["shape"] == [BATCH, 3, SIZE, SIZE]
@@ -61,8 +62,9 @@ def test_three_torch_jobs_share_one_group_and_each_batch_is_prepared_once(env: P
 
 def test_a_killed_member_is_dropped_and_the_others_finish(env: PrepEnv, tmp_path: Path) -> None:
     outs = [tmp_path / f"m{i}.json" for i in range(3)]
-    # Member 2 SIGKILLs itself after 2 batches; member_timeout 1.5 s.
-    procs = [env.member(o, "torch", "2", "3", "2", "1.5", "2" if i == 2 else "0") for i, o in enumerate(outs)]
+    # Member 2 SIGKILLs itself after 2 batches; member_timeout 1.5 s. Batches over Flight this time.
+    procs = [env.member(o, "torch", "2", "3", "2", "1.5", "2" if i == 2 else "0", "NCHW", "flight")
+             for i, o in enumerate(outs)]
     logs = wait_all(procs)
     assert procs[2].returncode == -9
     assert [p.returncode for p in procs[:2]] == [0, 0], logs
@@ -71,6 +73,7 @@ def test_a_killed_member_is_dropped_and_the_others_finish(env: PrepEnv, tmp_path
     killed = results[2]
     assert len(killed["epochs"]["0"]) == 2
     assert killed["epochs"]["0"] == results[0]["epochs"]["0"][:2], "it saw the group's batches until it died"
+    assert not killed["info"]["shm"]
     s = env.group_stats(killed["info"]["group"])
     assert [d["member"] for d in s["dropped"]] == [killed["info"]["member"]]
     assert "no heartbeat" in s["dropped"][0]["reason"]

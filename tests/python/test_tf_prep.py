@@ -53,7 +53,7 @@ def test_three_tf_jobs_share_one_group_with_model_fit(env: PrepEnv, tmp_path: Pa
 def test_a_torch_job_and_a_tf_job_share_one_group(env: PrepEnv, tmp_path: Path) -> None:
     outs = [tmp_path / "torch.json", tmp_path / "tf.json"]
     procs = [env.member(outs[0], "torch", "22", "2", "2", "60", "0"),
-             env.member(outs[1], "tf", "22", "2", "2", "60", "0", "NCHW")]
+             env.member(outs[1], "tf", "22", "2", "2", "60", "0", "NCHW", "flight")]  # one maps, one receives
     logs = wait_all(procs)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
     torch_r, tf_r = (json.loads(o.read_text()) for o in outs)

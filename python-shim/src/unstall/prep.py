@@ -219,6 +219,11 @@ class Membership:
     def dtype(self) -> Optional[str]:
         return self.info.get("dtype")
 
+    @property
+    def shm(self) -> bool:
+        """True when batches come as /dev/shm files mapped here (members on the sidecar's host)."""
+        return bool(self.info.get("shm"))
+
     def _start_heartbeat(self) -> None:
         period = max(0.1, float(self.info.get("member_timeout_s", 30)) / 3)
         body = json.dumps({"group": self.group, "member": self.member}).encode()
@@ -247,8 +252,28 @@ class Membership:
         return batches[0]
 
     def epoch(self, epoch: int) -> Iterator[pa.RecordBatch]:
+        """The epoch's batches over Flight (raw groups, or any group)."""
         for b in range(self.num_batches):
             yield self.batch(epoch, b)
+
+    def arrays(self, epoch: int, index: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tensors, labels, ids)`` of a prepared batch without copying the tensors: a view of the Flight
+        buffer, or of the group's /dev/shm file mapped read-only (held until this member asks for a later
+        batch; the mapping stays valid after that)."""
+        if not self.shm:
+            return batch_to_numpy(self.batch(epoch, index))
+        body = json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "batch": index}).encode()
+        r = json.loads(self.client.do_action("prep.next", body)[0])
+        shape = (int(r["rows"]),) + tuple(int(v) for v in r["shape"])
+        tensors = np.memmap(r["path"], dtype=np.dtype(r["dtype"]).newbyteorder("<"), mode="r", shape=shape)
+        return tensors, np.asarray(r["labels"], dtype=np.int64), np.asarray(r["ids"], dtype=np.int64)
+
+    def epoch_arrays(self, epoch: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for b in range(self.num_batches):
+            yield self.arrays(epoch, b)
+        last = self.info.get("epochs")
+        if self.shm and last is not None and epoch >= self.start_epoch + int(last) - 1:
+            self.leave()  # a shared-memory member holds its last batch until it leaves
 
     def leave(self) -> None:
         """Leaves the group (idempotent; a member already gone is fine)."""
@@ -282,6 +307,7 @@ def join(
     staging_bytes: Optional[int] = None,
     epochs: Optional[int] = None,
     name: Optional[str] = None,
+    transport: str = "auto",
     client: Optional[FlightClient] = None,
     sidecar: Any = None,
 ) -> Membership:
@@ -291,11 +317,16 @@ def join(
     jobs of a search started together all begin at epoch 0. ``pipeline=None`` shares raw batches
     (``id``, ``label``, ``key``, ``payload``) without sidecar-side prep. The first joiner's
     ``window``, ``staging_bytes``, ``member_timeout``, ``group_size`` apply to the group.
+    ``transport``: ``"auto"`` (shared memory when the sidecar is on this host's loopback and /dev/shm
+    exists, else Flight), ``"shm"`` or ``"flight"``; the first joiner decides whether the group stages
+    in shared memory, Flight always works.
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if transport not in ("auto", "shm", "flight"):
+        raise ValueError(f"transport must be 'auto', 'shm' or 'flight', got {transport!r}")
     if client is None:
         if sidecar is None:
             from .sidecar import default_sidecar
@@ -320,15 +351,25 @@ def join(
         body["staging_bytes"] = int(staging_bytes)
     if epochs is not None:
         body["epochs"] = int(epochs)
+    if transport == "shm" or (transport == "auto" and _local(client.location) and os.path.isdir("/dev/shm")):
+        body["shm"] = True
     results = client.do_action("prep.join", json.dumps(body).encode())
     if len(results) != 1:
         raise ProtocolMismatchError(f"prep.join returned {len(results)} results, expected 1")
     info = json.loads(results[0])
+    if epochs is not None:
+        info["epochs"] = int(epochs)
     if info.get("v") != PROTOCOL_VERSION:
         raise ProtocolMismatchError(f"prep.join: unsupported version {info.get('v')!r}")
     m = Membership(client=client, dataset=dataset, info=info)
     m._start_heartbeat()
     return m
+
+
+def _local(location: str) -> bool:
+    from urllib.parse import urlparse
+
+    return urlparse(location).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,21 +421,22 @@ class PrepLoader:
 
         epoch = self._next_epoch
         self._next_epoch = epoch + 1
-        for rb in self.membership.epoch(epoch):
-            if "tensor" in rb.schema.names:
-                arr, labels, ids = batch_to_numpy(rb)
+        if self.membership.shape is not None:
+            for arr, labels, ids in self.membership.epoch_arrays(epoch):
                 if self.copy:
                     images = torch.from_numpy(arr.copy())
                 else:
                     with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", UserWarning)  # "not writable": a view of Arrow memory
+                        warnings.simplefilter("ignore", UserWarning)  # "not writable": a view, not a copy
                         images = torch.from_numpy(arr)
                 out: Tuple[Any, ...] = (images, torch.from_numpy(np.array(labels, dtype=np.int64)))
-            else:
-                ids = rb.column("id").to_numpy(zero_copy_only=False)
-                labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
-                out = (rb.column("payload").to_pylist(), torch.from_numpy(np.array(labels, dtype=np.int64)))
-            yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+                yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+            return
+        for rb in self.membership.epoch(epoch):  # raw batches: the stored bytes
+            ids = rb.column("id").to_numpy(zero_copy_only=False)
+            labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
+            raw = (rb.column("payload").to_pylist(), torch.from_numpy(np.array(labels, dtype=np.int64)))
+            yield raw + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
 
     def close(self) -> None:
         self.membership.leave()

@@ -63,15 +63,16 @@ def dataset(
         with state_lock:  # each iteration of the dataset is the group's next epoch
             epoch = state["next"]
             state["next"] = epoch + 1
-        for rb in m.epoch(epoch):
-            if m.shape is not None:
-                arr, labels, ids = _prep.batch_to_numpy(rb)  # TF copies it into its own tensor
+        if m.shape is not None:
+            for arr, labels, ids in m.epoch_arrays(epoch):  # TF copies the view into its own tensor
                 out: Tuple[Any, ...] = (arr, labels.astype(np.int64, copy=False))
-            else:
-                ids = rb.column("id").to_numpy(zero_copy_only=False)
-                labels = _prep.pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
-                out = (np.array(rb.column("payload").to_pylist(), dtype=object), labels.astype(np.int64))
-            yield out + ((ids.astype(np.int64, copy=False),) if with_ids else ())
+                yield out + ((ids.astype(np.int64, copy=False),) if with_ids else ())
+            return
+        for rb in m.epoch(epoch):
+            ids = rb.column("id").to_numpy(zero_copy_only=False)
+            labels = _prep.pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
+            raw = (np.array(rb.column("payload").to_pylist(), dtype=object), labels.astype(np.int64))
+            yield raw + ((ids.astype(np.int64, copy=False),) if with_ids else ())
 
     ds = tf.data.Dataset.from_generator(generate, output_signature=spec)
     options = tf.data.Options()

@@ -158,7 +158,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   public void doAction(CallContext context, Action action, StreamListener<Result> listener) {
     try {
       if (PrepService.handles(action.getType())) {
-        listener.onNext(new Result(prep.doAction(action)));
+        listener.onNext(new Result(prep.doAction(action, context::isCancelled)));
         listener.onCompleted();
         return;
       }

@@ -35,6 +35,7 @@ import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorLoader;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.VectorUnloader;
+import org.apache.arrow.vector.ipc.message.ArrowFieldNode;
 import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
 import org.apache.arrow.vector.types.pojo.Schema;
 import org.slf4j.Logger;
@@ -59,7 +60,8 @@ final class PrepGroup {
   record Key(String dataset, String fingerprint, long seed, int batchSize, boolean shuffle, boolean dropLast) {}
 
   /** The group's settings, fixed by the first joiner. */
-  record Settings(int window, long stagingBytes, long memberTimeoutNanos, int groupSize, long joinTimeoutNanos) {}
+  record Settings(int window, long stagingBytes, long memberTimeoutNanos, int groupSize, long joinTimeoutNanos,
+      boolean shm) {}
 
   private static final class Member {
     final long id;
@@ -99,6 +101,7 @@ final class PrepGroup {
   private final Settings settings;
   private final long created = System.nanoTime();
   private final Thread producer;
+  private final java.nio.file.Path shmDir; // null: prepared tensors live in ordinary Arrow memory
 
   // Guarded by this.
   private final Map<Long, Member> members = new LinkedHashMap<>();
@@ -106,6 +109,7 @@ final class PrepGroup {
   private final List<ObjectNode> dropped = new ArrayList<>();
   private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
   private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
+  private final Map<Long, String> shmPaths = new HashMap<>();
   private final TreeMap<Long, Long> preparedPerEpoch = new TreeMap<>();
   private long nextToProduce;
   private boolean started;
@@ -165,8 +169,17 @@ final class PrepGroup {
     }
     this.window = (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch));
     this.stagingLimit = staging;
+    java.nio.file.Path shm = null;
+    if (requested.shm() && pipeline != null && ShmTensor.available()) {
+      try {
+        shm = ShmTensor.dir();
+      } catch (java.io.IOException e) {
+        LOG.warn("prep group {}: no shared memory ({}); members get batches over Flight", id, e.toString());
+      }
+    }
+    this.shmDir = shm;
     this.settings = new Settings(window, staging, requested.memberTimeoutNanos(), requested.groupSize(),
-        requested.joinTimeoutNanos());
+        requested.joinTimeoutNanos(), shm != null);
     this.schema = pipeline == null ? BatchSchema.SCHEMA : PrepSchema.of(pipeline);
     this.alloc = parent.newChildAllocator("prep-group-" + id, 0, staging);
     this.producer = new Thread(this::produceLoop, "unstall-prep-" + id);
@@ -225,6 +238,7 @@ final class PrepGroup {
     o.put("staging_limit_bytes", stagingLimit);
     o.put("member_timeout_s", settings.memberTimeoutNanos() / 1e9);
     o.put("group_size", settings.groupSize());
+    o.put("shm", shmDir != null);
     return o;
   }
 
@@ -310,6 +324,7 @@ final class PrepGroup {
   private void releaseConsumed() {
     long min = minCursor();
     while (!staged.isEmpty() && staged.firstKey() < min) {
+      shmPaths.remove(staged.firstKey());
       staged.pollFirstEntry().getValue().close();
     }
     failed.keySet().removeIf(p -> p < min);
@@ -339,7 +354,7 @@ final class PrepGroup {
         VectorSchemaRoot root = null;
         FlightRuntimeException failure = null;
         try {
-          root = prepare(pos);
+          root = prepare(pos, shmPaths);
         } catch (FlightRuntimeException e) {
           failure = e;
         } catch (Exception e) {
@@ -393,6 +408,7 @@ final class PrepGroup {
       }
       staged.values().forEach(VectorSchemaRoot::close);
       staged.clear();
+      shmPaths.clear();
     }
     try {
       alloc.close();
@@ -431,7 +447,7 @@ final class PrepGroup {
     return order;
   }
 
-  private VectorSchemaRoot prepare(long pos) throws Exception {
+  private VectorSchemaRoot prepare(long pos, Map<Long, String> paths) throws Exception {
     long epoch = pos / numBatches;
     int b = (int) (pos % numBatches);
     int from = b * key.batchSize();
@@ -442,14 +458,16 @@ final class PrepGroup {
       return raw;
     }
     try {
-      return decode(raw, epoch, ids);
+      return decode(raw, pos, ids, paths);
     } finally {
       raw.close();
     }
   }
 
   /** Runs the pipeline on every row of {@code raw}, spread over the prep pool. */
-  private VectorSchemaRoot decode(VectorSchemaRoot raw, long epoch, int[] ids) throws Exception {
+  private VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Map<Long, String> paths)
+      throws Exception {
+    long epoch = pos / numBatches;
     int n = ids.length;
     VectorSchemaRoot out = VectorSchemaRoot.create(schema, alloc);
     try {
@@ -460,7 +478,20 @@ final class PrepGroup {
       VarBinaryVector payload = (VarBinaryVector) raw.getVector(BatchSchema.PAYLOAD);
       idOut.allocateNew(n);
       labelOut.allocateNew(n);
-      tensor.allocateNew(n);
+      if (shmDir == null) {
+        tensor.allocateNew(n);
+      } else {
+        // The tensor buffer is a /dev/shm file mapped here, counted by the staging allocator like any other.
+        ShmTensor shm = ShmTensor.create(shmDir.resolve(id + "-" + pos), (long) n * pipeline.sampleBytes());
+        try (ArrowBuf data = alloc.wrapForeignAllocation(shm);
+            ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
+          validity.setZero(0, validity.capacity());
+          tensor.loadFieldBuffers(new ArrowFieldNode(n, 0), List.of(validity, data));
+        }
+        synchronized (this) {
+          paths.put(pos, shm.path().toString());
+        }
+      }
       for (int i = 0; i < n; i++) {
         idOut.set(i, ids[i]);
         if (labelIn.isNull(i)) {
@@ -524,50 +555,15 @@ final class PrepGroup {
     long pos;
     synchronized (this) {
       Member m = member(t.member());
-      if (t.batch() >= numBatches) {
-        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": batch " + t.batch()
-            + " out of range; an epoch has " + numBatches + " batches").toRuntimeException();
-      }
-      pos = t.epoch() * numBatches + t.batch();
-      if (pos < m.startPos) {
-        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + " joined at epoch "
-            + m.startPos / numBatches + "; epoch " + t.epoch() + " is before it").toRuntimeException();
-      }
-      if (pos < m.cursor) {
-        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
-            + " already read past epoch " + t.epoch() + " batch " + t.batch() + " (members read forward only)")
-            .toRuntimeException();
-      }
-      if (pos >= m.endPos) {
-        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
-            + " declared " + (m.endPos - m.startPos) / numBatches + " epochs; epoch " + t.epoch() + " is beyond them")
-            .toRuntimeException();
-      }
-      if (pos > m.cursor) { // skipped ahead (e.g. left an epoch early): its holds on earlier batches end
-        m.cursor = pos;
-        releaseConsumed();
-        notifyAll();
-      }
+      pos = checkedPosition(m, t.epoch(), t.batch());
       m.waiting++;
       try {
-        while (!staged.containsKey(pos)) {
-          FlightRuntimeException f = failed.get(pos);
-          if (f != null) {
-            throw f;
-          }
-          if (listener.isCancelled()) {
-            return;
-          }
-          if (!members.containsKey(m.id)) {
-            member(m.id); // throws, naming why
-          }
-          if (closed) {
-            throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed (sidecar stopping)")
-                .toRuntimeException();
-          }
-          m.lastSeen = System.nanoTime();
-          wait(10);
+        awaitStaged(m, pos, listener::isCancelled);
+      } catch (FlightRuntimeException e) {
+        if (listener.isCancelled()) {
+          return;
         }
+        throw e;
       } finally {
         m.waiting--;
       }
@@ -603,6 +599,101 @@ final class PrepGroup {
         releaseConsumed();
         notifyAll();
       }
+    }
+  }
+
+  /**
+   * Shared-memory read (the {@code prep.next} action): waits until batch {@code (epoch, batch)} is staged and
+   * names its /dev/shm file. The member holds that batch until it asks for a later one (or leaves), since
+   * it maps the file after this returns.
+   */
+  ObjectNode next(long memberId, long epoch, long batch, java.util.function.BooleanSupplier cancelled)
+      throws InterruptedException {
+    if (shmDir == null) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
+          + " does not stage in shared memory; read batches with PREP DoGet tickets").toRuntimeException();
+    }
+    synchronized (this) {
+      Member m = member(memberId);
+      long pos = checkedPosition(m, epoch, batch);
+      m.waiting++;
+      try {
+        awaitStaged(m, pos, cancelled);
+      } finally {
+        m.waiting--;
+      }
+      VectorSchemaRoot r = staged.get(pos);
+      BigIntVector ids = (BigIntVector) r.getVector(PrepSchema.ID);
+      BigIntVector labels = (BigIntVector) r.getVector(PrepSchema.LABEL);
+      ObjectNode o = JsonNodeFactory.instance.objectNode();
+      o.put("v", 1);
+      o.put("path", shmPaths.get(pos));
+      o.put("rows", r.getRowCount());
+      ArrayNode shape = o.putArray("shape");
+      for (int s : pipeline.sampleShape()) {
+        shape.add(s);
+      }
+      o.put("dtype", pipeline.dtype().wire());
+      ArrayNode idArr = o.putArray("ids");
+      ArrayNode labelArr = o.putArray("labels");
+      for (int i = 0; i < r.getRowCount(); i++) {
+        idArr.add(ids.get(i));
+        labelArr.add(labels.isNull(i) ? -1 : labels.get(i));
+      }
+      batchesServed++;
+      m.lastSeen = System.nanoTime();
+      return o;
+    }
+  }
+
+  /** Checks a member's request and moves its cursor forward to it (the batch is held until the cursor passes). */
+  private long checkedPosition(Member m, long epoch, long batch) {
+    if (batch >= numBatches) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": batch " + batch
+          + " out of range; an epoch has " + numBatches + " batches").toRuntimeException();
+    }
+    long pos = epoch * numBatches + batch;
+    if (pos < m.startPos) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + " joined at epoch "
+          + m.startPos / numBatches + "; epoch " + epoch + " is before it").toRuntimeException();
+    }
+    if (pos < m.cursor) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
+          + " already read past epoch " + epoch + " batch " + batch + " (members read forward only)")
+          .toRuntimeException();
+    }
+    if (pos >= m.endPos) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
+          + " declared " + (m.endPos - m.startPos) / numBatches + " epochs; epoch " + epoch + " is beyond them")
+          .toRuntimeException();
+    }
+    if (pos > m.cursor) { // skipped ahead, or (shared memory) moved on: its holds on earlier batches end
+      m.cursor = pos;
+      releaseConsumed();
+      notifyAll();
+    }
+    return pos;
+  }
+
+  private void awaitStaged(Member m, long pos, java.util.function.BooleanSupplier cancelled)
+      throws InterruptedException {
+    while (!staged.containsKey(pos)) {
+      FlightRuntimeException f = failed.get(pos);
+      if (f != null) {
+        throw f;
+      }
+      if (cancelled.getAsBoolean()) {
+        throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
+      }
+      if (!members.containsKey(m.id)) {
+        member(m.id); // throws, naming why
+      }
+      if (closed) {
+        throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed (sidecar stopping)")
+            .toRuntimeException();
+      }
+      m.lastSeen = System.nanoTime();
+      wait(10);
     }
   }
 

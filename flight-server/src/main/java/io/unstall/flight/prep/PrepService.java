@@ -39,6 +39,7 @@ public final class PrepService implements AutoCloseable {
   public static final String ACTION_HEARTBEAT = "prep.heartbeat";
   public static final String ACTION_LEAVE = "prep.leave";
   public static final String ACTION_STATS = "prep.stats";
+  public static final String ACTION_NEXT = "prep.next";
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final int HISTORY = 64;
 
@@ -88,11 +89,12 @@ public final class PrepService implements AutoCloseable {
     listener.onNext(new ActionType(ACTION_JOIN, "join (or create) a coordinated prep group; JSON in and out"));
     listener.onNext(new ActionType(ACTION_HEARTBEAT, "keep a group member alive: {\"group\",\"member\"}"));
     listener.onNext(new ActionType(ACTION_LEAVE, "leave a group: {\"group\",\"member\"}"));
+    listener.onNext(new ActionType(ACTION_NEXT, "shared-memory read: wait for a batch, get its /dev/shm file"));
     listener.onNext(new ActionType(ACTION_STATS, "prep groups, staging memory and prepared/served counts as JSON"));
   }
 
   /** Runs a {@code prep.*} action; the result is one UTF-8 JSON document. */
-  public byte[] doAction(Action action) throws Exception {
+  public byte[] doAction(Action action, java.util.function.BooleanSupplier cancelled) throws Exception {
     String type = action.getType();
     String out = switch (type) {
       case ACTION_JOIN -> join(body(action)).toString();
@@ -107,8 +109,17 @@ public final class PrepService implements AutoCloseable {
         yield "{\"v\":1,\"left\":true}";
       }
       case ACTION_STATS -> statsJson();
+      case ACTION_NEXT -> {
+        JsonNode b = body(action);
+        long epoch = b.path("epoch").asLong(-1);
+        long batch = b.path("batch").asLong(-1);
+        if (epoch < 0 || batch < 0) {
+          throw new IllegalArgumentException("prep.next: \"epoch\" and \"batch\" (non-negative integers) are required");
+        }
+        yield group(b).next(memberOf(b), epoch, batch, cancelled).toString();
+      }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
-          + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_STATS)).toRuntimeException();
+          + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_STATS)).toRuntimeException();
     };
     return out.getBytes(StandardCharsets.UTF_8);
   }
@@ -178,7 +189,8 @@ public final class PrepService implements AutoCloseable {
         b.path("staging_bytes").asLong(0),
         seconds(b, "member_timeout_s", 30),
         intIn(b, "group_size", 1, 1024, 1),
-        seconds(b, "join_timeout_s", 60));
+        seconds(b, "join_timeout_s", 60),
+        b.path("shm").asBoolean(false));
     long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
     String name = b.path("name").asText("");
     String fingerprint = pipeline == null ? "raw" : pipeline.fingerprint();

@@ -268,4 +268,48 @@ class PrepServiceTest {
             + "\"mean\":[0,0,0],\"std\":[1,1,1]}]}"));
     assertTrue(e.getMessage().contains("'normalize' needs \"dtype\": \"float32\""), e.getMessage());
   }
+
+  @Test
+  void sharedMemoryMembersMapTheSameBytesFlightMembersReceive() throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeTrue(ShmTensor.available(), "no /dev/shm");
+    JsonNode shm = join(",\"group_size\":2,\"seed\":5,\"epochs\":1,\"shm\":true");
+    JsonNode flight = join(",\"group_size\":2,\"seed\":5,\"epochs\":1,\"shm\":true");
+    assertTrue(shm.get("shm").asBoolean(), shm.toString());
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try {
+      Future<List<Batch>> viaFlight = pool.submit(() -> epoch(flight, 0));
+      List<String> paths = new ArrayList<>();
+      List<Batch> viaShm = new ArrayList<>();
+      for (int b = 0; b < shm.get("num_batches").asInt(); b++) {
+        JsonNode r = action("prep.next", "{\"group\":\"" + shm.get("group").asText() + "\",\"member\":"
+            + shm.get("member") + ",\"epoch\":0,\"batch\":" + b + "}");
+        Path p = Path.of(r.get("path").asText());
+        assertTrue(p.startsWith(ShmTensor.ROOT), p.toString());
+        long[] ids = new long[r.get("rows").asInt()];
+        for (int i = 0; i < ids.length; i++) {
+          ids[i] = r.get("ids").get(i).asLong();
+        }
+        viaShm.add(new Batch(ids, Files.readAllBytes(p)));
+        paths.add(p.toString());
+      }
+      List<Batch> got = viaFlight.get();
+      for (int b = 0; b < got.size(); b++) {
+        assertArrayEquals(got.get(b).ids(), viaShm.get(b).ids());
+        assertArrayEquals(got.get(b).tensor(), viaShm.get(b).tensor());
+      }
+      action("prep.leave", "{\"group\":\"" + shm.get("group").asText() + "\",\"member\":" + shm.get("member") + "}");
+      JsonNode s = groupStats(shm);
+      assertEquals(5, s.get("batches_prepared").asInt());
+      assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong());
+      for (String p : paths) { // freed with the batch: the file is gone once the group closed
+        for (int i = 0; i < 500 && Files.exists(Path.of(p)); i++) {
+          Thread.sleep(10);
+        }
+        assertFalse(Files.exists(Path.of(p)), p);
+      }
+    } finally {
+      pool.shutdownNow();
+    }
+  }
+
 }
