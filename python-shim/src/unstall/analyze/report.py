@@ -57,8 +57,9 @@ def text(cmd: Sequence[str], a: Analysis, runs: Mapping[str, Run], dataset: Mapp
         "  what if (predicted samples/s):",
         "    cache   " + "  ".join(f"{int(100 * p['cache_fraction']):>6}%" for p in a.cache_curve[::4]),
         "            " + "  ".join(f"{p['samples_per_s']:>7.1f}" for p in a.cache_curve[::4]),
-        "    workers " + "  ".join(f"{p['workers']:>7}" for p in a.cpu_curve[:9]) + "   (cold cache)",
-        "            " + "  ".join(f"{p['samples_per_s_cold']:>7.1f}" for p in a.cpu_curve[:9]),
+        "    workers " + "  ".join(f"{p['workers']:>7}" for p in a.cpu_curve[:9]),
+        "    cold    " + "  ".join(f"{p['samples_per_s_cold']:>7.1f}" for p in a.cpu_curve[:9]),
+        "    cached  " + "  ".join(f"{p['samples_per_s_cached']:>7.1f}" for p in a.cpu_curve[:9]),
     ]
     c = a.cheapest or {}
     if not c.get("found"):
