@@ -102,25 +102,30 @@ def _go() -> None:
     sys.stdin.readline()
 
 
-def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str) -> dict[str, Any]:
+def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str) -> dict[str, Any]:
+    import torch
     import unstall
     from unstall import prep
 
+    torch.set_num_threads(1)  # the job's own math (the sum) stays on one core, as in the DataLoader job
     client = unstall.FlightClient(location, os.environ["UNSTALL_TOKEN"])
     pipe = prep.imagenet_train(SIZE, dtype=dtype)
-    loader = prep.PrepLoader("bench", pipe, batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client,
-                             window=4)
-    _go()
+    _go()  # joining is on the clock: the group starts preparing only once all k joined
     t0, c0, n = time.time(), _cpu(), 0
+    loader = prep.PrepLoader("bench", pipe, batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client,
+                             window=4, transport=transport)
     for images, labels in loader:
         n += images.shape[0]
-    return {"start": t0, "end": time.time(), "cpu": _cpu() - c0, "images": n, "group": loader.membership.group}
+        checksum = float(images.sum())  # read every byte, as the copy to the GPU would
+    return {"start": t0, "end": time.time(), "cpu": _cpu() - c0, "images": n, "group": loader.membership.group,
+            "shm": loader.membership.shm}
 
 
 def job_torch(data: Path, seed: int) -> dict[str, Any]:
     import torch
     from torchvision import datasets, transforms
 
+    torch.set_num_threads(1)
     tf = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
                              transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     ds = datasets.ImageFolder(str(data), transform=tf)
@@ -130,6 +135,7 @@ def job_torch(data: Path, seed: int) -> dict[str, Any]:
     t0, c0, n = time.time(), _cpu(), 0
     for images, labels in loader:
         n += images.shape[0]
+        checksum = float(images.sum())
     end = time.time()
     del loader  # joins the workers, so that their CPU time lands in RUSAGE_CHILDREN
     return {"start": t0, "end": end, "cpu": _cpu() - c0, "images": n}
@@ -162,6 +168,7 @@ def job_tf(data: Path, seed: int) -> dict[str, Any]:
     t0, c0, n = time.time(), _cpu(), 0
     for images, _ in ds:
         n += int(images.shape[0])
+        checksum = float(tf.reduce_sum(images))
     return {"start": t0, "end": time.time(), "cpu": _cpu() - c0, "images": n}
 
 
@@ -226,6 +233,7 @@ def main() -> None:
     ap.add_argument("--ks", default="1,2,4")
     ap.add_argument("--systems", default="unstall,torch,tf")
     ap.add_argument("--dtype", default="float32", help="unstall output dtype: float32 (normalized) or uint8")
+    ap.add_argument("--transport", default="auto", help="unstall: auto (shared memory on this host), shm, flight")
     ap.add_argument("--job")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
@@ -234,7 +242,7 @@ def main() -> None:
 
     if args.job:
         if args.job == "unstall":
-            r = job_unstall(args.data, args.location, args.k, 0, args.dtype)  # same seed: one group
+            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport)  # same seed: one group
         elif args.job == "torch":
             r = job_torch(args.data, args.seed)
         else:
@@ -251,7 +259,8 @@ def main() -> None:
     systems = args.systems.split(",")
     print(f"# unstall coordinated-prep benchmark, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"# {platform.node()}: {os.cpu_count()} cores; {len(files)} JPEGs 500x375, {avg_kb:.0f} KB avg; "
-          f"batch {BATCH}; RandomResizedCrop {SIZE} + flip + normalize; unstall output {args.dtype}")
+          f"batch {BATCH}; RandomResizedCrop {SIZE} + flip + normalize; unstall output {args.dtype}, "
+          f"transport {args.transport}; every job reads every byte of every batch (a sum)")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=str(REPO / "python-shim" / "src"))
     table: dict[tuple[str, int], dict[str, float]] = {}
@@ -264,7 +273,7 @@ def main() -> None:
                              java_options=["-XX:MaxDirectMemorySize=3g"]) as sidecar:
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
-            extra = ["--location", sidecar.flight_location, "--dtype", args.dtype]
+            extra = ["--location", sidecar.flight_location, "--dtype", args.dtype, "--transport", args.transport]
             run_jobs("unstall", 1, data, extra + ["--k", "1"], env_u)  # warm-up: JIT, the cache
             for k in ks:
                 c0 = proc_cpu(sidecar.pid)

@@ -43,9 +43,9 @@ import org.slf4j.LoggerFactory;
 
 /**
  * One coordinated-prep group: the jobs that declared the same dataset, pipeline, seed, batch size, shuffle and
- * drop_last. Batch positions run over epochs ({@code pos = epoch * numBatches + batch}); a producer thread
- * prepares each position once, in order, into the group's staging allocator, and a staged batch is freed as
- * soon as every member's cursor has passed it. The producer stays at most {@code window} positions ahead of
+ * drop_last. Batch positions run over epochs ({@code pos = epoch * numBatches + batch}); producer threads
+ * prepare each position once, in order (two at a time), into the group's staging allocator, and a staged batch
+ * is freed as soon as every member's cursor has passed it. Production stays at most {@code window} positions ahead of
  * the slowest member and never allocates beyond the staging limit, so staging memory is bounded. Members that
  * neither wait in a DoGet nor heartbeat for {@code memberTimeout} are dropped, so a dead job stalls the others
  * for at most that long.
@@ -100,7 +100,10 @@ final class PrepGroup {
   private final long outCost;
   private final Settings settings;
   private final long created = System.nanoTime();
-  private final Thread producer;
+  /** Batches prepared concurrently: one's serial fetch overlaps another's parallel decode. */
+  static final int PRODUCERS = 2;
+  private final List<Thread> producers = new ArrayList<>();
+  private final Object orderLock = new Object();
   private final java.nio.file.Path shmDir; // null: prepared tensors live in ordinary Arrow memory
 
   // Guarded by this.
@@ -115,11 +118,14 @@ final class PrepGroup {
   private boolean started;
   private boolean closed;
   private int inFlight;
+  private int preparing;
+  private int liveProducers;
   private int left;
   private long batchesPrepared;
   private long samplesPrepared;
   private long batchesServed;
   private long prepNanos;
+  private final AtomicLong fetchNanos = new AtomicLong();
   private final AtomicLong prepCpuNanos = new AtomicLong();
   private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
   private int stagedPeak;
@@ -182,9 +188,13 @@ final class PrepGroup {
         requested.joinTimeoutNanos(), shm != null);
     this.schema = pipeline == null ? BatchSchema.SCHEMA : PrepSchema.of(pipeline);
     this.alloc = parent.newChildAllocator("prep-group-" + id, 0, staging);
-    this.producer = new Thread(this::produceLoop, "unstall-prep-" + id);
-    this.producer.setDaemon(true);
-    this.producer.start();
+    this.liveProducers = PRODUCERS;
+    for (int i = 0; i < PRODUCERS; i++) {
+      Thread t = new Thread(this::produceLoop, "unstall-prep-" + id + "-" + i);
+      t.setDaemon(true);
+      producers.add(t);
+      t.start();
+    }
   }
 
   Settings settings() {
@@ -342,13 +352,16 @@ final class PrepGroup {
               return;
             }
             maybeStart(System.nanoTime());
+            // Memory: what is allocated (staged, being sent, partly prepared) plus a whole batch for each one
+            // in preparation and this one: conservative, so an allocation never fails.
             if (started && !members.isEmpty() && nextToProduce < minCursor() + window && nextToProduce < maxEnd()
-                && alloc.getAllocatedMemory() + outCost + rawCost <= stagingLimit) {
+                && alloc.getAllocatedMemory() + (preparing + 1) * (outCost + rawCost) <= stagingLimit) {
               break;
             }
             wait(10); // sends release memory without telling us: look again soon
           }
           pos = nextToProduce++;
+          preparing++;
         }
         long t0 = System.nanoTime();
         VectorSchemaRoot root = null;
@@ -362,6 +375,7 @@ final class PrepGroup {
               .withCause(e).toRuntimeException();
         }
         synchronized (this) {
+          preparing--;
           if (failure != null) {
             LOG.warn("prep group {}: batch {} of epoch {} failed: {}", id, pos % numBatches, pos / numBatches,
                 failure.getMessage());
@@ -386,11 +400,15 @@ final class PrepGroup {
     } catch (Throwable e) {
       LOG.error("prep group {}: producer failed", id, e);
     } finally {
+      boolean last;
       synchronized (this) {
         closed = true;
         notifyAll();
+        last = --liveProducers == 0;
       }
-      free();
+      if (last) {
+        free();
+      }
     }
   }
 
@@ -423,10 +441,18 @@ final class PrepGroup {
       closed = true;
       notifyAll();
     }
-    producer.join(TimeUnit.SECONDS.toMillis(40));
+    for (Thread t : producers) {
+      t.join(TimeUnit.SECONDS.toMillis(40));
+    }
   }
 
   private int[] order(long epoch) {
+    synchronized (orderLock) {
+      return orderLocked(epoch);
+    }
+  }
+
+  private int[] orderLocked(long epoch) {
     if (orderEpoch != epoch) {
       int[] o = new int[numSamples];
       for (int i = 0; i < o.length; i++) {
@@ -453,7 +479,9 @@ final class PrepGroup {
     int from = b * key.batchSize();
     int to = Math.min(from + key.batchSize(), numSamples);
     int[] ids = Arrays.copyOfRange(order(epoch), from, to);
+    long t0 = System.nanoTime();
     VectorSchemaRoot raw = assembler.assemble(dataset, epoch, ids, alloc);
+    fetchNanos.addAndGet(System.nanoTime() - t0);
     if (pipeline == null) {
       return raw;
     }
@@ -503,7 +531,7 @@ final class PrepGroup {
       int sb = pipeline.sampleBytes();
       ArrowBuf in = payload.getDataBuffer();
       ArrowBuf dst = tensor.getDataBuffer();
-      int chunks = Math.min(n, threads);
+      int chunks = Math.min(n, threads * 4); // small chunks even out the threads' finishing times
       List<Callable<Void>> tasks = new ArrayList<>(chunks);
       for (int c = 0; c < chunks; c++) {
         int lo = (int) ((long) n * c / chunks);
@@ -729,7 +757,8 @@ final class PrepGroup {
     o.put("batches_prepared", batchesPrepared);
     o.put("samples_prepared", samplesPrepared);
     o.put("batches_served", batchesServed);
-    o.put("prep_seconds", prepNanos / 1e9);
+    o.put("prep_seconds", prepNanos / 1e9); // wall time of fetch + decode + augment, summed over batches
+    o.put("fetch_seconds", fetchNanos.get() / 1e9); // of which: assembling the raw batch (cache or storage)
     o.put("decode_cpu_seconds", prepCpuNanos.get() / 1e9); // CPU time of decode + augment on the prep threads
     o.put("threads", threads);
     ObjectNode per = o.putObject("batches_prepared_per_epoch");
