@@ -8,6 +8,13 @@ import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.protocol.FetchTicket;
 import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.nio.charset.StandardCharsets;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
@@ -27,6 +34,7 @@ public final class BatchAssembler {
   private final SampleCache cache;
   private final DiskTier disk; // null when there is no disk tier
   private final Prefetcher prefetcher;
+  private final ExecutorService io; // parallel storage reads of a batch's misses
 
   /** The prefetcher's staging memory is a child of {@code parent} limited to {@code prefetchWindowBytes}. */
   public BatchAssembler(
@@ -34,6 +42,7 @@ public final class BatchAssembler {
       int prefetchThreads) {
     this.cache = cache;
     this.disk = disk;
+    this.io = Executors.newFixedThreadPool(Math.max(1, prefetchThreads), Prefetcher.daemon("unstall-io"));
     this.prefetcher = new Prefetcher(
         parent, prefetchWindowBytes, prefetchWindowSamples, prefetchThreads, this::admit, this::isCached);
   }
@@ -90,10 +99,14 @@ public final class BatchAssembler {
       ArrowBuf offsets = payload.getOffsetBuffer();
       ArrowBuf validity = payload.getValidityBuffer();
       int off = 0;
+      List<Runnable> misses = new ArrayList<>();
       for (int i = 0; i < n; i++) {
         int id = ids[i];
         int len = d.length(id);
-        fill(d, id, data, off, len, stats);
+        if (!fillFromTiers(d, epoch, id, data, off, len, stats)) {
+          int at = off;
+          misses.add(() -> readMiss(d, id, data, at, len, stats));
+        }
         off += len;
         offsets.setInt((long) (i + 1) * Integer.BYTES, off);
         BitVectorHelper.setBit(validity, i);
@@ -106,6 +119,7 @@ public final class BatchAssembler {
         }
         keyVec.setSafe(i, d.key(id).getBytes(StandardCharsets.UTF_8));
       }
+      readAll(misses);
       payload.setLastSet(n - 1);
       root.setRowCount(n);
       return root;
@@ -115,27 +129,101 @@ public final class BatchAssembler {
     }
   }
 
-  /** Copies sample {@code id} into {@code data[off..off+len)} from the first tier that has it. */
-  private void fill(Dataset d, int id, ArrowBuf data, int off, int len, DatasetStats.Epoch stats) throws IOException {
-    if (prefetcher.take(d, id, data, off)) {
+  /**
+   * Copies sample {@code id} into {@code data[off..off+len)} from the first tier that has it; false if none
+   * does and it must be read from storage.
+   */
+  private boolean fillFromTiers(
+      Dataset d, long epoch, int id, ArrowBuf data, int off, int len, DatasetStats.Epoch stats) throws IOException {
+    if (prefetcher.take(d, epoch, id, data, off)) {
       stats.prefetchHit();
-      return;
+      return true;
     }
     Digest digest = d.digest(id);
     if (digest != null) {
       if (cache.copyTo(digest, data, off, d.name())) {
         stats.hit(len);
-        return;
+        return true;
       }
       if (disk != null && disk.read(digest, data.nioBuffer(off, len))) {
         stats.diskHit(len);
         cache.admit(digest, data, off, len, d.name()); // promote while there is room
-        return;
+        return true;
       }
     }
-    readFromStorage(d, id, data, off, len);
-    stats.miss(len);
-    admit(d, id, data, off, len);
+    return false;
+  }
+
+  private void readMiss(Dataset d, int id, ArrowBuf data, int off, int len, DatasetStats.Epoch stats) {
+    try {
+      readFromStorage(d, id, data, off, len);
+      stats.miss(len);
+      admit(d, id, data, off, len);
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
+  /**
+   * Reads a batch's misses from storage in parallel (remote storage answers many requests at once far
+   * faster than one after another); each read lands in its own slice of the batch buffer. Waits for every
+   * read before returning or throwing, so nothing writes into a buffer after it is released.
+   */
+  private void readAll(List<Runnable> misses) throws IOException {
+    if (misses.size() <= 1) {
+      for (Runnable r : misses) {
+        runUnchecked(r);
+      }
+      return;
+    }
+    List<Future<?>> running = new ArrayList<>(misses.size());
+    for (Runnable r : misses) {
+      running.add(io.submit(r));
+    }
+    Throwable first = null;
+    for (Future<?> f : running) {
+      try {
+        f.get();
+      } catch (ExecutionException e) {
+        first = first == null ? e.getCause() : first;
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        first = first == null ? e : first;
+      }
+    }
+    if (first != null) {
+      rethrow(first);
+    }
+  }
+
+  private static void runUnchecked(Runnable r) throws IOException {
+    try {
+      r.run();
+    } catch (UncheckedIOException e) {
+      throw e.getCause();
+    }
+  }
+
+  private static void rethrow(Throwable t) throws IOException {
+    if (t instanceof UncheckedIOException u) {
+      throw u.getCause();
+    }
+    if (t instanceof IOException io) {
+      throw io;
+    }
+    if (t instanceof RuntimeException r) {
+      throw r;
+    }
+    if (t instanceof Error e) {
+      throw e;
+    }
+    throw new IOException(t);
+  }
+
+  /** Stops the storage readers (after the data plane stopped serving). */
+  public void close() {
+    io.shutdownNow();
+    prefetcher.close();
   }
 
   /** Learns the digest of bytes just read from storage and offers them to both tiers. */

@@ -150,7 +150,7 @@ public final class DataPlane implements AutoCloseable {
       server.close();
     } finally {
       producer.logStats();
-      AutoCloseables.close(producer.prep(), assembler.prefetcher(), registry, cache, disk, streams);
+      AutoCloseables.close(producer.prep(), assembler::close, registry, cache, disk, streams);
     }
   }
 

@@ -38,6 +38,27 @@ public final class Prefetcher implements AutoCloseable {
 
   private record Key(String dataset, int id) {}
 
+  /** One dataset's current epoch plan: its driver and which ids batches have already served. */
+  private static final class Plan {
+    final long epoch;
+    final java.util.concurrent.atomic.AtomicLongArray served;
+    volatile Future<?> driver;
+
+    Plan(long epoch, int size) {
+      this.epoch = epoch;
+      this.served = new java.util.concurrent.atomic.AtomicLongArray((size + 63) / 64);
+    }
+
+    void markServed(int id) {
+      long bit = 1L << (id & 63);
+      served.getAndUpdate(id >>> 6, w -> w | bit);
+    }
+
+    boolean isServed(int id) {
+      return (served.get(id >>> 6) & (1L << (id & 63))) != 0;
+    }
+  }
+
   private final BufferAllocator allocator;
   private final ExecutorService readers;
   private final ExecutorService drivers;
@@ -45,7 +66,7 @@ public final class Prefetcher implements AutoCloseable {
   private final Admitter admitter;
   private final Cached cached;
   private final Map<Key, CompletableFuture<ArrowBuf>> staged = new ConcurrentHashMap<>();
-  private final Map<String, Future<?>> plans = new ConcurrentHashMap<>();
+  private final Map<String, Plan> plans = new ConcurrentHashMap<>();
 
   Prefetcher(BufferAllocator parent, long windowBytes, int windowSamples, int threads, Admitter admitter, Cached cached) {
     this.allocator = parent.newChildAllocator("prefetch", 0, Math.max(0, windowBytes));
@@ -56,7 +77,7 @@ public final class Prefetcher implements AutoCloseable {
     this.cached = cached;
   }
 
-  private static java.util.concurrent.ThreadFactory daemon(String name) {
+  static java.util.concurrent.ThreadFactory daemon(String name) {
     AtomicInteger n = new AtomicInteger();
     return r -> {
       Thread t = new Thread(r, name + "-" + n.incrementAndGet());
@@ -75,21 +96,30 @@ public final class Prefetcher implements AutoCloseable {
       throw new IllegalArgumentException(
           "prefetch is disabled on this sidecar (--prefetch-window 0); start it with a prefetch window");
     }
-    Future<?> old = plans.put(d.name(), drivers.submit(() -> drive(d, epoch, ids)));
+    Plan plan = new Plan(epoch, d.size());
+    Plan old = plans.put(d.name(), plan);
     if (old != null) {
-      old.cancel(true);
+      old.driver.cancel(true);
+      dropStaged(d.name()); // what the last epoch staged but never served
     }
+    plan.driver = drivers.submit(() -> drive(d, plan, ids));
     LOG.info("dataset '{}' epoch {}: prefetching {} samples, window {} samples / {} bytes", d.name(), epoch,
         ids.length, windowSamples, allocator.getLimit());
   }
 
-  private void drive(Dataset d, long epoch, int[] ids) {
+  /**
+   * Walks the plan ahead of consumption. A sample is read either here or by the batch that needs it, never
+   * both: a batch marks the id served before it looks for staging, and this claims staging before it
+   * checks the mark again (see {@link #take}).
+   */
+  private void drive(Dataset d, Plan plan, int[] ids) {
+    long epoch = plan.epoch;
     DatasetStats.Epoch stats = d.stats().epoch(epoch);
     try {
       for (int p = 0; p < ids.length; p++) {
         int id = ids[p];
         Key key = new Key(d.name(), id);
-        if (cached.test(d, id) || staged.containsKey(key)) {
+        if (plan.isServed(id) || cached.test(d, id) || staged.containsKey(key)) {
           continue;
         }
         int len = d.length(id);
@@ -100,9 +130,11 @@ public final class Prefetcher implements AutoCloseable {
         while (p - stats.servedSamples() > windowSamples || allocator.getAllocatedMemory() + cost > allocator.getLimit()) {
           Thread.sleep(1);
         }
-        ArrowBuf buf = allocator.buffer(Math.max(1, len));
         CompletableFuture<ArrowBuf> f = new CompletableFuture<>();
-        staged.put(key, f);
+        if (staged.putIfAbsent(key, f) != null || (plan.isServed(id) && staged.remove(key, f))) {
+          continue; // a batch got there first and reads it itself
+        }
+        ArrowBuf buf = allocator.buffer(Math.max(1, len));
         readers.execute(() -> {
           try {
             BatchAssembler.readFromStorage(d, id, buf, 0, len);
@@ -123,10 +155,15 @@ public final class Prefetcher implements AutoCloseable {
   }
 
   /**
-   * If {@code id} was prefetched (or is being read), waits for it and copies it into {@code dst}. A read error
-   * is raised here, for the batch that needs the sample.
+   * Called for every sample a batch of {@code epoch} serves, before any other tier: marks it served and, if
+   * it was prefetched (or is being read), waits for it and copies it into {@code dst}. A read error is
+   * raised here, for the batch that needs the sample.
    */
-  public boolean take(Dataset d, int id, ArrowBuf dst, long off) throws IOException {
+  public boolean take(Dataset d, long epoch, int id, ArrowBuf dst, long off) throws IOException {
+    Plan plan = plans.get(d.name());
+    if (plan != null && plan.epoch == epoch) {
+      plan.markServed(id);
+    }
     CompletableFuture<ArrowBuf> f = staged.remove(new Key(d.name(), id));
     if (f == null) {
       return false;
@@ -151,6 +188,19 @@ public final class Prefetcher implements AutoCloseable {
     return true;
   }
 
+  private void dropStaged(String dataset) {
+    staged.keySet().removeIf(k -> {
+      if (!k.dataset().equals(dataset)) {
+        return false;
+      }
+      CompletableFuture<ArrowBuf> f = staged.get(k);
+      if (f != null) {
+        f.thenAccept(ArrowBuf::close);
+      }
+      return true;
+    });
+  }
+
   /** Bytes staged right now (for tests of the bound). */
   public long stagedBytes() {
     return allocator.getAllocatedMemory();
@@ -162,7 +212,7 @@ public final class Prefetcher implements AutoCloseable {
 
   @Override
   public void close() {
-    plans.values().forEach(p -> p.cancel(true));
+    plans.values().forEach(p -> p.driver.cancel(true));
     drivers.shutdownNow();
     readers.shutdownNow();
     try {
