@@ -170,6 +170,21 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
                 loss.backward()
                 opt.step()
                 note(epoch, ids.numpy(), images.numpy(), labels.numpy())
+    elif framework == "torch-py":  # Python-side transforms, shared through the group
+        import torch
+        from torchvision import transforms
+
+        tf_ = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
+                                  transforms.ToTensor(), transforms.Normalize((0.485, 0.456, 0.406),
+                                                                              (0.229, 0.224, 0.225))])
+        join.pop("transport")
+        loader = prep.SharedTransformLoader("imgs", tf_, fingerprint="rrc32-flip-norm", with_ids=True, **join)
+        record["info"] = loader.membership.info
+        for _ in range(epochs):
+            epoch = loader.epoch
+            for images, labels, ids in loader:
+                note(epoch, ids.numpy(), images.numpy(), labels.numpy())
+        record["made"] = loader.made
     else:
         import tensorflow as tf
         import unstall.tf

@@ -145,3 +145,20 @@ def test_bad_input_names_the_thing(env: PrepEnv) -> None:
         m.leave()
         with pytest.raises(unstall.DatasetNotFoundError, match=f"member {m.member} was left"):
             m.batch(0, 0)
+
+
+def test_python_side_transforms_are_made_once_and_shared(env: PrepEnv, tmp_path: Path) -> None:
+    outs = [tmp_path / f"py{i}.json" for i in range(2)]
+    procs = [env.member(o, "torch-py", "4", "2", "2", "30", "0") for o in outs]
+    logs = wait_all(procs)
+    assert [p.returncode for p in procs] == [0, 0], logs
+    results = [json.loads(o.read_text()) for o in outs]
+    assert results[0]["info"]["group"] == results[1]["info"]["group"]
+    _check_members_agree(results, [0, 1])  # torchvision crops made by one member, used by both
+    assert results[0]["epochs"]["0"][0]["shape"] == [BATCH, 3, SIZE, SIZE]
+    assert sum(r["made"] for r in results) == 2 * NUM_BATCHES, "each batch made by exactly one member"
+    s = env.group_stats(results[0]["info"]["group"])
+    assert s["prep"] == "members"
+    assert s["batches_prepared_per_epoch"] == {"0": NUM_BATCHES, "1": NUM_BATCHES}
+    assert s["batches_served"] == 2 * 2 * NUM_BATCHES
+    assert sorted(s["batches_uploaded_by_member"].values()) == sorted(r["made"] for r in results if r["made"])

@@ -51,6 +51,7 @@ __all__ = [
     "Membership",
     "join",
     "PrepLoader",
+    "SharedTransformLoader",
 ]
 
 KIND_PREP = 3  # 1 = FETCH, 2 = PLAN (the prefetch action body), 3 = PREP
@@ -275,6 +276,23 @@ class Membership:
         if self.shm and last is not None and epoch >= self.start_epoch + int(last) - 1:
             self.leave()  # a shared-memory member holds its last batch until it leaves
 
+    def claim(self, epoch: int, index: int) -> dict[str, Any]:
+        """External groups: waits until the batch is ready (``{"state": "ready"}``) or it is this member's turn
+        to prepare it (``{"state": "produce", "ids": [...]}``)."""
+        body = json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "batch": index}).encode()
+        return json.loads(self.client.do_action("prep.claim", body)[0])
+
+    def upload(self, epoch: int, index: int, batch: pa.RecordBatch) -> None:
+        """DoPut of a batch this member prepared for the group (its ``id`` column: the claimed ids)."""
+        cmd = json.dumps({"prep.put": {"group": self.group, "member": self.member, "epoch": epoch, "batch": index}})
+        try:
+            writer, _ = self.client._client().do_put(
+                fl.FlightDescriptor.for_command(cmd.encode()), batch.schema, self.client._options())
+            writer.write_batch(batch)
+            writer.close()
+        except (fl.FlightError, pa.ArrowException) as e:
+            raise from_flight_error(e) from None
+
     def leave(self) -> None:
         """Leaves the group (idempotent; a member already gone is fine)."""
         if self._stop.is_set():
@@ -446,3 +464,114 @@ class PrepLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def tensor_batch(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> pa.RecordBatch:
+    """A prepared batch (the sidecar's own schema) from ``[n, *shape]`` images: what members upload."""
+    x = np.ascontiguousarray(images)
+    n = x.shape[0]
+    width = x.nbytes // max(1, n)
+    tensor = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(x)])
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), pa.field("label", pa.int64()),
+         pa.field("tensor", pa.binary(width), nullable=False)],
+        metadata={"unstall.schema": "1", "unstall.prep.shape": json.dumps(list(x.shape[1:])),
+                  "unstall.prep.dtype": x.dtype.name, "unstall.prep.layout": "user"})
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.asarray(ids, dtype=np.int64)), pa.array(np.asarray(labels, dtype=np.int64)), tensor],
+        schema=schema)
+
+
+class SharedTransformLoader:
+    """Python-side transforms, coordinated: members with the same ``fingerprint`` share the batches one of them
+    made.
+
+    For each batch the member asks the sidecar (``prep.claim``); if nobody made it yet and it is this member's
+    turn, it fetches the raw samples, runs ``transform(loader(bytes))`` on its ``workers`` threads, stacks
+    them and uploads the batch; every member (the maker too) then reads the group's copy. ``fingerprint``
+    names the transforms: jobs that pass the same one promise the same transforms. A member that dies while
+    making a batch is dropped after ``member_timeout`` and another one makes it. Yields ``(images, labels)``
+    torch tensors (plus ``ids`` with ``with_ids=True``).
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        transform: Any,
+        *,
+        fingerprint: str,
+        batch_size: int,
+        loader: Any = None,
+        workers: int = 2,
+        with_ids: bool = False,
+        **join_kwargs: Any,
+    ) -> None:
+        import concurrent.futures
+
+        import torch  # noqa: F401
+
+        if not fingerprint:
+            raise ValueError("fingerprint (a name for the transforms, shared by the jobs that use them) is required")
+        join_kwargs.setdefault("transport", "flight")
+        self.membership = join(dataset, {"python": fingerprint}, batch_size=batch_size, **join_kwargs)
+        self.transform = transform
+        self.loader = loader if loader is not None else _pil_rgb
+        self.with_ids = with_ids
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="unstall-transform")
+        self._next_epoch = self.membership.start_epoch
+        self.made = 0  # batches this member prepared for the group
+
+    def __len__(self) -> int:
+        return self.membership.num_batches
+
+    @property
+    def epoch(self) -> int:
+        return self._next_epoch
+
+    def _make(self, epoch: int, index: int, ids: Sequence[int]) -> None:
+        import torch
+
+        raw = self.membership.client.fetch(self.membership.dataset, list(ids), epoch)
+        payloads = raw.column("payload").to_pylist()
+        labels = pc.fill_null(raw.column("label"), -1).to_numpy(zero_copy_only=False)
+        samples = list(self._pool.map(lambda b: self.transform(self.loader(b)), payloads))
+        images = torch.stack([torch.as_tensor(x) for x in samples]).numpy()
+        self.membership.upload(epoch, index, tensor_batch(images, labels, np.asarray(ids)))
+        self.made += 1
+
+    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+        import torch
+
+        epoch = self._next_epoch
+        self._next_epoch = epoch + 1
+        for b in range(self.membership.num_batches):
+            r = self.membership.claim(epoch, b)
+            if r["state"] == "produce":
+                self._make(epoch, b, r["ids"])
+            arr, labels, ids = batch_to_numpy(self.membership.batch(epoch, b))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a view of the received buffer
+                out: Tuple[Any, ...] = (torch.from_numpy(arr), torch.from_numpy(np.array(labels, dtype=np.int64)))
+            yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+        last = self.membership.info.get("epochs")
+        if last is not None and epoch >= self.membership.start_epoch + int(last) - 1:
+            self.close()
+
+    def close(self) -> None:
+        self.membership.leave()
+        self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> SharedTransformLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _pil_rgb(data: bytes) -> Any:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")

@@ -27,6 +27,8 @@ import org.apache.arrow.flight.Criteria;
 import org.apache.arrow.flight.FlightDescriptor;
 import org.apache.arrow.flight.FlightInfo;
 import org.apache.arrow.flight.FlightRuntimeException;
+import org.apache.arrow.flight.FlightStream;
+import org.apache.arrow.flight.PutResult;
 import org.apache.arrow.flight.NoOpFlightProducer;
 import org.apache.arrow.flight.Result;
 import org.apache.arrow.flight.Ticket;
@@ -195,6 +197,22 @@ public final class UnstallProducer extends NoOpFlightProducer {
 
   public PrepService prep() {
     return prep;
+  }
+
+  /** DoPut: batches that group members prepared with their own transforms (coordinated prep). */
+  @Override
+  public Runnable acceptPut(CallContext context, FlightStream flightStream, StreamListener<PutResult> ackStream) {
+    return () -> {
+      try {
+        if (!PrepService.handlesPut(flightStream.getDescriptor())) {
+          throw CallStatus.UNIMPLEMENTED.withDescription("DoPut is only for prep.put uploads").toRuntimeException();
+        }
+        prep.acceptPut(flightStream, context::isCancelled);
+        ackStream.onCompleted();
+      } catch (Throwable e) {
+        ackStream.onError(toStatus(e));
+      }
+    };
   }
 
   /** The stats document (protocol/README.md), shared by the stats action and the control plane. */

@@ -85,7 +85,8 @@ final class PrepGroup {
   final String id;
   final Key key;
   private final Dataset dataset;
-  private final PrepPipeline pipeline; // null: raw batches, no sidecar-side prep
+  private final PrepPipeline pipeline; // null: raw batches (or, external, member-made batches), no sidecar prep
+  private final boolean external; // members prepare batches with their own (Python) transforms and upload them
   private final ImagePrep imagePrep;
   private final BatchAssembler assembler;
   private final ExecutorService pool;
@@ -113,6 +114,8 @@ final class PrepGroup {
   private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
   private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
   private final Map<Long, String> shmPaths = new HashMap<>();
+  private final Map<Long, Long> claimedBy = new HashMap<>(); // external groups: position -> producing member
+  private final Map<Long, Long> producedBy = new HashMap<>(); // external groups: member -> batches uploaded
   private final TreeMap<Long, Long> preparedPerEpoch = new TreeMap<>();
   private long nextToProduce;
   private boolean started;
@@ -138,6 +141,7 @@ final class PrepGroup {
     this.key = key;
     this.dataset = dataset;
     this.pipeline = pipeline;
+    this.external = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX);
     this.imagePrep = pipeline == null ? null : new ImagePrep(pipeline);
     this.assembler = assembler;
     this.pool = pool;
@@ -162,18 +166,20 @@ final class PrepGroup {
     long fixed = pipeline == null ? 0 : rawCost; // one raw batch being decoded
     long staging = requested.stagingBytes() > 0
         ? requested.stagingBytes()
-        : Math.min(parent.getLimit(), fixed + perBatch * requested.window());
+        : Math.min(parent.getLimit(), external ? 256L << 20 : fixed + perBatch * requested.window());
     if (staging > parent.getLimit()) {
       throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
           + " exceeds the sidecar's prep staging budget of " + parent.getLimit() + " bytes").toRuntimeException();
     }
-    if (fixed + perBatch > staging) {
+    if (!external && fixed + perBatch > staging) {
       throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
           + " cannot hold one batch (" + (fixed + perBatch) + " bytes for batch_size " + b
           + (pipeline == null ? "" : " and output " + Arrays.toString(pipeline.sampleShape()) + " " + pipeline.dtype().wire())
           + "); raise staging_bytes or lower batch_size").toRuntimeException();
     }
-    this.window = (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch));
+    this.window = external
+        ? requested.window() // uploads wait for room in staging_bytes instead
+        : (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch));
     this.stagingLimit = staging;
     java.nio.file.Path shm = null;
     if (requested.shm() && pipeline != null && ShmTensor.available()) {
@@ -188,8 +194,8 @@ final class PrepGroup {
         requested.joinTimeoutNanos(), shm != null);
     this.schema = pipeline == null ? BatchSchema.SCHEMA : PrepSchema.of(pipeline);
     this.alloc = parent.newChildAllocator("prep-group-" + id, 0, staging);
-    this.liveProducers = PRODUCERS;
-    for (int i = 0; i < PRODUCERS; i++) {
+    this.liveProducers = external ? 0 : PRODUCERS;
+    for (int i = 0; i < liveProducers; i++) {
       Thread t = new Thread(this::produceLoop, "unstall-prep-" + id + "-" + i);
       t.setDaemon(true);
       producers.add(t);
@@ -308,8 +314,14 @@ final class PrepGroup {
     members.remove(m.id);
     gone.put(m.id, why);
     releaseConsumed();
+    claimedBy.values().removeIf(c -> c == m.id); // another member prepares what it had claimed
     if (members.isEmpty() && started) {
-      closed = true; // the producer frees everything on its way out
+      closed = true; // the producers free everything on their way out
+      if (external) {
+        Thread t = new Thread(this::free, "unstall-prep-free-" + id);
+        t.setDaemon(true);
+        t.start();
+      }
     }
     notifyAll();
   }
@@ -413,7 +425,15 @@ final class PrepGroup {
   }
 
   /** Waits for sends still holding staged buffers, then frees the staging allocator. */
+  private boolean freed; // guarded by this
+
   private void free() {
+    synchronized (this) {
+      if (freed) {
+        return;
+      }
+      freed = true;
+    }
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
     synchronized (this) {
       while (inFlight > 0 && System.nanoTime() < deadline) {
@@ -443,6 +463,9 @@ final class PrepGroup {
     }
     for (Thread t : producers) {
       t.join(TimeUnit.SECONDS.toMillis(40));
+    }
+    if (external) {
+      free();
     }
   }
 
@@ -725,6 +748,120 @@ final class PrepGroup {
     }
   }
 
+  /**
+   * External groups (the {@code prep.claim} action): waits until batch {@code (epoch, batch)} is staged
+   * ({@code "ready"}: read it with a PREP DoGet) or nobody alive prepares it and it is within the window
+   * ({@code "produce"}: this member fetches the returned ids, transforms them and uploads the batch with DoPut).
+   * A claimer that is dropped or leaves gives its claim back, so a dead job never blocks the others for longer
+   * than the member timeout.
+   */
+  ObjectNode claim(long memberId, long epoch, long batch, java.util.function.BooleanSupplier cancelled)
+      throws InterruptedException {
+    if (!external) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
+          + " is prepared by the sidecar; prep.claim is for groups joined with {\"python\": fingerprint}")
+          .toRuntimeException();
+    }
+    synchronized (this) {
+      Member m = member(memberId);
+      long pos = checkedPosition(m, epoch, batch);
+      m.waiting++;
+      try {
+        while (true) {
+          ObjectNode o = JsonNodeFactory.instance.objectNode();
+          o.put("v", 1);
+          if (staged.containsKey(pos)) {
+            return o.put("state", "ready");
+          }
+          maybeStart(System.nanoTime());
+          if (started && !claimedBy.containsKey(pos) && pos < minCursor() + window) {
+            claimedBy.put(pos, m.id);
+            o.put("state", "produce");
+            ArrayNode ids = o.putArray("ids");
+            int from = (int) (pos % numBatches) * key.batchSize();
+            int to = Math.min(from + key.batchSize(), numSamples);
+            int[] order = order(pos / numBatches);
+            for (int i = from; i < to; i++) {
+              ids.add(order[i]);
+            }
+            return o;
+          }
+          if (cancelled.getAsBoolean()) {
+            throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
+          }
+          if (!members.containsKey(m.id)) {
+            member(m.id);
+          }
+          if (closed) {
+            throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed").toRuntimeException();
+          }
+          m.lastSeen = System.nanoTime();
+          wait(10);
+        }
+      } finally {
+        m.waiting--;
+      }
+    }
+  }
+
+  /** Stages a batch a member prepared (DoPut): its ids must be the claimed batch's, its size within staging. */
+  void upload(long memberId, long epoch, long batch, VectorSchemaRoot in, java.util.function.BooleanSupplier cancelled)
+      throws InterruptedException {
+    long pos = epoch * numBatches + batch;
+    long bytes = 0;
+    for (org.apache.arrow.vector.FieldVector v : in.getFieldVectors()) {
+      bytes += v.getBufferSize();
+    }
+    synchronized (this) {
+      Member m = member(memberId);
+      Long claimer = claimedBy.get(pos);
+      if (claimer == null || claimer != m.id) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
+            + " did not claim epoch " + epoch + " batch " + batch + " (prep.claim first)").toRuntimeException();
+      }
+      int from = (int) batch * key.batchSize();
+      int to = Math.min(from + key.batchSize(), numSamples);
+      int[] order = order(epoch);
+      org.apache.arrow.vector.FieldVector idv = in.getVector(PrepSchema.ID);
+      boolean idsOk = idv instanceof BigIntVector && in.getRowCount() == to - from;
+      for (int i = 0; idsOk && i < to - from; i++) {
+        idsOk = ((BigIntVector) idv).get(i) == order[from + i];
+      }
+      if (!idsOk) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": the uploaded batch's \"id\""
+            + " column (int64) must be the claimed ids, in order (" + (to - from) + " rows)").toRuntimeException();
+      }
+      if (bytes > stagingLimit) {
+        throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group " + id + ": an uploaded batch of " + bytes
+            + " bytes exceeds staging_bytes " + stagingLimit).toRuntimeException();
+      }
+      while (alloc.getAllocatedMemory() + bytes > stagingLimit) { // bounded staging: wait for readers to free
+        if (cancelled.getAsBoolean() || closed) {
+          throw CallStatus.CANCELLED.withDescription("upload cancelled").toRuntimeException();
+        }
+        m.lastSeen = System.nanoTime();
+        wait(10);
+      }
+      VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
+      for (int i = 0; i < in.getFieldVectors().size(); i++) {
+        in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
+      }
+      copy.setRowCount(in.getRowCount());
+      claimedBy.remove(pos);
+      batchesPrepared++;
+      samplesPrepared += copy.getRowCount();
+      preparedPerEpoch.merge(epoch, 1L, Long::sum);
+      producedBy.merge(m.id, 1L, Long::sum);
+      if (pos < minCursor()) {
+        copy.close();
+      } else {
+        staged.put(pos, copy);
+        stagedPeak = Math.max(stagedPeak, staged.size());
+      }
+      notifyAll();
+    }
+  }
+
   /** A root over the same buffers (reference counted): members are sent one staged batch without copies. */
   private VectorSchemaRoot share(VectorSchemaRoot src) {
     VectorSchemaRoot view = VectorSchemaRoot.create(src.getSchema(), alloc);
@@ -740,7 +877,7 @@ final class PrepGroup {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("dataset", key.dataset());
     o.put("fingerprint", key.fingerprint());
-    o.put("prep", pipeline != null);
+    o.put("prep", pipeline != null ? "sidecar" : external ? "members" : "none");
     o.put("seed", key.seed());
     o.put("batch_size", key.batchSize());
     o.put("shuffle", key.shuffle());
@@ -775,6 +912,10 @@ final class PrepGroup {
     ArrayNode ds = o.putArray("dropped");
     dropped.forEach(ds::add);
     o.put("left", left);
+    if (external) {
+      ObjectNode pb = o.putObject("batches_uploaded_by_member");
+      producedBy.forEach((mem, c) -> pb.put(Long.toString(mem), c));
+    }
     return o;
   }
 }

@@ -40,6 +40,9 @@ public final class PrepService implements AutoCloseable {
   public static final String ACTION_LEAVE = "prep.leave";
   public static final String ACTION_STATS = "prep.stats";
   public static final String ACTION_NEXT = "prep.next";
+  public static final String ACTION_CLAIM = "prep.claim";
+  /** Group key fingerprints of external groups: members prepare batches with their own transforms. */
+  static final String EXTERNAL_PREFIX = "python:";
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final int HISTORY = 64;
 
@@ -90,6 +93,7 @@ public final class PrepService implements AutoCloseable {
     listener.onNext(new ActionType(ACTION_HEARTBEAT, "keep a group member alive: {\"group\",\"member\"}"));
     listener.onNext(new ActionType(ACTION_LEAVE, "leave a group: {\"group\",\"member\"}"));
     listener.onNext(new ActionType(ACTION_NEXT, "shared-memory read: wait for a batch, get its /dev/shm file"));
+    listener.onNext(new ActionType(ACTION_CLAIM, "external groups: wait for a batch or the turn to prepare it"));
     listener.onNext(new ActionType(ACTION_STATS, "prep groups, staging memory and prepared/served counts as JSON"));
   }
 
@@ -109,6 +113,15 @@ public final class PrepService implements AutoCloseable {
         yield "{\"v\":1,\"left\":true}";
       }
       case ACTION_STATS -> statsJson();
+      case ACTION_CLAIM -> {
+        JsonNode b = body(action);
+        long epoch = b.path("epoch").asLong(-1);
+        long batch = b.path("batch").asLong(-1);
+        if (epoch < 0 || batch < 0) {
+          throw new IllegalArgumentException("prep.claim: \"epoch\" and \"batch\" (non-negative integers) are required");
+        }
+        yield group(b).claim(memberOf(b), epoch, batch, cancelled).toString();
+      }
       case ACTION_NEXT -> {
         JsonNode b = body(action);
         long epoch = b.path("epoch").asLong(-1);
@@ -119,9 +132,38 @@ public final class PrepService implements AutoCloseable {
         yield group(b).next(memberOf(b), epoch, batch, cancelled).toString();
       }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
-          + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_STATS)).toRuntimeException();
+          + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_STATS))
+          .toRuntimeException();
     };
     return out.getBytes(StandardCharsets.UTF_8);
+  }
+
+  /**
+   * DoPut of a member-prepared batch: the descriptor is a command {@code {"prep.put":{"group","member","epoch",
+   * "batch"}}}, the stream one record batch.
+   */
+  public static boolean handlesPut(org.apache.arrow.flight.FlightDescriptor d) {
+    return d.isCommand() && new String(d.getCommand(), StandardCharsets.UTF_8).startsWith("{\"prep.put\"");
+  }
+
+  public void acceptPut(org.apache.arrow.flight.FlightStream stream, java.util.function.BooleanSupplier cancelled)
+      throws Exception {
+    JsonNode c;
+    try {
+      c = JSON.readTree(stream.getDescriptor().getCommand()).get("prep.put");
+    } catch (java.io.IOException e) {
+      throw new IllegalArgumentException("prep.put: the descriptor command is not valid JSON");
+    }
+    if (c == null || !c.isObject()) {
+      throw new IllegalArgumentException("prep.put: expected {\"prep.put\":{\"group\",\"member\",\"epoch\",\"batch\"}}");
+    }
+    if (!stream.next()) {
+      throw new IllegalArgumentException("prep.put: the stream carries no record batch");
+    }
+    group(c).upload(memberOf(c), c.path("epoch").asLong(), c.path("batch").asLong(), stream.getRoot(), cancelled);
+    while (stream.next()) {
+      // one batch per upload; drain anything else
+    }
   }
 
   /** Serves a PREP ticket. */
@@ -176,7 +218,16 @@ public final class PrepService implements AutoCloseable {
     }
     Dataset d = registry.get(dsName);
     JsonNode p = b.get("pipeline");
-    PrepPipeline pipeline = p == null || p.isNull() ? null : PrepPipeline.parse(p);
+    String external = null;
+    if (p != null && p.isObject() && p.has("python")) {
+      // Python-side transforms: the sidecar shares the fetch, the order and the batches members upload.
+      external = p.get("python").asText("");
+      if (external.isEmpty() || p.size() != 1) {
+        throw new IllegalArgumentException(
+            "prep.join: a Python-side pipeline is {\"python\": \"<fingerprint of the transforms>\"}, got " + p);
+      }
+    }
+    PrepPipeline pipeline = p == null || p.isNull() || external != null ? null : PrepPipeline.parse(p);
     int batchSize = intIn(b, "batch_size", 1, 65536, -1);
     long seed = b.path("seed").asLong(0);
     if (b.has("seed") && !b.get("seed").canConvertToLong()) {
@@ -193,7 +244,7 @@ public final class PrepService implements AutoCloseable {
         b.path("shm").asBoolean(false));
     long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
     String name = b.path("name").asText("");
-    String fingerprint = pipeline == null ? "raw" : pipeline.fingerprint();
+    String fingerprint = external != null ? EXTERNAL_PREFIX + external : pipeline == null ? "raw" : pipeline.fingerprint();
     PrepGroup.Key key = new PrepGroup.Key(d.name(), fingerprint, seed, batchSize, shuffle, dropLast);
     long member = memberIds.incrementAndGet();
     synchronized (this) {

@@ -312,4 +312,88 @@ class PrepServiceTest {
     }
   }
 
+
+  JsonNode claim(JsonNode j, long epoch, long batch) throws Exception {
+    return action("prep.claim", "{\"group\":\"" + j.get("group").asText() + "\",\"member\":" + j.get("member")
+        + ",\"epoch\":" + epoch + ",\"batch\":" + batch + "}");
+  }
+
+  /** Uploads a member-made batch: the claimed ids and one float per sample (id * 10). */
+  void upload(JsonNode j, long epoch, long batch, long[] ids) throws Exception {
+    org.apache.arrow.vector.types.pojo.Schema schema = new org.apache.arrow.vector.types.pojo.Schema(List.of(
+        org.apache.arrow.vector.types.pojo.Field.notNullable("id", new org.apache.arrow.vector.types.pojo.ArrowType.Int(64, true)),
+        org.apache.arrow.vector.types.pojo.Field.notNullable("x", new org.apache.arrow.vector.types.pojo.ArrowType.FloatingPoint(
+            org.apache.arrow.vector.types.FloatingPointPrecision.SINGLE))));
+    try (VectorSchemaRoot r = VectorSchemaRoot.create(schema, root)) {
+      BigIntVector id = (BigIntVector) r.getVector("id");
+      org.apache.arrow.vector.Float4Vector x = (org.apache.arrow.vector.Float4Vector) r.getVector("x");
+      id.allocateNew(ids.length);
+      x.allocateNew(ids.length);
+      for (int i = 0; i < ids.length; i++) {
+        id.set(i, ids[i]);
+        x.set(i, ids[i] * 10f);
+      }
+      r.setRowCount(ids.length);
+      String cmd = "{\"prep.put\":{\"group\":\"" + j.get("group").asText() + "\",\"member\":" + j.get("member")
+          + ",\"epoch\":" + epoch + ",\"batch\":" + batch + "}}";
+      FlightClient.ClientStreamListener put = client.startPut(
+          org.apache.arrow.flight.FlightDescriptor.command(cmd.getBytes(StandardCharsets.UTF_8)), r,
+          new org.apache.arrow.flight.AsyncPutListener(), auth);
+      put.putNext();
+      put.completed();
+      put.getResult();
+    }
+  }
+
+  static long[] ids(JsonNode claim) {
+    long[] out = new long[claim.get("ids").size()];
+    for (int i = 0; i < out.length; i++) {
+      out[i] = claim.get("ids").get(i).asLong();
+    }
+    return out;
+  }
+
+  @Test
+  void membersShareBatchesTheyPrepareThemselvesAndADeadClaimerIsReplaced() throws Exception {
+    String body = "{\"dataset\":\"imgs\",\"pipeline\":{\"python\":\"torchvision-v1\"},\"batch_size\":5,"
+        + "\"group_size\":2,\"member_timeout_s\":0.5}";
+    JsonNode a = action("prep.join", body);
+    JsonNode b = action("prep.join", body);
+    assertEquals(a.get("group"), b.get("group"));
+    JsonNode ca = claim(a, 0, 0);
+    assertEquals("produce", ca.get("state").asText());
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try {
+      Future<JsonNode> cb = pool.submit(() -> claim(b, 0, 0)); // waits: a prepares it
+      FlightRuntimeException wrong = assertThrows(FlightRuntimeException.class, () -> upload(b, 0, 0, ids(ca)));
+      assertTrue(wrong.getMessage().contains("did not claim"), wrong.getMessage());
+      upload(a, 0, 0, ids(ca));
+      assertEquals("ready", cb.get().get("state").asText());
+      for (JsonNode m : List.of(a, b)) {
+        PrepTicket t = new PrepTicket(m.get("group").asText(), m.get("member").asLong(), 0, 0);
+        try (FlightStream st = client.getStream(t.toTicket(), auth)) {
+          assertTrue(st.next());
+          BigIntVector id = (BigIntVector) st.getRoot().getVector("id");
+          org.apache.arrow.vector.Float4Vector x = (org.apache.arrow.vector.Float4Vector) st.getRoot().getVector("x");
+          assertEquals(ids(ca).length, st.getRoot().getRowCount());
+          for (int i = 0; i < st.getRoot().getRowCount(); i++) {
+            assertEquals(ids(ca)[i], id.get(i));
+            assertEquals(ids(ca)[i] * 10f, x.get(i));
+          }
+        }
+      }
+      // a claims batch 1 and dies (no more calls): after the timeout b gets to prepare it.
+      assertEquals("produce", claim(a, 0, 1).get("state").asText());
+      JsonNode cb1 = claim(b, 0, 1);
+      assertEquals("produce", cb1.get("state").asText());
+      JsonNode s = groupStats(b);
+      assertEquals(a.get("member").asLong(), s.get("dropped").get(0).get("member").asLong());
+      assertEquals("members", s.get("prep").asText());
+      assertEquals(1, s.get("batches_prepared").asInt());
+      assertEquals(1, s.get("batches_uploaded_by_member").get(a.get("member").asText()).asInt());
+    } finally {
+      pool.shutdownNow();
+    }
+  }
+
 }
