@@ -396,4 +396,38 @@ class PrepServiceTest {
     }
   }
 
+
+  @Test
+  void aLateJoinerStartsAtTheNextWholeEpoch() throws Exception {
+    JsonNode early = join(",\"seed\":31,\"window\":2");
+    assertEquals(0, early.get("start_epoch").asInt());
+    JsonNode alsoEarly = join(",\"seed\":31,\"window\":2"); // nothing read yet: epoch 0 is still whole
+    assertEquals(0, alsoEarly.get("start_epoch").asInt());
+    action("prep.leave", "{\"group\":\"" + alsoEarly.get("group").asText() + "\",\"member\":"
+        + alsoEarly.get("member") + "}");
+    List<Batch> e0 = new ArrayList<>(List.of(get(early, 0, 0), get(early, 0, 1)));
+    JsonNode late = join(",\"seed\":31,\"window\":2");
+    assertEquals(early.get("group"), late.get("group"));
+    assertEquals(1, late.get("start_epoch").asInt(), "batch 0 of epoch 0 is gone: the late joiner starts at epoch 1");
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> get(late, 0, 2));
+    assertTrue(e.getMessage().contains("joined at epoch 1"), e.getMessage());
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try {
+      Future<List<Batch>> lateE1 = pool.submit(() -> epoch(late, 1)); // waits while `early` finishes epoch 0
+      for (int b = 2; b < 5; b++) {
+        e0.add(get(early, 0, b));
+      }
+      assertEquals(N, sortedIds(e0).length);
+      List<Batch> earlyE1 = epoch(early, 1);
+      List<Batch> got = lateE1.get();
+      for (int b = 0; b < 5; b++) {
+        assertArrayEquals(earlyE1.get(b).ids(), got.get(b).ids());
+        assertArrayEquals(earlyE1.get(b).tensor(), got.get(b).tensor());
+      }
+      assertEquals(5, groupStats(early).get("batches_prepared_per_epoch").get("1").asInt(), "epoch 1 prepared once");
+    } finally {
+      pool.shutdownNow();
+    }
+  }
+
 }
