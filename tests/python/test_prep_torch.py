@@ -60,10 +60,13 @@ def test_three_torch_jobs_share_one_group_and_each_batch_is_prepared_once(env: P
     assert s["state"] == "closed" and s["dropped"] == []
 
 
-def test_a_killed_member_is_dropped_and_the_others_finish(env: PrepEnv, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["flight", "shm"])
+def test_a_killed_member_is_dropped_and_the_others_finish(env: PrepEnv, tmp_path: Path, transport: str) -> None:
     outs = [tmp_path / f"m{i}.json" for i in range(3)]
-    # Member 2 SIGKILLs itself after 2 batches; member_timeout 1.5 s. Batches over Flight this time.
-    procs = [env.member(o, "torch", "2", "3", "2", "1.5", "2" if i == 2 else "0", "NCHW", "flight")
+    # Member 2 SIGKILLs itself after 2 batches (a shared-memory member dies holding a mapped batch);
+    # member_timeout 1.5 s. The seed differs per transport: two separate groups.
+    seed = "2" if transport == "flight" else "12"
+    procs = [env.member(o, "torch", seed, "3", "2", "1.5", "2" if i == 2 else "0", "NCHW", transport)
              for i, o in enumerate(outs)]
     logs = wait_all(procs)
     assert procs[2].returncode == -9
@@ -73,7 +76,7 @@ def test_a_killed_member_is_dropped_and_the_others_finish(env: PrepEnv, tmp_path
     killed = results[2]
     assert len(killed["epochs"]["0"]) == 2
     assert killed["epochs"]["0"] == results[0]["epochs"]["0"][:2], "it saw the group's batches until it died"
-    assert not killed["info"]["shm"]
+    assert killed["info"]["shm"] == (transport == "shm")
     s = env.group_stats(killed["info"]["group"])
     assert [d["member"] for d in s["dropped"]] == [killed["info"]["member"]]
     assert "no heartbeat" in s["dropped"][0]["reason"]

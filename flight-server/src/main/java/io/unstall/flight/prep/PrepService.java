@@ -339,6 +339,7 @@ public final class PrepService implements AutoCloseable {
     }
     pool.shutdownNow();
     pool.awaitTermination(10, TimeUnit.SECONDS);
+    ShmTensor.removeDir(); // every group freed its files
     allocator.close();
   }
 }

@@ -67,6 +67,16 @@ final class ShmTensor extends ForeignAllocation {
     }
   }
 
+  /** Removes this sidecar's (empty) directory at shutdown. */
+  static void removeDir() {
+    Path d = ROOT.resolve("unstall-prep-" + ProcessHandle.current().pid());
+    try {
+      Files.deleteIfExists(d);
+    } catch (IOException e) {
+      LOG.warn("cannot remove {}: {}", d, e.toString());
+    }
+  }
+
   static ShmTensor create(Path path, long size) throws IOException {
     if (size > Integer.MAX_VALUE) {
       throw new IOException("a shared-memory batch is limited to 2 GiB, this one needs " + size + " bytes");

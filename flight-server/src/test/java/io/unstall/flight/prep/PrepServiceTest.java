@@ -98,6 +98,8 @@ class PrepServiceTest {
       plane.close();
     }
     root.close(); // throws if anything leaked, staging included
+    assertFalse(Files.exists(ShmTensor.ROOT.resolve("unstall-prep-" + ProcessHandle.current().pid())),
+        "no shared-memory files left behind");
   }
 
   JsonNode action(String type, String body) throws Exception {
