@@ -6,8 +6,10 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.protocol.BatchSchema;
+import java.io.IOException;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -23,6 +25,7 @@ import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.LockSupport;
+import java.util.function.BooleanSupplier;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightProducer.ServerStreamListener;
 import org.apache.arrow.flight.FlightRuntimeException;
@@ -30,6 +33,7 @@ import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.vector.BigIntVector;
 import org.apache.arrow.vector.BitVectorHelper;
+import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.FixedSizeBinaryVector;
 import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorLoader;
@@ -105,7 +109,7 @@ final class PrepGroup {
   static final int PRODUCERS = 2;
   private final List<Thread> producers = new ArrayList<>();
   private final Object orderLock = new Object();
-  private final java.nio.file.Path shmDir; // null: prepared tensors live in ordinary Arrow memory
+  private final Path shmDir; // null: prepared tensors live in ordinary Arrow memory
 
   // Guarded by this.
   private final Map<Long, Member> members = new LinkedHashMap<>();
@@ -181,11 +185,11 @@ final class PrepGroup {
         ? requested.window() // uploads wait for room in staging_bytes instead
         : (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch));
     this.stagingLimit = staging;
-    java.nio.file.Path shm = null;
+    Path shm = null;
     if (requested.shm() && pipeline != null && ShmTensor.available()) {
       try {
         shm = ShmTensor.dir();
-      } catch (java.io.IOException e) {
+      } catch (IOException e) {
         LOG.warn("prep group {}: no shared memory ({}); members get batches over Flight", id, e.toString());
       }
     }
@@ -658,7 +662,7 @@ final class PrepGroup {
    * names its /dev/shm file. The member holds that batch until it asks for a later one (or leaves), since
    * it maps the file after this returns.
    */
-  ObjectNode next(long memberId, long epoch, long batch, java.util.function.BooleanSupplier cancelled)
+  ObjectNode next(long memberId, long epoch, long batch, BooleanSupplier cancelled)
       throws InterruptedException {
     if (shmDir == null) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
@@ -726,7 +730,7 @@ final class PrepGroup {
     return pos;
   }
 
-  private void awaitStaged(Member m, long pos, java.util.function.BooleanSupplier cancelled)
+  private void awaitStaged(Member m, long pos, BooleanSupplier cancelled)
       throws InterruptedException {
     while (!staged.containsKey(pos)) {
       FlightRuntimeException f = failed.get(pos);
@@ -755,7 +759,7 @@ final class PrepGroup {
    * A claimer that is dropped or leaves gives its claim back, so a dead job never blocks the others for longer
    * than the member timeout.
    */
-  ObjectNode claim(long memberId, long epoch, long batch, java.util.function.BooleanSupplier cancelled)
+  ObjectNode claim(long memberId, long epoch, long batch, BooleanSupplier cancelled)
       throws InterruptedException {
     if (!external) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
@@ -805,11 +809,11 @@ final class PrepGroup {
   }
 
   /** Stages a batch a member prepared (DoPut): its ids must be the claimed batch's, its size within staging. */
-  void upload(long memberId, long epoch, long batch, VectorSchemaRoot in, java.util.function.BooleanSupplier cancelled)
+  void upload(long memberId, long epoch, long batch, VectorSchemaRoot in, BooleanSupplier cancelled)
       throws InterruptedException {
     long pos = epoch * numBatches + batch;
     long bytes = 0;
-    for (org.apache.arrow.vector.FieldVector v : in.getFieldVectors()) {
+    for (FieldVector v : in.getFieldVectors()) {
       bytes += v.getBufferSize();
     }
     synchronized (this) {
@@ -822,7 +826,7 @@ final class PrepGroup {
       int from = (int) batch * key.batchSize();
       int to = Math.min(from + key.batchSize(), numSamples);
       int[] order = order(epoch);
-      org.apache.arrow.vector.FieldVector idv = in.getVector(PrepSchema.ID);
+      FieldVector idv = in.getVector(PrepSchema.ID);
       boolean idsOk = idv instanceof BigIntVector && in.getRowCount() == to - from;
       for (int i = 0; idsOk && i < to - from; i++) {
         idsOk = ((BigIntVector) idv).get(i) == order[from + i];

@@ -7,6 +7,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
+import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -19,11 +20,14 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BooleanSupplier;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.ActionType;
 import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.flight.FlightDescriptor;
 import org.apache.arrow.flight.FlightProducer.ServerStreamListener;
 import org.apache.arrow.flight.FlightProducer.StreamListener;
+import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.Ticket;
 import org.apache.arrow.memory.BufferAllocator;
 
@@ -98,7 +102,7 @@ public final class PrepService implements AutoCloseable {
   }
 
   /** Runs a {@code prep.*} action; the result is one UTF-8 JSON document. */
-  public byte[] doAction(Action action, java.util.function.BooleanSupplier cancelled) throws Exception {
+  public byte[] doAction(Action action, BooleanSupplier cancelled) throws Exception {
     String type = action.getType();
     String out = switch (type) {
       case ACTION_JOIN -> join(body(action)).toString();
@@ -142,16 +146,16 @@ public final class PrepService implements AutoCloseable {
    * DoPut of a member-prepared batch: the descriptor is a command {@code {"prep.put":{"group","member","epoch",
    * "batch"}}}, the stream one record batch.
    */
-  public static boolean handlesPut(org.apache.arrow.flight.FlightDescriptor d) {
+  public static boolean handlesPut(FlightDescriptor d) {
     return d.isCommand() && new String(d.getCommand(), StandardCharsets.UTF_8).startsWith("{\"prep.put\"");
   }
 
-  public void acceptPut(org.apache.arrow.flight.FlightStream stream, java.util.function.BooleanSupplier cancelled)
+  public void acceptPut(FlightStream stream, BooleanSupplier cancelled)
       throws Exception {
     JsonNode c;
     try {
       c = JSON.readTree(stream.getDescriptor().getCommand()).get("prep.put");
-    } catch (java.io.IOException e) {
+    } catch (IOException e) {
       throw new IllegalArgumentException("prep.put: the descriptor command is not valid JSON");
     }
     if (c == null || !c.isObject()) {
@@ -187,7 +191,7 @@ public final class PrepService implements AutoCloseable {
         throw new IllegalArgumentException(action.getType() + ": the body must be a JSON object");
       }
       return n;
-    } catch (java.io.IOException e) {
+    } catch (IOException e) {
       throw new IllegalArgumentException(action.getType() + ": the body is not valid JSON (" + e.getMessage() + ")");
     }
   }
