@@ -175,8 +175,9 @@ def run_unstall(
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        # The warm-up prefix is read first and MinIO never evicts it: the cache gets room for it on top.
-        cache = policy_capacity + warmup_bytes if policy_capacity else 0
+        # The warm-up prefix is read first and MinIO never evicts it: a MinIO cache gets room for it on top
+        # (LRU evicts it during epoch 0 anyway, so it keeps the plain capacity).
+        cache = policy_capacity + warmup_bytes if config.startswith("MinIO") else policy_capacity
         with unstall.Sidecar(home=home, cache_capacity=cache, memory_budget=2 * cache + (256 << 20),
                              extra_args=extra) as sc:
             warm_up_jvm(sc, args.batch_size)
@@ -275,8 +276,8 @@ def table(rows: List[EpochRow], dataset_mb: float, capacity_mb: float, args: arg
         f"Dataset {dataset_mb:.0f} MB ({args.samples} samples of ~{args.sample_kb} KB) in S3 (S3Proxy), storage "
         f"throttled to {args.bandwidth / 1e6:.0f} MB/s, memory cache {capacity_mb:.0f} MB (half the dataset), "
         f"batch {args.batch_size}, {args.workers} workers, {args.step_ms} ms of compute per batch. Each sidecar first "
-        f"reads a separate 300-sample prefix twice (JIT warm-up, as in a long-running sidecar; its cache gets "
-        f"room for that prefix on top of the capacity).",
+        f"reads a separate 300-sample prefix twice (JIT warm-up, as in a long-running sidecar; a MinIO cache "
+        f"gets room for that prefix on top of the capacity).",
         "",
         "| config | epoch | MB from storage | expected (MinIO: dataset - cached) | epoch s | stall s | stall % | notes |",
         "|---|---|---|---|---|---|---|---|",
