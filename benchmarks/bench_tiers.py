@@ -223,7 +223,7 @@ def warm_up_jvm(sc: unstall.Sidecar, batch: int) -> None:
 
 
 class _Bucket:
-    """A token bucket per worker process: bandwidth / workers each."""
+    """A token bucket per worker process: bandwidth / workers each, 100 ms of burst (as the sidecar's)."""
 
     def __init__(self, rate: float) -> None:
         self.rate, self.tokens, self.last = rate, 0.0, time.perf_counter()
@@ -232,7 +232,7 @@ class _Bucket:
     def take(self, n: int) -> None:
         with self.lock:
             now = time.perf_counter()
-            self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate) - n
+            self.tokens = min(self.rate / 10, self.tokens + (now - self.last) * self.rate) - n
             self.last = now
             wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
         if wait > 0:

@@ -58,7 +58,7 @@ def main() -> int:
 
 def _steady_rate(marks: list) -> float | None:
     """Bytes/s over the second half of the pass: a link's initial burst (the sidecar's throttle allows
-    one second of it) and connection set-up stay out of it. This is DS-Analyzer's separate storage
+    100 ms of it) and connection set-up stay out of it. This is DS-Analyzer's separate storage
     bandwidth measurement."""
     if len(marks) < 4:
         return None

@@ -6,7 +6,7 @@ import java.util.concurrent.locks.LockSupport;
 /**
  * A token bucket on storage bytes, shared by every dataset of a sidecar: it stands in for a constrained link
  * to remote storage in benchmarks and experiments ({@code --storage-bandwidth}). Reads wait for their bytes;
- * at most one second of burst accumulates.
+ * at most 100 ms worth of burst accumulates, so short epochs see the stated bandwidth.
  */
 public final class Throttle {
   private final double bytesPerNano;
@@ -19,7 +19,7 @@ public final class Throttle {
       throw new IllegalArgumentException("storage bandwidth must be > 0 bytes/s, got " + bytesPerSecond);
     }
     this.bytesPerNano = bytesPerSecond / 1e9;
-    this.burst = bytesPerSecond;
+    this.burst = bytesPerSecond / 10.0;
     this.last = System.nanoTime();
   }
 
