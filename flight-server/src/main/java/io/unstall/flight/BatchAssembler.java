@@ -56,23 +56,25 @@ public final class BatchAssembler {
     return digest != null && (cache.contains(digest) || (disk != null && disk.contains(digest)));
   }
 
-  /** Checks the ticket's ids against the dataset and returns them with the batch's payload size. */
-  public static int[] checkedIds(Dataset d, FetchTicket t) {
+  /** A ticket's ids, checked against the dataset, and the payload bytes of the batch they make. */
+  public record CheckedIds(int[] ids, long payloadBytes) {}
+
+  /** Checks the ticket's ids against the dataset (range, and a batch under 2 GiB). */
+  public static CheckedIds checkedIds(Dataset d, FetchTicket t) {
     int[] ids = new int[t.size()];
-    long bytes = 0;
     for (int i = 0; i < ids.length; i++) {
       ids[i] = d.checkId(t.id(i));
-      bytes += d.length(ids[i]);
     }
+    long bytes = payloadBytes(d, ids);
     if (bytes > Integer.MAX_VALUE) {
       throw new IllegalArgumentException(
           "a batch of dataset '" + d.name() + "' would carry " + bytes + " payload bytes; Arrow binary columns"
               + " hold < 2 GiB: ask for fewer samples per ticket");
     }
-    return ids;
+    return new CheckedIds(ids, bytes);
   }
 
-  public static long payloadBytes(Dataset d, int[] ids) {
+  private static long payloadBytes(Dataset d, int[] ids) {
     long bytes = 0;
     for (int id : ids) {
       bytes += d.length(id);

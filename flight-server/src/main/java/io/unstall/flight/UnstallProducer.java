@@ -75,10 +75,10 @@ public final class UnstallProducer extends NoOpFlightProducer {
       }
       FetchTicket t = FetchTicket.from(ticket);
       Dataset d = registry.get(t.dataset());
-      int[] ids = BatchAssembler.checkedIds(d, t);
+      BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t);
       logEpochStart(d, t.epoch());
-      try (StreamBudget.Reservation r = budget.acquire(budget.cost(BatchAssembler.payloadBytes(d, ids), ids.length))) {
-        root = assembler.assemble(d, t.epoch(), ids, streams);
+      try (StreamBudget.Reservation r = budget.acquire(budget.cost(batch.payloadBytes(), batch.ids().length))) {
+        root = assembler.assemble(d, t.epoch(), batch.ids(), streams);
       }
       listener.start(root);
       awaitReady(listener);

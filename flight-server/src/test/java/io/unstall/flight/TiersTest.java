@@ -101,13 +101,16 @@ class TiersTest {
     }
   }
 
+  private static DataPlane withDiskTier(BufferAllocator root, Path tier, long memoryCache) throws Exception {
+    return DataPlane.builder(root, TOKEN).port(0).cacheCapacity(memoryCache).diskTier(tier, 1 << 20).build().start();
+  }
+
   @Test
   void theDiskTierSurvivesARestartAndACorruptEntryIsRefetched() throws Exception {
     Path tier = dir.resolve("tier");
     String data = folder("d");
     try (BufferAllocator root = new RootAllocator(64L << 20);
-        DataPlane plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(2L * SAMPLE)
-            .diskTier(tier, 1 << 20).build().start();
+        DataPlane plane = withDiskTier(root, tier, 2L * SAMPLE);
         FlightTestClient c = new FlightTestClient(root, plane)) {
       plane.registry().register("d", "imagefolder", data);
       c.fetch("d", 0, range(N));
@@ -115,8 +118,7 @@ class TiersTest {
     }
     // Restart: the memory cache is empty, the disk tier and the manifest are not.
     try (BufferAllocator root = new RootAllocator(64L << 20);
-        DataPlane plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(0)
-            .diskTier(tier, 1 << 20).build().start();
+        DataPlane plane = withDiskTier(root, tier, 0);
         FlightTestClient c = new FlightTestClient(root, plane)) {
       plane.registry().register("d", "imagefolder", data);
       assertAllBytes("d", c.fetch("d", 0, range(N)), range(N));
@@ -133,8 +135,7 @@ class TiersTest {
       ch.write(one, pos);
     }
     try (BufferAllocator root = new RootAllocator(64L << 20);
-        DataPlane plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(0)
-            .diskTier(tier, 1 << 20).build().start();
+        DataPlane plane = withDiskTier(root, tier, 0);
         FlightTestClient c = new FlightTestClient(root, plane)) {
       plane.registry().register("d", "imagefolder", data);
       assertAllBytes("d", c.fetch("d", 0, range(N)), range(N));
