@@ -7,6 +7,7 @@ import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.protocol.FetchTicket;
+import io.unstall.flight.shm.ShmRef;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.ArrayList;
@@ -56,14 +57,30 @@ public final class BatchAssembler {
     return digest != null && (cache.contains(digest) || (disk != null && disk.contains(digest)));
   }
 
+  /**
+   * Who a batch is for: the owner of the prefetch plan it may be served from (a session, or the dataset's
+   * name for Flight clients) and the counters it counts into.
+   */
+  public record Requester(String owner, DatasetStats stats) {
+    /** A Flight client without a session: the dataset's own plan and counters. */
+    public static Requester of(Dataset d) {
+      return new Requester(d.name(), d.stats());
+    }
+  }
+
   /** A ticket's ids, checked against the dataset, and the payload bytes of the batch they make. */
   public record CheckedIds(int[] ids, long payloadBytes) {}
 
   /** Checks the ticket's ids against the dataset (range, and a batch under 2 GiB). */
   public static CheckedIds checkedIds(Dataset d, FetchTicket t) {
-    int[] ids = new int[t.size()];
+    return checkedIds(d, t.ids());
+  }
+
+  /** Checks ids against the dataset (range, and a batch under 2 GiB). */
+  public static CheckedIds checkedIds(Dataset d, long[] requested) {
+    int[] ids = new int[requested.length];
     for (int i = 0; i < ids.length; i++) {
-      ids[i] = d.checkId(t.id(i));
+      ids[i] = d.checkId(requested[i]);
     }
     long bytes = payloadBytes(d, ids);
     if (bytes > Integer.MAX_VALUE) {
@@ -82,8 +99,9 @@ public final class BatchAssembler {
     return bytes;
   }
 
-  /** Assembles the batch; the caller owns (and closes) the returned root. */
-  public VectorSchemaRoot assemble(Dataset d, long epoch, int[] ids, BufferAllocator allocator) throws IOException {
+  /** Assembles the batch for Flight, every payload copied into it; the caller owns (and closes) the root. */
+  public VectorSchemaRoot assemble(Dataset d, Requester r, long epoch, int[] ids, BufferAllocator allocator)
+      throws IOException {
     int n = ids.length;
     VectorSchemaRoot root = VectorSchemaRoot.create(BatchSchema.SCHEMA, allocator);
     try {
@@ -96,23 +114,17 @@ public final class BatchAssembler {
       keyVec.allocateNew(n);
       payload.allocateNew(Math.max(1, payloadBytes(d, ids)), n);
 
-      DatasetStats.Epoch stats = d.stats().epoch(epoch);
       ArrowBuf data = payload.getDataBuffer();
       ArrowBuf offsets = payload.getOffsetBuffer();
       ArrowBuf validity = payload.getValidityBuffer();
+      long[] at = new long[n];
       int off = 0;
-      List<Runnable> misses = new ArrayList<>();
       for (int i = 0; i < n; i++) {
         int id = ids[i];
-        int len = d.length(id);
-        if (!fillFromTiers(d, epoch, id, data, off, len, stats)) {
-          int at = off;
-          misses.add(() -> readMiss(d, id, data, at, len, stats));
-        }
-        off += len;
+        at[i] = off;
+        off += d.length(id);
         offsets.setInt((long) (i + 1) * Integer.BYTES, off);
         BitVectorHelper.setBit(validity, i);
-
         idVec.set(i, id);
         if (d.labelled()) {
           labelVec.set(i, d.label(id));
@@ -121,7 +133,7 @@ public final class BatchAssembler {
         }
         keyVec.setSafe(i, d.key(id).getBytes(StandardCharsets.UTF_8));
       }
-      readAll(misses);
+      fill(d, r, epoch, ids, null, data, at);
       payload.setLastSet(n - 1);
       root.setRowCount(n);
       return root;
@@ -131,13 +143,88 @@ public final class BatchAssembler {
     }
   }
 
+  /** Makes the staging buffer of a same-host batch: shared memory of {@code bytes}, counted by the budget. */
+  public interface Staging {
+    ArrowBuf allocate(long bytes) throws IOException;
+  }
+
+  /**
+   * Assembles a batch for a client on this host: rows whose bytes sit in the shared-memory cache are
+   * referenced in place (never copied); the others (LRU or disk hits, prefetched samples, misses read from
+   * storage) are copied or read into one staging buffer from {@code staging}, called only if some row needs it.
+   * {@code refs[i]} is set for referenced rows; the others are at {@code stagedAt[i]} in the returned buffer.
+   * Returns the staging buffer (the caller closes it), or null when every row was referenced.
+   */
+  public ArrowBuf assembleLocal(
+      Dataset d, Requester r, long epoch, int[] ids, ShmRef[] refs, long[] stagedAt, Staging staging)
+      throws IOException {
+    DatasetStats.Epoch stats = r.stats().epoch(epoch);
+    long staged = 0;
+    for (int i = 0; i < ids.length; i++) {
+      int id = ids[i];
+      Digest digest = d.digest(id);
+      ShmRef ref = digest == null ? null : cache.locate(digest, d.name());
+      if (ref != null) {
+        prefetcher.skip(r.owner(), epoch, id); // served from the cache: a staged copy is not needed
+        stats.hit(ref.length());
+        refs[i] = ref;
+      } else {
+        stagedAt[i] = staged;
+        staged += d.length(id);
+      }
+    }
+    if (staged == 0 && allReferenced(refs)) {
+      return null;
+    }
+    ArrowBuf buf = staging.allocate(staged);
+    try {
+      fill(d, r, epoch, ids, refs, buf, stagedAt);
+      return buf;
+    } catch (IOException | RuntimeException e) {
+      buf.close();
+      throw e;
+    }
+  }
+
+  private static boolean allReferenced(ShmRef[] refs) {
+    for (ShmRef ref : refs) {
+      if (ref == null) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  /**
+   * Fills every row not in {@code refs} into {@code data} at {@code at[i]} from the first tier that has it,
+   * then reads the rest from storage in parallel.
+   */
+  private void fill(Dataset d, Requester r, long epoch, int[] ids, ShmRef[] refs, ArrowBuf data, long[] at)
+      throws IOException {
+    DatasetStats.Epoch stats = r.stats().epoch(epoch);
+    List<Runnable> misses = new ArrayList<>();
+    for (int i = 0; i < ids.length; i++) {
+      if (refs != null && refs[i] != null) {
+        continue;
+      }
+      int id = ids[i];
+      int len = d.length(id);
+      long off = at[i];
+      if (!fillFromTiers(d, r.owner(), epoch, id, data, off, len, stats)) {
+        misses.add(() -> readMiss(d, id, data, off, len, stats));
+      }
+    }
+    readAll(misses);
+  }
+
   /**
    * Copies sample {@code id} into {@code data[off..off+len)} from the first tier that has it; false if none
    * does and it must be read from storage.
    */
   private boolean fillFromTiers(
-      Dataset d, long epoch, int id, ArrowBuf data, int off, int len, DatasetStats.Epoch stats) throws IOException {
-    if (prefetcher.take(d, epoch, id, data, off)) {
+      Dataset d, String owner, long epoch, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats)
+      throws IOException {
+    if (prefetcher.take(d, owner, epoch, id, data, off)) {
       stats.prefetchHit();
       return true;
     }
@@ -156,7 +243,7 @@ public final class BatchAssembler {
     return false;
   }
 
-  private void readMiss(Dataset d, int id, ArrowBuf data, int off, int len, DatasetStats.Epoch stats) {
+  private void readMiss(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) {
     try {
       readFromStorage(d, id, data, off, len);
       stats.miss(len);

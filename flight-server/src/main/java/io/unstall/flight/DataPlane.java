@@ -5,6 +5,11 @@ import io.unstall.flight.cache.LruCache;
 import io.unstall.flight.cache.MinioCache;
 import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.DatasetRegistry;
+import io.unstall.flight.local.LocalServer;
+import io.unstall.flight.local.LocalService;
+import io.unstall.flight.prep.PrepService;
+import io.unstall.flight.session.Sessions;
+import io.unstall.flight.shm.SharedMemory;
 import java.io.File;
 import java.io.IOException;
 import java.net.BindException;
@@ -20,16 +25,24 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * The Flight data plane: the dataset registry, the cache and the Flight server, with their allocators. It
- * takes a parent allocator (the process's root, owned by main) and creates and closes its own children:
- * "cache" (the cache's capacity) and "streams" (batches in flight: the rest of the budget).
+ * The data plane's composition root: it builds every service and child allocator, and closes them in
+ * reverse. It takes a parent allocator (the process's root, owned by main) and creates its children:
+ * "cache" (the cache's capacity), "prefetch" (the prefetch window) and "streams" (batches in flight, local
+ * staging and prep staging: the rest of the budget). Clients reach it over Flight (any host) and, on this
+ * host, over the local socket that hands out shared-memory references ({@code SharedMemory}).
  */
 public final class DataPlane implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(DataPlane.class);
+  /** The sidecar's shared-memory directory is /dev/shm/unstall-<pid>; the local socket lives in it. */
+  public static final String SHM_PREFIX = "unstall-";
+  public static final String SOCKET = "data.sock";
 
   private final DatasetRegistry registry = new DatasetRegistry();
   private final SampleCache cache;
   private final DiskTier disk;
+  private final SharedMemory shm; // null: no same-host plane
+  private final Sessions sessions;
+  private final LocalServer local; // null with shm
   private final BatchAssembler assembler;
   private final BufferAllocator streams;
   private final UnstallProducer producer;
@@ -50,8 +63,9 @@ public final class DataPlane implements AutoCloseable {
               + " bytes) must be below --memory-budget (" + budget + " bytes)");
     }
     this.tls = b.tls;
+    this.shm = b.sharedMemory && SharedMemory.available() ? SharedMemory.create(SHM_PREFIX) : null;
     this.cache = switch (b.cachePolicy) {
-      case "minio" -> new MinioCache(b.parent, b.cacheCapacity);
+      case "minio" -> new MinioCache(b.parent, b.cacheCapacity, shm);
       case "lru" -> new LruCache(b.parent, b.cacheCapacity);
       default -> throw new IllegalArgumentException(
           "invalid value for option '--cache-policy': '" + b.cachePolicy + "' (choose minio or lru)");
@@ -68,8 +82,12 @@ public final class DataPlane implements AutoCloseable {
     this.assembler = new BatchAssembler(
         cache, disk, b.parent, b.prefetchWindowBytes, b.prefetchWindowSamples, b.prefetchThreads);
     this.streams = b.parent.newChildAllocator("streams", 0, budget - cacheReserve - b.prefetchWindowBytes);
-    this.producer = new UnstallProducer(
-        registry, cache, disk, assembler, streams, new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS));
+    StreamBudget streamBudget = new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS);
+    this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
+    this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
+        new PrepService(registry, assembler, streams), sessions);
+    this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
+        new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm));
     Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
     FlightServer.Builder sb =
         FlightServer.builder(streams, location, producer)
@@ -88,6 +106,9 @@ public final class DataPlane implements AutoCloseable {
   public DataPlane start() throws IOException {
     try {
       server.start();
+      if (local != null) {
+        local.start();
+      }
     } catch (IOException e) {
       if (isBindFailure(e)) {
         BindException be = new BindException("Flight port " + server.getLocation().getUri().getPort() + " on "
@@ -116,6 +137,15 @@ public final class DataPlane implements AutoCloseable {
   public Location location() {
     String host = server.getLocation().getUri().getHost();
     return tls ? Location.forGrpcTls(host, port()) : Location.forGrpcInsecure(host, port());
+  }
+
+  /** The local socket of same-host clients, or null when there is no shared-memory plane. */
+  public Path localEndpoint() {
+    return local == null ? null : local.path();
+  }
+
+  public Sessions sessions() {
+    return sessions;
   }
 
   public DatasetRegistry registry() {
@@ -150,7 +180,13 @@ public final class DataPlane implements AutoCloseable {
       server.close();
     } finally {
       producer.logStats();
-      AutoCloseables.close(producer.prep(), assembler::close, registry, cache, disk, streams);
+      try {
+        AutoCloseables.close(local, producer.prep(), assembler::close, registry, cache, disk, streams);
+      } finally {
+        if (shm != null) {
+          shm.remove();
+        }
+      }
     }
   }
 
@@ -170,6 +206,7 @@ public final class DataPlane implements AutoCloseable {
     private int prefetchThreads = 8;
     private long storageBandwidth;
     private boolean tls;
+    private boolean sharedMemory = true;
     private File certChain;
     private File privateKey;
 
@@ -217,6 +254,12 @@ public final class DataPlane implements AutoCloseable {
     /** Throttle storage reads to {@code bytesPerSecond} (0: unthrottled), as a slow remote link would. */
     public Builder storageBandwidth(long bytesPerSecond) {
       this.storageBandwidth = bytesPerSecond;
+      return this;
+    }
+
+    /** Whether clients on this host get the shared-memory plane (the local socket); on by default. */
+    public Builder sharedMemory(boolean on) {
+      this.sharedMemory = on;
       return this;
     }
 

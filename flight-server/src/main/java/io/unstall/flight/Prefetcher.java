@@ -36,9 +36,10 @@ public final class Prefetcher implements AutoCloseable {
     boolean test(Dataset d, int id);
   }
 
-  private record Key(String dataset, int id) {}
+  /** A staged sample of one plan owner (a session, or a dataset for Flight clients without one). */
+  private record Key(String owner, int id) {}
 
-  /** One dataset's current epoch plan: its driver and which ids batches have already served. */
+  /** One owner's current epoch plan: its driver and which ids batches have already served. */
   private static final class Plan {
     final long epoch;
     final java.util.concurrent.atomic.AtomicLongArray served;
@@ -90,21 +91,34 @@ public final class Prefetcher implements AutoCloseable {
     return allocator.getLimit() > 0 && windowSamples > 0;
   }
 
-  /** Starts prefetching {@code ids} (the epoch's order) for {@code d}, replacing its previous plan. */
-  public void plan(Dataset d, long epoch, int[] ids) {
+  /**
+   * Starts prefetching {@code ids} (the epoch's order of {@code d}) for {@code owner} (a session id, or the
+   * dataset's name for Flight clients), replacing that owner's previous plan. The window counts the samples
+   * served to {@code stats} (the owner's counters).
+   */
+  public void plan(Dataset d, String owner, DatasetStats stats, long epoch, int[] ids) {
     if (!enabled()) {
       throw new IllegalArgumentException(
           "prefetch is disabled on this sidecar (--prefetch-window 0); start it with a prefetch window");
     }
     Plan plan = new Plan(epoch, d.size());
-    Plan old = plans.put(d.name(), plan);
+    Plan old = plans.put(owner, plan);
     if (old != null) {
       old.driver.cancel(true);
-      dropStaged(d.name()); // what the last epoch staged but never served
+      dropStaged(owner); // what the last epoch staged but never served
     }
-    plan.driver = drivers.submit(() -> drive(d, plan, ids));
-    LOG.info("dataset '{}' epoch {}: prefetching {} samples, window {} samples / {} bytes", d.name(), epoch,
-        ids.length, windowSamples, allocator.getLimit());
+    plan.driver = drivers.submit(() -> drive(d, owner, stats, plan, ids));
+    LOG.info("dataset '{}' ({}) epoch {}: prefetching {} samples, window {} samples / {} bytes", d.name(), owner,
+        epoch, ids.length, windowSamples, allocator.getLimit());
+  }
+
+  /** Stops {@code owner}'s plan and frees what it staged (its session ended). */
+  public void cancel(String owner) {
+    Plan old = plans.remove(owner);
+    if (old != null) {
+      old.driver.cancel(true);
+      dropStaged(owner);
+    }
   }
 
   /**
@@ -112,13 +126,13 @@ public final class Prefetcher implements AutoCloseable {
    * both: a batch marks the id served before it looks for staging, and this claims staging before it
    * checks the mark again (see {@link #take}).
    */
-  private void drive(Dataset d, Plan plan, int[] ids) {
+  private void drive(Dataset d, String owner, DatasetStats counters, Plan plan, int[] ids) {
     long epoch = plan.epoch;
-    DatasetStats.Epoch stats = d.stats().epoch(epoch);
+    DatasetStats.Epoch stats = counters.epoch(epoch);
     try {
       for (int p = 0; p < ids.length; p++) {
         int id = ids[p];
-        Key key = new Key(d.name(), id);
+        Key key = new Key(owner, id);
         if (plan.isServed(id) || cached.test(d, id) || staged.containsKey(key)) {
           continue;
         }
@@ -159,12 +173,8 @@ public final class Prefetcher implements AutoCloseable {
    * it was prefetched (or is being read), waits for it and copies it into {@code dst}. A read error is
    * raised here, for the batch that needs the sample.
    */
-  public boolean take(Dataset d, long epoch, int id, ArrowBuf dst, long off) throws IOException {
-    Plan plan = plans.get(d.name());
-    if (plan != null && plan.epoch == epoch) {
-      plan.markServed(id);
-    }
-    CompletableFuture<ArrowBuf> f = staged.remove(new Key(d.name(), id));
+  public boolean take(Dataset d, String owner, long epoch, int id, ArrowBuf dst, long off) throws IOException {
+    CompletableFuture<ArrowBuf> f = claim(owner, epoch, id);
     if (f == null) {
       return false;
     }
@@ -188,9 +198,30 @@ public final class Prefetcher implements AutoCloseable {
     return true;
   }
 
-  private void dropStaged(String dataset) {
+  /** Like {@link #take} for a sample served from elsewhere (the shared-memory cache): a staged copy is freed. */
+  public void skip(String owner, long epoch, int id) {
+    CompletableFuture<ArrowBuf> f = claim(owner, epoch, id);
+    if (f != null) {
+      f.whenComplete((buf, e) -> {
+        if (buf != null) {
+          buf.close();
+        }
+      });
+    }
+  }
+
+  /** Marks {@code id} served in {@code owner}'s plan of {@code epoch} and removes its staging, if any. */
+  private CompletableFuture<ArrowBuf> claim(String owner, long epoch, int id) {
+    Plan plan = plans.get(owner);
+    if (plan != null && plan.epoch == epoch) {
+      plan.markServed(id);
+    }
+    return staged.remove(new Key(owner, id));
+  }
+
+  private void dropStaged(String owner) {
     staged.keySet().removeIf(k -> {
-      if (!k.dataset().equals(dataset)) {
+      if (!k.owner().equals(owner)) {
         return false;
       }
       CompletableFuture<ArrowBuf> f = staged.get(k);

@@ -12,6 +12,7 @@ import io.unstall.flight.dataset.UnknownDatasetException;
 import io.unstall.flight.format.CorruptRecordException;
 import io.unstall.flight.prep.PrepService;
 import io.unstall.flight.prep.PrepTicket;
+import io.unstall.flight.session.Sessions;
 import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.protocol.FetchTicket;
 import io.unstall.flight.protocol.MalformedTicketException;
@@ -51,18 +52,20 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private final BufferAllocator streams;
   private final StreamBudget budget;
   private final PrepService prep; // coordinated prep: prep.* actions and PREP tickets
+  private final Sessions sessions;
 
   /** {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. */
   public UnstallProducer(
       DatasetRegistry registry, SampleCache cache, DiskTier disk, BatchAssembler assembler, BufferAllocator streams,
-      StreamBudget budget) {
+      StreamBudget budget, PrepService prep, Sessions sessions) {
     this.registry = registry;
     this.cache = cache;
     this.disk = disk;
     this.assembler = assembler;
     this.streams = streams;
     this.budget = budget;
-    this.prep = new PrepService(registry, assembler, streams);
+    this.prep = prep;
+    this.sessions = sessions;
   }
 
   @Override
@@ -76,9 +79,12 @@ public final class UnstallProducer extends NoOpFlightProducer {
       FetchTicket t = FetchTicket.from(ticket);
       Dataset d = registry.get(t.dataset());
       BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t);
-      logEpochStart(d, t.epoch());
+      String line = d.stats().startEpoch(d.name(), t.epoch());
+      if (line != null) {
+        LOG.info(line);
+      }
       try (StreamBudget.Reservation r = budget.acquire(budget.cost(batch.payloadBytes(), batch.ids().length))) {
-        root = assembler.assemble(d, t.epoch(), batch.ids(), streams);
+        root = assembler.assemble(d, BatchAssembler.Requester.of(d), t.epoch(), batch.ids(), streams);
       }
       listener.start(root);
       awaitReady(listener);
@@ -109,17 +115,6 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private static void awaitReady(ServerStreamListener listener) {
     while (!listener.isReady() && !listener.isCancelled()) {
       LockSupport.parkNanos(20_000);
-    }
-  }
-
-  private void logEpochStart(Dataset d, long epoch) {
-    DatasetStats stats = d.stats();
-    if (!stats.hasEpoch(epoch)) {
-      Map.Entry<Long, DatasetStats.Epoch> prev = stats.previous(epoch);
-      stats.epoch(epoch);
-      if (prev != null) {
-        LOG.info(DatasetStats.summary(d.name(), prev.getKey(), prev.getValue()));
-      }
     }
   }
 
@@ -173,7 +168,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
           for (int i = 0; i < ids.length; i++) {
             ids[i] = d.checkId(plan.id(i));
           }
-          assembler.prefetcher().plan(d, plan.epoch(), ids);
+          assembler.prefetcher().plan(d, d.name(), d.stats(), plan.epoch(), ids);
           listener.onNext(new Result(("{\"v\":1,\"planned\":" + ids.length + "}").getBytes(StandardCharsets.UTF_8)));
         }
         default -> throw CallStatus.UNIMPLEMENTED
@@ -236,6 +231,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
     for (Dataset d : registry.all()) {
       ds.set(d.name(), d.stats().toJson());
     }
+    o.set("sessions", sessions.toJson());
     return o.toString();
   }
 
@@ -247,16 +243,17 @@ public final class UnstallProducer extends NoOpFlightProducer {
   }
 
   /** Maps a failure to the Flight status a client sees; messages name the dataset, file or offset. */
-  static FlightRuntimeException toStatus(Throwable e) {
+  public static FlightRuntimeException toStatus(Throwable e) {
     if (e instanceof FlightRuntimeException f) {
       return f;
     }
     CallStatus status;
-    if (e instanceof UnknownDatasetException || e instanceof BatchAssembler.SampleNotFoundException) {
+    if (e instanceof UnknownDatasetException || e instanceof BatchAssembler.SampleNotFoundException
+        || e instanceof Sessions.UnknownSessionException) {
       status = CallStatus.NOT_FOUND;
     } else if (e instanceof MalformedTicketException || e instanceof IllegalArgumentException) {
       status = CallStatus.INVALID_ARGUMENT;
-    } else if (e instanceof StreamBudget.BudgetExceededException
+    } else if (e instanceof StreamBudget.BudgetExceededException || e instanceof Sessions.TooManySessionsException
         || e instanceof org.apache.arrow.memory.OutOfMemoryException) {
       status = CallStatus.RESOURCE_EXHAUSTED;
     } else if (e instanceof CorruptRecordException) {

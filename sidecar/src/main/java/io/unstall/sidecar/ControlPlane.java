@@ -74,6 +74,12 @@ public final class ControlPlane {
     return dataPlane.location().getUri().toString();
   }
 
+  /** The same-host data plane's socket path, or "" when this sidecar has none (protocol/README.md). */
+  public String localEndpoint() {
+    java.nio.file.Path p = dataPlane.localEndpoint();
+    return p == null ? "" : p.toString();
+  }
+
   /** Stops the sidecar shortly after this call returns. */
   public void shutdown() {
     Thread t = new Thread(shutdown, "unstall-shutdown");

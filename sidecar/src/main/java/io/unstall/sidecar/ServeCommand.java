@@ -85,6 +85,10 @@ public final class ServeCommand implements Callable<Integer> {
       description = "How long a fetch may wait for memory under load before RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
   long batchTimeoutSeconds;
 
+  @Option(names = "--no-shm", defaultValue = "${env:UNSTALL_NO_SHM:-false}",
+      description = "No shared-memory data plane: clients on this host fetch over Flight too (default: on where /dev/shm is writable).")
+  boolean noShm;
+
   @Override
   public Integer call() throws Exception {
     SidecarSettings s = settings();
@@ -125,7 +129,7 @@ public final class ServeCommand implements Callable<Integer> {
         diskCacheDir == null ? null : diskCacheDir.toAbsolutePath(), size("--disk-cache-capacity", diskCacheCapacity),
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
-        size("--storage-bandwidth", storageBandwidth));
+        size("--storage-bandwidth", storageBandwidth), !noShm);
   }
 
   private static long size(String option, String value) {

@@ -52,7 +52,8 @@ public final class Sidecar implements AutoCloseable {
               .budgetTimeoutSeconds(s.batchTimeoutSeconds())
               .cachePolicy(s.cachePolicy())
               .prefetch(s.prefetchWindowBytes(), s.prefetchWindowSamples(), s.prefetchThreads())
-              .storageBandwidth(s.storageBandwidth());
+              .storageBandwidth(s.storageBandwidth())
+              .sharedMemory(s.sharedMemory());
       if (s.diskCacheDir() != null) {
         b.diskTier(s.diskCacheDir(), s.diskCacheCapacity());
       }
@@ -77,8 +78,9 @@ public final class Sidecar implements AutoCloseable {
       sidecar.writeStateFile();
       Runtime.getRuntime().addShutdownHook(sidecar.hook);
       LOG.info(
-          "unstall sidecar listening: flight={} control=127.0.0.1:{} cache={} capacity={} memory-budget={} state={}",
-          dp.location().getUri(), gw.getListeningPort(), s.cachePolicy(), Sizes.format(s.cacheCapacity()),
+          "unstall sidecar listening: flight={} local={} control=127.0.0.1:{} cache={} capacity={} memory-budget={} state={}",
+          dp.location().getUri(), dp.localEndpoint() == null ? "off" : dp.localEndpoint(), gw.getListeningPort(),
+          s.cachePolicy(), Sizes.format(s.cacheCapacity()),
           Sizes.format(s.memoryBudget()), s.stateFile());
       return sidecar;
     } catch (Exception e) {
@@ -110,6 +112,9 @@ public final class Sidecar implements AutoCloseable {
     o.put("flight", dataPlane.location().getUri().toString());
     o.put("control_port", gateway.getListeningPort());
     o.put("token_file", settings.tokenFile().toAbsolutePath().toString());
+    if (dataPlane.localEndpoint() != null) {
+      o.put("local", dataPlane.localEndpoint().toString());
+    }
     Secrets.writePrivate(settings.stateFile(), o.toString() + "\n");
   }
 

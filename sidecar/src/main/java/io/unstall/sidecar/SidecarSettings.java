@@ -20,4 +20,5 @@ public record SidecarSettings(
     long prefetchWindowBytes,
     int prefetchWindowSamples,
     int prefetchThreads,
-    long storageBandwidth) {}
+    long storageBandwidth,
+    boolean sharedMemory) {}

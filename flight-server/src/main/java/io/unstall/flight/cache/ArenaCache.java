@@ -1,18 +1,17 @@
 package io.unstall.flight.cache;
 
 import java.util.concurrent.atomic.AtomicLong;
-import org.apache.arrow.memory.BufferAllocator;
 
 /** What the cache policies share: their paged off-heap arena, capacity, policy name and sharing counter. */
 abstract class ArenaCache implements SampleCache {
-  protected final PagedArena arena;
+  protected final Arena arena;
   protected final long capacity;
   protected final AtomicLong sharedBytes = new AtomicLong();
   private final String policy;
 
-  ArenaCache(String policy, BufferAllocator parent, long capacityBytes) {
+  ArenaCache(String policy, Arena arena, long capacityBytes) {
     this.policy = policy;
-    this.arena = new PagedArena(parent, "cache", capacityBytes);
+    this.arena = arena;
     this.capacity = capacityBytes;
   }
 

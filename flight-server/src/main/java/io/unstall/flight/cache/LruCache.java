@@ -23,6 +23,7 @@ public final class LruCache extends ArenaCache {
     }
   }
 
+  private final PagedArena pages; // the arena, typed: blocks are ensured page by page
   private final int totalBlocks;
   private final LinkedHashMap<Digest, Entry> entries = new LinkedHashMap<>(1024, 0.75f, true); // guarded by this
   private int[] free; // guarded by this: stack of free block numbers
@@ -30,7 +31,12 @@ public final class LruCache extends ArenaCache {
   private int nextFresh;
 
   public LruCache(BufferAllocator parent, long capacityBytes) {
-    super("lru", parent, capacityBytes);
+    this(new PagedArena(parent, "cache", capacityBytes), capacityBytes);
+  }
+
+  private LruCache(PagedArena pages, long capacityBytes) {
+    super("lru", pages, capacityBytes);
+    this.pages = pages;
     this.totalBlocks = (int) Math.min(Integer.MAX_VALUE, capacityBytes / BLOCK);
     this.free = new int[0];
   }
@@ -83,7 +89,7 @@ public final class LruCache extends ArenaCache {
     int[] blocks = new int[need];
     for (int i = 0; i < need; i++) {
       blocks[i] = freeTop > 0 ? free[--freeTop] : nextFresh++;
-      arena.ensure((long) blocks[i] * BLOCK, (long) blocks[i] * BLOCK + BLOCK);
+      pages.ensure((long) blocks[i] * BLOCK, (long) blocks[i] * BLOCK + BLOCK);
     }
     Entry e = new Entry(blocks, length, dataset);
     blockTransfer(e, src, srcIndex, true);

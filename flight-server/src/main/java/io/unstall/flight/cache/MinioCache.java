@@ -1,6 +1,10 @@
 package io.unstall.flight.cache;
 
+import io.unstall.flight.shm.SharedMemory;
+import io.unstall.flight.shm.ShmRef;
+import java.io.IOException;
 import java.util.concurrent.ConcurrentHashMap;
+import org.slf4j.LoggerFactory;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 
@@ -30,7 +34,16 @@ public final class MinioCache extends ArenaCache {
 
   /** Takes a child allocator of {@code parent} named "cache", limited to the capacity (rounded to a page). */
   public MinioCache(BufferAllocator parent, long capacityBytes) {
-    super("minio", parent, capacityBytes);
+    this(parent, capacityBytes, null);
+  }
+
+  /**
+   * With {@code shm}, the arena lives in shared-memory segments of that directory, which clients on this host
+   * map and read entries from in place ({@link #locate}); without, in off-heap pages.
+   */
+  public MinioCache(BufferAllocator parent, long capacityBytes, SharedMemory shm) {
+    super("minio", shm == null ? new PagedArena(parent, "cache", capacityBytes)
+        : new ShmArena(parent, shm, capacityBytes), capacityBytes);
   }
 
   @Override
@@ -60,6 +73,19 @@ public final class MinioCache extends ArenaCache {
   }
 
   @Override
+  public ShmRef locate(Digest key, String dataset) {
+    if (!(arena instanceof ShmArena shm)) {
+      return null;
+    }
+    Entry e = entries.get(key);
+    if (e == null) {
+      return null;
+    }
+    e.usedBy(dataset, sharedBytes);
+    return new ShmRef(ShmArena.segmentName(shm.segmentOf(e.address)), shm.offsetOf(e.address), e.length);
+  }
+
+  @Override
   public Admission admit(Digest key, ArrowBuf src, long srcIndex, int length, String dataset) {
     Entry present = entries.get(key);
     if (present != null) {
@@ -72,12 +98,17 @@ public final class MinioCache extends ArenaCache {
     try {
       long addr;
       synchronized (this) {
-        if (end + length > capacity) {
+        addr = arena.place(end, length);
+        if (addr + length > capacity) {
           return Admission.REFUSED; // full for this sample: MinIO never evicts to make room
         }
-        addr = end;
-        end += length;
-        arena.ensure(addr, end);
+        try {
+          arena.ensure(addr, addr + length);
+        } catch (IOException e) {
+          warnOnce(e);
+          return Admission.REFUSED;
+        }
+        end = addr + length;
       }
       arena.transfer(addr, src, srcIndex, length, true);
       entries.put(key, new Entry(addr, length, dataset));
@@ -87,6 +118,15 @@ public final class MinioCache extends ArenaCache {
       return Admission.ADMITTED;
     } finally {
       pending.remove(key);
+    }
+  }
+
+  private volatile boolean warned;
+
+  private void warnOnce(IOException e) {
+    if (!warned) {
+      warned = true;
+      LoggerFactory.getLogger(MinioCache.class).warn("the cache stops admitting: {}", e.getMessage());
     }
   }
 

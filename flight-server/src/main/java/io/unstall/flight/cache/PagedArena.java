@@ -9,7 +9,7 @@ import org.apache.arrow.memory.BufferAllocator;
  * allocator (limit: the capacity rounded up to a page). Pages are powers of two, so Arrow's rounding wastes
  * nothing, and a cache never holds more than its capacity plus less than a page.
  */
-final class PagedArena implements AutoCloseable {
+final class PagedArena implements Arena {
   static final int PAGE = 1 << 20;
 
   private final BufferAllocator allocator;
@@ -27,8 +27,13 @@ final class PagedArena implements AutoCloseable {
     this.pages = new AtomicReferenceArray<>((int) pageCount);
   }
 
-  /** Makes sure the pages under {@code [from, to)} exist. Callers serialise calls. */
-  void ensure(long from, long to) {
+  @Override
+  public long place(long end, int length) {
+    return end; // entries may span pages: transfer copies page by page
+  }
+
+  @Override
+  public void ensure(long from, long to) {
     for (long p = from / PAGE; p * PAGE < to; p++) {
       if (pages.get((int) p) == null) {
         pages.set((int) p, allocator.buffer(PAGE));
@@ -36,8 +41,8 @@ final class PagedArena implements AutoCloseable {
     }
   }
 
-  /** Copies between the arena at {@code addr} and {@code buf}, page by page, in the given direction. */
-  void transfer(long addr, ArrowBuf buf, long bufIndex, long length, boolean intoArena) {
+  @Override
+  public void transfer(long addr, ArrowBuf buf, long bufIndex, long length, boolean intoArena) {
     while (length > 0) {
       ArrowBuf page = pages.get((int) (addr / PAGE));
       int inPage = (int) (addr % PAGE);
@@ -53,7 +58,8 @@ final class PagedArena implements AutoCloseable {
     }
   }
 
-  long allocatedBytes() {
+  @Override
+  public long allocatedBytes() {
     return allocator.getAllocatedMemory();
   }
 

@@ -1,5 +1,6 @@
 package io.unstall.flight.cache;
 
+import io.unstall.flight.shm.ShmRef;
 import org.apache.arrow.memory.ArrowBuf;
 
 /**
@@ -29,6 +30,15 @@ public interface SampleCache extends AutoCloseable {
    * a miss.
    */
   boolean copyTo(Digest key, ArrowBuf dst, long dstIndex, String dataset);
+
+  /**
+   * Where the cached bytes of {@code key} lie in shared memory, for a client on this host that reads them in
+   * place; null on a miss, or when this cache cannot promise the bytes stay put (it is not in shared memory,
+   * or it evicts). Counts as a use by {@code dataset}, like {@link #copyTo}.
+   */
+  default ShmRef locate(Digest key, String dataset) {
+    return null;
+  }
 
   /** Offers {@code length} bytes at {@code src[srcIndex]} with digest {@code key}, read for {@code dataset}. */
   Admission admit(Digest key, ArrowBuf src, long srcIndex, int length, String dataset);

@@ -9,8 +9,9 @@ import java.util.concurrent.atomic.LongAdder;
 /** Per-epoch counters of one dataset: samples served, cache hits and misses, bytes from storage and cache. */
 public final class DatasetStats {
 
-  /** Counters of one epoch. */
+  /** Counters of one epoch; with a parent (a session's counters), every count also goes to the parent's. */
   public static final class Epoch {
+    private final Epoch parent;
     final LongAdder samples = new LongAdder();
     final LongAdder hits = new LongAdder();
     final LongAdder misses = new LongAdder();
@@ -20,10 +21,17 @@ public final class DatasetStats {
     final LongAdder diskBytes = new LongAdder();
     final LongAdder prefetchHits = new LongAdder();
 
+    Epoch(Epoch parent) {
+      this.parent = parent;
+    }
+
     public void hit(long bytes) {
       samples.increment();
       hits.increment();
       cacheBytes.add(bytes);
+      if (parent != null) {
+        parent.hit(bytes);
+      }
     }
 
     /** Served from the disk tier. */
@@ -31,24 +39,36 @@ public final class DatasetStats {
       samples.increment();
       diskHits.increment();
       diskBytes.add(bytes);
+      if (parent != null) {
+        parent.diskHit(bytes);
+      }
     }
 
     /** Read from storage ahead of time by the prefetcher (the storage bytes were counted then). */
     public void prefetchHit() {
       samples.increment();
       prefetchHits.increment();
+      if (parent != null) {
+        parent.prefetchHit();
+      }
     }
 
     /** Bytes read from storage ahead of consumption (prefetch), counted in the epoch they are for. */
     public void prefetched(long bytes) {
       misses.increment();
       storageBytes.add(bytes);
+      if (parent != null) {
+        parent.prefetched(bytes);
+      }
     }
 
     public void miss(long bytes) {
       samples.increment();
       misses.increment();
       storageBytes.add(bytes);
+      if (parent != null) {
+        parent.miss(bytes);
+      }
     }
 
     /** Samples served to clients this epoch. */
@@ -94,10 +114,33 @@ public final class DatasetStats {
   }
 
   private final ConcurrentSkipListMap<Long, Epoch> epochs = new ConcurrentSkipListMap<>();
+  private final DatasetStats parent;
+
+  public DatasetStats() {
+    this(null);
+  }
+
+  /** Counters whose every count also goes to {@code parent} (a session's, under its dataset's). */
+  public DatasetStats(DatasetStats parent) {
+    this.parent = parent;
+  }
 
   /** The counters of {@code epoch}, created on first use. */
   public Epoch epoch(long epoch) {
-    return epochs.computeIfAbsent(epoch, e -> new Epoch());
+    return epochs.computeIfAbsent(epoch, e -> new Epoch(parent == null ? null : parent.epoch(e)));
+  }
+
+  /**
+   * Notes that a batch of {@code epoch} is being served; the first time, returns the summary line of the
+   * previous epoch (for the log), else null.
+   */
+  public String startEpoch(String dataset, long epoch) {
+    if (epochs.containsKey(epoch)) {
+      return null;
+    }
+    Map.Entry<Long, Epoch> prev = previous(epoch);
+    epoch(epoch);
+    return prev == null ? null : summary(dataset, prev.getKey(), prev.getValue());
   }
 
   public boolean hasEpoch(long epoch) {
@@ -116,7 +159,7 @@ public final class DatasetStats {
   public ObjectNode toJson() {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     ObjectNode per = o.putObject("epochs");
-    Epoch total = new Epoch();
+    Epoch total = new Epoch(null);
     for (Map.Entry<Long, Epoch> e : epochs.entrySet()) {
       per.set(Long.toString(e.getKey()), e.getValue().toJson());
       total.add(e.getValue());

@@ -1,5 +1,7 @@
 package io.unstall.flight.prep;
 
+import io.unstall.flight.shm.SharedMemory;
+import io.unstall.flight.shm.ShmBuffer;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -186,9 +188,9 @@ final class PrepGroup {
         : (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch));
     this.stagingLimit = staging;
     Path shm = null;
-    if (requested.shm() && pipeline != null && ShmTensor.available()) {
+    if (requested.shm() && pipeline != null && SharedMemory.available()) {
       try {
-        shm = ShmTensor.dir();
+        shm = SharedMemory.create(PrepService.SHM_PREFIX).dir();
       } catch (IOException e) {
         LOG.warn("prep group {}: no shared memory ({}); members get batches over Flight", id, e.toString());
       }
@@ -507,7 +509,8 @@ final class PrepGroup {
     int to = Math.min(from + key.batchSize(), numSamples);
     int[] ids = Arrays.copyOfRange(order(epoch), from, to);
     long t0 = System.nanoTime();
-    VectorSchemaRoot raw = assembler.assemble(dataset, epoch, ids, alloc);
+    VectorSchemaRoot raw =
+        assembler.assemble(dataset, new BatchAssembler.Requester("prep-" + id, dataset.stats()), epoch, ids, alloc);
     fetchNanos.addAndGet(System.nanoTime() - t0);
     if (pipeline == null) {
       return raw;
@@ -537,7 +540,7 @@ final class PrepGroup {
         tensor.allocateNew(n);
       } else {
         // The tensor buffer is a /dev/shm file mapped here, counted by the staging allocator like any other.
-        ShmTensor shm = ShmTensor.create(shmDir.resolve(id + "-" + pos), (long) n * pipeline.sampleBytes());
+        ShmBuffer shm = ShmBuffer.create(shmDir.resolve(id + "-" + pos), (long) n * pipeline.sampleBytes(), false);
         try (ArrowBuf data = alloc.wrapForeignAllocation(shm);
             ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
           validity.setZero(0, validity.capacity());

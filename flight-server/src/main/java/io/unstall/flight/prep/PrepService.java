@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import io.unstall.flight.shm.SharedMemory;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
@@ -60,6 +61,9 @@ public final class PrepService implements AutoCloseable {
   // Guarded by this: the open group of each key, and every group by id (closed ones kept for stats).
   private final Map<PrepGroup.Key, PrepGroup> open = new HashMap<>();
   private final LinkedHashMap<String, PrepGroup> byId = new LinkedHashMap<>();
+
+  /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
+  static final String SHM_PREFIX = "unstall-prep-";
 
   public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams) {
     this.registry = registry;
@@ -343,7 +347,7 @@ public final class PrepService implements AutoCloseable {
     }
     pool.shutdownNow();
     pool.awaitTermination(10, TimeUnit.SECONDS);
-    ShmTensor.removeDir(); // every group freed its files
+    SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
     allocator.close();
   }
 }

@@ -98,7 +98,7 @@ class PrepServiceTest {
       plane.close();
     }
     root.close(); // throws if anything leaked, staging included
-    assertFalse(Files.exists(ShmTensor.ROOT.resolve("unstall-prep-" + ProcessHandle.current().pid())),
+    assertFalse(Files.exists(io.unstall.flight.shm.SharedMemory.ROOT.resolve("unstall-prep-" + ProcessHandle.current().pid())),
         "no shared-memory files left behind");
   }
 
@@ -273,7 +273,7 @@ class PrepServiceTest {
 
   @Test
   void sharedMemoryMembersMapTheSameBytesFlightMembersReceive() throws Exception {
-    org.junit.jupiter.api.Assumptions.assumeTrue(ShmTensor.available(), "no /dev/shm");
+    org.junit.jupiter.api.Assumptions.assumeTrue(io.unstall.flight.shm.SharedMemory.available(), "no /dev/shm");
     JsonNode shm = join(",\"group_size\":2,\"seed\":5,\"epochs\":1,\"shm\":true");
     JsonNode flight = join(",\"group_size\":2,\"seed\":5,\"epochs\":1,\"shm\":true");
     assertTrue(shm.get("shm").asBoolean(), shm.toString());
@@ -286,7 +286,7 @@ class PrepServiceTest {
         JsonNode r = action("prep.next", "{\"group\":\"" + shm.get("group").asText() + "\",\"member\":"
             + shm.get("member") + ",\"epoch\":0,\"batch\":" + b + "}");
         Path p = Path.of(r.get("path").asText());
-        assertTrue(p.startsWith(ShmTensor.ROOT), p.toString());
+        assertTrue(p.startsWith(io.unstall.flight.shm.SharedMemory.ROOT), p.toString());
         long[] ids = new long[r.get("rows").asInt()];
         for (int i = 0; i < ids.length; i++) {
           ids[i] = r.get("ids").get(i).asLong();

@@ -133,4 +133,53 @@ class ProtocolFixturesTest {
       return out.toByteArray();
     }
   }
+
+  private static long[] longs(JsonNode a) {
+    long[] out = new long[a.size()];
+    for (int i = 0; i < out.length; i++) {
+      out[i] = a.get(i).asLong();
+    }
+    return out;
+  }
+
+  @Test
+  void localFetchRequestMatchesItsGoldenBytes() throws Exception {
+    JsonNode expected = JSON.readTree(FIXTURES.resolve("local-fetch-v1.json").toFile());
+    byte[] golden = Files.readAllBytes(FIXTURES.resolve("local-fetch-v1.bin"));
+    long[] ids = longs(expected.get("ids"));
+    long session = expected.get("session").asLong();
+    long epoch = expected.get("epoch").asLong();
+    assertArrayEquals(golden, LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids));
+    java.nio.ByteBuffer b = java.nio.ByteBuffer.wrap(golden).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+    assertEquals(LocalFrames.FETCH, b.get());
+    LocalFrames.IdList parsed = LocalFrames.parseIds(b, LocalFrames.FETCH);
+    assertEquals(session, parsed.session());
+    assertEquals(epoch, parsed.epoch());
+    assertArrayEquals(ids, parsed.ids());
+  }
+
+  @Test
+  void localBatchReplyMatchesItsGoldenBytes() throws Exception {
+    JsonNode e = JSON.readTree(FIXTURES.resolve("local-batch-v1.json").toFile());
+    int n = e.get("ids").size();
+    long[] labels = new long[n];
+    boolean[] valid = new boolean[n];
+    int[] lengths = new int[n];
+    int[] segs = new int[n];
+    byte[][] keys = new byte[n][];
+    for (int i = 0; i < n; i++) {
+      valid[i] = !e.get("labels").get(i).isNull();
+      labels[i] = valid[i] ? e.get("labels").get(i).asLong() : 0;
+      lengths[i] = e.get("lengths").get(i).asInt();
+      segs[i] = e.get("segs").get(i).asInt();
+      keys[i] = e.get("keys").get(i).asText().getBytes(java.nio.charset.StandardCharsets.UTF_8);
+    }
+    java.util.List<String> segments = new java.util.ArrayList<>();
+    e.get("segments").forEach(s -> segments.add(s.asText()));
+    java.nio.ByteBuffer encoded = LocalFrames.batch(
+        longs(e.get("ids")), labels, valid, longs(e.get("offsets")), lengths, segs, keys, segments);
+    byte[] bytes = new byte[encoded.remaining()];
+    encoded.get(bytes);
+    assertArrayEquals(Files.readAllBytes(FIXTURES.resolve("local-batch-v1.bin")), bytes);
+  }
 }

@@ -1,0 +1,99 @@
+package io.unstall.flight.local;
+
+import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.channels.ClosedChannelException;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The same-host data plane: a Unix socket (mode 0600 in the sidecar's 0700 shared-memory directory) where
+ * clients on this host fetch batches as references into shared memory ({@code UNSL}, protocol/README.md).
+ * One thread per connection: a DataLoader worker holds one connection and has one request in flight.
+ */
+public final class LocalServer implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(LocalServer.class);
+  public static final int MAX_CONNECTIONS = 1024;
+
+  private final Path path;
+  private final ServerSocketChannel server;
+  private final LocalService service;
+  private final Map<LocalConnection, Thread> connections = new ConcurrentHashMap<>();
+  private final AtomicInteger threads = new AtomicInteger();
+  private final Thread acceptor;
+  private volatile boolean closed;
+
+  public LocalServer(Path path, LocalService service) throws IOException {
+    this.path = path;
+    this.service = service;
+    Files.deleteIfExists(path);
+    this.server = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
+    server.bind(UnixDomainSocketAddress.of(path));
+    Files.setPosixFilePermissions(path, PosixFilePermissions.fromString("rw-------"));
+    this.acceptor = new Thread(this::acceptLoop, "unstall-local-accept");
+    acceptor.setDaemon(true);
+  }
+
+  public LocalServer start() {
+    acceptor.start();
+    return this;
+  }
+
+  public Path path() {
+    return path;
+  }
+
+  private void acceptLoop() {
+    while (!closed) {
+      SocketChannel ch;
+      try {
+        ch = server.accept();
+      } catch (ClosedChannelException e) {
+        return;
+      } catch (IOException e) {
+        if (!closed) {
+          LOG.warn("local data plane: accept failed: {}", e.toString());
+        }
+        continue;
+      }
+      if (connections.size() >= MAX_CONNECTIONS) {
+        LocalConnection.refuse(ch, "the sidecar has " + MAX_CONNECTIONS + " local connections open; try again later");
+        continue;
+      }
+      LocalConnection c = new LocalConnection(ch, service, connections::remove);
+      Thread t = new Thread(c, "unstall-local-" + threads.incrementAndGet());
+      t.setDaemon(true);
+      connections.put(c, t);
+      t.start();
+    }
+  }
+
+  /** Stops accepting, closes every connection (their sessions and staging), removes the socket file. */
+  @Override
+  public void close() throws IOException {
+    closed = true;
+    server.close();
+    for (LocalConnection c : connections.keySet()) {
+      c.close();
+    }
+    // A request in progress finishes (its staging freed on the way out) before the allocators close.
+    for (Thread t : connections.values()) {
+      try {
+        t.join(10_000);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        break;
+      }
+    }
+    Files.deleteIfExists(path);
+  }
+}

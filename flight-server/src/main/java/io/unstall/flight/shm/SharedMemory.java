@@ -1,0 +1,118 @@
+package io.unstall.flight.shm;
+
+import java.io.IOException;
+import java.lang.reflect.Field;
+import java.lang.reflect.Method;
+import java.nio.ByteBuffer;
+import java.nio.MappedByteBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.Comparator;
+import java.util.stream.Stream;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * A directory of this sidecar's on /dev/shm ({@code /dev/shm/<prefix><pid>}, mode 0700): files the trainer's
+ * processes on this host map instead of receiving bytes through a socket. Directories of dead sidecars with
+ * the same prefix are removed when a live one creates its own; the owner removes its directory at shutdown.
+ */
+public final class SharedMemory {
+  private static final Logger LOG = LoggerFactory.getLogger(SharedMemory.class);
+  public static final Path ROOT = Path.of("/dev/shm");
+
+  private final Path dir;
+
+  private SharedMemory(Path dir) {
+    this.dir = dir;
+  }
+
+  /** Whether shared memory files can be made here (Linux with a writable /dev/shm). */
+  public static boolean available() {
+    return Files.isDirectory(ROOT) && Files.isWritable(ROOT);
+  }
+
+  /** Creates (or reuses) this process's directory {@code /dev/shm/<prefix><pid>}, removing stale ones. */
+  public static synchronized SharedMemory create(String prefix) throws IOException {
+    Path d = ROOT.resolve(prefix + ProcessHandle.current().pid());
+    if (!Files.isDirectory(d)) {
+      try (Stream<Path> s = Files.list(ROOT)) {
+        s.filter(p -> p.getFileName().toString().startsWith(prefix)).forEach(p -> removeIfStale(p, prefix));
+      }
+      Files.createDirectories(d, PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rwx------")));
+    }
+    return new SharedMemory(d);
+  }
+
+  public Path dir() {
+    return dir;
+  }
+
+  public Path resolve(String name) {
+    return dir.resolve(name);
+  }
+
+  /** Removes the directory and whatever is left in it (at shutdown; mappings held by clients stay valid). */
+  public void remove() {
+    removeTree(dir);
+  }
+
+  /** Removes this process's directory of {@code prefix}, if it was ever made. */
+  public static void removeOwn(String prefix) {
+    removeTree(ROOT.resolve(prefix + ProcessHandle.current().pid()));
+  }
+
+  private static void removeIfStale(Path p, String prefix) {
+    try {
+      long pid = Long.parseLong(p.getFileName().toString().substring(prefix.length()));
+      if (ProcessHandle.of(pid).map(ProcessHandle::isAlive).orElse(false)) {
+        return;
+      }
+      removeTree(p);
+    } catch (NumberFormatException e) {
+      LOG.debug("leaving {}: {}", p, e.toString());
+    }
+  }
+
+  private static void removeTree(Path p) {
+    if (!Files.exists(p)) {
+      return;
+    }
+    try (Stream<Path> s = Files.walk(p)) {
+      s.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
+    } catch (IOException e) {
+      LOG.warn("cannot remove {}: {}", p, e.toString());
+    }
+  }
+
+  private static final Method INVOKE_CLEANER;
+  private static final Object UNSAFE;
+
+  static {
+    Method m = null;
+    Object u = null;
+    try {
+      Class<?> c = Class.forName("sun.misc.Unsafe");
+      Field f = c.getDeclaredField("theUnsafe");
+      f.setAccessible(true);
+      u = f.get(null);
+      m = c.getMethod("invokeCleaner", ByteBuffer.class);
+    } catch (ReflectiveOperationException | RuntimeException e) {
+      LOG.warn("cannot unmap shared-memory files eagerly ({}); the GC will", e.toString());
+    }
+    INVOKE_CLEANER = m;
+    UNSAFE = u;
+  }
+
+  /** Unmaps now rather than at some GC: memory bounds are about bytes, not about reachability. */
+  static void unmap(MappedByteBuffer m) {
+    if (m != null && INVOKE_CLEANER != null) {
+      try {
+        INVOKE_CLEANER.invoke(UNSAFE, m);
+      } catch (ReflectiveOperationException e) {
+        LOG.debug("unmap failed: {}", e.toString());
+      }
+    }
+  }
+}
