@@ -10,6 +10,7 @@ import io.unstall.flight.protocol.FetchTicket;
 import io.unstall.flight.shm.ShmRef;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.ExecutionException;
@@ -202,7 +203,7 @@ public final class BatchAssembler {
   private void fill(Dataset d, Requester r, long epoch, int[] ids, ShmRef[] refs, ArrowBuf data, long[] at)
       throws IOException {
     DatasetStats.Epoch stats = r.stats().epoch(epoch);
-    List<Runnable> misses = new ArrayList<>();
+    List<Miss> misses = new ArrayList<>();
     for (int i = 0; i < ids.length; i++) {
       if (refs != null && refs[i] != null) {
         continue;
@@ -211,10 +212,82 @@ public final class BatchAssembler {
       int len = d.length(id);
       long off = at[i];
       if (!fillFromTiers(d, r.owner(), epoch, id, data, off, len, stats)) {
-        misses.add(() -> readMiss(d, id, data, off, len, stats));
+        misses.add(new Miss(id, off, len));
       }
     }
-    readAll(misses);
+    readAll(readTasks(d, misses, data, stats));
+  }
+
+  /** A sample to read from storage into the batch buffer at {@code off}. */
+  private record Miss(int id, long off, int len) {}
+
+  /** Requests larger than this are not coalesced further (a few MiB amortise a request to remote storage). */
+  static final int MAX_RUN = 4 << 20;
+  /** Neighbours of one file this close are read with the bytes between them rather than in two requests. */
+  static final int MAX_GAP = 64 << 10;
+
+  /**
+   * Plans the storage requests of a batch's misses: samples of one file that lie close together (TFRecord
+   * records of a shard read in order) are coalesced into one ranged request of up to {@link #MAX_RUN} bytes,
+   * data and checksums together; a lone sample without a trailer is read straight into the batch buffer.
+   */
+  private List<Runnable> readTasks(Dataset d, List<Miss> misses, ArrowBuf data, DatasetStats.Epoch stats) {
+    List<Runnable> tasks = new ArrayList<>();
+    if (misses.isEmpty()) {
+      return tasks;
+    }
+    int trailer = d.trailer();
+    misses.sort(java.util.Comparator.comparing((Miss m) -> d.file(m.id())).thenComparingLong(m -> d.offset(m.id())));
+    int from = 0;
+    for (int i = 1; i <= misses.size(); i++) {
+      boolean ends = i == misses.size();
+      if (!ends) {
+        Miss first = misses.get(from);
+        Miss prev = misses.get(i - 1);
+        Miss next = misses.get(i);
+        long prevEnd = d.offset(prev.id()) + prev.len() + trailer;
+        long nextEnd = d.offset(next.id()) + next.len() + trailer;
+        ends = !d.file(next.id()).equals(d.file(first.id()))
+            || d.offset(next.id()) - prevEnd > MAX_GAP
+            || nextEnd - d.offset(first.id()) > MAX_RUN;
+      }
+      if (ends) {
+        List<Miss> run = misses.subList(from, i);
+        if (run.size() == 1 && trailer == 0) {
+          Miss m = run.get(0);
+          tasks.add(() -> readMiss(d, m.id(), data, m.off(), m.len(), stats));
+        } else {
+          tasks.add(() -> readRun(d, List.copyOf(run), data, stats));
+        }
+        from = i;
+      }
+    }
+    return tasks;
+  }
+
+  private void readRun(Dataset d, List<Miss> run, ArrowBuf data, DatasetStats.Epoch stats) {
+    Miss first = run.get(0);
+    long start = d.offset(first.id());
+    long end = start;
+    for (Miss m : run) {
+      end = Math.max(end, d.offset(m.id()) + m.len() + d.trailer());
+    }
+    try {
+      ByteBuffer bytes = ByteBuffer.allocate((int) (end - start)).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+      try {
+        d.readRun(d.file(first.id()), start, bytes);
+      } catch (java.nio.file.NoSuchFileException e) {
+        throw notFound(d, first.id(), e);
+      }
+      bytes.clear();
+      for (Miss m : run) {
+        d.extract(m.id(), bytes, start, data.nioBuffer(m.off(), m.len()));
+        stats.miss(m.len());
+        admit(d, m.id(), data, m.off(), m.len());
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
   }
 
   /**
@@ -329,11 +402,15 @@ public final class BatchAssembler {
     try {
       d.read(id, data.nioBuffer(off, len));
     } catch (java.nio.file.NoSuchFileException e) {
-      throw new SampleNotFoundException(
-          "dataset '" + d.name() + "' sample " + id + ": file '" + d.fileOf(id)
-              + "' no longer exists (deleted after registration?)",
-          e);
+      throw notFound(d, id, e);
     }
+  }
+
+  private static SampleNotFoundException notFound(Dataset d, int id, Exception e) {
+    return new SampleNotFoundException(
+        "dataset '" + d.name() + "' sample " + id + ": file '" + d.fileOf(id)
+            + "' no longer exists (deleted after registration?)",
+        e);
   }
 
   /** A sample whose file disappeared after registration. */

@@ -11,7 +11,7 @@ import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.dataset.UnknownDatasetException;
 import io.unstall.flight.format.CorruptRecordException;
 import io.unstall.flight.prep.PrepService;
-import io.unstall.flight.prep.PrepTicket;
+import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.session.Sessions;
 import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.protocol.FetchTicket;

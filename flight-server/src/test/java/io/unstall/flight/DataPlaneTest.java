@@ -190,6 +190,33 @@ class DataPlaneTest {
   }
 
   @Test
+  void neighbouringTfRecordsAreReadInOneRequest() throws Exception {
+    Path shard = dir.resolve("tfc/s-0.tfrecord");
+    Files.createDirectories(shard.getParent());
+    List<byte[]> records = new ArrayList<>();
+    Random rnd = new Random(3);
+    for (int i = 0; i < 12; i++) {
+      byte[] r = new byte[500 + 50 * i];
+      rnd.nextBytes(r);
+      records.add(r);
+    }
+    TfRecords.write(shard, records);
+    io.unstall.flight.storage.Throttle counter = new io.unstall.flight.storage.Throttle(1L << 40);
+    plane.registry().throttleStorage(counter);
+    plane.registry().register("tfc", "tfrecord", shard.getParent().toUri().toString());
+    long before = counter.requests();
+    List<byte[]> got = fetch("tfc", 0, 7, 2, 3, 4, 5, 3); // out of order, one repeated: still one range
+    assertEquals(1, counter.requests() - before, "six records of one shard, data and CRCs: one ranged read");
+    long[] want = {7, 2, 3, 4, 5, 3};
+    for (int i = 0; i < want.length; i++) {
+      assertArrayEquals(records.get((int) want[i]), got.get(i), "row " + i);
+    }
+    before = counter.requests();
+    assertArrayEquals(records.get(11), fetch("tfc", 0, 11).get(0));
+    assertEquals(1, counter.requests() - before, "a lone record and its CRC: one request, not two");
+  }
+
+  @Test
   void callsWithoutTheTokenAreUnauthenticated() {
     FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> {
       try (FlightStream s = client.getStream(new FetchTicket("imgs", 0, new long[] {0}).toTicket())) {

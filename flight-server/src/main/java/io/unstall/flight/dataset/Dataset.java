@@ -99,6 +99,30 @@ public final class Dataset {
     format.read(storage, index, id, dst);
   }
 
+  /** The file (storage path) sample {@code id} lives in, and where its data starts. */
+  public String file(int id) {
+    return index.file(id);
+  }
+
+  public long offset(int id) {
+    return index.offset(id);
+  }
+
+  /** Bytes after a sample's data that a read also fetches to verify it (see {@link Format#trailer}). */
+  public int trailer() {
+    return format.trailer();
+  }
+
+  /** Reads {@code run.remaining()} bytes of {@code file} from {@code start}: one ranged request for many samples. */
+  public void readRun(String file, long start, ByteBuffer run) throws IOException {
+    storage.readFully(file, start, run);
+  }
+
+  /** Takes sample {@code id} out of a run read from {@code runStart} of its file, verifying it. */
+  public void extract(int id, ByteBuffer run, long runStart, ByteBuffer dst) throws IOException {
+    format.extract(storage, index, id, run, runStart, dst);
+  }
+
   /** The storage path of a sample's file, for error messages. */
   public String fileOf(int id) {
     return storage.describe(index.file(id));

@@ -39,4 +39,22 @@ public interface Format {
   default void read(Storage storage, SampleIndex index, int id, ByteBuffer dst) throws IOException {
     storage.readFully(index.file(id), index.offset(id), dst);
   }
+
+  /**
+   * Bytes past a sample's data that a read must also fetch to verify it (a trailing checksum); 0 by default.
+   * Readers coalesce neighbouring samples of one file into one ranged request over data and framing alike.
+   */
+  default int trailer() {
+    return 0;
+  }
+
+  /**
+   * Takes sample {@code id} out of {@code run}, which holds the bytes of its file from offset {@code runStart}
+   * (at least up to its data's end plus {@link #trailer()}), into {@code dst}, verifying it like {@link #read}.
+   */
+  default void extract(Storage storage, SampleIndex index, int id, ByteBuffer run, long runStart, ByteBuffer dst)
+      throws IOException {
+    int from = (int) (index.offset(id) - runStart);
+    dst.put(run.duplicate().position(from).limit(from + index.length(id)));
+  }
 }

@@ -67,6 +67,25 @@ public final class TfRecordFormat implements Format {
   }
 
   @Override
+  public int trailer() {
+    return FOOTER; // the data's masked CRC32C
+  }
+
+  @Override
+  public void extract(Storage storage, SampleIndex index, int id, ByteBuffer run, long runStart, ByteBuffer dst)
+      throws IOException {
+    int from = (int) (index.offset(id) - runStart);
+    int len = index.length(id);
+    int start = dst.position();
+    dst.put(run.duplicate().position(from).limit(from + len));
+    CRC32C c = new CRC32C();
+    c.update(dst.duplicate().position(start).limit(start + len));
+    if (run.order(ByteOrder.LITTLE_ENDIAN).getInt(from + len) != mask((int) c.getValue())) {
+      throw corrupt(storage, index.file(id), index.offset(id) - HEADER, "data CRC32C mismatch");
+    }
+  }
+
+  @Override
   public void read(Storage storage, SampleIndex index, int id, ByteBuffer dst) throws IOException {
     int start = dst.position();
     String shard = index.file(id);

@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.shm.SharedMemory;
 import io.unstall.flight.shm.ShmBuffer;
 import com.fasterxml.jackson.databind.node.ArrayNode;

@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.shm.SharedMemory;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;

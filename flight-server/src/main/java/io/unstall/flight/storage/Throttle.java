@@ -13,6 +13,7 @@ public final class Throttle {
   private final double burst;
   private double tokens; // guarded by this
   private long last; // guarded by this
+  private long requests; // guarded by this
 
   public Throttle(long bytesPerSecond) {
     if (bytesPerSecond <= 0) {
@@ -31,6 +32,7 @@ public final class Throttle {
       tokens = Math.min(burst, tokens + (now - last) * bytesPerNano);
       last = now;
       tokens -= bytes; // may go negative: the debt is the wait
+      requests++;
       waitNanos = tokens >= 0 ? 0 : (long) (-tokens / bytesPerNano);
     }
     long deadline = System.nanoTime() + waitNanos;
@@ -38,6 +40,11 @@ public final class Throttle {
       LockSupport.parkNanos(waitNanos);
       waitNanos = deadline - System.nanoTime();
     }
+  }
+
+  /** Storage requests that passed so far (each ranged read is one). */
+  public synchronized long requests() {
+    return requests;
   }
 
   public long bytesPerSecond() {

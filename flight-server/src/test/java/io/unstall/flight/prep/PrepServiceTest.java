@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import io.unstall.flight.protocol.PrepTicket;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;

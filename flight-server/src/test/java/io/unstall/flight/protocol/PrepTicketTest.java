@@ -1,4 +1,4 @@
-package io.unstall.flight.prep;
+package io.unstall.flight.protocol;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;

@@ -1,7 +1,5 @@
-package io.unstall.flight.prep;
+package io.unstall.flight.protocol;
 
-import io.unstall.flight.protocol.FetchTicket;
-import io.unstall.flight.protocol.MalformedTicketException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
