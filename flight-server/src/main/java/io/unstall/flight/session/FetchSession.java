@@ -14,6 +14,7 @@ public final class FetchSession {
   private final Dataset dataset;
   private final String name;
   private final String transport;
+  private final String owner;
   private final DatasetStats stats;
   private volatile boolean open = true;
 
@@ -22,6 +23,7 @@ public final class FetchSession {
     this.dataset = dataset;
     this.name = name;
     this.transport = transport;
+    this.owner = "session-" + Long.toUnsignedString(id);
     this.stats = new DatasetStats(dataset.stats());
   }
 
@@ -39,7 +41,7 @@ public final class FetchSession {
 
   /** The key of this session's prefetch plan and staging. */
   public String owner() {
-    return "session-" + id;
+    return owner;
   }
 
   public DatasetStats stats() {
