@@ -6,7 +6,9 @@
 Prints markdown tables (and writes them to --out):
 1. samples/s and MB/s of a minimal loop (it touches one byte per sample) over DataLoader(num_workers=2),
    fed by unstall with every sample in the sidecar's cache, vs a plain torch Dataset that opens and reads
-   each file, for ~110 KB and ~1 MB samples;
+   each file, for ~110 KB and ~1 MB samples; with the CPU seconds per timed epoch of all the processes
+   involved (the main process, its persistent DataLoader workers and, for unstall, the sidecar; read from
+   /proc by benchmarks/_cpu.py) and the data transport the unstall loader reports (when it reports one);
 2. storage bytes the sidecar read per epoch over 3 epochs with a cache of 50% of the dataset, next to
    the expected value (epoch 0: the dataset; then: the dataset minus what the cache holds).
 
@@ -23,14 +25,19 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.utils.data as tud
+from tqdm import tqdm
 
 import unstall
 from unstall.torch import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cpu import CpuMeter  # noqa: E402
+from _report import header, transport_of  # noqa: E402
 
 
 def generate(root: Path, sample_bytes: int, total_bytes: int, seed: int) -> int:
@@ -81,22 +88,45 @@ def touch_batch(batch: List[Tuple[bytes, Any]]) -> Tuple[int, int]:
     return len(batch), nbytes
 
 
-def run_epochs(make_loader: Callable[[], tud.DataLoader], epochs: int) -> Tuple[float, int, int]:
+class Run(NamedTuple):
+    seconds: float  # timed epochs only
+    samples: int
+    nbytes: int
+    cpu_s: float  # CPU seconds of all measured processes over the timed epochs
+    cpu_exited: int  # measured processes that exited inside the timed window (then cpu_s is a lower bound)
+    transport: Optional[str]
+
+
+def _epoch(loader: tud.DataLoader, desc: str) -> Tuple[int, int]:
+    s = b = 0
+    for n, nb in tqdm(loader, desc=desc, leave=False, mininterval=0.5, file=sys.stderr):
+        s += n
+        b += nb
+    return s, b
+
+
+def run_epochs(make_loader: Callable[[], tud.DataLoader], epochs: int, desc: str,
+               cpu_pids: List[Optional[int]], cpu_exclude: List[Optional[int]] = ()) -> Run:
+    """Epoch 0 warms up (fills unstall's cache / the page cache, starts the persistent workers); then
+    ``epochs`` timed epochs, with the CPU of ``cpu_pids`` and their descendants measured around them."""
     loader = make_loader()
+    _epoch(loader, f"{desc}: warm-up epoch")
     it_total = 0.0
     samples = nbytes = 0
-    for e in range(epochs + 1):
-        t0 = time.perf_counter()
-        s = b = 0
-        for n, nb in loader:
-            s += n
-            b += nb
-        dt = time.perf_counter() - t0
-        if e > 0:  # epoch 0 warms up: fills unstall's cache / the page cache, starts workers
-            it_total += dt
+    with CpuMeter(cpu_pids, exclude=cpu_exclude) as cpu:
+        for e in range(1, epochs + 1):
+            t0 = time.perf_counter()
+            s, b = _epoch(loader, f"{desc}: epoch {e}/{epochs}")
+            it_total += time.perf_counter() - t0
             samples += s
             nbytes += b
-    return it_total, samples, nbytes
+    stats = None
+    if hasattr(loader, "stats"):
+        try:
+            stats = loader.stats()
+        except Exception:
+            stats = None
+    return Run(it_total, samples, nbytes, cpu.seconds, cpu.exited, transport_of(stats, loader, loader.dataset))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     out(f"## unstall vs plain file reads ({platform.machine()}, {os.cpu_count()} CPUs, num_workers={args.num_workers}, "
         f"torch {torch.__version__}, unstall {unstall.__version__})")
     out()
-    out("| sample size | samples | loader | samples/s | MB/s | unstall / plain |")
-    out("|---|---|---|---|---|---|")
+    for line in header():
+        out(line)
+    out()
+    out("| sample size | samples | loader | transport | samples/s | MB/s | unstall / plain | CPU s/epoch "
+        "| CPU unstall/plain |")
+    out("|---|---|---|---|---|---|---|---|---|")
+    exited = False
     with unstall.Sidecar(home=args.dir / "home-warm", cache_capacity=capacity,
                          memory_budget=capacity + (512 << 20)) as sidecar:
         for label, size, batch in cases:
@@ -134,21 +169,33 @@ def main(argv: list[str] | None = None) -> int:
             ds = Dataset(f"bench-{size}", root=root, sidecar=sidecar)
             common = dict(batch_size=batch, shuffle=True, num_workers=args.num_workers, persistent_workers=True,
                           collate_fn=touch_batch, seed=0)
-            t_u, s_u, b_u = run_epochs(lambda: DataLoader(ds, **common), args.epochs)
+            # CPU: this process, its workers (and fork server) and the sidecar JVM
+            u = run_epochs(lambda: DataLoader(ds, **common), args.epochs, f"{label} unstall",
+                           [os.getpid(), sidecar.pid])
             st = sidecar.stats().dataset(ds.name)
             warm = all(st.epoch(e).storage_bytes == 0 for e in range(1, args.epochs + 1))
+            transport = u.transport or transport_of(st) or "not reported"
             plain = PlainFiles(root)
-            t_p, s_p, b_p = run_epochs(lambda: tud.DataLoader(plain, generator=torch.Generator().manual_seed(0),
-                                                              **{k: v for k, v in common.items() if k != "seed"}),
-                                       args.epochs)
-            ru, rp = s_u / t_u, s_p / t_p
-            out(f"| {label} | {n} | unstall (warm cache{'' if warm else ', NOT all hits'}) | {ru:,.0f} | "
-                f"{b_u / t_u / 1e6:,.0f} | {ru / rp:.2f}x |")
-            out(f"| {label} | {n} | plain open/read (page cache) | {rp:,.0f} | {b_p / t_p / 1e6:,.0f} | |")
+            # CPU: this process and its workers; not the (idle) sidecar, which is also our child
+            pl = run_epochs(lambda: tud.DataLoader(plain, generator=torch.Generator().manual_seed(0),
+                                                   **{k: v for k, v in common.items() if k != "seed"}),
+                            args.epochs, f"{label} plain", [os.getpid()], [sidecar.pid])
+            exited = exited or bool(u.cpu_exited or pl.cpu_exited)
+            ru, rp = u.samples / u.seconds, pl.samples / pl.seconds
+            cu, cp = u.cpu_s / args.epochs, pl.cpu_s / args.epochs
+            out(f"| {label} | {n} | unstall (warm cache{'' if warm else ', NOT all hits'}) | {transport} | {ru:,.0f} | "
+                f"{u.nbytes / u.seconds / 1e6:,.0f} | {ru / rp:.2f}x | {cu:.2f} | {cu / cp:.2f}x |")
+            out(f"| {label} | {n} | plain open/read (page cache) | files | {rp:,.0f} | "
+                f"{pl.nbytes / pl.seconds / 1e6:,.0f} | | {cp:.2f} | |")
     out()
     out("The plain baseline reads from the OS page cache after its warm-up epoch (dropping it needs root); "
-        "unstall serves from its own cache over loopback Flight. Timed: epochs 1.."
-        f"{args.epochs} after a warm-up epoch 0.")
+        "unstall serves from its own cache (transport: what the unstall loader reports, if it does). Timed: "
+        f"epochs 1..{args.epochs} after a warm-up epoch 0. CPU s/epoch: user + system CPU seconds per timed "
+        "epoch of all the case's processes together, from /proc/<pid>/stat before and after the timed epochs: "
+        "the main process and its persistent DataLoader workers, plus the sidecar JVM for unstall (its idle "
+        "time during the plain case is not counted)."
+        + (" Some measured process exited during the timed epochs: its CPU is counted up to the last 0.5 s "
+           "sample, so that CPU figure is a lower bound." if exited else ""))
 
     # -- storage bytes per epoch with a cache of half the dataset --------------------------------------
     label, size, batch = cases[0]
