@@ -6,6 +6,7 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -155,3 +156,135 @@ def test_parse_stats_example_from_spec() -> None:
     assert s.dataset("other").epochs == {}
     with pytest.raises(ValueError, match="stats: not valid JSON"):
         protocol.parse_stats("{")
+
+
+# -- the local socket (UNSL v1) ------------------------------------------------------------------
+
+
+def test_local_fetch_request_matches_its_golden_bytes(fixtures_dir: Path) -> None:
+    doc = json.loads((fixtures_dir / "local-fetch-v1.json").read_text())
+    golden = (fixtures_dir / "local-fetch-v1.bin").read_bytes()
+    assert doc["kind"] == protocol.LOCAL_FETCH
+    assert protocol.encode_local_fetch(doc["session"], doc["ids"], doc["epoch"]) == golden
+    req = protocol.decode_local_request(golden)
+    assert (req.kind, req.session, req.epoch, req.ids.tolist()) == (3, doc["session"], doc["epoch"], doc["ids"])
+
+
+def test_local_batch_reply_matches_its_golden_bytes(fixtures_dir: Path) -> None:
+    doc = json.loads((fixtures_dir / "local-batch-v1.json").read_text())
+    golden = (fixtures_dir / "local-batch-v1.bin").read_bytes()
+    assert doc["kind"] == protocol.REPLY_BATCH
+    fields = [doc[k] for k in ("ids", "labels", "offsets", "lengths", "segs", "keys", "segments")]
+    assert protocol.encode_local_batch(*fields) == golden
+    b = protocol.decode_local_reply(golden)
+    assert isinstance(b, protocol.LocalBatch)
+    assert b.ids.tolist() == doc["ids"] and b.ids.dtype == np.int64
+    assert [lab if ok else None for lab, ok in zip(b.labels.tolist(), b.label_valid.tolist())] == doc["labels"]
+    assert (b.offsets.tolist(), b.lengths.tolist(), b.segs.tolist()) == (doc["offsets"], doc["lengths"], doc["segs"])
+    assert (b.keys, b.segments) == (doc["keys"], doc["segments"])
+
+
+def test_local_requests_round_trip() -> None:
+    hello = protocol.decode_local_request(protocol.encode_local_hello("t" * 64))
+    assert (hello.kind, hello.token) == (protocol.LOCAL_HELLO, b"t" * 64)
+    assert protocol.encode_local_hello("ab") == b"\x01UNSL\x01\x02\x00ab"
+    opened = protocol.decode_local_request(protocol.encode_local_open("données", "pid 12 DataLoader#1"))
+    assert opened.doc == {"dataset": "données", "name": "pid 12 DataLoader#1"}
+    plan = protocol.decode_local_request(protocol.encode_local_plan(2**64 - 1, np.arange(70000), 2**32 - 1))
+    assert (plan.kind, plan.session, plan.epoch, plan.ids.size) == (protocol.LOCAL_PLAN, 2**64 - 1, 2**32 - 1, 70000)
+    close = protocol.encode_local_close(9)
+    assert close == b"\x05" + struct.pack("<Q", 9) and protocol.decode_local_request(close).session == 9
+    assert protocol.encode_frame(b"abc") == b"\x03\x00\x00\x00abc"
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: protocol.encode_local_fetch(1, [], 0), "FETCH request carries 1..65536"),
+        (lambda: protocol.encode_local_fetch(1, range(65537), 0), "1..65536"),
+        (lambda: protocol.encode_local_fetch(-1, [1], 0), "session -1"),
+        (lambda: protocol.encode_local_fetch(1, [-3], 0), "sample id -3"),
+        (lambda: protocol.encode_local_plan(1, [1], 2**32), "epoch"),
+        (lambda: protocol.encode_local_open("", "x"), "dataset name"),
+    ],
+)
+def test_local_encoders_reject_bad_arguments(call, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("body", "prefix"),
+    [
+        (b"", "malformed request: empty"),
+        (b"\x09", "malformed request: unknown kind 9"),
+        (b"\x01UNSX\x01\x00\x00", "malformed request: bad magic"),
+        (b"\x01UNSL\x02\x00\x00", "malformed request: unsupported version 2"),
+        (b"\x01UNSL\x01\x05\x00ab", "malformed request: truncated HELLO"),
+        (protocol.encode_local_fetch(1, [1, 2], 0)[:-1], "malformed request: truncated FETCH"),
+        (protocol.encode_local_close(1) + b"x", "malformed request: 1 trailing bytes"),
+    ],
+)
+def test_malformed_local_requests(body: bytes, prefix: str) -> None:
+    with pytest.raises(ValueError, match="^" + prefix):
+        protocol.decode_local_request(body)
+
+
+def test_local_ok_and_error_replies() -> None:
+    ok = protocol.decode_local_reply(protocol.encode_local_ok({"v": 1, "session": 3, "dataset": "imgs"}))
+    assert ok == protocol.LocalOk({"v": 1, "session": 3, "dataset": "imgs"})
+    err = protocol.decode_local_reply(b"\x01\x02unknown session 12")
+    assert err == protocol.LocalError(2, "unknown session 12") and err.status == "NOT_FOUND"
+    assert [protocol.LocalError(c, "").status for c in range(1, 8)] == [
+        "INVALID_ARGUMENT", "NOT_FOUND", "INTERNAL", "RESOURCE_EXHAUSTED", "UNAUTHENTICATED", "UNAVAILABLE", "UNKNOWN(7)"]
+
+
+def test_malformed_local_replies(fixtures_dir: Path) -> None:
+    golden = (fixtures_dir / "local-batch-v1.bin").read_bytes()
+    for body, prefix in [
+        (b"", "malformed reply: empty"),
+        (b"\x07", "malformed reply: unknown kind 7"),
+        (b"\x01", "malformed reply: truncated ERROR"),
+        (b"\x00{", "malformed reply: OK: not valid JSON"),
+        (golden[:10], "malformed reply: truncated BATCH header"),
+        (golden[:100], "malformed reply: truncated BATCH"),
+        (golden[:-3], "malformed reply: truncated segment table"),
+        (golden + b"\x00", "malformed reply: 1 trailing bytes"),
+        (protocol.encode_local_batch([1], [None], [0], [1], [1], ["k"], ["cache-0"]), "malformed reply: segment index 1"),
+    ]:
+        with pytest.raises(ValueError, match="^" + prefix):
+            protocol.decode_local_reply(body)
+
+
+def test_sample_batch_from_and_to_arrow_views_the_buffer() -> None:
+    rb = pa.RecordBatch.from_pylist(
+        [{"id": i, "label": None if i == 2 else i, "key": f"k{i}", "payload": bytes([i]) * i} for i in range(5)],
+        schema=protocol.BATCH_SCHEMA,
+    )
+    sliced = rb.slice(1, 3)
+    b = protocol.SampleBatch.from_arrow(sliced)
+    assert (b.ids.tolist(), b.label_list(), b.keys) == ([1, 2, 3], [1, None, 3], ["k1", "k2", "k3"])
+    assert [bytes(p) for p in b.payloads] == [b"\x01", b"\x02\x02", b"\x03\x03\x03"] and b.nbytes == 6
+    data = sliced.column("payload").buffers()[2]
+    assert all(p.readonly for p in b.payloads)
+    assert np.frombuffer(b.payloads[1], np.uint8).__array_interface__["data"][0] == data.address + 1  # no copy
+    assert b.transport == "flight" and b.to_arrow() is sliced
+    copied = protocol.SampleBatch(b.ids, b.labels, b.label_valid, b.keys, b.payloads, "shm").to_arrow()
+    assert copied.equals(sliced) and copied.schema == protocol.BATCH_SCHEMA
+
+
+def test_parse_stats_with_sessions() -> None:
+    doc = {
+        "v": 1,
+        "cache": {"policy": "minio", "capacity_bytes": 1, "used_bytes": 0, "entries": 0},
+        "datasets": {},
+        "sessions": {"7": {"dataset": "imgs", "name": "pid 1 DataLoader#2", "transport": "shm",
+                           "epochs": {"0": {"samples": 4, "hits": 1, "misses": 3, "prefetch_hits": 2}},
+                           "total": {"samples": 4, "hits": 1, "misses": 3, "prefetch_hits": 2}}},
+    }
+    s = protocol.parse_stats(json.dumps(doc))
+    sess = s.session(7)
+    assert (sess.dataset, sess.name, sess.transport) == ("imgs", "pid 1 DataLoader#2", "shm")
+    assert sess.epoch(0) == protocol.EpochStats(samples=4, hits=1, misses=3, prefetch_hits=2)
+    assert sess.total.prefetch_hits == 2 and s.session(8) == protocol.SessionStats()
+    assert protocol.parse_stats(json.dumps({**doc, "sessions": {}})).sessions == {}

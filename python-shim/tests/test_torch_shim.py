@@ -26,9 +26,10 @@ def test_epoch_sampler_tags_and_advances_per_iteration() -> None:
     s = EpochSampler(range(3))
     assert len(s) == 3 and s.epoch == 0
     assert list(s) == [EpochIndex(0, 0), EpochIndex(0, 1), EpochIndex(0, 2)]
-    assert [e for e, _ in s] == [1, 1, 1]
+    assert [ix.epoch for ix in s] == [1, 1, 1]
     s.set_epoch(7)
-    assert {e for e, _ in s} == {7}
+    s.session = 5  # a DataLoader's session on the local socket travels with each index
+    assert set(s) == {EpochIndex(7, i, 5) for i in range(3)}
     assert s.epoch == 8 and s.state_dict() == {"epoch": 8}
 
 

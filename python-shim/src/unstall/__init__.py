@@ -1,4 +1,5 @@
-"""unstall: feed unchanged PyTorch loops from the unstall sidecar over Arrow Flight.
+"""unstall: feed unchanged PyTorch loops from the unstall sidecar: over its local socket and shared memory
+on the same host, over Arrow Flight otherwise.
 
 ``import unstall`` needs only pyarrow, py4j and numpy; the PyTorch parts (``Dataset``, ``DataLoader``,
 the loaders) import torch on first use, from ``unstall.torch``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .client import FlightClient
+from .local import LocalClient
 from .errors import (
     AuthenticationError,
     DataFileNotFoundError,
@@ -21,7 +23,7 @@ from .errors import (
     SidecarStartError,
     SidecarUnavailableError,
 )
-from .protocol import PROTOCOL_VERSION, DatasetInfo, Stats
+from .protocol import PROTOCOL_VERSION, DatasetInfo, SampleBatch, Stats
 from .sidecar import Sidecar, default_sidecar
 
 __version__ = "0.1.0"
@@ -34,7 +36,9 @@ __all__ = [
     "Sidecar",
     "default_sidecar",
     "FlightClient",
+    "LocalClient",
     "DatasetInfo",
+    "SampleBatch",
     "Stats",
     "SidecarError",
     "SidecarStartError",

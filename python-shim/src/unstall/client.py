@@ -20,7 +20,7 @@ import pyarrow.flight as fl
 from . import protocol
 from .errors import ProtocolMismatchError, SidecarError, from_flight_error
 
-__all__ = ["FlightClient", "grpc_used_in_this_process"]
+__all__ = ["FlightClient", "grpc_used_in_this_process", "check_ids"]
 
 # gRPC does not survive fork: a child forked from a process that has used gRPC may hang on its first
 # call (reliably while a channel is open, at random once closed: gRPC's own threads may hold locks at
@@ -53,6 +53,8 @@ class FlightClient:
     >>> with FlightClient("grpc+tcp://127.0.0.1:8815", token) as client:
     ...     batch = client.fetch("imgs", [0, 7, 41], epoch=0)
     """
+
+    transport = "flight"
 
     def __init__(self, location: str, token: Union[str, bytes, None], *, timeout: Optional[float] = None) -> None:
         if not location:
@@ -127,13 +129,12 @@ class FlightClient:
             protocol.check_batch(batch)
         except ValueError as e:
             raise ProtocolMismatchError(f"dataset {dataset!r}: {e}") from None
-        got = batch.column("id").to_numpy(zero_copy_only=False)
-        if got.shape != wanted.shape or not np.array_equal(got, wanted):
-            raise ProtocolMismatchError(
-                f"dataset {dataset!r}: the sidecar returned ids {_preview(got)} for the requested ids "
-                f"{_preview(wanted)}; refusing to feed other samples than asked for"
-            )
+        check_ids(f"dataset {dataset!r}", batch.column("id").to_numpy(zero_copy_only=False), wanted)
         return batch
+
+    def fetch_samples(self, dataset: str, ids: Union[Sequence[int], np.ndarray], epoch: int = 0) -> protocol.SampleBatch:
+        """``fetch`` as a ``SampleBatch``: payloads are views of the Arrow batch's data buffer (no copy)."""
+        return protocol.SampleBatch.from_arrow(self.fetch(dataset, ids, epoch), transport=self.transport)
 
     def describe(self, dataset: str) -> protocol.DatasetInfo:
         """GetFlightInfo: the dataset's description (from app_metadata)."""
@@ -177,6 +178,15 @@ def _single_batch(table: pa.Table) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
     raise SidecarError(f"expected one record batch, got {len(batches)}")  # pragma: no cover
+
+
+def check_ids(what: str, got: np.ndarray, wanted: np.ndarray) -> None:
+    """Raises ProtocolMismatchError unless the sidecar returned exactly the ids asked for, in order."""
+    if got.shape != wanted.shape or not np.array_equal(got, wanted):
+        raise ProtocolMismatchError(
+            f"{what}: the sidecar returned ids {_preview(got)} for the requested ids "
+            f"{_preview(wanted)}; refusing to feed other samples than asked for"
+        )
 
 
 def _preview(a: np.ndarray, n: int = 8) -> str:

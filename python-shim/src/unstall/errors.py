@@ -21,6 +21,7 @@ __all__ = [
     "SidecarInternalError",
     "ResourceExhaustedError",
     "ProtocolMismatchError",
+    "from_status",
     "from_flight_error",
     "from_java_error",
 ]
@@ -89,6 +90,25 @@ def _is_file_not_found(msg: str) -> bool:
     return "file" in low or "sample" in low or "/" in msg
 
 
+_BY_STATUS = {
+    "UNAUTHENTICATED": AuthenticationError,
+    "UNAVAILABLE": SidecarUnavailableError,
+    "INTERNAL": SidecarInternalError,
+    "INVALID_ARGUMENT": InvalidRequestError,
+    "RESOURCE_EXHAUSTED": ResourceExhaustedError,
+}
+
+
+def from_status(status: str, msg: str, *, dataset: Optional[str] = None) -> SidecarError:
+    """The exception for a status name (``NOT_FOUND``, ``INTERNAL``, ...) and the sidecar's message.
+    ``NOT_FOUND`` for a request about ``dataset`` that names a file or sample is a missing data file."""
+    if status == "NOT_FOUND":
+        if dataset is not None and "registered" not in msg.lower() and _is_file_not_found(msg):
+            return DataFileNotFoundError(msg, status)
+        return DatasetNotFoundError(msg, status)
+    return _BY_STATUS.get(status, SidecarError)(msg, status)
+
+
 def from_flight_error(err: BaseException, *, dataset: Optional[str] = None) -> SidecarError:
     """Maps a pyarrow Flight/Arrow exception to the shim's hierarchy, keeping the server's message."""
     import pyarrow as pa
@@ -96,19 +116,17 @@ def from_flight_error(err: BaseException, *, dataset: Optional[str] = None) -> S
 
     msg = _server_message(err)
     if isinstance(err, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
-        return AuthenticationError(msg, "UNAUTHENTICATED")
+        return from_status("UNAUTHENTICATED", msg)
     if isinstance(err, fl.FlightUnavailableError):
-        return SidecarUnavailableError(msg, "UNAVAILABLE")
+        return from_status("UNAVAILABLE", msg)
     if isinstance(err, fl.FlightInternalError):
-        return SidecarInternalError(msg, "INTERNAL")
-    if isinstance(err, pa.ArrowKeyError):  # NOT_FOUND
-        if dataset is not None and "registered" not in msg.lower() and _is_file_not_found(msg):
-            return DataFileNotFoundError(msg, "NOT_FOUND")
-        return DatasetNotFoundError(msg, "NOT_FOUND")
-    if isinstance(err, pa.ArrowInvalid):  # INVALID_ARGUMENT
-        return InvalidRequestError(msg, "INVALID_ARGUMENT")
+        return from_status("INTERNAL", msg)
+    if isinstance(err, pa.ArrowKeyError):
+        return from_status("NOT_FOUND", msg, dataset=dataset)
+    if isinstance(err, pa.ArrowInvalid):
+        return from_status("INVALID_ARGUMENT", msg)
     if "resource exhausted" in str(err).lower() or "RESOURCE_EXHAUSTED" in str(err):
-        return ResourceExhaustedError(msg, "RESOURCE_EXHAUSTED")
+        return from_status("RESOURCE_EXHAUSTED", msg)
     if isinstance(err, fl.FlightServerError):
         return SidecarError(msg, "UNKNOWN")
     return SidecarError(msg, type(err).__name__)

@@ -9,6 +9,11 @@ Resolution order (first that applies wins):
    sidecar answers;
 3. otherwise start the embedded sidecar jar and own its lifetime: it is stopped when this object is
    closed, leaves a ``with`` block, or the interpreter exits.
+
+The same-host data plane (``local_client()``: the local socket and shared memory) is used when the
+sidecar is known to run here: started by this object or attached through the state file (its ``local``
+field; the control plane's ``localEndpoint()`` confirms it), or attached by address when this host's
+state file names that very address.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from urllib.parse import urlparse
 
 from . import protocol
 from .client import FlightClient
+from .local import LocalClient
 from .errors import (
     AuthenticationError,
     ProtocolMismatchError,
@@ -58,6 +64,7 @@ class SidecarState:
     flight: str
     control_port: int
     token_file: str
+    local: Optional[str] = None  # the local socket (same-host data plane), when the sidecar has one
 
     @property
     def alive(self) -> bool:
@@ -78,6 +85,7 @@ def read_state(path: Union[str, Path]) -> Optional[SidecarState]:
             flight=str(doc["flight"]),
             control_port=int(doc["control_port"]),
             token_file=str(doc["token_file"]),
+            local=str(doc["local"]) if doc.get("local") else None,
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -185,6 +193,7 @@ class Sidecar:
         self.flight_location = ""
         self.control_port: Optional[int] = None
         self._token = ""
+        self.local_endpoint: Optional[str] = None  # the local socket's path, when this host can use it
 
         address = address or os.environ.get("UNSTALL_SIDECAR") or None
         if address:
@@ -198,6 +207,7 @@ class Sidecar:
                     )
                 self._start(cache_capacity, memory_budget, jar, java, java_options, extra_args, startup_timeout)
         self._check_version()
+        self._resolve_local_endpoint()
 
     # -- resolution ----------------------------------------------------------------------------
     def _attach_address(self, address: str, token: Optional[str], control_port: Optional[int]) -> None:
@@ -213,6 +223,8 @@ class Sidecar:
         self.control_port = control_port
         self._token = token or os.environ.get("UNSTALL_TOKEN") or self._read_token(state)
         self.pid = state.pid if state is not None and state.flight == address else None
+        # The local socket only if this host's state file is that very sidecar's.
+        self.local_endpoint = state.local if state is not None and state.flight == address else None
         if control_port is not None:
             host = parsed.hostname if parsed.hostname not in ("localhost", "0.0.0.0") else "127.0.0.1"
             self._connect_gateway(host, control_port)
@@ -224,6 +236,7 @@ class Sidecar:
             self._token = token or os.environ.get("UNSTALL_TOKEN") or self._read_token(state)
             self._connect_gateway("127.0.0.1", state.control_port)
             self.pid = state.pid
+            self.local_endpoint = state.local
             return True
         except SidecarError:
             self._close_gateway()
@@ -303,6 +316,7 @@ class Sidecar:
         self.pid = state.pid
         self.flight_location = state.flight
         self.control_port = state.control_port
+        self.local_endpoint = state.local
         self._token = self._read_token(state)
         self._connect_gateway("127.0.0.1", state.control_port)
 
@@ -342,6 +356,18 @@ class Sidecar:
                 f"the sidecar speaks protocol version {version}, this client speaks version {protocol.PROTOCOL_VERSION}"
             )
 
+    def _resolve_local_endpoint(self) -> None:
+        """Attached through the state file (or started): the control plane says where the local socket is
+        (``localEndpoint()``, "" without one; a sidecar older than it keeps the state file's answer)."""
+        if self._entry is None or self.pid is None:
+            return
+        from py4j.protocol import Py4JError
+
+        try:
+            self.local_endpoint = str(self._entry.localEndpoint() or "") or None
+        except Py4JError:
+            pass
+
     # -- properties ----------------------------------------------------------------------------
     @property
     def token(self) -> str:
@@ -359,6 +385,11 @@ class Sidecar:
     def flight_client(self) -> FlightClient:
         """A new data-plane client (connects lazily, per process, safe to hand to DataLoader workers)."""
         return FlightClient(self.flight_location, self._token)
+
+    def local_client(self) -> Optional[LocalClient]:
+        """A new client of the sidecar's local socket (same host: shared memory, no gRPC; connects lazily,
+        per process), or None when this sidecar has none that this host can use."""
+        return LocalClient(self.local_endpoint, self._token) if self.local_endpoint else None
 
     def _data_plane(self) -> FlightClient:
         if self._flight is None:

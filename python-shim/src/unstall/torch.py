@@ -1,17 +1,23 @@
 """PyTorch integration: a map-style ``Dataset`` served by the sidecar and a ``DataLoader`` that tells
-the sidecar which epoch each batch belongs to.
+the sidecar which epoch (and session) each batch belongs to.
 
-The data path, top to bottom: the DataLoader's sampler yields ``EpochIndex(epoch, index)``; torch's
-fetcher hands a whole batch of them to ``Dataset.__getitems__``; that is ONE Flight DoGet; each row's
-payload goes through ``loader`` then ``transform``, its label (or key) through ``target_transform``.
+The data path, top to bottom: the DataLoader's sampler yields ``EpochIndex(epoch, index, session)``;
+torch's fetcher hands a whole batch of them to ``Dataset.__getitems__``; that is ONE request: a FETCH on
+the sidecar's local socket when it runs on this host (payloads read in place from its shared memory, no
+gRPC anywhere), else a Flight DoGet; each row's payload goes through ``loader`` then ``transform``, its
+label (or key) through ``target_transform``.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+import logging
 import multiprocessing
 import os
 import time
+import warnings
+import weakref
 from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -23,7 +29,9 @@ from torch.utils.data import get_worker_info
 from . import progress as _progress
 from . import tracing as _tracing
 from .client import FlightClient, grpc_used_in_this_process
-from .protocol import DatasetInfo
+from .errors import SidecarError, SidecarUnavailableError
+from .local import LocalClient
+from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
 
 __all__ = [
@@ -35,32 +43,48 @@ __all__ = [
     "pil_loader",
     "decode_image",
     "tensor_loader",
+    "TRANSPORTS",
 ]
+
+log = logging.getLogger("unstall")
+
+TRANSPORTS = ("auto", "shm", "flight")
 
 
 # ---------------------------------------------------------------------------------------------
-# Loaders: payload bytes -> sample
+# Loaders: payload -> sample. Each takes any buffer: ``bytes``, or the read-only ``memoryview`` of the
+# payload that ``Dataset`` passes (in the sidecar's shared memory, or in the received Flight buffer).
+
+Buffer = Union[bytes, bytearray, memoryview]
 
 
-def pil_loader(data: bytes) -> Any:
-    """Decodes an image file's bytes into an RGB ``PIL.Image`` (like torchvision's ``pil_loader``)."""
+def pil_loader(data: Buffer) -> Any:
+    """Decodes an image file's bytes (any buffer) into an RGB ``PIL.Image`` (like torchvision's
+    ``pil_loader``); the image owns its pixels."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:
         return img.convert("RGB")
 
 
-def tensor_loader(data: bytes) -> torch.Tensor:
-    """The raw bytes as a 1-D ``uint8`` tensor (owns its memory)."""
+def tensor_loader(data: Buffer) -> torch.Tensor:
+    """The raw bytes (any buffer) as a 1-D ``uint8`` tensor that owns its memory (one copy)."""
+    if len(data) == 0:
+        return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def decode_image(data: bytes) -> torch.Tensor:
-    """Decodes a JPEG/PNG/... into a ``uint8`` CHW RGB tensor with ``torchvision.io.decode_image``."""
+def decode_image(data: Buffer) -> torch.Tensor:
+    """Decodes a JPEG/PNG/... (any buffer) into a fresh ``uint8`` CHW RGB tensor with
+    ``torchvision.io.decode_image``. The encoded bytes are read in place, not copied first."""
     from torchvision.io import ImageReadMode
     from torchvision.io import decode_image as _decode
 
-    return _decode(tensor_loader(data), mode=ImageReadMode.RGB)
+    with warnings.catch_warnings():
+        # A read-only buffer: torch warns that the tensor could write to it; the decoder only reads it.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+        encoded = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+    return _decode(encoded, mode=ImageReadMode.RGB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,10 +92,12 @@ def decode_image(data: bytes) -> torch.Tensor:
 
 
 class EpochIndex(NamedTuple):
-    """A sample index tagged with the epoch it is drawn for; the epoch travels in the ticket."""
+    """A sample index tagged with the epoch it is drawn for (it travels in the request) and the session
+    of the DataLoader that drew it (local socket; 0: the dataset's own session in each process)."""
 
     epoch: int
     index: int
+    session: int = 0
 
 
 class EpochSampler(tud.Sampler):
@@ -99,6 +125,7 @@ class EpochSampler(tud.Sampler):
         self._next_epoch = start_epoch
         self._forward_epoch = False
         self.last_epoch: Optional[int] = None
+        self.session = 0  # the DataLoader's session, set before it iterates (local socket only)
 
     @property
     def epoch(self) -> int:
@@ -117,6 +144,7 @@ class EpochSampler(tud.Sampler):
         epoch = self._next_epoch
         self._next_epoch = epoch + 1
         self.last_epoch = epoch
+        session = self.session
         if self._forward_epoch and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         order: Iterable[Any] = self.sampler
@@ -125,10 +153,10 @@ class EpochSampler(tud.Sampler):
             self.on_epoch(epoch, [int(i) for b in order for i in b] if self.batched else [int(i) for i in order])
         if self.batched:
             for batch in order:
-                yield [EpochIndex(epoch, int(i)) for i in batch]
+                yield [EpochIndex(epoch, int(i), session) for i in batch]
         else:
             for i in order:
-                yield EpochIndex(epoch, int(i))
+                yield EpochIndex(epoch, int(i), session)
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
@@ -146,13 +174,52 @@ class EpochSampler(tud.Sampler):
 Index = Union[int, EpochIndex]
 
 
+def _resolve_transport(transport: Optional[str]) -> str:
+    t = transport if transport is not None else (os.environ.get("UNSTALL_TRANSPORT") or "auto")
+    t = str(t).strip().lower()
+    if t not in TRANSPORTS:
+        source = "transport" if transport is not None else "UNSTALL_TRANSPORT"
+        raise ValueError(f"{source} must be 'auto', 'shm' or 'flight', got {t!r}")
+    return t
+
+
+def _open_local(sidecar: Any, wanted: str) -> Optional[LocalClient]:
+    """The sidecar's local socket, connected, or None (``auto``) or an error saying why (``shm``)."""
+    make = getattr(sidecar, "local_client", None)
+    client = make() if make is not None else None
+    if client is None:
+        why = ("the sidecar advertises no local socket: it runs on another host, with --no-shm or without a "
+               "writable /dev/shm, or was attached by address while $UNSTALL_HOME/sidecar.json names no such "
+               "sidecar")
+    else:
+        try:
+            return client.connect()
+        except SidecarError as e:
+            why = str(e)
+    if wanted == "shm":
+        raise SidecarUnavailableError(f"transport 'shm' is not available: {why}", "UNAVAILABLE")
+    log.debug("unstall: local socket unavailable (%s); using Flight", why)
+    return None
+
+
 class Dataset(tud.Dataset):
     """A dataset registered with the sidecar, indexed like ``torchvision.datasets.ImageFolder``.
 
-    ``dataset[i]`` is ``(sample, target)``: ``sample = transform(loader(payload_bytes))`` (the default
-    loader keeps the raw ``bytes``), ``target = target_transform(label)`` where the label is the class
-    index (imagefolder) or the sample's key ``shard@offset`` for formats without labels (tfrecord).
-    A batch of indices (``__getitems__``, which torch's fetcher calls) is one Flight DoGet.
+    ``dataset[i]`` is ``(sample, target)``: ``sample = transform(loader(payload))``, ``target =
+    target_transform(label)`` where the label is the class index (imagefolder) or the sample's key
+    ``shard@offset`` for formats without labels (tfrecord). A batch of indices (``__getitems__``, which
+    torch's fetcher calls) is one request to the sidecar.
+
+    ``loader`` receives the payload as a read-only ``memoryview``, in place (no copy): in the sidecar's
+    shared memory, or in the received Flight buffer. Return something that owns its data (a decoded
+    image, ``bytes(view)``): a view is not picklable (DataLoader workers send samples to the trainer),
+    and one kept alive pins the shared memory it maps. Without ``loader`` the sample is the payload as
+    ``bytes`` (one copy). ``pil_loader``, ``decode_image`` and ``tensor_loader`` take any buffer.
+
+    ``transport``: ``"auto"`` (the default, or ``$UNSTALL_TRANSPORT``) uses the sidecar's local socket
+    when it advertises one that answers (same host: shared memory, no gRPC, so DataLoader workers can
+    be forked) and Flight otherwise; ``"shm"`` requires the local socket (an error says why it is not
+    available); ``"flight"`` always uses Flight. ``self.transport`` is the one chosen.
 
     With ``root`` the dataset is registered (a no-op when it already is, alike); without, it must
     already be registered.
@@ -165,12 +232,14 @@ class Dataset(tud.Dataset):
         format: str = "imagefolder",
         transform: Optional[Callable[[Any], Any]] = None,
         target_transform: Optional[Callable[[Any], Any]] = None,
-        loader: Optional[Callable[[bytes], Any]] = None,
+        loader: Optional[Callable[[memoryview], Any]] = None,
         sidecar: Optional[Sidecar] = None,
         options: Optional[dict[str, Any]] = None,
+        transport: Optional[str] = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a dataset name (non-empty str) is required, got {name!r}")
+        wanted = _resolve_transport(transport)
         sidecar = sidecar if sidecar is not None else default_sidecar()
         if root is not None:
             with _progress.while_running(f"indexing {name!r} ({root})"):
@@ -186,13 +255,16 @@ class Dataset(tud.Dataset):
         self.classes: List[str] = list(self.info.classes or [])
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0  # used for plain int indices (a stock torch DataLoader); EpochIndex carries its own
-        self._client: FlightClient = sidecar.flight_client()
+        self._client: FlightClient = sidecar.flight_client()  # connects only if used
+        self._local: Optional[LocalClient] = _open_local(sidecar, wanted) if wanted != "flight" else None
+        self.transport = "shm" if self._local is not None else "flight"
         _tracing.bind_sidecar(self, sidecar)  # loader.stats() reads cache counters over the control plane
 
     def __repr__(self) -> str:
+        where = self._local.socket_path if self._local is not None else self._client.location
         return (
             f"unstall.torch.Dataset({self.name!r}, format={self.format!r}, "
-            f"num_samples={len(self)}, sidecar={self._client.location!r})"
+            f"num_samples={len(self)}, transport={self.transport!r}, sidecar={where!r})"
         )
 
     def __len__(self) -> int:
@@ -202,16 +274,40 @@ class Dataset(tud.Dataset):
         """The epoch reported for plain int indices (the DataLoader here tags indices itself)."""
         self.epoch = int(epoch)
 
-    def fetch(self, ids: Union[Sequence[int], np.ndarray], epoch: Optional[int] = None) -> pa.RecordBatch:
-        """The raw Arrow batch (``id``, ``label``, ``key``, ``payload``) for ``ids``: one DoGet."""
+    def _session(self, session: int) -> int:
+        assert self._local is not None
+        return session or self._local.default_session(self.name)
+
+    def fetch_samples(self, ids: Union[Sequence[int], np.ndarray], epoch: Optional[int] = None,
+                      session: int = 0) -> SampleBatch:
+        """The samples ``ids`` in order, payloads as read-only views (no copy): one request. ``session``
+        (local socket only) is a DataLoader's; 0 is this process's own session of the dataset."""
+        epoch = self.epoch if epoch is None else epoch
         t0 = time.perf_counter_ns()
-        batch = self._client.fetch(self.name, ids, self.epoch if epoch is None else epoch)
-        _tracing.record_fetch(self, batch.num_rows, _tracing.payload_bytes(batch), time.perf_counter_ns() - t0)
+        if self._local is not None:
+            batch = self._local.fetch(self._session(session), ids, epoch, dataset=self.name)
+        else:
+            batch = self._client.fetch_samples(self.name, ids, epoch)
+        _tracing.record_fetch(self, len(batch), batch.nbytes, time.perf_counter_ns() - t0, batch.transport)
         return batch
 
-    def plan(self, ids: Sequence[int], epoch: int) -> None:
-        """Tells the sidecar the epoch's whole order so it reads upcoming misses ahead (``prefetch``)."""
-        self._client.prefetch(self.name, ids, epoch)
+    def fetch(self, ids: Union[Sequence[int], np.ndarray], epoch: Optional[int] = None) -> pa.RecordBatch:
+        """The batch for ``ids`` as Arrow (``id``, ``label``, ``key``, ``payload``): one request (over the
+        local socket, a copy of the shared-memory payloads)."""
+        return self.fetch_samples(ids, epoch).to_arrow()
+
+    def plan(self, ids: Sequence[int], epoch: int, session: int = 0) -> int:
+        """Tells the sidecar the epoch's whole order so it reads upcoming misses ahead: a PLAN for
+        ``session`` on the local socket, the ``prefetch`` action over Flight. Returns the planned count."""
+        if self._local is not None:
+            return self._local.plan(self._session(session), ids, epoch)
+        return self._client.prefetch(self.name, ids, epoch)
+
+    def open_session(self, name: str) -> int:
+        """A new session on the local socket (owned by this process's connection); needs transport 'shm'."""
+        if self._local is None:
+            raise SidecarUnavailableError(f"dataset {self.name!r} uses Flight, which has no sessions")
+        return self._local.open_session(self.name, name)
 
     def __getitem__(self, index: Index) -> Tuple[Any, Any]:
         return self.__getitems__([index])[0]
@@ -219,37 +315,35 @@ class Dataset(tud.Dataset):
     def __getitems__(self, indices: Sequence[Index]) -> List[Tuple[Any, Any]]:
         if len(indices) == 0:
             return []
-        epochs: List[int] = []
+        groups: List[Tuple[int, int]] = []  # (epoch, session) of each index
         ids: List[int] = []
         for ix in indices:
             if isinstance(ix, EpochIndex):
-                epochs.append(ix.epoch)
+                groups.append((ix.epoch, ix.session))
                 ids.append(ix.index)
             else:
-                epochs.append(self.epoch)
+                groups.append((self.epoch, 0))
                 ids.append(int(ix))
         n = len(self)
         for i in ids:
             if i < 0:  # negative indices: as for sequences, but the wire carries unsigned ids
                 raise IndexError(f"sample index {i} is out of range for dataset {self.name!r} of {n} samples")
-        if all(e == epochs[0] for e in epochs):
-            return self._convert(self.fetch(ids, epochs[0]))
-        # Mixed epochs (a custom sampler): one DoGet per epoch, results put back in the asked order.
+        if all(g == groups[0] for g in groups):
+            return self._convert(self.fetch_samples(ids, *groups[0]))
+        # Mixed epochs or sessions (a custom sampler): one request each, results put back in the asked order.
         out: List[Any] = [None] * len(ids)
-        for e in sorted(set(epochs)):
-            pos = [p for p, pe in enumerate(epochs) if pe == e]
-            for p, item in zip(pos, self._convert(self.fetch([ids[p] for p in pos], e))):
+        for g in sorted(set(groups)):
+            pos = [p for p, pg in enumerate(groups) if pg == g]
+            for p, item in zip(pos, self._convert(self.fetch_samples([ids[p] for p in pos], *g))):
                 out[p] = item
         return out
 
-    def _convert(self, batch: pa.RecordBatch) -> List[Tuple[Any, Any]]:
+    def _convert(self, batch: SampleBatch) -> List[Tuple[Any, Any]]:
         t0 = time.perf_counter_ns()
-        payloads = batch.column("payload").to_pylist()
-        labels = batch.column("label").to_pylist()
-        keys = batch.column("key").to_pylist()
+        load = self.loader if self.loader is not None else bytes
         out = []
-        for payload, label, key in zip(payloads, labels, keys):
-            sample = self.loader(payload) if self.loader is not None else payload
+        for payload, label, key in zip(batch.payloads, batch.label_list(), batch.keys):
+            sample = load(payload)
             if self.transform is not None:
                 sample = self.transform(sample)
             target = label if label is not None else key
@@ -260,11 +354,21 @@ class Dataset(tud.Dataset):
         return out
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()  # the FlightClient drops its connection itself; no Sidecar is held
+        return self.__dict__.copy()  # the clients drop their connections themselves; no Sidecar is held
 
 
 # ---------------------------------------------------------------------------------------------
 # DataLoader
+
+_loader_numbers = itertools.count(1)
+
+
+def _close_session(local: LocalClient, session: int, conn: Optional[Tuple[int, int]]) -> None:
+    if local.connection_id == conn:
+        try:
+            local.close_session(session)
+        except SidecarError:
+            pass
 
 
 class DataLoader(tud.DataLoader):
@@ -275,8 +379,16 @@ class DataLoader(tud.DataLoader):
     ``persistent_workers=True``. ``seed`` is a shortcut for ``generator=torch.Generator().manual_seed(seed)``.
     With ``clairvoyant=True`` each epoch's order is drawn when the epoch starts and sent to the sidecar,
     which then reads upcoming misses ahead of consumption (NoPFS-style prefetch, within its window).
+
+    Over the local socket (``dataset.transport == "shm"``) the loader opens its own **session** in this
+    process when it first iterates (``loader.session``): its clairvoyant plans and counters are its own,
+    so several loaders on one dataset do not disturb each other, and its workers use it by id. This
+    process never uses gRPC then, so workers are forked as torch does by default (lambdas in
+    ``transform``, ``collate_fn`` or ``worker_init_fn`` work). Over Flight, once this process has used
+    gRPC, workers start from a clean forkserver instead, unless ``multiprocessing_context`` is given.
+
     When ``dataset`` is a name, ``root``/``format``/``loader``/``transform``/``target_transform``
-    /``sidecar`` build the ``Dataset``.
+    /``sidecar``/``transport`` build the ``Dataset``.
     """
 
     def __init__(
@@ -305,9 +417,10 @@ class DataLoader(tud.DataLoader):
         sidecar: Optional[Sidecar] = None,
         root: Optional[str] = None,
         format: str = "imagefolder",
-        loader: Optional[Callable[[bytes], Any]] = None,
+        loader: Optional[Callable[[memoryview], Any]] = None,
         transform: Optional[Callable[[Any], Any]] = None,
         target_transform: Optional[Callable[[Any], Any]] = None,
+        transport: Optional[str] = None,
     ) -> None:
         if isinstance(dataset, str):
             dataset = Dataset(
@@ -318,10 +431,12 @@ class DataLoader(tud.DataLoader):
                 target_transform=target_transform,
                 loader=loader,
                 sidecar=sidecar,
+                transport=transport,
             )
         elif isinstance(dataset, Dataset):
             given = [k for k, v in (("root", root), ("loader", loader), ("transform", transform),
-                                    ("target_transform", target_transform), ("sidecar", sidecar)) if v is not None]
+                                    ("target_transform", target_transform), ("sidecar", sidecar),
+                                    ("transport", transport)) if v is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} only apply when dataset is a name; set them on the Dataset")
         else:
@@ -335,7 +450,11 @@ class DataLoader(tud.DataLoader):
             generator.manual_seed(int(seed))
 
         # Clairvoyant prefetch (NoPFS): the sampler's order is known once the epoch starts, so send it.
-        on_epoch = (lambda epoch, ids: dataset.plan(ids, epoch)) if clairvoyant else None
+        on_epoch = self._plan_epoch if clairvoyant else None
+        self._number = next(_loader_numbers)
+        self._session: Optional[int] = None
+        self._session_conn: Optional[Tuple[int, int]] = None  # the connection the session belongs to
+        self._session_closer: Optional[weakref.finalize] = None
         common = dict(
             num_workers=num_workers,
             collate_fn=collate_fn,
@@ -381,8 +500,33 @@ class DataLoader(tud.DataLoader):
         return super()._get_iterator()
 
     def __iter__(self) -> Any:
+        self._ensure_session()
         # Timed and counted (loader.stats(), stall spans); under `unstall analyze`, driven by it.
         return _tracing.observe(self, super().__iter__, self.epoch_sampler.epoch)
+
+    @property
+    def session(self) -> Optional[int]:
+        """This loader's session on the sidecar's local socket (None over Flight or before iterating)."""
+        return self._session
+
+    def _ensure_session(self) -> None:
+        """Opens the loader's session over this process's local connection (never over gRPC), once per
+        connection: a session ends with the connection that opened it."""
+        local = getattr(self.dataset, "_local", None)
+        if local is None:
+            return
+        if self._session is not None and local.connection_id == self._session_conn:
+            return
+        if self._session_closer is not None:
+            self._session_closer.detach()
+        self._session = self.dataset.open_session(f"pid {os.getpid()} DataLoader#{self._number}")
+        self._session_conn = local.connection_id
+        self.epoch_sampler.session = self._session
+        self._session_closer = weakref.finalize(self, _close_session, local, self._session, self._session_conn)
+        self._session_closer.atexit = False  # at exit the connection closes, and its sessions with it
+
+    def _plan_epoch(self, epoch: int, ids: List[int]) -> None:
+        self.dataset.plan(ids, epoch, session=self._session or 0)
 
     def stats(self) -> "_tracing.LoaderStats":
         """Stall, fetch/prep time, cache hits and bytes of the current epoch (``.total``: all epochs)."""

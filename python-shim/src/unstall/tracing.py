@@ -2,9 +2,9 @@
 
 ``unstall.torch.DataLoader`` wraps each epoch's iterator in an :class:`ObservedIterator`. It times each
 ``next()`` (the **wait**, the data stall) and the time between batches (the **step**: the trainer's own
-work), and reads the loader's work counters: how long ``Dataset`` spent in Flight DoGets (**fetch**) and
-in ``loader``/``transform`` (**prep**), in this process and in every DataLoader worker (each worker
-writes its own row of a small shared-memory table, :class:`WorkCounters`).
+work), and reads the loader's work counters: how long ``Dataset`` spent in fetches (**fetch**: local
+socket or Flight) and in ``loader``/``transform`` (**prep**), in this process and in every DataLoader
+worker (each worker writes its own row of a small shared-memory table, :class:`WorkCounters`).
 
 From these come ``loader.stats()`` (:class:`LoaderStats`), one log line at the end of every epoch, and
 OpenTelemetry spans named as the Java agent's (docs/AGENT.md): ``unstall.stall`` per wait and
@@ -53,8 +53,8 @@ STEP_SPAN = "unstall.step"
 SCOPE = "io.unstall.shim"
 A_STALL_NS = "unstall.stall.duration_ns"
 A_IO_BYTES = "unstall.io.bytes"  # bytes the waiting thread fetched during the wait (num_workers=0)
-A_IO_CALLS = "unstall.io.read_calls"  # Flight DoGets the waiting thread made during the wait
-A_IO_TIME = "unstall.io.read_time_ns"  # time the waiting thread spent in those DoGets
+A_IO_CALLS = "unstall.io.read_calls"  # fetches (FETCH or DoGet) the waiting thread made during the wait
+A_IO_TIME = "unstall.io.read_time_ns"  # time the waiting thread spent in those fetches
 A_IO_PROCESS_BYTES = "unstall.io.process_bytes"  # bytes fetched by this process AND its workers during the wait
 A_ITER_CLASS = "unstall.iterator.class"
 A_ITER_METHOD = "unstall.iterator.method"
@@ -66,7 +66,7 @@ A_BATCH = "unstall.batch.index"
 A_EPOCH = "unstall.epoch"
 A_DATASET = "unstall.dataset"
 A_WORKERS = "unstall.loader.num_workers"
-A_FETCH_NS = "unstall.fetch.time_ns"  # DoGet time, all processes, during the wait
+A_FETCH_NS = "unstall.fetch.time_ns"  # fetch time, all processes, during the wait
 A_PREP_NS = "unstall.prep.time_ns"  # loader+transform time, all processes, during the wait
 
 
@@ -219,7 +219,7 @@ def reset_tracer() -> None:
 # ---------------------------------------------------------------------------------------------
 # Work counters: one row per process (row 0 = the process that iterates, row k = worker k-1)
 
-FETCH_CALLS, FETCH_NS, FETCH_BYTES, FETCH_SAMPLES, PREP_NS, PREP_SAMPLES = range(6)
+FETCH_CALLS, FETCH_NS, FETCH_BYTES, FETCH_SAMPLES, PREP_NS, PREP_SAMPLES, SHM_CALLS = range(7)
 _COLUMNS = 8
 
 
@@ -280,18 +280,24 @@ def _my_row(dataset: Any) -> Optional[np.ndarray]:
 
 
 def payload_bytes(batch: Any) -> int:
-    """The sample bytes of a fetched batch (the payload column's values, as the sidecar counts them)."""
+    """The sample bytes of a fetched batch (a ``SampleBatch``, or an Arrow batch's payload column), as
+    the sidecar counts them."""
+    nbytes = getattr(batch, "nbytes", None)
+    if not hasattr(batch, "column") and isinstance(nbytes, int):
+        return nbytes
     import pyarrow.compute as pc
 
     col = batch.column("payload")
     return int(pc.sum(pc.binary_length(col)).as_py() or 0) if len(col) else 0
 
 
-def record_fetch(dataset: Any, samples: int, nbytes: int, ns: int) -> None:
-    """Called by ``Dataset.fetch`` after each DoGet."""
+def record_fetch(dataset: Any, samples: int, nbytes: int, ns: int, transport: str = "flight") -> None:
+    """Called by ``Dataset.fetch_samples`` after each request (a local-socket FETCH or a Flight DoGet)."""
     row = _my_row(dataset)
     if row is not None:
         row[FETCH_CALLS] += 1
+        if transport == "shm":
+            row[SHM_CALLS] += 1
         row[FETCH_NS] += ns
         row[FETCH_BYTES] += nbytes
         row[FETCH_SAMPLES] += samples
@@ -341,6 +347,8 @@ class LoaderStats:
     overlap with steps when workers run ahead). ``stall_fetch_s``/``stall_prep_s`` split the stall in
     proportion to them: an estimate; ``unstall analyze`` measures the split differentially.
     Cache counters come from the sidecar (``None`` when it is not reachable over its control plane).
+    ``transport`` is how the batches came: ``"shm"`` (the local socket and shared memory), ``"flight"``,
+    or ``"mixed"``; before any fetch, the dataset's choice.
     """
 
     epoch: int = 0
@@ -359,6 +367,7 @@ class LoaderStats:
     cache_misses: Optional[int] = None
     storage_bytes: Optional[int] = None
     cache_bytes: Optional[int] = None
+    transport: Optional[str] = None
     total: Optional["LoaderStats"] = field(default=None, repr=False)
 
     def as_dict(self) -> Dict[str, Any]:
@@ -386,6 +395,12 @@ class LoaderStats:
         return s
 
 
+def _transport(calls: int, shm_calls: int, dataset: Any) -> Optional[str]:
+    if calls == 0:
+        return getattr(dataset, "transport", None)
+    return "shm" if shm_calls == calls else "flight" if shm_calls == 0 else "mixed"
+
+
 def _mb(n: Optional[int]) -> str:
     return "?" if n is None else f"{n / 1e6:.1f} MB"
 
@@ -409,7 +424,8 @@ class LoaderObserver:
     """Per DataLoader: counters, accumulators, spans, the end-of-epoch line."""
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
+        # Weak: the observer lives as long as its loader (in ``_observers``), and must not keep it alive.
+        self._loader = weakref.ref(loader)
         self.counters: Optional[WorkCounters] = None
         zero = np.zeros(_COLUMNS, dtype=np.int64)
         self.epoch_acc = _Acc(zero)
@@ -418,6 +434,10 @@ class LoaderObserver:
         self.epochs_seen: List[int] = []
         self._cache_base: Dict[int, Any] = {}
         self.iterator_class = f"{type(loader).__module__}.{type(loader).__qualname__}"
+
+    @property
+    def loader(self) -> Any:
+        return self._loader()
 
     def attach_counters(self) -> None:
         """Creates the counters once, before the first iterator (workers get the path with the Dataset)."""
@@ -453,6 +473,7 @@ class LoaderObserver:
             stall_fraction=wait_s / elapsed if elapsed > 0 else 0.0, fetch_s=float(fetch_s), prep_s=float(prep_s),
             stall_fetch_s=float(wait_s * fetch_s / busy) if busy > 0 else 0.0,
             stall_prep_s=float(wait_s * prep_s / busy) if busy > 0 else 0.0,
+            transport=_transport(int(w[FETCH_CALLS]), int(w[SHM_CALLS]), self.loader.dataset),
         )
         ds_stats = _dataset_stats(self.loader.dataset)
         if ds_stats is not None:
@@ -502,6 +523,7 @@ class ObservedIterator:
 
     def __init__(self, observer: LoaderObserver, inner: Iterator[Any], epoch: int) -> None:
         self._obs = observer
+        self._loader = observer.loader  # the loader lives while one of its iterators does
         self._inner = inner
         self._tracer = stall_tracer()
         self._epoch = epoch

@@ -237,8 +237,10 @@ class AnalyzedIterator(tracing.ObservedIterator):
     def _sidecar_stats(self) -> Any:
         if self.s.mode == "synthetic":
             return None
+        ds = self._obs.loader.dataset
         try:
-            return self._obs.loader.dataset._client.stats().dataset(self._obs.loader.dataset.name).total
+            st = tracing._dataset_stats(ds)  # over the control plane: this process may still fork workers
+            return (st if st is not None else ds._client.stats().dataset(ds.name)).total
         except Exception:
             return None
 

@@ -148,7 +148,18 @@ public final class Prefetcher implements AutoCloseable {
         if (staged.putIfAbsent(key, f) != null || (plan.isServed(id) && staged.remove(key, f))) {
           continue; // a batch got there first and reads it itself
         }
-        ArrowBuf buf = allocator.buffer(Math.max(1, len));
+        ArrowBuf buf;
+        try {
+          buf = allocator.buffer(Math.max(1, len));
+        } catch (org.apache.arrow.memory.OutOfMemoryException full) {
+          // Another plan's reader took the room between the check and here: give the slot back (a batch that
+          // already claimed it reads the sample itself) and try this position again once there is room.
+          staged.remove(key, f);
+          f.complete(null);
+          p--;
+          Thread.sleep(1);
+          continue;
+        }
         readers.execute(() -> {
           try {
             BatchAssembler.readFromStorage(d, id, buf, 0, len);
@@ -190,6 +201,9 @@ public final class Prefetcher implements AutoCloseable {
       }
       throw new IOException(e.getCause());
     }
+    if (buf == null) {
+      return false; // the prefetch slot was given back: the batch reads the sample itself
+    }
     try {
       dst.setBytes(off, buf, 0, d.length(id));
     } finally {
@@ -226,10 +240,16 @@ public final class Prefetcher implements AutoCloseable {
       }
       CompletableFuture<ArrowBuf> f = staged.get(k);
       if (f != null) {
-        f.thenAccept(ArrowBuf::close);
+        f.thenAccept(Prefetcher::closeIfAny);
       }
       return true;
     });
+  }
+
+  private static void closeIfAny(ArrowBuf buf) {
+    if (buf != null) {
+      buf.close();
+    }
   }
 
   /** Bytes staged right now (for tests of the bound). */
@@ -252,7 +272,7 @@ public final class Prefetcher implements AutoCloseable {
       Thread.currentThread().interrupt();
     }
     for (CompletableFuture<ArrowBuf> f : staged.values()) {
-      f.thenAccept(ArrowBuf::close);
+      f.thenAccept(Prefetcher::closeIfAny);
     }
     staged.clear();
     allocator.close();

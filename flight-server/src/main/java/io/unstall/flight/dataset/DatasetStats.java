@@ -139,7 +139,10 @@ public final class DatasetStats {
       return null;
     }
     Map.Entry<Long, Epoch> prev = previous(epoch);
-    epoch(epoch);
+    Epoch fresh = new Epoch(parent == null ? null : parent.epoch(epoch));
+    if (epochs.putIfAbsent(epoch, fresh) != null) {
+      return null; // another batch of this epoch got here first and logs
+    }
     return prev == null ? null : summary(dataset, prev.getKey(), prev.getValue());
   }
 

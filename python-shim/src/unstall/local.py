@@ -1,0 +1,315 @@
+"""The same-host data plane: a client of the sidecar's local socket (``UNSL``, protocol/README.md).
+
+Requests and replies are small frames over a Unix domain socket; the payloads stay where the sidecar
+put them, in files of its shared-memory directory, which this process maps read-only and hands out as
+``memoryview`` slices: no gRPC, no copy through the socket.
+
+* ``cache-<k>`` segments (the never-evict cache's arena) are mapped once per process and kept;
+* a ``stage-<k>`` segment holds one reply's other rows: it is mapped before the next request goes out
+  (the sidecar unlinks it then) and unmapped once the last view of it is dropped.
+
+The connection is opened lazily and per process, like ``unstall.client.FlightClient``'s: a forked
+DataLoader worker opens its own and never sends on the parent's; pickling drops it. Sessions (one
+job's view of a dataset: its prefetch plan and counters) belong to the connection that opened them;
+other processes use them by id.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import threading
+import weakref
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import protocol
+from .client import check_ids
+from .errors import ProtocolMismatchError, SidecarError, SidecarUnavailableError, from_status
+
+__all__ = ["LocalClient", "recv_frame", "send_frame"]
+
+_clients: "weakref.WeakSet[LocalClient]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's connection is not ours: close this process's copy of its descriptor (the parent's
+    # stays open, nothing is sent) so that the next call here opens a connection of its own.
+    for client in list(_clients):
+        client._lock = threading.RLock()  # a lock held by another thread at the fork is never released here
+        client._forget_connection()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError(f"the sidecar closed the connection ({got} of {n} bytes received)")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> bytearray:
+    """One frame's body (``u32 length``, then the body)."""
+    (n,) = protocol.LOCAL_FRAME.unpack(_recv_exact(sock, protocol.LOCAL_FRAME.size))
+    if n > protocol.LOCAL_MAX_FRAME:
+        raise ProtocolMismatchError(f"a frame of {n} bytes exceeds the protocol's {protocol.LOCAL_MAX_FRAME}")
+    return _recv_exact(sock, n)
+
+
+def send_frame(sock: socket.socket, body: bytes) -> None:
+    sock.sendall(protocol.encode_frame(body))
+
+
+def _map_readonly(path: str) -> Union[mmap.mmap, bytes]:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+    finally:
+        os.close(fd)
+
+
+class LocalClient:
+    """Fetches batches over the sidecar's local socket, reading payloads in place.
+
+    >>> client = LocalClient("/dev/shm/unstall-1234/data.sock", token)
+    >>> s = client.open_session("imgs", "pid 12 DataLoader#1")
+    >>> batch = client.fetch(s, [0, 7, 41], epoch=0)   # a SampleBatch; payloads are memoryviews
+    """
+
+    transport = "shm"
+
+    def __init__(self, socket_path: Union[str, "os.PathLike[str]"], token: Union[str, bytes, None], *,
+                 timeout: Optional[float] = None) -> None:
+        if not socket_path:
+            raise ValueError("a local socket path is required, e.g. /dev/shm/unstall-1234/data.sock")
+        self.socket_path = os.fspath(socket_path)
+        self._token = token.encode() if isinstance(token, str) else token
+        self.timeout = timeout
+        self._init_process_state()
+        self._cache_maps: dict[str, Union[mmap.mmap, bytes]] = {}  # path -> mapping (valid across fork)
+
+    def _init_process_state(self) -> None:
+        self._sock: Optional[socket.socket] = None
+        self._pid: Optional[int] = None
+        self._lock = threading.RLock()
+        self._default_sessions: dict[str, int] = {}  # dataset -> session on this process's connection
+        self.shm_dir: Optional[str] = None
+        self.sidecar_pid: Optional[int] = None
+        self.generation = 0  # this process's connections so far: sessions of an older one are gone
+        _clients.add(self)
+
+    def __repr__(self) -> str:  # never show the token
+        return f"LocalClient({self.socket_path!r})"
+
+    # -- connection, per process -------------------------------------------------------------
+    def connect(self) -> LocalClient:
+        """Connects now (HELLO) if this process has no connection yet; raises SidecarUnavailableError
+        when nothing answers on the socket, AuthenticationError for a wrong token."""
+        with self._lock:
+            self._conn()
+        return self
+
+    @property
+    def connection_id(self) -> Optional[tuple[int, int]]:
+        """(pid, generation) of this process's open connection, or None: sessions live as long as it."""
+        return (self._pid, self.generation) if self._sock is not None and self._pid == os.getpid() else None
+
+    def _conn(self) -> socket.socket:
+        pid = os.getpid()
+        if self._sock is not None and self._pid == pid:
+            return self._sock
+        if self._pid != pid:
+            self._forget_connection()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as e:
+            sock.close()
+            raise SidecarUnavailableError(
+                f"cannot connect to the sidecar's local socket {self.socket_path}: {e.strerror or e}", "UNAVAILABLE"
+            ) from None
+        try:
+            reply = self._exchange(sock, protocol.encode_local_hello(self._token), "HELLO")
+        except BaseException:
+            sock.close()
+            raise
+        doc = self._ok(reply, "HELLO")
+        if doc.get("v") != protocol.LOCAL_VERSION or not doc.get("shm"):
+            sock.close()
+            raise ProtocolMismatchError(
+                f"the sidecar's local socket answered HELLO with {doc!r}; this client speaks version "
+                f"{protocol.LOCAL_VERSION} and needs the shared-memory directory"
+            )
+        self._sock, self._pid = sock, pid
+        self.shm_dir = str(doc["shm"])
+        self.sidecar_pid = int(doc.get("pid", 0)) or None
+        self.generation += 1
+        self._default_sessions.clear()
+        return sock
+
+    def _forget_connection(self) -> None:
+        """Drops this process's handle on a connection without sending anything on it."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()  # only this process's descriptor; a parent's connection stays open
+            except OSError:
+                pass
+        self._pid = None
+        self._default_sessions.clear()
+
+    def close(self) -> None:
+        """Closes this process's connection (its sessions end with it). Views already handed out stay valid."""
+        with self._lock:
+            if self._pid == os.getpid():
+                self._forget_connection()
+
+    def __enter__(self) -> LocalClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"socket_path": self.socket_path, "_token": self._token, "timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+        self._cache_maps = {}
+
+    # -- frames --------------------------------------------------------------------------------
+    def _exchange(self, sock: socket.socket, body: bytes, what: str, dataset: Optional[str] = None) -> Any:
+        try:
+            send_frame(sock, body)
+            raw = recv_frame(sock)
+        except (OSError, EOFError) as e:
+            if sock is self._sock:
+                self._forget_connection()
+            raise SidecarUnavailableError(
+                f"lost the sidecar's local socket {self.socket_path} during {what}: {e}", "UNAVAILABLE"
+            ) from None
+        try:
+            reply = protocol.decode_local_reply(raw)
+        except ValueError as e:
+            raise ProtocolMismatchError(f"{what}: {e}") from None
+        if isinstance(reply, protocol.LocalError):
+            if reply.status == "UNAUTHENTICATED" and sock is self._sock:
+                self._forget_connection()  # the sidecar closes it
+            raise from_status(reply.status, reply.message, dataset=dataset)
+        return reply
+
+    def _request(self, body: bytes, what: str, dataset: Optional[str] = None) -> Any:
+        return self._exchange(self._conn(), body, what, dataset)
+
+    @staticmethod
+    def _ok(reply: Any, what: str) -> dict[str, Any]:
+        if not isinstance(reply, protocol.LocalOk):
+            raise ProtocolMismatchError(f"{what}: expected an OK reply, got {type(reply).__name__}")
+        return reply.doc
+
+    # -- calls ---------------------------------------------------------------------------------
+    def open_session(self, dataset: str, name: str) -> int:
+        """OPEN: a session on ``dataset`` owned by this process's connection; returns its id."""
+        with self._lock:
+            doc = self._ok(self._request(protocol.encode_local_open(dataset, name), "OPEN", dataset), "OPEN")
+        try:
+            return int(doc["session"])
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolMismatchError(f"OPEN answered {doc!r}, without a session id") from None
+
+    def default_session(self, dataset: str) -> int:
+        """This process's own session on ``dataset`` (opened on first use, on this connection)."""
+        with self._lock:
+            self._conn()
+            session = self._default_sessions.get(dataset)
+            if session is None:
+                session = self._default_sessions[dataset] = self.open_session(dataset, f"pid {os.getpid()} default")
+            return session
+
+    def close_session(self, session: int) -> None:
+        """CLOSE; a no-op when this process has no connection (its sessions ended with it)."""
+        with self._lock:
+            if self.connection_id is None:
+                return
+            self._ok(self._request(protocol.encode_local_close(session), "CLOSE"), "CLOSE")
+            for k in [k for k, v in self._default_sessions.items() if v == session]:
+                del self._default_sessions[k]
+
+    def plan(self, session: int, ids: Union[Sequence[int], np.ndarray], epoch: int) -> int:
+        """PLAN: the epoch's whole order for clairvoyant prefetch; returns how many samples were planned."""
+        with self._lock:
+            doc = self._ok(self._request(protocol.encode_local_plan(session, ids, epoch), "PLAN"), "PLAN")
+        return int(doc.get("planned", 0))
+
+    def fetch(self, session: int, ids: Union[Sequence[int], np.ndarray], epoch: int = 0,
+              dataset: Optional[str] = None) -> protocol.SampleBatch:
+        """FETCH: the samples ``ids`` in request order, payloads as read-only views of shared memory.
+
+        Raises ProtocolMismatchError when the reply's ids are not exactly ``ids``. ``dataset`` only
+        names the dataset in errors.
+        """
+        wanted = np.asarray(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids.astype(np.int64)
+        body = protocol.encode_local_fetch(session, wanted, epoch)
+        with self._lock:
+            reply = self._request(body, "FETCH", dataset)
+            if not isinstance(reply, protocol.LocalBatch):
+                raise ProtocolMismatchError(f"FETCH: expected a BATCH reply, got {type(reply).__name__}")
+            payloads = self._views(reply)  # before the next request: the sidecar unlinks stage-* then
+        check_ids(f"dataset {dataset!r}" if dataset else f"session {session}", reply.ids, wanted)
+        return protocol.SampleBatch(
+            ids=reply.ids,
+            labels=reply.labels,
+            label_valid=reply.label_valid,
+            keys=reply.keys,
+            payloads=payloads,
+            transport=self.transport,
+            nbytes=int(reply.lengths.sum(dtype=np.uint64)),
+        )
+
+    # -- shared memory -------------------------------------------------------------------------
+    def _views(self, reply: protocol.LocalBatch) -> list[memoryview]:
+        nseg = len(reply.segments)
+        needed = np.zeros(nseg, dtype=np.uint64)
+        if len(reply.segs):
+            np.maximum.at(needed, reply.segs, reply.offsets + reply.lengths.astype(np.uint64))
+        segments = [memoryview(self._segment(name, int(end))) for name, end in zip(reply.segments, needed.tolist())]
+        return [
+            segments[s][o : o + n]
+            for s, o, n in zip(reply.segs.tolist(), reply.offsets.tolist(), reply.lengths.tolist())
+        ]
+
+    def _segment(self, name: str, needed: int) -> Union[mmap.mmap, bytes]:
+        if "/" in name or name in ("", ".", ".."):
+            raise ProtocolMismatchError(f"the sidecar named segment {name!r}, which is not a file name")
+        path = os.path.join(self.shm_dir or "", name)
+        if name.startswith("cache-"):
+            m = self._cache_maps.get(path)
+            if m is None or len(m) < needed:  # an arena file that grew since it was mapped: map it again
+                m = self._cache_maps[path] = self._map(path)
+        elif name.startswith("stage-"):
+            m = self._map(path)
+        else:
+            raise ProtocolMismatchError(f"the sidecar named segment {name!r}; expected cache-<k> or stage-<k>")
+        if len(m) < needed:
+            raise ProtocolMismatchError(f"segment {path} has {len(m)} bytes, the batch reads up to byte {needed}")
+        return m
+
+    def _map(self, path: str) -> Union[mmap.mmap, bytes]:
+        try:
+            return _map_readonly(path)
+        except (OSError, ValueError) as e:
+            raise SidecarError(f"cannot map the sidecar's shared-memory segment {path}: {e}") from None
+
