@@ -140,7 +140,11 @@ def child(cfg: Dict[str, Any]) -> Dict[str, Any]:
         import unstall
         import unstall.torch as ut
 
-        sidecar = unstall.Sidecar(home=cfg["home"], cache_capacity=cfg["capacity"], memory_budget=cfg["budget"])
+        # A fixed, pre-touched heap: the JVM's resident memory does not grow during the timed epochs (a
+        # memory cgroup's limit is calibrated before them), as one would run a sidecar beside a trainer.
+        sidecar = unstall.Sidecar(home=cfg["home"], cache_capacity=cfg["capacity"], memory_budget=cfg["budget"],
+                                  java_options=["-Xms256m", "-Xmx256m", "-XX:+AlwaysPreTouch",
+                                                f"-XX:MaxDirectMemorySize={int(cfg['budget']) // (1 << 20) + 256}m"])
         ds = ut.Dataset(name, root=cfg["data"], loader=ut.pil_loader, transform=tf, sidecar=sidecar)
         loader = ut.DataLoader(ds, seed=cfg["seed"], **common)
     else:
@@ -385,7 +389,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="runs of each pair (order alternates); medians reported")
     p.add_argument("--limit-method", choices=("auto", "cgroup", "fadvise"), default="auto",
                    help="how regime 'limited' bounds the page cache (auto: cgroup where it works)")
-    p.add_argument("--headroom-mib", type=int, default=16,
+    p.add_argument("--headroom-mib", type=int, default=32,
                    help="cgroup method: memory on top of each configuration's own + the share (both loaders)")
     p.add_argument("--transport", default=None, help="set $UNSTALL_TRANSPORT for the unstall runs (auto|shm|flight)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -105,12 +106,10 @@ def _epoch(loader: tud.DataLoader, desc: str) -> Tuple[int, int]:
     return s, b
 
 
-def run_epochs(make_loader: Callable[[], tud.DataLoader], epochs: int, desc: str,
-               cpu_pids: List[Optional[int]], cpu_exclude: List[Optional[int]] = ()) -> Run:
-    """Epoch 0 warms up (fills unstall's cache / the page cache, starts the persistent workers); then
-    ``epochs`` timed epochs, with the CPU of ``cpu_pids`` and their descendants measured around them."""
-    loader = make_loader()
-    _epoch(loader, f"{desc}: warm-up epoch")
+def timed_epochs(loader: tud.DataLoader, epochs: int, desc: str, cpu_pids: List[Optional[int]],
+                 cpu_exclude: List[Optional[int]] = ()) -> Run:
+    """``epochs`` timed epochs of an already warm loader, with the CPU of ``cpu_pids`` and their descendants
+    (persistent workers, fork server) measured around them."""
     it_total = 0.0
     samples = nbytes = 0
     with CpuMeter(cpu_pids, exclude=cpu_exclude) as cpu:
@@ -133,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="unstall vs plain file reads in a PyTorch loop")
     p.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench")
     p.add_argument("--mb-per-case", type=int, default=200, help="dataset size per sample-size case (MB)")
-    p.add_argument("--epochs", type=int, default=2, help="timed epochs after one warm-up epoch")
+    p.add_argument("--epochs", type=int, default=3, help="timed epochs per run")
+    p.add_argument("--warmup-epochs", type=int, default=3,
+                   help="untimed epochs per loader first (fill the caches, start workers, warm the sidecar's JIT "
+                        "as in a long-running sidecar)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per loader, interleaved; medians are reported")
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="also write the tables here")
     args = p.parse_args(argv)
@@ -158,42 +161,62 @@ def main(argv: list[str] | None = None) -> int:
     for line in header():
         out(line)
     out()
-    out("| sample size | samples | loader | transport | samples/s | MB/s | unstall / plain | CPU s/epoch "
-        "| CPU unstall/plain |")
+    out("| sample size | samples | loader | transport | samples/s | MB/s | x plain | CPU s/epoch | CPU x plain |")
     out("|---|---|---|---|---|---|---|---|---|")
     exited = False
     with unstall.Sidecar(home=args.dir / "home-warm", cache_capacity=capacity,
                          memory_budget=capacity + (512 << 20)) as sidecar:
         for label, size, batch in cases:
             root, n = roots[size]
-            ds = Dataset(f"bench-{size}", root=root, sidecar=sidecar)
             common = dict(batch_size=batch, shuffle=True, num_workers=args.num_workers, persistent_workers=True,
-                          collate_fn=touch_batch, seed=0)
-            # CPU: this process, its workers (and fork server) and the sidecar JVM
-            u = run_epochs(lambda: DataLoader(ds, **common), args.epochs, f"{label} unstall",
-                           [os.getpid(), sidecar.pid])
-            st = sidecar.stats().dataset(ds.name)
-            warm = all(st.epoch(e).storage_bytes == 0 for e in range(1, args.epochs + 1))
-            transport = u.transport or transport_of(st) or "not reported"
-            plain = PlainFiles(root)
-            # CPU: this process and its workers; not the (idle) sidecar, which is also our child
-            pl = run_epochs(lambda: tud.DataLoader(plain, generator=torch.Generator().manual_seed(0),
-                                                   **{k: v for k, v in common.items() if k != "seed"}),
-                            args.epochs, f"{label} plain", [os.getpid()], [sidecar.pid])
-            exited = exited or bool(u.cpu_exited or pl.cpu_exited)
-            ru, rp = u.samples / u.seconds, pl.samples / pl.seconds
-            cu, cp = u.cpu_s / args.epochs, pl.cpu_s / args.epochs
-            out(f"| {label} | {n} | unstall (warm cache{'' if warm else ', NOT all hits'}) | {transport} | {ru:,.0f} | "
-                f"{u.nbytes / u.seconds / 1e6:,.0f} | {ru / rp:.2f}x | {cu:.2f} | {cu / cp:.2f}x |")
-            out(f"| {label} | {n} | plain open/read (page cache) | files | {rp:,.0f} | "
-                f"{pl.nbytes / pl.seconds / 1e6:,.0f} | | {cp:.2f} | |")
+                          collate_fn=touch_batch)
+            # unstall twice: the default loader (each payload copied into a bytes object, as read() does) and
+            # loader=memoryview (the payload read in place, in the sidecar's shared memory)
+            ds_bytes = Dataset(f"bench-{size}", root=root, sidecar=sidecar)
+            ds_view = Dataset(f"bench-{size}", sidecar=sidecar, loader=memoryview)
+            loaders = {
+                "unstall, bytes (default loader)": DataLoader(ds_bytes, seed=0, **common),
+                "unstall, in place (loader=memoryview)": DataLoader(ds_view, seed=0, **common),
+                "plain open/read (page cache)": tud.DataLoader(PlainFiles(root),
+                                                               generator=torch.Generator().manual_seed(0), **common),
+            }
+            # CPU: this process, its workers (and fork server), and the sidecar JVM for unstall; the sidecar's
+            # idle time is not counted for plain
+            pids = {k: ([os.getpid(), sidecar.pid], []) if k.startswith("unstall") else ([os.getpid()], [sidecar.pid])
+                    for k in loaders}
+            for name, loader in loaders.items():
+                for w in range(args.warmup_epochs):
+                    _epoch(loader, f"{label} {name}: warm-up {w + 1}/{args.warmup_epochs}")
+            runs: dict[str, List[Run]] = {k: [] for k in loaders}
+            names = list(loaders)
+            for r in range(args.repeats):
+                for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
+                    run = timed_epochs(loaders[name], args.epochs, f"{label} {name} run {r + 1}", *pids[name])
+                    runs[name].append(run)
+                    exited = exited or bool(run.cpu_exited)
+            st = sidecar.stats().dataset(ds_bytes.name)
+            warm = st.total.storage_bytes == st.epoch(0).storage_bytes  # only the first epoch read storage
+            plain_name = names[-1]
+            rate = {k: statistics.median(x.samples / x.seconds for x in v) for k, v in runs.items()}
+            mbs = {k: statistics.median(x.nbytes / x.seconds / 1e6 for x in v) for k, v in runs.items()}
+            cpu = {k: statistics.median(x.cpu_s / args.epochs for x in v) for k, v in runs.items()}
+            for name in names:
+                transport = runs[name][-1].transport or ("files" if name == plain_name else "not reported")
+                rel = "" if name == plain_name else f"{rate[name] / rate[plain_name]:.2f}x"
+                crel = "" if name == plain_name else f"{cpu[name] / cpu[plain_name]:.2f}x"
+                note = "" if name == plain_name or warm else " (NOT all hits)"
+                out(f"| {label} | {n} | {name}{note} | {transport} | {rate[name]:,.0f} | {mbs[name]:,.0f} | {rel} | "
+                    f"{cpu[name]:.3f} | {crel} |")
+            for loader in loaders.values():
+                del loader
     out()
-    out("The plain baseline reads from the OS page cache after its warm-up epoch (dropping it needs root); "
-        "unstall serves from its own cache (transport: what the unstall loader reports, if it does). Timed: "
-        f"epochs 1..{args.epochs} after a warm-up epoch 0. CPU s/epoch: user + system CPU seconds per timed "
-        "epoch of all the case's processes together, from /proc/<pid>/stat before and after the timed epochs: "
-        "the main process and its persistent DataLoader workers, plus the sidecar JVM for unstall (its idle "
-        "time during the plain case is not counted)."
+    out(f"Medians of {args.repeats} runs of {args.epochs} timed epochs per loader, the loaders' order rotating "
+        f"between runs, after {args.warmup_epochs} untimed epochs each (unstall's cache filled, the page cache "
+        "warm, persistent workers started, the sidecar's JIT warm as in a long-running sidecar). The plain "
+        "baseline reads from the OS page cache (dropping it needs root); unstall serves from its own cache "
+        "(transport: what the loader reports). CPU s/epoch: user + system CPU seconds per timed epoch of all "
+        "the loader's processes together, from /proc/<pid>/stat: the main process and its persistent "
+        "DataLoader workers, plus the sidecar JVM for unstall."
         + (" Some measured process exited during the timed epochs: its CPU is counted up to the last 0.5 s "
            "sample, so that CPU figure is a lower bound." if exited else ""))
 
