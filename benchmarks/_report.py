@@ -7,6 +7,7 @@ import os
 import platform
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, List, Optional
 
 __all__ = ["header", "machine", "transport_of"]
@@ -69,3 +70,10 @@ def transport_of(*objs: Any) -> Optional[str]:
             if value:
                 return str(getattr(value, "value", value))
     return None
+
+
+def write_out(path: Optional[Path], lines: List[str]) -> None:
+    """Also writes the printed tables to ``path`` (a benchmark's ``--out``), when given."""
+    if path is not None:
+        path.write_text("\n".join(lines) + "\n")
+        print(f"wrote {path}", file=sys.stderr)

@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO / "python-shim" / "src"))
 
 from _cpu import CpuMeter  # noqa: E402
 from _pagecache import MemCgroup, evict, probe, resident_bytes  # noqa: E402
-from _report import header, transport_of  # noqa: E402
+from _report import header, write_out, transport_of  # noqa: E402
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -562,9 +562,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "cache (like MinIO): kinder to the plain loader than a real kernel LRU under random access. "
                 "It does not bound any process's memory.")
         out()
-    if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
+    write_out(args.out, lines)
     return 0
 
 

@@ -38,7 +38,7 @@ from unstall.torch import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cpu import CpuMeter  # noqa: E402
-from _report import header, transport_of  # noqa: E402
+from _report import header, write_out, transport_of  # noqa: E402
 
 
 def generate(root: Path, sample_bytes: int, total_bytes: int, seed: int) -> int:
@@ -244,9 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             mark = "" if st.storage_bytes == expected else " (differs)"
             out(f"| {e} | {st.hits} | {st.misses} | {st.storage_bytes / 1e6:.1f} | {expected / 1e6:.1f}{mark} | "
                 f"{st.cache_bytes / 1e6:.1f} |")
-    if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
+    write_out(args.out, lines)
     return 0
 
 

@@ -146,30 +146,37 @@ def bounded(fn, timeout: float, what: str) -> None:
         raise errors[0]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_two_clairvoyant_loaders_each_get_their_own_plan(start_sidecar, tmp_path: Path, num_workers: int) -> None:
-    size = 4096  # the prefetch window of tests/python/test_prefetch.py
+def _two_clairvoyant_loaders(start_sidecar, tmp_path: Path, name: str, size: int, epochs: int,
+                             num_workers: int = 0) -> tuple:
+    """Two clairvoyant loaders (seeds 1 and 2) on one dataset read ``epochs`` epochs side by side, each epoch
+    whole; the sidecar's prefetch window is 96 KiB / 12 samples. Returns (a, b, sidecar, samples)."""
     root = tmp_path / "imgs"
     make_image_folder(root, ["a", "b", "c", "d"], per_class=10, seed=9, equal_size=size)
     stored = sorted(Path(p).read_bytes() for p, _ in ImageFolder(str(root)).samples)
-    n = len(stored)
     sidecar = start_sidecar(
         cache_capacity=4 * size,
         extra_args=["--prefetch-window-bytes", str(12 * 8192), "--prefetch-window", "12", "--prefetch-threads", "2"],
     )
-    ds = Dataset("twoplans", root=root, sidecar=sidecar, transport="shm")
+    ds = Dataset(name, root=root, sidecar=sidecar, transport="shm")
     a, b = (DataLoader(ds, batch_size=4, shuffle=True, seed=seed, clairvoyant=True, num_workers=num_workers,
                        persistent_workers=num_workers > 0, collate_fn=keep) for seed in (1, 2))
 
-    def two_epochs_side_by_side() -> None:
-        for epoch in range(2):
+    def side_by_side() -> None:
+        for epoch in range(epochs):
             seen_a, seen_b = [], []
             for ba, bb in itertools.zip_longest(a, b):
                 seen_a += [x for x, _ in ba]
                 seen_b += [x for x, _ in bb]
             assert sorted(seen_a) == stored and sorted(seen_b) == stored, f"epoch {epoch}"
 
-    bounded(two_epochs_side_by_side, 120, "two clairvoyant loaders")
+    bounded(side_by_side, 120, f"two clairvoyant loaders on {name!r}")
+    return a, b, sidecar, len(stored)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_two_clairvoyant_loaders_each_get_their_own_plan(start_sidecar, tmp_path: Path, num_workers: int) -> None:
+    # 4 KiB samples: both plans fit the window together (the window of tests/python/test_prefetch.py)
+    a, b, sidecar, n = _two_clairvoyant_loaders(start_sidecar, tmp_path, "twoplans", 4096, 2, num_workers)
     assert None not in (a.session, b.session) and a.session != b.session
     st = sidecar.stats()
     for loader in (a, b):
@@ -180,30 +187,11 @@ def test_two_clairvoyant_loaders_each_get_their_own_plan(start_sidecar, tmp_path
 
 
 def test_plans_competing_for_the_prefetch_window_never_stall_a_fetch(start_sidecar, tmp_path: Path) -> None:
-    # Two plans whose staging together exceeds --prefetch-window-bytes: a prefetch slot whose allocation
-    # loses the race is given back, and the batch that needs the sample reads it itself (no hang).
-    size = 16384
-    root = tmp_path / "imgs"
-    make_image_folder(root, ["a", "b", "c", "d"], per_class=10, seed=9, equal_size=size)
-    stored = sorted(Path(p).read_bytes() for p, _ in ImageFolder(str(root)).samples)
-    sidecar = start_sidecar(
-        cache_capacity=4 * size,
-        extra_args=["--prefetch-window-bytes", str(12 * 8192), "--prefetch-window", "12", "--prefetch-threads", "2"],
-    )
-    ds = Dataset("competing", root=root, sidecar=sidecar, transport="shm")
-    a, b = (DataLoader(ds, batch_size=4, shuffle=True, seed=seed, clairvoyant=True, collate_fn=keep) for seed in (1, 2))
-
-    def three_epochs_side_by_side() -> None:
-        for epoch in range(3):
-            seen_a, seen_b = [], []
-            for ba, bb in itertools.zip_longest(a, b):
-                seen_a += [x for x, _ in ba]
-                seen_b += [x for x, _ in bb]
-            assert sorted(seen_a) == stored and sorted(seen_b) == stored, f"epoch {epoch}"
-
-    bounded(three_epochs_side_by_side, 120, "two clairvoyant loaders competing for the window")
+    # 16 KiB samples: the two plans' staging together exceeds the window, so a prefetch slot whose allocation
+    # loses the race is given back and the batch that needs the sample reads it itself (no hang).
+    a, b, sidecar, n = _two_clairvoyant_loaders(start_sidecar, tmp_path, "competing", 16384, 3)
     st = sidecar.stats()
-    assert [st.session(x.session).total.samples for x in (a, b)] == [3 * len(stored)] * 2
+    assert [st.session(x.session).total.samples for x in (a, b)] == [3 * n] * 2
 
 
 @pytest.mark.parametrize("fmt", ["imagefolder", "tfrecord"])
