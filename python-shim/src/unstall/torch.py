@@ -6,6 +6,10 @@ torch's fetcher hands a whole batch of them to ``Dataset.__getitems__``; that is
 the sidecar's local socket when it runs on this host (payloads read in place from its shared memory, no
 gRPC anywhere), else a Flight DoGet; each row's payload goes through ``loader`` then ``transform``, its
 label (or key) through ``target_transform``.
+
+Each epoch's iterator is built by the iterator hooks (``register_iterator_hook``, ``unstall.hooks``):
+``unstall.tracing``'s (``loader.stats()``, stall spans, the epoch line) and, in a process run by
+``unstall analyze``, ``unstall.analyze.child``'s.
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ import torch.utils.data as tud
 from torch.utils.data import get_worker_info
 
 from . import progress as _progress
-from . import tracing as _tracing
+from . import tracing as _tracing  # registers its iterator hook first
+from .analyze import ENV_MODE as _ANALYZE_MODE
+from .hooks import IteratorHook, RemovableHandle, register_iterator_hook, run_iterator_hooks
 from .client import FlightClient, grpc_used_in_this_process
 from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
+
+if os.environ.get(_ANALYZE_MODE):  # this process is a run of `unstall analyze`: its hook drives the loader
+    from .analyze import child as _analyze_child  # noqa: F401  (registers, after tracing's)
 
 __all__ = [
     "Dataset",
@@ -44,6 +53,9 @@ __all__ = [
     "decode_image",
     "tensor_loader",
     "TRANSPORTS",
+    "register_iterator_hook",
+    "IteratorHook",
+    "RemovableHandle",
 ]
 
 log = logging.getLogger("unstall")
@@ -223,7 +235,14 @@ class Dataset(tud.Dataset):
 
     With ``root`` the dataset is registered (a no-op when it already is, alike); without, it must
     already be registered.
+
+    ``work_counters``: the path of the shared-memory table (``unstall.tracing.WorkCounters``) where this
+    process and each DataLoader worker add up their fetch and prep time; set by the iterating
+    DataLoader's observer before its workers start, so that it reaches them with the pickled Dataset.
+    None while no DataLoader observes the dataset.
     """
+
+    work_counters: Optional[str] = None
 
     def __init__(
         self,
@@ -258,6 +277,7 @@ class Dataset(tud.Dataset):
         self._client: FlightClient = sidecar.flight_client()  # connects only if used
         self._local: Optional[LocalClient] = _open_local(sidecar, wanted) if wanted != "flight" else None
         self.transport = "shm" if self._local is not None else "flight"
+        self.work_counters = None
         _tracing.bind_sidecar(self, sidecar)  # loader.stats() reads cache counters over the control plane
 
     def __repr__(self) -> str:
@@ -389,6 +409,9 @@ class DataLoader(tud.DataLoader):
 
     When ``dataset`` is a name, ``root``/``format``/``loader``/``transform``/``target_transform``
     /``sidecar``/``transport`` build the ``Dataset``.
+
+    ``iter(loader)`` returns torch's iterator wrapped by the registered iterator hooks
+    (``register_iterator_hook``); ``loader.stats()`` reads what ``unstall.tracing``'s hook measured.
     """
 
     def __init__(
@@ -501,8 +524,9 @@ class DataLoader(tud.DataLoader):
 
     def __iter__(self) -> Any:
         self._ensure_session()
-        # Timed and counted (loader.stats(), stall spans); under `unstall analyze`, driven by it.
-        return _tracing.observe(self, super().__iter__, self.epoch_sampler.epoch)
+        # The iterator hooks wrap torch's: timed and counted (loader.stats(), stall spans); under
+        # `unstall analyze`, driven by it.
+        return run_iterator_hooks(self, super().__iter__, self.epoch_sampler.epoch)
 
     @property
     def session(self) -> Optional[int]:

@@ -1,5 +1,6 @@
 """Seeing the stall: every wait for the next batch timed, counted and (optionally) traced.
 
+Importing this module registers :func:`observe` as an iterator hook (``unstall.hooks``), so
 ``unstall.torch.DataLoader`` wraps each epoch's iterator in an :class:`ObservedIterator`. It times each
 ``next()`` (the **wait**, the data stall) and the time between batches (the **step**: the trainer's own
 work), and reads the loader's work counters: how long ``Dataset`` spent in fetches (**fetch**: local
@@ -30,6 +31,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
+from .hooks import IteratorWrapper, register_iterator_hook
+
 __all__ = [
     "LoaderStats",
     "ObservedIterator",
@@ -37,6 +40,7 @@ __all__ = [
     "StallTracer",
     "stall_tracer",
     "observe",
+    "observer_of",
     "record_fetch",
     "record_prep",
     "payload_bytes",
@@ -260,8 +264,9 @@ _opened: Dict[str, WorkCounters] = {}
 
 
 def _my_row(dataset: Any) -> Optional[np.ndarray]:
-    """The counters row of this process for ``dataset``, or None when no DataLoader observes it."""
-    path = getattr(dataset, "_unstall_counters", None)
+    """The counters row of this process for ``dataset`` (an ``unstall.torch.Dataset``), or None when no
+    DataLoader observes it."""
+    path = dataset.work_counters
     if path is None:
         return None
     counters = _opened.get(path)
@@ -270,7 +275,7 @@ def _my_row(dataset: Any) -> Optional[np.ndarray]:
             rows = os.path.getsize(path) // (_COLUMNS * 8)
             counters = _opened[path] = WorkCounters(rows, path)
         except (OSError, ValueError):
-            dataset._unstall_counters = None
+            dataset.work_counters = None  # this process's copy: stop trying
             return None
     from torch.utils.data import get_worker_info
 
@@ -311,7 +316,9 @@ def record_prep(dataset: Any, samples: int, ns: int) -> None:
         row[PREP_SAMPLES] += samples
 
 
-# The Sidecar a Dataset was built with (kept here: a Sidecar cannot be pickled into workers).
+# The Sidecar a Dataset was built with. Kept here, weakly keyed, rather than on the Dataset: a Sidecar
+# (Py4J gateway, maybe the sidecar's own process) must never travel with the Dataset to DataLoader workers,
+# and only this process's stats need it.
 _sidecars: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
@@ -440,15 +447,16 @@ class LoaderObserver:
         return self._loader()
 
     def attach_counters(self) -> None:
-        """Creates the counters once, before the first iterator (workers get the path with the Dataset)."""
+        """Creates the counters once, before the first iterator; their path goes in the Dataset's
+        ``work_counters`` field, so workers get it with the Dataset."""
         if self.counters is not None:
             return
         ds = self.loader.dataset
-        if not hasattr(ds, "name"):  # not an unstall Dataset: timing only
+        if not hasattr(ds, "work_counters"):  # not an unstall Dataset: timing only
             return
         try:
             self.counters = WorkCounters(max(self.loader.num_workers, 0) + 1)
-            ds._unstall_counters = self.counters.path
+            ds.work_counters = self.counters.path
         except Exception as e:
             log.debug("unstall: no work counters (%s)", e)
             self.counters = None
@@ -518,13 +526,13 @@ def _log_line(line: str) -> None:
 # The iterator
 
 
-class ObservedIterator:
+class ObservedIterator(IteratorWrapper):
     """Wraps one epoch's DataLoader iterator; behaves like it (attributes and ``len`` pass through)."""
 
     def __init__(self, observer: LoaderObserver, inner: Iterator[Any], epoch: int) -> None:
+        super().__init__(inner)
         self._obs = observer
         self._loader = observer.loader  # the loader lives while one of its iterators does
-        self._inner = inner
         self._tracer = stall_tracer()
         self._epoch = epoch
         self._index = 0
@@ -533,15 +541,6 @@ class ObservedIterator:
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
         self._thread = threading.current_thread()
         observer.begin_epoch(epoch)
-
-    def __iter__(self) -> "ObservedIterator":
-        return self
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     def __next__(self) -> Any:
         obs = self._obs
@@ -609,10 +608,13 @@ class ObservedIterator:
             self._obs.end_epoch()
 
 
+# One observer per DataLoader. Kept here, weakly keyed, rather than on the loader: it is this hook's own
+# state (the hook API hands it any loader), and it lives exactly as long as its loader.
 _observers: "weakref.WeakKeyDictionary[Any, LoaderObserver]" = weakref.WeakKeyDictionary()
 
 
 def observer_of(loader: Any) -> LoaderObserver:
+    """The loader's observer (made on first use): its counters, accumulators and ``stats()``."""
     obs = _observers.get(loader)
     if obs is None:
         obs = _observers[loader] = LoaderObserver(loader)
@@ -620,13 +622,12 @@ def observer_of(loader: Any) -> LoaderObserver:
 
 
 def observe(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
-    """What ``DataLoader.__iter__`` returns: the epoch's iterator, observed (and, under
-    ``unstall analyze``, driven by the analysis: see ``unstall.analyze.child``)."""
+    """The iterator hook this module registers: the epoch's iterator, observed (timed, counted, traced)."""
     obs = observer_of(loader)
     obs.attach_counters()
-    from .analyze import child
-
-    session = child.session_for(loader)
-    if session is not None:
-        return session.iterate(obs, make_iterator, epoch)
     return ObservedIterator(obs, make_iterator(), epoch)
+
+
+# Registered on first import, before ``unstall.analyze.child``'s hook (that module imports this one
+# first): the analysis wraps the observed iterator, as its timing and synthetic batches need.
+_hook = register_iterator_hook(observe)

@@ -5,6 +5,10 @@ follows ``UNSTALL_ANALYZE_*``: optional cache warm pass, ``warmup`` untimed step
 A step is the time from one batch's return to the next batch's return: the trainer's work on a batch
 plus the wait for the next one. The timed window runs from the return of batch ``warmup`` to the return
 of batch ``warmup + steps``; that last batch is never handed to the trainer.
+
+Importing this module in a process with ``UNSTALL_ANALYZE_MODE`` set (``unstall.torch`` does) registers
+:func:`iterator_hook` with ``unstall.hooks``, after ``unstall.tracing``'s: the analysis wraps the
+observed iterator.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from . import ENV_MODE, ENV_REPORT, ENV_STEPS, ENV_WARM, ENV_WARMUP, MODES
-from .. import tracing
+from .. import tracing  # first: its hook must be registered before this module's
+from ..hooks import IteratorWrapper, register_iterator_hook
 
-__all__ = ["Session", "session_for", "write_json_atomic", "ProgressFile"]
+__all__ = ["Session", "session_for", "iterator_hook", "write_json_atomic", "ProgressFile"]
 
 REPORT_FORMAT = "unstall.analyze-run/1"
 
@@ -138,6 +143,15 @@ def session_for(loader: Any) -> Optional[Session]:
     return _session
 
 
+def iterator_hook(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
+    """The analysed loader's epoch iterator, driven by the analysis; any other loader's, unchanged.
+    ``make_iterator`` builds the observed iterator (``unstall.tracing``'s hook runs before this one)."""
+    session = session_for(loader)
+    if session is None:
+        return make_iterator()
+    return session.iterate(tracing.observer_of(loader), make_iterator, epoch)
+
+
 def _dataset_doc(loader: Any) -> Dict[str, Any]:
     ds = loader.dataset
     info = getattr(ds, "info", None)
@@ -164,8 +178,9 @@ def _fail(report: Path, mode: str, message: str, loader: Any = None) -> None:
     raise SystemExit(3)
 
 
-class AnalyzedIterator(tracing.ObservedIterator):
-    """Observed like any epoch, plus the analysis: warm, synthetic copies, the timed window, the end."""
+class AnalyzedIterator(IteratorWrapper):
+    """Around the observed iterator (``make_iterator()``), the analysis: warm, synthetic copies, the
+    timed window, the end. Synthetic copies bypass the observed iterator: they are not observed."""
 
     def __init__(self, session: Session, obs: "tracing.LoaderObserver", make_iterator: Callable[[], Iterator[Any]],
                  epoch: int) -> None:
@@ -187,7 +202,8 @@ class AnalyzedIterator(tracing.ObservedIterator):
         self.warm_doc: Optional[Dict[str, Any]] = None
         if session.warm:
             self.warm_doc = warm_cache(loader.dataset, session)
-        super().__init__(obs, make_iterator(), epoch)
+        super().__init__(make_iterator())
+        self._obs = obs
         self.returned = 0
         self.first_batch: Any = None
         self.window_start: Optional[int] = None
@@ -205,7 +221,7 @@ class AnalyzedIterator(tracing.ObservedIterator):
             batch = clone_batch(self.first_batch)
         else:
             try:
-                batch = super().__next__()
+                batch = next(self._inner)
             except StopIteration:
                 raise AnalyzeError(
                     f"the epoch ended after {self.returned} batches, before {s.warmup} warm-up + {s.steps} timed steps")
@@ -302,3 +318,7 @@ def warm_cache(dataset: Any, session: Session) -> Dict[str, Any]:
     if proc.returncode != 0 or doc.get("status") != "ok":
         raise AnalyzeError(doc.get("error") or f"warming the cache failed (exit status {proc.returncode})")
     return doc
+
+
+if os.environ.get(ENV_MODE):  # only in a process that `unstall analyze` runs (not its warm pass)
+    register_iterator_hook(iterator_hook)

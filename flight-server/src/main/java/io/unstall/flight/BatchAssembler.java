@@ -388,8 +388,14 @@ public final class BatchAssembler {
     prefetcher.close();
   }
 
-  /** Learns the digest of bytes just read from storage and offers them to both tiers. */
+  /**
+   * Learns the digest of bytes just read from storage and offers them to both tiers. Without any tier (a
+   * cache of capacity 0 and no disk tier) there is nothing to key, share or admit: no hashing.
+   */
   void admit(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException {
+    if (disk == null && cache.capacityBytes() == 0) {
+      return;
+    }
     Digest digest = Digest.of(data.nioBuffer(off, len));
     d.recordDigest(id, digest);
     cache.admit(digest, data, off, len, d.name());
