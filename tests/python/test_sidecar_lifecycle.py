@@ -94,3 +94,13 @@ def test_a_sidecar_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
     with pytest.raises(unstall.SidecarStartError, match="(?s)exited with status .*cache"):
         unstall.Sidecar(home=tmp_path / "h2", jar=os.environ.get("UNSTALL_SIDECAR_JAR") or unstall.sidecar.find_jar(),
                         cache_capacity="lots", startup_timeout=30)
+
+
+def test_a_shared_memory_cache_needs_no_direct_memory(sidecar_jar: Path, tmp_path: Path) -> None:
+    # The MinIO cache in /dev/shm is mapped files: only the rest of the budget must fit -XX:MaxDirectMemorySize.
+    opts = dict(cache_capacity="1GiB", memory_budget="1200MiB", jar=sidecar_jar, startup_timeout=60,
+                java_options=["-XX:MaxDirectMemorySize=256m"])
+    with unstall.Sidecar(home=tmp_path / "shm", **opts) as s:
+        assert s.local_endpoint, "the shared-memory plane is on"
+    with pytest.raises(unstall.SidecarStartError, match="(?s)--memory-budget, 1.2 GiB, exceeds the JVM's direct-memory"):
+        unstall.Sidecar(home=tmp_path / "heap", extra_args=["--no-shm"], **opts)

@@ -3,6 +3,7 @@ package io.unstall.sidecar;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.DataPlane;
+import io.unstall.flight.shm.SharedMemory;
 import java.io.IOException;
 import java.net.BindException;
 import java.net.InetAddress;
@@ -41,7 +42,9 @@ public final class Sidecar implements AutoCloseable {
 
   /** Starts everything or nothing: on failure whatever was started is closed again. */
   public static Sidecar start(SidecarSettings s) throws Exception {
-    checkDirectMemory(s.memoryBudget());
+    // A MinIO cache in shared memory is mapped files, not direct memory: only the rest of the budget needs it.
+    boolean shmCache = s.sharedMemory() && "minio".equals(s.cachePolicy()) && SharedMemory.available();
+    checkDirectMemory(s.memoryBudget() - (shmCache ? s.cacheCapacity() : 0), shmCache);
     String token = Secrets.readOrCreateToken(s.tokenFile());
     BufferAllocator root = new RootAllocator(s.memoryBudget());
     DataPlane dp = null;
@@ -95,13 +98,14 @@ public final class Sidecar implements AutoCloseable {
     }
   }
 
-  /** The netty allocator Arrow uses is bounded by the JVM's direct-memory limit: the budget must fit in it. */
-  private static void checkDirectMemory(long budget) {
+  /** The netty allocator Arrow uses is bounded by the JVM's direct-memory limit: what it may allocate must fit. */
+  private static void checkDirectMemory(long direct, boolean shmCache) {
     long max = io.netty.util.internal.PlatformDependent.maxDirectMemory();
-    if (budget > max) {
+    if (direct > max) {
       throw new IllegalArgumentException(
-          "--memory-budget " + Sizes.format(budget) + " exceeds the JVM's direct-memory limit " + Sizes.format(max)
-              + "; start java with -XX:MaxDirectMemorySize=" + (budget / (1 << 20) + 256) + "m");
+          "--memory-budget" + (shmCache ? " less --cache-capacity (the cache is in shared memory)" : "") + ", "
+              + Sizes.format(direct) + ", exceeds the JVM's direct-memory limit " + Sizes.format(max)
+              + "; start java with -XX:MaxDirectMemorySize=" + (direct / (1 << 20) + 256) + "m");
     }
   }
 
