@@ -54,17 +54,7 @@ class DataPlaneTest {
 
   @BeforeEach
   void start() throws Exception {
-    Random rnd = new Random(7);
-    for (int c = 0; c < 2; c++) {
-      for (int i = 0; i < 5; i++) {
-        byte[] b = new byte[SAMPLE];
-        rnd.nextBytes(b);
-        Path p = dir.resolve("imgs/class" + c + "/img" + i + ".jpg");
-        Files.createDirectories(p.getParent());
-        Files.write(p, b);
-        images.add(b);
-      }
-    }
+    images.addAll(io.unstall.flight.format.ImageFolders.write(dir.resolve("imgs"), 2, 5, i -> SAMPLE, 7));
     root = new RootAllocator(64L << 20);
     plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(3 * SAMPLE).build().start();
     plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());

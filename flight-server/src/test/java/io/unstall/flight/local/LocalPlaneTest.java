@@ -24,7 +24,6 @@ import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Random;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.junit.jupiter.api.AfterEach;
@@ -45,17 +44,8 @@ class LocalPlaneTest {
 
   DataPlane start(String policy, long capacity) throws Exception {
     Assumptions.assumeTrue(Files.isWritable(Path.of("/dev/shm")), "needs /dev/shm");
-    Random rnd = new Random(11);
-    for (int c = 0; c < 2; c++) {
-      for (int i = 0; i < 5; i++) {
-        byte[] b = new byte[SAMPLE + 37 * i]; // sizes differ: offsets must be right, not just strides
-        rnd.nextBytes(b);
-        Path p = dir.resolve("imgs/class" + c + "/img" + i + ".jpg");
-        Files.createDirectories(p.getParent());
-        Files.write(p, b);
-        images.add(b);
-      }
-    }
+    // sizes differ: offsets must be right, not just strides
+    images.addAll(io.unstall.flight.format.ImageFolders.write(dir.resolve("imgs"), 2, 5, i -> SAMPLE + 37 * i, 11));
     root = new RootAllocator(64L << 20);
     plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(capacity).cachePolicy(policy)
         .prefetch(8L << 20, 1024, 2).build().start();
