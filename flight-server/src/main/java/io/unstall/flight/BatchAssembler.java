@@ -161,6 +161,7 @@ public final class BatchAssembler {
       throws IOException {
     DatasetStats.Epoch stats = r.stats().epoch(epoch);
     long staged = 0;
+    int unreferenced = 0;
     for (int i = 0; i < ids.length; i++) {
       int id = ids[i];
       Digest digest = d.digest(id);
@@ -172,9 +173,10 @@ public final class BatchAssembler {
       } else {
         stagedAt[i] = staged;
         staged += d.length(id);
+        unreferenced++;
       }
     }
-    if (staged == 0 && allReferenced(refs)) {
+    if (unreferenced == 0) {
       return null;
     }
     ArrowBuf buf = staging.allocate(staged);
@@ -185,15 +187,6 @@ public final class BatchAssembler {
       buf.close();
       throw e;
     }
-  }
-
-  private static boolean allReferenced(ShmRef[] refs) {
-    for (ShmRef ref : refs) {
-      if (ref == null) {
-        return false;
-      }
-    }
-    return true;
   }
 
   /**

@@ -79,10 +79,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
       FetchTicket t = FetchTicket.from(ticket);
       Dataset d = registry.get(t.dataset());
       BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t);
-      String line = d.stats().startEpoch(d.name(), t.epoch());
-      if (line != null) {
-        LOG.info(line);
-      }
+      d.stats().startEpoch(d.name(), t.epoch());
       try (StreamBudget.Reservation r = budget.acquire(budget.cost(batch.payloadBytes(), batch.ids().length))) {
         root = assembler.assemble(d, BatchAssembler.Requester.of(d), t.epoch(), batch.ids(), streams);
       }

@@ -1,23 +1,45 @@
 package io.unstall.flight.cache;
 
 import java.io.IOException;
+import java.util.concurrent.atomic.AtomicReferenceArray;
 import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.BufferAllocator;
 
-/** The off-heap address space a cache keeps its entries in, allocated lazily from the cache's own allocator. */
-interface Arena extends AutoCloseable {
+/**
+ * The off-heap address space a cache keeps its entries in: chunks (pages, or shared-memory segments) allocated
+ * lazily from the cache's own allocator, which this arena owns and closes.
+ */
+abstract class Arena implements AutoCloseable {
+  protected final BufferAllocator allocator;
+  protected final AtomicReferenceArray<ArrowBuf> chunks;
+
+  Arena(BufferAllocator allocator, int chunkCount) {
+    this.allocator = allocator;
+    this.chunks = new AtomicReferenceArray<>(chunkCount);
+  }
 
   /** Where an entry of {@code length} bytes goes at or after address {@code end} (arenas may skip a gap). */
-  long place(long end, int length);
+  abstract long place(long end, int length);
 
   /** Makes sure the memory under {@code [from, to)} exists. Callers serialise calls. */
-  void ensure(long from, long to) throws IOException;
+  abstract void ensure(long from, long to) throws IOException;
 
   /** Copies between the arena at {@code addr} and {@code buf}, in the given direction. */
-  void transfer(long addr, ArrowBuf buf, long bufIndex, long length, boolean intoArena);
+  abstract void transfer(long addr, ArrowBuf buf, long bufIndex, long length, boolean intoArena);
 
   /** Off-heap bytes held, for accounting tests. */
-  long allocatedBytes();
+  final long allocatedBytes() {
+    return allocator.getAllocatedMemory();
+  }
 
   @Override
-  void close();
+  public final void close() {
+    for (int i = 0; i < chunks.length(); i++) {
+      ArrowBuf b = chunks.getAndSet(i, null);
+      if (b != null) {
+        b.close();
+      }
+    }
+    allocator.close();
+  }
 }

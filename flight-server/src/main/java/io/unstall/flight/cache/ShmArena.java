@@ -3,7 +3,6 @@ package io.unstall.flight.cache;
 import io.unstall.flight.shm.SharedMemory;
 import io.unstall.flight.shm.ShmBuffer;
 import java.io.IOException;
-import java.util.concurrent.atomic.AtomicReferenceArray;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 
@@ -15,29 +14,37 @@ import org.apache.arrow.memory.BufferAllocator;
  * their tmpfs pages are committed a MiB at a time as entries are appended, so a full /dev/shm refuses an
  * admission instead of faulting.
  */
-final class ShmArena implements Arena {
+final class ShmArena extends Arena {
   static final long SEGMENT = 1L << 30;
   private static final long COMMIT = 1 << 20;
 
-  private final BufferAllocator allocator;
   private final SharedMemory shm;
   private final long capacity; // rounded up to a MiB
   private final long segment;
-  private final AtomicReferenceArray<ArrowBuf> segments;
   private final ShmBuffer[] files;
   private long committed; // guarded by the caller (ensure is serialised): high-water mark of committed bytes
 
   ShmArena(BufferAllocator parent, SharedMemory shm, long capacityBytes) {
+    this(parent, shm, roundedCapacity(capacityBytes), segmentSize(roundedCapacity(capacityBytes)));
+  }
+
+  private ShmArena(BufferAllocator parent, SharedMemory shm, long capacity, long segment) {
+    super(parent.newChildAllocator("cache", 0, capacity), (int) ((capacity + segment - 1) / segment));
+    this.capacity = capacity;
+    this.segment = segment;
+    this.shm = shm;
+    this.files = new ShmBuffer[chunks.length()];
+  }
+
+  private static long roundedCapacity(long capacityBytes) {
     if (capacityBytes < 0) {
       throw new IllegalArgumentException("cache capacity must be >= 0, got " + capacityBytes);
     }
-    this.capacity = (capacityBytes + COMMIT - 1) / COMMIT * COMMIT;
-    this.segment = Math.max(COMMIT, Math.min(SEGMENT, capacity));
-    int count = (int) ((capacity + segment - 1) / segment);
-    this.allocator = parent.newChildAllocator("cache", 0, capacity);
-    this.shm = shm;
-    this.segments = new AtomicReferenceArray<>(count);
-    this.files = new ShmBuffer[count];
+    return (capacityBytes + COMMIT - 1) / COMMIT * COMMIT;
+  }
+
+  private static long segmentSize(long capacity) {
+    return Math.max(COMMIT, Math.min(SEGMENT, capacity));
   }
 
   /** The file name of segment {@code k} in the shared-memory directory. */
@@ -55,7 +62,7 @@ final class ShmArena implements Arena {
   }
 
   @Override
-  public long place(long end, int length) {
+  long place(long end, int length) {
     long inSegment = end % segment;
     if (inSegment != 0 && inSegment + length > segment) {
       return end - inSegment + segment; // the next segment's start: entries never span two
@@ -64,18 +71,18 @@ final class ShmArena implements Arena {
   }
 
   @Override
-  public void ensure(long from, long to) throws IOException {
+  void ensure(long from, long to) throws IOException {
     if (to > capacity) {
       throw new IllegalArgumentException("arena range [" + from + ", " + to + ") beyond capacity " + capacity);
     }
     long target = Math.min(capacity, (to + COMMIT - 1) / COMMIT * COMMIT);
     while (committed < target) {
       int k = segmentOf(committed);
-      if (segments.get(k) == null) {
+      if (chunks.get(k) == null) {
         long size = Math.min(segment, capacity - (long) k * segment);
         ShmBuffer f = ShmBuffer.create(shm.resolve(segmentName(k)), size, false);
         files[k] = f;
-        segments.set(k, allocator.wrapForeignAllocation(f));
+        chunks.set(k, allocator.wrapForeignAllocation(f));
       }
       long segEnd = Math.min(capacity, (long) (k + 1) * segment);
       long upTo = Math.min(target, segEnd);
@@ -85,29 +92,13 @@ final class ShmArena implements Arena {
   }
 
   @Override
-  public void transfer(long addr, ArrowBuf buf, long bufIndex, long length, boolean intoArena) {
-    ArrowBuf seg = segments.get(segmentOf(addr));
+  void transfer(long addr, ArrowBuf buf, long bufIndex, long length, boolean intoArena) {
+    ArrowBuf seg = chunks.get(segmentOf(addr));
     long off = offsetOf(addr);
     if (intoArena) {
       seg.setBytes(off, buf, bufIndex, length);
     } else {
       buf.setBytes(bufIndex, seg, off, length);
     }
-  }
-
-  @Override
-  public long allocatedBytes() {
-    return allocator.getAllocatedMemory();
-  }
-
-  @Override
-  public void close() {
-    for (int i = 0; i < segments.length(); i++) {
-      ArrowBuf b = segments.getAndSet(i, null);
-      if (b != null) {
-        b.close();
-      }
-    }
-    allocator.close();
   }
 }

@@ -8,6 +8,8 @@ import java.util.concurrent.atomic.LongAdder;
 
 /** Per-epoch counters of one dataset: samples served, cache hits and misses, bytes from storage and cache. */
 public final class DatasetStats {
+  private static final org.slf4j.Logger LOG = org.slf4j.LoggerFactory.getLogger(DatasetStats.class);
+
 
   /** Counters of one epoch; with a parent (a session's counters), every count also goes to the parent's. */
   public static final class Epoch {
@@ -131,19 +133,18 @@ public final class DatasetStats {
   }
 
   /**
-   * Notes that a batch of {@code epoch} is being served; the first time, returns the summary line of the
-   * previous epoch (for the log), else null.
+   * Notes that a batch of {@code epoch} of {@code dataset} is being served; the first time, logs the previous
+   * epoch's summary line.
    */
-  public String startEpoch(String dataset, long epoch) {
+  public void startEpoch(String dataset, long epoch) {
     if (epochs.containsKey(epoch)) {
-      return null;
+      return;
     }
     Map.Entry<Long, Epoch> prev = previous(epoch);
     Epoch fresh = new Epoch(parent == null ? null : parent.epoch(epoch));
-    if (epochs.putIfAbsent(epoch, fresh) != null) {
-      return null; // another batch of this epoch got here first and logs
+    if (epochs.putIfAbsent(epoch, fresh) == null && prev != null) { // else another batch got here first and logs
+      LOG.info(summary(dataset, prev.getKey(), prev.getValue()));
     }
-    return prev == null ? null : summary(dataset, prev.getKey(), prev.getValue());
   }
 
   public boolean hasEpoch(long epoch) {

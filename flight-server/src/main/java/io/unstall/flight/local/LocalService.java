@@ -76,10 +76,7 @@ public final class LocalService {
   Batch fetch(FetchSession s, long epoch, long[] requested) throws IOException, InterruptedException {
     Dataset d = s.dataset();
     BatchAssembler.CheckedIds checked = BatchAssembler.checkedIds(d, requested);
-    String line = d.stats().startEpoch(d.name(), epoch);
-    if (line != null) {
-      org.slf4j.LoggerFactory.getLogger(LocalService.class).info(line);
-    }
+    d.stats().startEpoch(d.name(), epoch);
     int n = checked.ids().length;
     ShmRef[] refs = new ShmRef[n];
     long[] stagedAt = new long[n];
@@ -102,9 +99,5 @@ public final class LocalService {
           }
         });
     return new Batch(checked.ids(), refs, stagedAt, staging, file[0]);
-  }
-
-  Dataset dataset(FetchSession s) {
-    return s.dataset();
   }
 }
