@@ -465,12 +465,13 @@ class LoaderObserver:
         return self.counters.totals() if self.counters is not None else np.zeros(_COLUMNS, dtype=np.int64)
 
     def stats(self) -> LoaderStats:
-        total = self._stats(self.total_acc, self.epoch, all_epochs=True)
-        current = self._stats(self.epoch_acc, self.epoch, all_epochs=False)
+        ds_stats = _dataset_stats(self.loader.dataset)  # one control-plane call for both views
+        total = self._stats(self.total_acc, self.epoch, True, ds_stats)
+        current = self._stats(self.epoch_acc, self.epoch, False, ds_stats)
         current.total = total
         return current
 
-    def _stats(self, acc: _Acc, epoch: int, all_epochs: bool) -> LoaderStats:
+    def _stats(self, acc: _Acc, epoch: int, all_epochs: bool, ds_stats: Any) -> LoaderStats:
         w = acc.work_final if acc.work_final is not None else self.work() - acc.work_base
         elapsed = (acc.last_ns - acc.first_ns) / 1e9 if acc.first_ns is not None and acc.last_ns is not None else 0.0
         wait_s, fetch_s, prep_s = acc.wait_ns / 1e9, w[FETCH_NS] / 1e9, w[PREP_NS] / 1e9
@@ -483,7 +484,6 @@ class LoaderObserver:
             stall_prep_s=float(wait_s * prep_s / busy) if busy > 0 else 0.0,
             transport=_transport(int(w[FETCH_CALLS]), int(w[SHM_CALLS]), self.loader.dataset),
         )
-        ds_stats = _dataset_stats(self.loader.dataset)
         if ds_stats is not None:
             if all_epochs:
                 epochs = [ds_stats.epoch(e) for e in self.epochs_seen]
