@@ -38,6 +38,7 @@ import unstall  # noqa: E402
 import unstall.torch as ut  # noqa: E402
 
 ACCESS, SECRET, BUCKET = "bench-access", "bench-secret-key", "bench"
+CONFIGS = ("no cache", "LRU", "MinIO", "MinIO + disk", "MinIO + prefetch")
 
 
 @dataclass
@@ -209,13 +210,13 @@ def run_unstall(
 
 
 def warm_up_jvm(sc: unstall.Sidecar, batch: int) -> None:
-    """Two passes over a separate warm-up prefix, so the sidecar's JIT (and the S3 SDK's) is warm, as in a
-    long-running sidecar; the measured dataset's cache and stats are untouched."""
-    info = sc.register_dataset("warmup", f"s3://{BUCKET}/warmup")
-    client = sc.flight_client()
+    """Two passes over a separate warm-up prefix of many small objects, through the same same-host path the
+    loader uses, so that the sidecar's JIT (and the S3 SDK's) is warm, as in a long-running sidecar: the
+    S3 read path needs a few thousand GETs before C2 has compiled it. The measured dataset's cache and stats are untouched."""
+    ds = ut.Dataset("warmup", root=f"s3://{BUCKET}/warmup", sidecar=sc)
     for epoch in range(2):
-        for i in range(0, info.num_samples, batch):
-            client.fetch("warmup", list(range(i, min(info.num_samples, i + batch))), epoch)
+        for i in range(0, len(ds), batch):
+            ds.fetch_samples(list(range(i, min(len(ds), i + batch))), epoch=epoch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,8 +277,8 @@ def table(rows: List[EpochRow], dataset_mb: float, capacity_mb: float, args: arg
         f"Dataset {dataset_mb:.0f} MB ({args.samples} samples of ~{args.sample_kb} KB) in S3 (S3Proxy), storage "
         f"throttled to {args.bandwidth / 1e6:.0f} MB/s, memory cache {capacity_mb:.0f} MB (half the dataset), "
         f"batch {args.batch_size}, {args.workers} workers, {args.step_ms} ms of compute per batch. Each sidecar first "
-        f"reads a separate 300-sample prefix twice (JIT warm-up, as in a long-running sidecar; a MinIO cache "
-        f"gets room for that prefix on top of the capacity).",
+        f"reads a separate prefix of {args.warmup_samples} objects of {args.warmup_kb} KB twice (JIT warm-up, "
+        f"as in a long-running sidecar; a MinIO cache gets room for that prefix on top of the capacity).",
         "",
         "| config | epoch | MB from storage | expected (MinIO: dataset - cached) | epoch s | stall s | stall % | notes |",
         "|---|---|---|---|---|---|---|---|",
@@ -307,21 +308,33 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--out", type=Path, default=None, help="also write the table here")
+    p.add_argument("--warmup-samples", type=int, default=3000,
+                   help="objects in the separate warm-up prefix each sidecar reads twice first (default 3000)")
+    p.add_argument("--warmup-kb", type=int, default=8, help="size of a warm-up object (default 8 KB)")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated unstall configurations to run (default: all of {', '.join(CONFIGS)}); "
+                        "the boto3 baseline always runs")
     args = p.parse_args()
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"--configs: unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
 
     work = Path(tempfile.mkdtemp(prefix="unstall-bench-tiers-"))
     proc, endpoint = start_s3proxy(work)
     try:
         print(f"uploading {args.samples} samples to {endpoint} ...", flush=True)
         keys = upload_dataset(endpoint, args.samples, args.sample_kb * 1000, 10, seed=1)
-        warm_keys = upload_dataset(endpoint, 300, args.sample_kb * 1000, 10, seed=2, prefix="warmup")
+        warm_keys = upload_dataset(endpoint, args.warmup_samples, args.warmup_kb * 1000, 10, seed=2, prefix="warmup")
         s3 = s3_client(endpoint)
-        warmup = sum(int(s3.head_object(Bucket=BUCKET, Key=k)["ContentLength"]) for k in warm_keys)
+        warmup = sum(int(o["Size"]) for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="warmup/")
+                     for o in page.get("Contents", []))
+        assert warm_keys
         sizes = {k: int(s3.head_object(Bucket=BUCKET, Key=k)["ContentLength"]) for k in keys}
         dataset = sum(sizes.values())
         capacity = dataset // 2
         rows: List[EpochRow] = []
-        for config in ("no cache", "LRU", "MinIO", "MinIO + disk", "MinIO + prefetch"):
+        for config in configs:
             print(f"running {config} ...", flush=True)
             rows += run_unstall(config, args, endpoint, dataset, capacity, warmup, work)
         print("running boto3 per sample ...", flush=True)
