@@ -117,6 +117,13 @@ def _session_transports(stats: Any, name: str) -> Optional[str]:
     return "+".join(found) or None
 
 
+def keep_freed_heap(worker_id: int) -> None:
+    """worker_init_fn of the plain loader under ``--plain-heap kept``."""
+    from unstall._alloc import tune_allocator
+
+    tune_allocator()
+
+
 def child(cfg: Dict[str, Any]) -> Dict[str, Any]:
     if cfg.get("cgroup"):
         # First thing: everything this process starts (workers, fork server, the sidecar JVM) inherits it.
@@ -149,6 +156,8 @@ def child(cfg: Dict[str, Any]) -> Dict[str, Any]:
         loader = ut.DataLoader(ds, seed=cfg["seed"], **common)
     else:
         ds = ImageFolder(cfg["data"], transform=tf)
+        if cfg.get("plain_heap") == "kept":  # the allocator setting of unstall's workers (unstall/_alloc.py)
+            common["worker_init_fn"] = keep_freed_heap
         loader = tud.DataLoader(ds, generator=torch.Generator().manual_seed(cfg["seed"]), **common)
     group = MemCgroup(Path(cfg["cgroup"]), cfg["cgroup_version"]) if cfg.get("cgroup") else None
     step_s = cfg["step_ms"] / 1000.0
@@ -392,6 +401,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--headroom-mib", type=int, default=32,
                    help="cgroup method: memory on top of each configuration's own + the share (both loaders)")
     p.add_argument("--transport", default=None, help="set $UNSTALL_TRANSPORT for the unstall runs (auto|shm|flight)")
+    p.add_argument("--plain-heap", choices=("system", "kept"), default="system",
+                   help="kept: the plain loader's workers keep freed heap for the next batch, as unstall's do "
+                        "(unstall/_alloc.py), to separate that setting's gain from the data path's")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -426,7 +438,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     homes = Path(tempfile.mkdtemp(prefix="homes-", dir=args.data))
     base = dict(data=str(root), size=args.image_size, batch=args.batch_size, workers=args.num_workers,
                 seed=args.seed, epochs=args.epochs, step_ms=args.step_ms, share=share,
-                headroom=args.headroom_mib << 20, transport=args.transport, method=method)
+                headroom=args.headroom_mib << 20, transport=args.transport, method=method,
+                plain_heap=args.plain_heap)
     results: Dict[str, Dict[str, List[Dict[str, Any]]]] = {r: {"unstall": [], "plain": []} for r in regimes}
     cgroup_desc = ""
     runs = [(r, i, ld) for r in regimes for i in range(args.repeats)
@@ -471,6 +484,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"the main process sums the tensor" + (f" and sleeps {args.step_ms:g} ms" if args.step_ms else "")
         + f"; 1 warm-up epoch, then {args.epochs} timed epoch(s)"
         + (f"; {args.repeats} runs per loader, alternating order, medians" if args.repeats > 1 else ""))
+    out("- heap: unstall's workers keep freed heap memory for the next batch (unstall/_alloc.py); the plain "
+        "loader's workers " + ("do the same here (`--plain-heap kept`)" if args.plain_heap == "kept"
+                               else "run with glibc's defaults (`--plain-heap kept` gives them the same setting)"))
     out(f"- data: {args.images} photo-like 500x375 JPEGs (quality {QUALITY}, mean {total / len(files) / 1e3:.0f} KB) "
         f"in {CLASSES} classes, {total / MB:.1f} MB, under {root}")
     out()

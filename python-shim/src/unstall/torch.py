@@ -30,6 +30,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data import get_worker_info
 
+from ._alloc import tune_worker_allocator
 from . import progress as _progress
 from . import tracing as _tracing  # registers its iterator hook first
 from .analyze import ENV_MODE as _ANALYZE_MODE
@@ -359,6 +360,7 @@ class Dataset(tud.Dataset):
         return out
 
     def _convert(self, batch: SampleBatch) -> List[Tuple[Any, Any]]:
+        tune_worker_allocator()  # a worker keeps its freed heap for the next batch (unstall/_alloc.py)
         t0 = time.perf_counter_ns()
         load = self.loader if self.loader is not None else bytes
         out = []
