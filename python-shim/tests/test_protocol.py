@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from unstall import protocol
-from unstall.protocol import KIND_PLAN, decode_ticket, encode_fetch_ticket, encode_plan
+from unstall.protocol import decode_plan, decode_ticket, encode_fetch_ticket, encode_plan
 
 
 def test_encode_matches_golden_fixture(fixtures_dir: Path) -> None:
@@ -46,7 +46,7 @@ def test_plan_message_matches_its_golden_bytes(fixtures_dir: Path) -> None:
     expected = json.loads((fixtures_dir / "plan-v1.json").read_text())
     golden = (fixtures_dir / "plan-v1.bin").read_bytes()
     assert encode_plan(expected["dataset"], expected["ids"], expected["epoch"]) == golden
-    plan = decode_ticket(golden, KIND_PLAN)
+    plan = decode_plan(golden)
     assert (plan.dataset, plan.epoch, list(plan.ids)) == (expected["dataset"], expected["epoch"], expected["ids"])
 
 
@@ -288,3 +288,10 @@ def test_parse_stats_with_sessions() -> None:
     assert sess.epoch(0) == protocol.EpochStats(samples=4, hits=1, misses=3, prefetch_hits=2)
     assert sess.total.prefetch_hits == 2 and s.session(8) == protocol.SessionStats()
     assert protocol.parse_stats(json.dumps({**doc, "sessions": {}})).sessions == {}
+
+
+def test_fetch_tickets_and_plans_are_not_taken_for_each_other(fixtures_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"^malformed ticket: kind 1 is not valid here \(expected 2"):
+        decode_plan((fixtures_dir / "ticket-fetch-v1.bin").read_bytes())
+    with pytest.raises(ValueError, match=r"^malformed ticket: kind 2 is not valid here \(expected 1"):
+        decode_ticket((fixtures_dir / "plan-v1.bin").read_bytes())

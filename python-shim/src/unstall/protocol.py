@@ -18,13 +18,19 @@ __all__ = [
     "PROTOCOL_VERSION",
     "TICKET_MAGIC",
     "KIND_FETCH",
+    "KIND_PLAN",
+    "KIND_PREP",
     "MAX_NAME_BYTES",
     "MAX_IDS",
+    "MAX_PLAN_IDS",
     "BATCH_SCHEMA",
     "SCHEMA_VERSION_KEY",
     "FetchTicket",
     "encode_fetch_ticket",
     "decode_ticket",
+    "Plan",
+    "encode_plan",
+    "decode_plan",
     "DatasetInfo",
     "EpochStats",
     "DatasetStats",
@@ -58,6 +64,7 @@ PROTOCOL_VERSION = 1
 TICKET_MAGIC = b"UNST"
 KIND_FETCH = 1
 KIND_PLAN = 2
+KIND_PREP = 3  # coordinated prep's DoGet ticket (unstall.prep)
 MAX_NAME_BYTES = 1024
 MAX_IDS = 65536
 MAX_PLAN_IDS = 1 << 28
@@ -93,6 +100,18 @@ class FetchTicket:
         return encode_fetch_ticket(self.dataset, self.ids, self.epoch)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A PLAN message: the whole order of one epoch of a dataset, for clairvoyant prefetch."""
+
+    dataset: str
+    epoch: int
+    ids: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        return encode_plan(self.dataset, self.ids, self.epoch)
+
+
 def encode_fetch_ticket(dataset: str, ids: Sequence[int] | np.ndarray, epoch: int = 0) -> bytes:
     """Encodes a FETCH ticket: ``UNST``, version, kind, u16 name length, name, u32 epoch, u32 n, u64 ids."""
     return _encode(KIND_FETCH, dataset, ids, epoch)
@@ -109,7 +128,8 @@ def _encode(kind: int, dataset: str, ids: Sequence[int] | np.ndarray, epoch: int
     name = dataset.encode("utf-8")
     if not 1 <= len(name) <= MAX_NAME_BYTES:
         raise ValueError(f"dataset name must be 1..{MAX_NAME_BYTES} UTF-8 bytes, got {len(name)}")
-    epoch, arr = _epoch_and_ids(epoch, ids, MAX_PLAN_IDS if kind == KIND_PLAN else MAX_IDS, "a ticket")
+    epoch, arr = _epoch_and_ids(epoch, ids, MAX_PLAN_IDS if kind == KIND_PLAN else MAX_IDS,
+                                "a plan" if kind == KIND_PLAN else "a ticket")
     return b"".join(
         (
             _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, kind, len(name)),
@@ -146,8 +166,20 @@ def _ids_array(ids: Iterable[int] | np.ndarray) -> np.ndarray:
     return np.array(values, dtype=np.uint64)
 
 
-def decode_ticket(data: bytes, expected_kind: int = KIND_FETCH) -> FetchTicket:
-    """Decodes a ticket (or, with ``KIND_PLAN``, a plan); raises ValueError starting with ``malformed ticket:``."""
+def decode_ticket(data: bytes) -> FetchTicket:
+    """Decodes a FETCH ticket; raises ValueError starting with ``malformed ticket:``."""
+    dataset, epoch, ids = _decode_ids(data, KIND_FETCH, MAX_IDS)
+    return FetchTicket(dataset=dataset, epoch=epoch, ids=ids)
+
+
+def decode_plan(data: bytes) -> Plan:
+    """Decodes a PLAN message (the ``prefetch`` action's body); raises ValueError like ``decode_ticket``."""
+    dataset, epoch, ids = _decode_ids(data, KIND_PLAN, MAX_PLAN_IDS)
+    return Plan(dataset=dataset, epoch=epoch, ids=ids)
+
+
+def _decode_ids(data: bytes, kind: int, max_ids: int) -> tuple[str, int, tuple[int, ...]]:
+    """The id-list layout FETCH tickets and PLAN messages share (protocol/README.md)."""
     buf = memoryview(bytes(data))
     size = len(buf)
     if size < 4:
@@ -156,14 +188,14 @@ def decode_ticket(data: bytes, expected_kind: int = KIND_FETCH) -> FetchTicket:
         raise ValueError(f"malformed ticket: bad magic {bytes(buf[:4])!r}, expected {TICKET_MAGIC!r}")
     if size < _HEADER.size:
         raise ValueError(f"malformed ticket: truncated: {size} bytes, the header is {_HEADER.size + _MIDDLE.size}")
-    _, version, kind, name_len = _HEADER.unpack_from(buf, 0)
+    _, version, got, name_len = _HEADER.unpack_from(buf, 0)
     if version != PROTOCOL_VERSION:
         raise ValueError(
             f"malformed ticket: unsupported version {version} (this client speaks version {PROTOCOL_VERSION})"
         )
-    if kind != expected_kind:
-        what = f"kind {kind} is not valid here" if kind in (KIND_FETCH, KIND_PLAN) else f"unknown kind {kind}"
-        raise ValueError(f"malformed ticket: {what} (expected {expected_kind}; 1 = FETCH, 2 = PLAN)")
+    if got != kind:
+        what = f"kind {got} is not valid here" if got in (KIND_FETCH, KIND_PLAN, KIND_PREP) else f"unknown kind {got}"
+        raise ValueError(f"malformed ticket: {what} (expected {kind}; 1 = FETCH, 2 = PLAN, 3 = PREP)")
     if not 1 <= name_len <= MAX_NAME_BYTES:
         raise ValueError(f"malformed ticket: dataset name length {name_len} is outside 1..{MAX_NAME_BYTES}")
     if size < 16 + name_len:
@@ -173,7 +205,6 @@ def decode_ticket(data: bytes, expected_kind: int = KIND_FETCH) -> FetchTicket:
     except UnicodeDecodeError as e:
         raise ValueError(f"malformed ticket: dataset name is not UTF-8 ({e.reason})") from None
     epoch, n = _MIDDLE.unpack_from(buf, 8 + name_len)
-    max_ids = MAX_PLAN_IDS if kind == KIND_PLAN else MAX_IDS
     if not 1 <= n <= max_ids:
         raise ValueError(f"malformed ticket: id count {n} is outside 1..{max_ids}")
     expected = 16 + name_len + 8 * n
@@ -183,7 +214,7 @@ def decode_ticket(data: bytes, expected_kind: int = KIND_FETCH) -> FetchTicket:
         extra = size - expected
         raise ValueError(f"malformed ticket: {extra} trailing byte{'s' if extra != 1 else ''} after {expected}")
     ids = np.frombuffer(buf, dtype="<u8", count=n, offset=16 + name_len)
-    return FetchTicket(dataset=dataset, epoch=epoch, ids=tuple(int(i) for i in ids), version=version)
+    return dataset, epoch, tuple(int(i) for i in ids)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.session.Sessions;
 import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.protocol.FetchTicket;
+import io.unstall.flight.protocol.Plan;
 import io.unstall.flight.protocol.MalformedTicketException;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
@@ -159,7 +160,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
       switch (action.getType()) {
         case ACTION_STATS -> listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
         case ACTION_PREFETCH -> {
-          FetchTicket plan = FetchTicket.parse(action.getBody(), FetchTicket.KIND_PLAN);
+          Plan plan = Plan.parse(action.getBody());
           Dataset d = registry.get(plan.dataset());
           int[] ids = new int[plan.size()];
           for (int i = 0; i < ids.length; i++) {

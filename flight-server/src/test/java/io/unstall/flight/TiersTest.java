@@ -10,7 +10,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.fasterxml.jackson.databind.JsonNode;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.dataset.Manifests;
-import io.unstall.flight.protocol.FetchTicket;
+import io.unstall.flight.protocol.Plan;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
@@ -156,7 +156,7 @@ class TiersTest {
       plane.registry().register("p", "imagefolder", folder("p"));
       c.fetch("p", 0, range(N)); // epoch 0 fills the MinIO cache with 3 samples
       long[] order = {11, 3, 7, 0, 5, 9, 1, 10, 2, 8, 4, 6};
-      JsonNode ack = c.action("prefetch", new FetchTicket(FetchTicket.KIND_PLAN, "p", 1, order).toBytes());
+      JsonNode ack = c.action("prefetch", new Plan("p", 1, order).toBytes());
       assertEquals(N, ack.get("planned").asLong());
       List<byte[]> got = new ArrayList<>();
       for (int i = 0; i < N; i += 4) {

@@ -3,7 +3,6 @@ package io.unstall.flight.protocol;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
-import java.util.Arrays;
 import org.apache.arrow.flight.Ticket;
 
 /**
@@ -13,13 +12,13 @@ import org.apache.arrow.flight.Ticket;
  * <pre>"UNST" u8 version=1 u8 kind=3 u16 L group[L] u64 member u32 epoch u32 batch</pre>
  */
 public record PrepTicket(String group, long member, long epoch, long batch) {
-  public static final int KIND_PREP = 3; // 1 = FETCH, 2 = PLAN (the prefetch action body)
-  private static final int HEADER = 8;
+  public static final int KIND_PREP = Wire.KIND_PREP;
+  private static final int HEADER = Wire.HEADER;
 
   public PrepTicket {
     int len = group.getBytes(StandardCharsets.UTF_8).length;
-    if (len < 1 || len > FetchTicket.MAX_NAME_BYTES) {
-      throw new IllegalArgumentException("group id must be 1.." + FetchTicket.MAX_NAME_BYTES + " UTF-8 bytes");
+    if (len < 1 || len > Wire.MAX_NAME_BYTES) {
+      throw new IllegalArgumentException("group id must be 1.." + Wire.MAX_NAME_BYTES + " UTF-8 bytes");
     }
     if (epoch < 0 || epoch > 0xFFFFFFFFL || batch < 0 || batch > 0xFFFFFFFFL) {
       throw new IllegalArgumentException("epoch and batch must be in [0, 2^32)");
@@ -28,16 +27,13 @@ public record PrepTicket(String group, long member, long epoch, long batch) {
 
   /** True when {@code bytes} carry the unstall magic, version 1 and kind PREP; everything else goes to FETCH. */
   public static boolean isPrep(byte[] bytes) {
-    return bytes.length >= 6
-        && Arrays.equals(bytes, 0, 4, FetchTicket.MAGIC, 0, 4)
-        && bytes[4] == FetchTicket.VERSION
-        && bytes[5] == KIND_PREP;
+    return Wire.isKind(bytes, KIND_PREP);
   }
 
   public byte[] toBytes() {
     byte[] name = group.getBytes(StandardCharsets.UTF_8);
     ByteBuffer b = ByteBuffer.allocate(HEADER + name.length + 16).order(ByteOrder.LITTLE_ENDIAN);
-    b.put(FetchTicket.MAGIC).put((byte) FetchTicket.VERSION).put((byte) KIND_PREP).putShort((short) name.length);
+    b.put(Wire.MAGIC).put((byte) Wire.VERSION).put((byte) KIND_PREP).putShort((short) name.length);
     b.put(name).putLong(member).putInt((int) epoch).putInt((int) batch);
     return b.array();
   }
@@ -56,8 +52,8 @@ public record PrepTicket(String group, long member, long epoch, long batch) {
     }
     b.position(6);
     int len = Short.toUnsignedInt(b.getShort());
-    if (len < 1 || len > FetchTicket.MAX_NAME_BYTES) {
-      throw new MalformedTicketException("group id length " + len + " not in 1.." + FetchTicket.MAX_NAME_BYTES);
+    if (len < 1 || len > Wire.MAX_NAME_BYTES) {
+      throw new MalformedTicketException("group id length " + len + " not in 1.." + Wire.MAX_NAME_BYTES);
     }
     int expected = HEADER + len + 16;
     if (bytes.length < expected) {

@@ -54,7 +54,7 @@ class ProtocolFixturesTest {
   void planMessageMatchesItsGoldenBytes() throws Exception {
     JsonNode expected = JSON.readTree(FIXTURES.resolve("plan-v1.json").toFile());
     byte[] golden = Files.readAllBytes(FIXTURES.resolve("plan-v1.bin"));
-    FetchTicket plan = FetchTicket.parse(golden, FetchTicket.KIND_PLAN);
+    Plan plan = Plan.parse(golden);
     assertEquals(expected.get("dataset").asText(), plan.dataset());
     assertEquals(expected.get("epoch").asLong(), plan.epoch());
     long[] ids = new long[expected.get("ids").size()];
@@ -62,7 +62,17 @@ class ProtocolFixturesTest {
       ids[i] = expected.get("ids").get(i).asLong();
     }
     assertArrayEquals(ids, plan.ids());
-    assertArrayEquals(golden, new FetchTicket(FetchTicket.KIND_PLAN, plan.dataset(), plan.epoch(), ids).toBytes());
+    assertArrayEquals(golden, new Plan(plan.dataset(), plan.epoch(), ids).toBytes());
+  }
+
+  @Test
+  void fetchTicketsAndPlansAreNotTakenForEachOther() throws Exception {
+    byte[] fetch = Files.readAllBytes(FIXTURES.resolve("ticket-fetch-v1.bin"));
+    byte[] plan = Files.readAllBytes(FIXTURES.resolve("plan-v1.bin"));
+    MalformedTicketException e = assertThrows(MalformedTicketException.class, () -> Plan.parse(fetch));
+    assertTrue(e.getMessage().startsWith("malformed ticket: kind 1 is not valid here (expected 2"), e.getMessage());
+    e = assertThrows(MalformedTicketException.class, () -> FetchTicket.parse(plan));
+    assertTrue(e.getMessage().startsWith("malformed ticket: kind 2 is not valid here (expected 1"), e.getMessage());
   }
 
   @Test
