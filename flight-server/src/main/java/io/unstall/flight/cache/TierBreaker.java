@@ -48,8 +48,9 @@ public final class TierBreaker {
   private final LongSupplier clock;
   private final AtomicLong errors = new AtomicLong();
   private final AtomicLong bypassed = new AtomicLong();
-  private State state = State.CLOSED; // guarded by this
-  private int consecutive; // guarded by this
+  // Written under this; read without it on the fast paths (a closed breaker with no errors takes no lock).
+  private volatile State state = State.CLOSED;
+  private volatile int consecutive;
   private long openedAt; // guarded by this
 
   /** A breaker with the default threshold and cool-down; {@code tier} names it in logs ("disk tier /dir"). */
@@ -90,11 +91,20 @@ public final class TierBreaker {
   }
 
   /** Whether the tier is bypassed right now (open, within its cool-down). */
-  public synchronized boolean bypassing() {
-    return state == State.OPEN && clock.getAsLong() - openedAt < coolDownNanos;
+  public boolean bypassing() {
+    if (state != State.OPEN) {
+      return false;
+    }
+    synchronized (this) {
+      return state == State.OPEN && clock.getAsLong() - openedAt < coolDownNanos;
+    }
   }
 
-  private synchronized boolean allow() {
+  private boolean allow() {
+    return state == State.CLOSED || allowSlow();
+  }
+
+  private synchronized boolean allowSlow() {
     if (state == State.OPEN) {
       if (clock.getAsLong() - openedAt < coolDownNanos) {
         bypassed.incrementAndGet();
@@ -106,7 +116,14 @@ public final class TierBreaker {
     return true;
   }
 
-  private synchronized void succeeded() {
+  private void succeeded() {
+    if (state == State.CLOSED && consecutive == 0) {
+      return;
+    }
+    succeededSlow();
+  }
+
+  private synchronized void succeededSlow() {
     consecutive = 0;
     if (state == State.HALF_OPEN) {
       state = State.CLOSED;
@@ -141,7 +158,7 @@ public final class TierBreaker {
     consecutive = 0;
   }
 
-  public synchronized State state() {
+  public State state() {
     return state;
   }
 
