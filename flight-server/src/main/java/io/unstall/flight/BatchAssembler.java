@@ -3,6 +3,7 @@ package io.unstall.flight;
 import io.unstall.flight.cache.Digest;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.SampleCache;
+import io.unstall.flight.cache.TierBreaker;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.protocol.BatchSchema;
@@ -30,11 +31,14 @@ import org.apache.arrow.vector.VectorSchemaRoot;
  * Builds the record batch for a fetch ticket. Each sample comes from the first tier that has it: the
  * prefetcher's staging, the memory cache (by content digest), the disk tier, or storage, read straight into
  * the batch's payload buffer and then offered to the caches. The whole batch is assembled before anything is sent, so a failure
- * never yields a partial batch.
+ * never yields a partial batch. A cache tier's error (disk full, EIO, memory that cannot be allocated) never
+ * fails a batch: the sample is read from storage, and each tier sits behind a {@link TierBreaker}.
  */
 public final class BatchAssembler {
   private final SampleCache cache;
   private final DiskTier disk; // null when there is no disk tier
+  private final TierBreaker cacheBreaker; // the memory cache's admission
+  private final TierBreaker diskBreaker; // null when there is no disk tier
   private final Prefetcher prefetcher;
   private final ExecutorService io; // parallel storage reads of a batch's misses
 
@@ -42,8 +46,19 @@ public final class BatchAssembler {
   public BatchAssembler(
       SampleCache cache, DiskTier disk, BufferAllocator parent, long prefetchWindowBytes, int prefetchWindowSamples,
       int prefetchThreads) {
+    this(cache, disk, new TierBreaker("memory cache (" + cache.policy() + ")"),
+        disk == null ? null : new TierBreaker("disk tier " + disk.file().getParent()), parent, prefetchWindowBytes,
+        prefetchWindowSamples, prefetchThreads);
+  }
+
+  /** With the breakers of the memory cache's admission and of the disk tier (null without one) given. */
+  BatchAssembler(
+      SampleCache cache, DiskTier disk, TierBreaker cacheBreaker, TierBreaker diskBreaker, BufferAllocator parent,
+      long prefetchWindowBytes, int prefetchWindowSamples, int prefetchThreads) {
     this.cache = cache;
     this.disk = disk;
+    this.cacheBreaker = cacheBreaker;
+    this.diskBreaker = diskBreaker;
     this.io = Executors.newFixedThreadPool(Math.max(1, prefetchThreads), Prefetcher.daemon("unstall-io"));
     this.prefetcher = new Prefetcher(
         parent, prefetchWindowBytes, prefetchWindowSamples, prefetchThreads, this::admit, this::isCached);
@@ -53,9 +68,24 @@ public final class BatchAssembler {
     return prefetcher;
   }
 
+  /** The breaker of the memory cache's admission (for stats). */
+  public TierBreaker cacheBreaker() {
+    return cacheBreaker;
+  }
+
+  /** The disk tier's breaker (for stats), or null without a disk tier. */
+  public TierBreaker diskBreaker() {
+    return diskBreaker;
+  }
+
   private boolean isCached(Dataset d, int id) {
     Digest digest = d.digest(id);
-    return digest != null && (cache.contains(digest) || (disk != null && disk.contains(digest)));
+    return digest != null && (cache.contains(digest) || onDisk(digest));
+  }
+
+  /** Whether the disk tier holds {@code digest} and is not bypassed. */
+  private boolean onDisk(Digest digest) {
+    return disk != null && disk.contains(digest) && !diskBreaker.bypassing();
   }
 
   /**
@@ -197,6 +227,7 @@ public final class BatchAssembler {
       throws IOException {
     DatasetStats.Epoch stats = r.stats().epoch(epoch);
     List<Miss> misses = new ArrayList<>();
+    long prefetchDeadline = System.nanoTime() + Prefetcher.TAKE_DEADLINE.toNanos();
     for (int i = 0; i < ids.length; i++) {
       if (refs != null && refs[i] != null) {
         continue;
@@ -204,7 +235,7 @@ public final class BatchAssembler {
       int id = ids[i];
       int len = d.length(id);
       long off = at[i];
-      if (!fillFromTiers(d, r.owner(), epoch, id, data, off, len, stats)) {
+      if (!fillFromTiers(d, r.owner(), epoch, id, data, off, len, stats, prefetchDeadline)) {
         misses.add(new Miss(id, off, len));
       }
     }
@@ -285,12 +316,13 @@ public final class BatchAssembler {
 
   /**
    * Copies sample {@code id} into {@code data[off..off+len)} from the first tier that has it; false if none
-   * does and it must be read from storage.
+   * does (or its tier failed) and it must be read from storage. Prefetched samples are waited for until
+   * {@code prefetchDeadline} ({@link System#nanoTime}).
    */
   private boolean fillFromTiers(
-      Dataset d, String owner, long epoch, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats)
-      throws IOException {
-    if (prefetcher.take(d, owner, epoch, id, data, off)) {
+      Dataset d, String owner, long epoch, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats,
+      long prefetchDeadline) throws IOException {
+    if (prefetcher.take(d, owner, epoch, id, data, off, prefetchDeadline)) {
       stats.prefetchHit();
       return true;
     }
@@ -300,13 +332,24 @@ public final class BatchAssembler {
         stats.hit(len);
         return true;
       }
-      if (disk != null && disk.read(digest, data.nioBuffer(off, len))) {
+      if (onDisk(digest)
+          && diskBreaker.run(() -> "reading " + sample(d, id), () -> disk.read(digest, data.nioBuffer(off, len)))) {
         stats.diskHit(len);
-        cache.admit(digest, data, off, len, d.name()); // promote while there is room
+        admitToCache(d, id, digest, data, off, len); // promote while there is room
         return true;
       }
     }
     return false;
+  }
+
+  /** Names a sample in tier errors: dataset, id and the file it comes from. */
+  private static String sample(Dataset d, int id) {
+    return "dataset '" + d.name() + "' sample " + id + " (file '" + d.fileOf(id) + "')";
+  }
+
+  private void admitToCache(Dataset d, int id, Digest digest, ArrowBuf data, long off, int len) {
+    cacheBreaker.run(() -> "admitting " + sample(d, id),
+        () -> cache.admit(digest, data, off, len, d.name()) == SampleCache.Admission.ADMITTED);
   }
 
   private void readMiss(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) {
@@ -383,17 +426,18 @@ public final class BatchAssembler {
 
   /**
    * Learns the digest of bytes just read from storage and offers them to both tiers. Without any tier (a
-   * cache of capacity 0 and no disk tier) there is nothing to key, share or admit: no hashing.
+   * cache of capacity 0 and no disk tier) there is nothing to key, share or admit: no hashing. A tier that
+   * fails to admit is skipped (behind its breaker): the bytes are already where the batch needs them.
    */
-  void admit(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException {
+  void admit(Dataset d, int id, ArrowBuf data, long off, int len) {
     if (disk == null && cache.capacityBytes() == 0) {
       return;
     }
     Digest digest = Digest.of(data.nioBuffer(off, len));
     d.recordDigest(id, digest);
-    cache.admit(digest, data, off, len, d.name());
+    admitToCache(d, id, digest, data, off, len);
     if (disk != null) {
-      disk.admit(digest, data.nioBuffer(off, len));
+      diskBreaker.run(() -> "writing " + sample(d, id), () -> disk.admit(digest, data.nioBuffer(off, len)));
     }
   }
 

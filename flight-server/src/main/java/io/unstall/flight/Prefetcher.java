@@ -10,6 +10,9 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
@@ -22,9 +25,16 @@ import org.slf4j.LoggerFactory;
  * {@code windowSamples} beyond the samples already served this epoch, and {@code windowBytes} of staged data
  * (its own child allocator: the bytes are part of the sidecar's budget). Bytes read are offered to the
  * caches; what the caches do not take is staged until the batch that needs it is assembled, then freed.
+ *
+ * <p>Every staged sample is a future in {@code staged}, and whoever removes it from the map owns it: the batch
+ * that takes it, or whoever drops the plan's staging. Its owner copies from the buffer or closes it, never
+ * both parties. Every future completes (a slot whose allocation or read fails completes with null, and the
+ * batch reads the sample itself), and a batch waits for prefetched samples at most {@link #TAKE_DEADLINE}.
  */
 public final class Prefetcher implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(Prefetcher.class);
+  /** How long a batch waits, in all, for its prefetched samples; then it reads the rest from storage. */
+  public static final java.time.Duration TAKE_DEADLINE = java.time.Duration.ofSeconds(30);
 
   /** Offers bytes just read from storage to the caches (and records their digest). */
   interface Admitter {
@@ -43,6 +53,7 @@ public final class Prefetcher implements AutoCloseable {
   private static final class Plan {
     final long epoch;
     final java.util.concurrent.atomic.AtomicLongArray served;
+    final AtomicBoolean warnedLate = new AtomicBoolean();
     volatile Future<?> driver;
 
     Plan(long epoch, int size) {
@@ -148,53 +159,126 @@ public final class Prefetcher implements AutoCloseable {
         if (staged.putIfAbsent(key, f) != null || (plan.isServed(id) && staged.remove(key, f))) {
           continue; // a batch got there first and reads it itself
         }
-        ArrowBuf buf;
-        try {
-          buf = allocator.buffer(Math.max(1, len));
-        } catch (org.apache.arrow.memory.OutOfMemoryException full) {
-          // Another plan's reader took the room between the check and here: give the slot back (a batch that
-          // already claimed it reads the sample itself) and try this position again once there is room.
-          staged.remove(key, f);
-          f.complete(null);
-          p--;
-          Thread.sleep(1);
-          continue;
+        if (plans.get(owner) != plan) {
+          giveBack(key, f); // this plan was replaced or cancelled after its staging was dropped
+          return;
         }
-        readers.execute(() -> {
-          try {
-            BatchAssembler.readFromStorage(d, id, buf, 0, len);
-            stats.prefetched(len);
-            admitter.admit(d, id, buf, 0, len);
-            f.complete(buf);
-          } catch (Throwable e) {
-            buf.close();
-            f.completeExceptionally(e);
-          }
-        });
+        if (!startRead(d, id, len, key, f, stats)) {
+          p--; // no room after all: try this position again once there is
+          Thread.sleep(1);
+        }
       }
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
-    } catch (RuntimeException e) {
-      LOG.warn("prefetch for dataset '{}' epoch {} stopped: {}", d.name(), epoch, e.toString());
+    } catch (RuntimeException | Error e) {
+      LOG.warn("prefetch for dataset '{}' ({}) epoch {} stopped: {}", d.name(), owner, epoch, e.toString());
+    }
+  }
+
+  /**
+   * Allocates the staging of slot {@code f} and hands it to a reader, which then owns both. Whatever fails
+   * before the hand-off (the window is full after all, direct memory is exhausted, the readers are shut down)
+   * gives the slot back, so the future always completes; false when there was no room.
+   */
+  private boolean startRead(
+      Dataset d, int id, int len, Key key, CompletableFuture<ArrowBuf> f, DatasetStats.Epoch stats) {
+    ArrowBuf buf = null;
+    boolean handedOff = false;
+    try {
+      buf = allocator.buffer(Math.max(1, len));
+      readers.execute(new Read(d, id, len, buf, f, stats));
+      handedOff = true;
+      return true;
+    } catch (org.apache.arrow.memory.OutOfMemoryException full) {
+      return false; // another plan's reader took the room between the check and here
+    } finally {
+      if (!handedOff) {
+        if (buf != null) {
+          buf.close();
+        }
+        giveBack(key, f);
+      }
+    }
+  }
+
+  /** Takes a slot out of staging if it is still there, and completes it empty for whoever holds it. */
+  private void giveBack(Key key, CompletableFuture<ArrowBuf> f) {
+    staged.remove(key, f);
+    f.complete(null);
+  }
+
+  /** A prefetch read of one sample into its staging buffer; it owns the buffer until the future holds it. */
+  private final class Read implements Runnable {
+    private final Dataset d;
+    private final int id;
+    private final int len;
+    private final ArrowBuf buf;
+    private final CompletableFuture<ArrowBuf> future;
+    private final DatasetStats.Epoch stats;
+
+    Read(Dataset d, int id, int len, ArrowBuf buf, CompletableFuture<ArrowBuf> future, DatasetStats.Epoch stats) {
+      this.d = d;
+      this.id = id;
+      this.len = len;
+      this.buf = buf;
+      this.future = future;
+      this.stats = stats;
+    }
+
+    @Override
+    public void run() {
+      boolean handedOff = false;
+      try {
+        BatchAssembler.readFromStorage(d, id, buf, 0, len);
+        stats.prefetched(len);
+        admitter.admit(d, id, buf, 0, len);
+        handedOff = future.complete(buf);
+      } catch (Throwable e) {
+        future.completeExceptionally(e);
+      } finally {
+        if (!handedOff) {
+          abandon();
+        }
+      }
+    }
+
+    /** Frees the buffer and completes the future empty (if it is not complete yet): the read never ran. */
+    void abandon() {
+      buf.close();
+      future.complete(null);
     }
   }
 
   /**
    * Called for every sample a batch of {@code epoch} serves, before any other tier: marks it served and, if
-   * it was prefetched (or is being read), waits for it and copies it into {@code dst}. A read error is
-   * raised here, for the batch that needs the sample.
+   * it was prefetched (or is being read), waits for it until {@code deadlineNanos} ({@link System#nanoTime};
+   * a batch gives all its samples one deadline) and copies it into {@code dst}. False when the batch must read
+   * the sample itself: it was not prefetched, its slot was given back, or the deadline passed (the staged
+   * copy is then freed when its read completes). A read error is raised here, for the batch that needs it.
    */
-  public boolean take(Dataset d, String owner, long epoch, int id, ArrowBuf dst, long off) throws IOException {
+  public boolean take(Dataset d, String owner, long epoch, int id, ArrowBuf dst, long off, long deadlineNanos)
+      throws IOException {
     CompletableFuture<ArrowBuf> f = claim(owner, epoch, id);
     if (f == null) {
       return false;
     }
+    // Claiming removed the slot from staging: this call owns it, and frees it on every path.
     ArrowBuf buf;
     try {
-      buf = f.get();
+      buf = f.get(Math.max(0, deadlineNanos - System.nanoTime()), TimeUnit.NANOSECONDS);
+    } catch (TimeoutException e) {
+      release(f);
+      Plan plan = plans.get(owner);
+      if (plan == null || plan.warnedLate.compareAndSet(false, true)) {
+        LOG.warn("dataset '{}' ({}) epoch {}: prefetched sample {} not ready within {} s of its batch; reading it"
+            + " from storage (further late samples of this plan are not logged)", d.name(), owner, epoch, id,
+            TAKE_DEADLINE.toSeconds());
+      }
+      return false;
     } catch (InterruptedException e) {
+      release(f);
       Thread.currentThread().interrupt();
-      throw new IOException("interrupted waiting for a prefetched sample", e);
+      throw new IOException("interrupted waiting for prefetched sample " + id + " of dataset '" + d.name() + "'", e);
     } catch (ExecutionException e) {
       if (e.getCause() instanceof IOException io) {
         throw io;
@@ -214,14 +298,7 @@ public final class Prefetcher implements AutoCloseable {
 
   /** Like {@link #take} for a sample served from elsewhere (the shared-memory cache): a staged copy is freed. */
   public void skip(String owner, long epoch, int id) {
-    CompletableFuture<ArrowBuf> f = claim(owner, epoch, id);
-    if (f != null) {
-      f.whenComplete((buf, e) -> {
-        if (buf != null) {
-          buf.close();
-        }
-      });
-    }
+    release(claim(owner, epoch, id));
   }
 
   /** Marks {@code id} served in {@code owner}'s plan of {@code epoch} and removes its staging, if any. */
@@ -233,22 +310,23 @@ public final class Prefetcher implements AutoCloseable {
     return staged.remove(new Key(owner, id));
   }
 
+  /** Drops what {@code owner} staged: each slot removed here is owned here, so a batch cannot be copying it. */
   private void dropStaged(String owner) {
-    staged.keySet().removeIf(k -> {
-      if (!k.owner().equals(owner)) {
-        return false;
+    for (Key k : staged.keySet()) {
+      if (k.owner().equals(owner)) {
+        release(staged.remove(k));
       }
-      CompletableFuture<ArrowBuf> f = staged.get(k);
-      if (f != null) {
-        f.thenAccept(Prefetcher::closeIfAny);
-      }
-      return true;
-    });
+    }
   }
 
-  private static void closeIfAny(ArrowBuf buf) {
-    if (buf != null) {
-      buf.close();
+  /** Frees an owned slot's buffer once its read completes (at once if it has). */
+  private static void release(CompletableFuture<ArrowBuf> f) {
+    if (f != null) {
+      f.whenComplete((buf, e) -> {
+        if (buf != null) {
+          buf.close();
+        }
+      });
     }
   }
 
@@ -265,16 +343,18 @@ public final class Prefetcher implements AutoCloseable {
   public void close() {
     plans.values().forEach(p -> p.driver.cancel(true));
     drivers.shutdownNow();
-    readers.shutdownNow();
+    for (Runnable never : readers.shutdownNow()) {
+      ((Read) never).abandon(); // queued reads that will not run: their slots complete empty
+    }
     try {
-      readers.awaitTermination(10, java.util.concurrent.TimeUnit.SECONDS);
+      readers.awaitTermination(10, TimeUnit.SECONDS);
+      drivers.awaitTermination(10, TimeUnit.SECONDS);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
     }
-    for (CompletableFuture<ArrowBuf> f : staged.values()) {
-      f.thenAccept(Prefetcher::closeIfAny);
+    for (Key k : staged.keySet()) {
+      release(staged.remove(k));
     }
-    staged.clear();
     allocator.close();
   }
 }

@@ -218,12 +218,14 @@ public final class UnstallProducer extends NoOpFlightProducer {
     c.put("used_bytes", cache.usedBytes());
     c.put("entries", cache.entries());
     c.put("shared_bytes", cache.sharedBytes());
+    assembler.cacheBreaker().toJson(c);
     if (disk != null) {
       ObjectNode k = o.putObject("disk");
       k.put("capacity_bytes", disk.capacityBytes());
       k.put("used_bytes", disk.usedBytes());
       k.put("entries", disk.entries());
       k.put("corrupt_dropped", disk.corruptDropped());
+      assembler.diskBreaker().toJson(k);
     }
     ObjectNode ds = o.putObject("datasets");
     for (Dataset d : registry.all()) {
