@@ -33,12 +33,13 @@ from torch.utils.data import get_worker_info
 from . import progress as _progress
 from . import tracing as _tracing  # registers its iterator hook first
 from .analyze import ENV_MODE as _ANALYZE_MODE
-from .hooks import IteratorHook, IteratorWrapper, RemovableHandle, register_iterator_hook, run_iterator_hooks
+from .hooks import IteratorHook, RemovableHandle, register_iterator_hook, run_iterator_hooks
 from .client import FlightClient, grpc_used_in_this_process
 from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
+from .state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
 
 if os.environ.get(_ANALYZE_MODE):  # this process is a run of `unstall analyze`: its hook drives the loader
     from .analyze import child as _analyze_child  # noqa: F401  (registers, after tracing's)
@@ -103,9 +104,6 @@ def decode_image(data: Buffer) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Epoch-tagged sampling
 
-STATE_VERSION = 1
-"""The version of ``DataLoader.state_dict()`` / ``EpochSampler.state_dict()`` (a plain dict of ints and strings)."""
-
 _MISSING = object()
 
 
@@ -164,21 +162,6 @@ def _own_seed(sampler: Any) -> Optional[int]:
         return _own_seed(sampler.sampler)
     generator = getattr(sampler, "generator", None)
     return int(generator.initial_seed()) if isinstance(generator, torch.Generator) else None
-
-
-def _state_int(state: Mapping[str, Any], key: str, what: str) -> int:
-    value = state.get(key) if isinstance(state, Mapping) else None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{what} state_dict: {key!r} must be a non-negative int, got {value!r}")
-    return value
-
-
-def _check_version(state: Any, what: str) -> None:
-    if not isinstance(state, Mapping):
-        raise TypeError(f"{what} state_dict must be a dict, got {type(state).__name__}")
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"{what} state_dict has version {state.get('version')!r}; this unstall reads version "
-                         f"{STATE_VERSION}")
 
 
 class EpochSampler(tud.Sampler):
@@ -291,9 +274,9 @@ class EpochSampler(tud.Sampler):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores ``state_dict()``: the next iteration is ``state["epoch"]`` with the same order, less its
         first ``state["skip"]`` items. Warns when the wrapped sampler's order cannot be restored."""
-        _check_version(state, "EpochSampler")
-        epoch, skip = _state_int(state, "epoch", "EpochSampler"), _state_int(state, "skip", "EpochSampler")
-        self._seed = _state_int(state, "seed", "EpochSampler")
+        check_state(state, "EpochSampler")
+        epoch, skip = state_int(state, "epoch", "EpochSampler"), state_int(state, "skip", "EpochSampler")
+        self._seed = state_int(state, "seed", "EpochSampler")
         self.set_epoch(epoch)
         self._skip = skip
         if self.order == "sampler" and (skip or epoch):
@@ -638,7 +621,7 @@ class DataLoader(tud.DataLoader):
         self._user_context = multiprocessing_context is not None
         # Sampler items per batch handed out: a resumed epoch skips batches_yielded * this in the sampler.
         self._items_per_batch = 1 if batch_sampler is not None or batch_size is None else int(batch_size)
-        self._progress: Optional[_Progress] = None  # the latest iterator's epoch and batches handed out
+        self._progress: Optional[Progress] = None  # the latest iterator's epoch and batches handed out
 
     def _get_iterator(self) -> Any:
         # Workers forked from a process that has used gRPC (Flight) can hang: start them from a
@@ -660,10 +643,10 @@ class DataLoader(tud.DataLoader):
     def __iter__(self) -> Any:
         self._ensure_session()
         epoch = self.epoch_sampler.epoch
-        progress = self._progress = _Progress(epoch, self.epoch_sampler.skip // self._items_per_batch)
+        progress = self._progress = Progress(epoch, self.epoch_sampler.skip // self._items_per_batch)
         # The iterator hooks wrap torch's: timed and counted (loader.stats(), stall spans); under
         # `unstall analyze`, driven by it. Outermost, the count of batches the loop was handed (state_dict).
-        return _CountingIterator(run_iterator_hooks(self, super().__iter__, epoch), progress)
+        return CountingIterator(run_iterator_hooks(self, super().__iter__, epoch), progress)
 
     @property
     def session(self) -> Optional[int]:
@@ -721,14 +704,8 @@ class DataLoader(tud.DataLoader):
         if self.num_workers > 0 and not self.in_order:
             raise ValueError("state_dict() needs in_order=True: with in_order=False and workers, batches are handed "
                              "out of the sampler's order, so a count of batches does not say which were consumed")
-        p = self._progress
-        if p is not None and not p.done:
-            epoch, yielded = p.epoch, p.yielded
-        else:
-            epoch, yielded = self.epoch, self.epoch_sampler.skip // self._items_per_batch
         n = self._num_batches()
-        if n is not None and yielded >= n:
-            epoch, yielded = epoch + 1, 0
+        epoch, yielded = position(self._progress, self.epoch, self.epoch_sampler.skip // self._items_per_batch, n)
         state: dict[str, Union[int, str]] = {
             "version": STATE_VERSION, "dataset": self.dataset.name, "epoch": epoch, "batches_yielded": yielded,
             "seed": self.epoch_sampler.seed, "order": self.epoch_sampler.order}
@@ -740,7 +717,7 @@ class DataLoader(tud.DataLoader):
         """Restores ``state_dict()`` (call it before iterating): the next iteration is the saved epoch, in the
         same order, without its first ``batches_yielded`` batches (skipped in the sampler, never fetched);
         the epochs after it follow as they would have."""
-        _check_version(state, "DataLoader")
+        check_state(state, "DataLoader")
         name = self.dataset.name
         if state.get("dataset", name) != name:
             raise ValueError(f"DataLoader state_dict was taken from a loader over dataset {state['dataset']!r}; "
@@ -753,35 +730,9 @@ class DataLoader(tud.DataLoader):
         if state.get("order", self.epoch_sampler.order) != self.epoch_sampler.order:
             raise ValueError(f"DataLoader state_dict was taken from a loader whose order is {state['order']!r}; this "
                              f"one's is {self.epoch_sampler.order!r} (build it with the same shuffle and sampler)")
-        yielded = _state_int(state, "batches_yielded", "DataLoader")
+        yielded = state_int(state, "batches_yielded", "DataLoader")
         self.epoch_sampler.load_state_dict({
-            "version": STATE_VERSION, "epoch": _state_int(state, "epoch", "DataLoader"),
-            "seed": _state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})
+            "version": STATE_VERSION, "epoch": state_int(state, "epoch", "DataLoader"),
+            "seed": state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})
         self._progress = None
 
-
-class _Progress:
-    """An epoch's iterator's position: its epoch and the batches handed to the loop (a resumed epoch
-    starts at the skipped count)."""
-
-    def __init__(self, epoch: int, yielded: int) -> None:
-        self.epoch = epoch
-        self.yielded = yielded
-        self.done = False
-
-
-class _CountingIterator(IteratorWrapper):
-    """The outermost wrapper of an epoch's iterator: counts the batches the loop receives."""
-
-    def __init__(self, inner: Iterator[Any], progress: _Progress) -> None:
-        super().__init__(inner)
-        self._progress = progress
-
-    def __next__(self) -> Any:
-        try:
-            batch = next(self._inner)
-        except StopIteration:
-            self._progress.done = True
-            raise
-        self._progress.yielded += 1
-        return batch
