@@ -219,6 +219,8 @@ def test_dataloader_state_dict_resumes_at_the_next_batch(fake_sidecar: FakeSidec
         b.load_state_dict({**state, "num_batches": 8})
     with pytest.raises(ValueError, match="order is 'seed'; this one's is 'fixed'"):
         DataLoader(ds, batch_size=8, collate_fn=keep).load_state_dict(state)
+    with pytest.raises(ValueError, match="state_dict\\(\\) needs in_order=True"):
+        DataLoader(ds, batch_size=8, num_workers=1, in_order=False, collate_fn=keep).state_dict()
 
 
 def test_default_collate_of_decoded_samples(fake_sidecar: FakeSidecar) -> None:

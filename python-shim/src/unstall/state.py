@@ -8,7 +8,7 @@ dicts of ints and strings, so ``torch.save`` persists them. No torch import here
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
 from .hooks import IteratorWrapper
 
@@ -19,13 +19,20 @@ STATE_VERSION = 1
 
 
 class Progress:
-    """One epoch's iteration: its epoch and the batches handed to the loop (a resumed epoch starts at the
-    count it skipped); ``done`` once the iterator is exhausted."""
+    """One epoch's iteration: its epoch and the batches handed to the loop, ``yielded`` (a resumed epoch
+    starts at the count it skipped); ``done`` once the iterator is exhausted. ``counter``: where the count
+    of batches handed out is read (torch's iterator keeps one); without, a ``CountingIterator`` adds it up."""
 
-    def __init__(self, epoch: int, yielded: int) -> None:
+    def __init__(self, epoch: int, start: int, counter: Optional[Callable[[], int]] = None) -> None:
         self.epoch = epoch
-        self.yielded = yielded
+        self.start = start
+        self.handed = 0
         self.done = False
+        self._counter = counter
+
+    @property
+    def yielded(self) -> int:
+        return self.start + (self._counter() if self._counter is not None else self.handed)
 
 
 class CountingIterator(IteratorWrapper):
@@ -42,7 +49,7 @@ class CountingIterator(IteratorWrapper):
         except StopIteration:
             self._progress.done = True
             raise
-        self._progress.yielded += 1
+        self._progress.handed += 1
         return batch
 
 

@@ -39,7 +39,7 @@ from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
-from .state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
+from .state import STATE_VERSION, Progress, check_state, position, state_int
 
 if os.environ.get(_ANALYZE_MODE):  # this process is a run of `unstall analyze`: its hook drives the loader
     from .analyze import child as _analyze_child  # noqa: F401  (registers, after tracing's)
@@ -643,10 +643,19 @@ class DataLoader(tud.DataLoader):
     def __iter__(self) -> Any:
         self._ensure_session()
         epoch = self.epoch_sampler.epoch
-        progress = self._progress = Progress(epoch, self.epoch_sampler.skip // self._items_per_batch)
+        skipped = self.epoch_sampler.skip // self._items_per_batch
+        self._progress = None
+
+        def make_iterator() -> Any:
+            it = super(DataLoader, self).__iter__()
+            # torch's iterator counts the batches it handed out (not what the workers prefetched): the state's
+            # position. Held, as torchdata's StatefulDataLoader holds its iterator, until the next iteration.
+            self._progress = Progress(epoch, skipped, lambda: it._num_yielded)
+            return it
+
         # The iterator hooks wrap torch's: timed and counted (loader.stats(), stall spans); under
-        # `unstall analyze`, driven by it. Outermost, the count of batches the loop was handed (state_dict).
-        return CountingIterator(run_iterator_hooks(self, super().__iter__, epoch), progress)
+        # `unstall analyze`, driven by it.
+        return run_iterator_hooks(self, make_iterator, epoch)
 
     @property
     def session(self) -> Optional[int]:
