@@ -19,6 +19,10 @@ def keep(batch):  # a picklable collate_fn that keeps the (sample, target) list
     return batch
 
 
+def first_byte(payload: memoryview) -> int:
+    return payload[0]
+
+
 # -- EpochSampler -----------------------------------------------------------------------------
 
 
@@ -30,7 +34,7 @@ def test_epoch_sampler_tags_and_advances_per_iteration() -> None:
     s.set_epoch(7)
     s.session = 5  # a DataLoader's session on the local socket travels with each index
     assert set(s) == {EpochIndex(7, i, 5) for i in range(3)}
-    assert s.epoch == 8 and s.state_dict() == {"epoch": 8}
+    assert s.epoch == 8 and s.state_dict()["epoch"] == 8
 
 
 def test_epoch_sampler_advances_only_when_iteration_starts() -> None:
@@ -58,13 +62,86 @@ def test_epoch_sampler_batched_and_forwarding_set_epoch() -> None:
     inner = Recording()
     s = EpochSampler(inner, batched=True)
     assert list(s) == [[EpochIndex(0, 0), EpochIndex(0, 1)], [EpochIndex(0, 2)]]
-    assert inner.epochs == []  # not forwarded unless set_epoch was called on the wrapper
+    assert inner.epochs == [0]  # told every epoch: its order is a function of (its seed, epoch)
     s.set_epoch(3)
     list(s)
     list(s)
-    assert inner.epochs == [3, 4]
+    assert inner.epochs == [0, 3, 4] and s.order == "set_epoch"
     with pytest.raises(ValueError):
         s.set_epoch(-1)
+
+
+def _orders(s: EpochSampler, epochs: int) -> list[list[int]]:
+    return [[ix.index for ix in s] for _ in range(epochs)]
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch_only() -> None:
+    # One sampler runs epochs 0..3; another, with the same base seed, starts at epoch 2 (a restart).
+    full = _orders(EpochSampler(tud.RandomSampler(range(20)), seed=7), 4)
+    assert len({tuple(o) for o in full}) == 4 and all(sorted(o) == list(range(20)) for o in full)
+    late = EpochSampler(tud.RandomSampler(range(20)), seed=7, start_epoch=2)
+    assert _orders(late, 2) == full[2:]
+    assert _orders(EpochSampler(tud.RandomSampler(range(20)), seed=8), 1) != full[:1]
+    # A user's generator: its initial seed is the base seed, however far it advanced.
+    g = torch.Generator().manual_seed(7)
+    torch.randperm(5, generator=g)
+    assert _orders(EpochSampler(tud.RandomSampler(range(20), generator=g)), 4) == full
+    # Neither: a base seed drawn once from torch's global RNG, kept in the state.
+    torch.manual_seed(3)
+    drawn = EpochSampler(tud.RandomSampler(range(20)))
+    first = _orders(drawn, 2)
+    again = EpochSampler(tud.RandomSampler(range(20)))
+    again.load_state_dict({**drawn.state_dict(), "epoch": 1})
+    assert drawn.state_dict()["order"] == "seed" and _orders(again, 1) == first[1:]
+
+
+def test_epoch_sampler_state_resumes_mid_epoch_without_drawing_the_skipped_items_twice() -> None:
+    s = EpochSampler(tud.BatchSampler(tud.RandomSampler(range(10)), 3, False), batched=True, seed=1)
+    epochs = [[[ix.index for ix in b] for b in s] for _ in range(2)]
+    r = EpochSampler(tud.BatchSampler(tud.RandomSampler(range(10)), 3, False), batched=True, seed=5)
+    r.load_state_dict({"version": 1, "epoch": 1, "seed": 1, "skip": 2})
+    assert r.state_dict() == {"version": 1, "epoch": 1, "seed": 1, "order": "seed", "skip": 2}
+    assert [[ix.index for ix in b] for b in r] == epochs[1][2:]
+    assert r.skip == 0 and r.epoch == 2
+    r.load_state_dict({"version": 1, "epoch": 1, "seed": 1, "skip": 2})
+    r.set_epoch(4)  # another epoch: the skip was for epoch 1 only
+    assert sum(1 for _ in r) == 4
+    with pytest.raises(ValueError, match="version"):
+        r.load_state_dict({"epoch": 1})
+    with pytest.raises(ValueError, match="'skip' must be a non-negative int"):
+        r.load_state_dict({"version": 1, "epoch": 1, "seed": 1, "skip": -1})
+
+
+def test_a_distributed_sampler_is_told_the_epoch_unless_its_caller_sets_it() -> None:
+    ds = list(range(12))
+    dist = tud.DistributedSampler(ds, num_replicas=2, rank=0, seed=4)
+    s = EpochSampler(dist)
+    ref = tud.DistributedSampler(ds, num_replicas=2, rank=0, seed=4)
+    expected = []
+    for e in range(3):
+        ref.set_epoch(e)
+        expected.append(list(ref))
+    assert _orders(s, 2) == expected[:2]
+    # The usual DDP loop sets the sampler's epoch itself (here: a restart at epoch 2): it is followed.
+    restarted = EpochSampler(tud.DistributedSampler(ds, num_replicas=2, rank=0, seed=4))
+    restarted.sampler.set_epoch(2)  # type: ignore[attr-defined]
+    assert restarted.epoch == 2 and [ix.epoch for ix in restarted] == [2] * 6
+    assert _orders(restarted, 0) == [] and restarted.epoch == 3
+
+
+def test_a_sampler_that_cannot_be_reseeded_says_so() -> None:
+    class Own(tud.Sampler):
+        def __iter__(self):
+            return iter([2, 0, 1])
+
+        def __len__(self) -> int:
+            return 3
+
+    s = EpochSampler(Own())
+    assert s.state_dict()["order"] == "sampler"
+    with pytest.warns(UserWarning, match="Own can be neither told the epoch"):
+        s.load_state_dict({"version": 1, "epoch": 1, "seed": 0, "skip": 1})
+    assert EpochSampler(range(4)).state_dict()["order"] == "fixed"
 
 
 # -- Dataset / DataLoader over the fake data plane -------------------------------------------------
@@ -110,6 +187,40 @@ def test_dataloader_workers_carry_epoch(fake_sidecar: FakeSidecar, persistent: b
     list(loader)
     tickets = fake_sidecar.take_tickets()
     assert sorted({e for e, _ in tickets}) == [0, 1, 9] and len(tickets) == 15
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_state_dict_resumes_at_the_next_batch(fake_sidecar: FakeSidecar, workers: int) -> None:
+    def ids(batch: list) -> list[int]:
+        return [s for s, _ in batch]
+
+    ds = Dataset("imgs", sidecar=fake_sidecar, loader=first_byte)  # a sample's bytes are its id
+    ref = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=keep)  # no seed: one drawn and kept
+    whole = [[ids(b) for b in ref] for _ in range(2)]
+    a = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=keep, num_workers=workers)
+    a.load_state_dict({**ref.state_dict(), "epoch": 0})
+    assert [ids(b) for b in a] == whole[0]
+    it = iter(a)
+    got = [ids(next(it)) for _ in range(3)]  # workers prefetch ahead; 3 batches were handed out
+    state = a.state_dict()
+    assert state == {"version": 1, "dataset": "imgs", "epoch": 1, "batches_yielded": 3, "num_batches": 7,
+                     "seed": ref.state_dict()["seed"], "order": "seed"}
+    del it
+    fake_sidecar.take_tickets()
+    b = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=keep, num_workers=2 - workers)
+    b.load_state_dict(state)
+    assert b.state_dict() == state
+    rest = [ids(x) for x in b]
+    assert got + rest == whole[1]
+    assert sorted(i for _, t in fake_sidecar.take_tickets() for i in t) == sorted(i for x in rest for i in x), \
+        "the consumed batches are skipped in the sampler, never fetched"
+    assert b.state_dict()["epoch"] == 2 and b.state_dict()["batches_yielded"] == 0
+    with pytest.raises(ValueError, match="8 batches per epoch over dataset 'imgs'; this one has 7"):
+        b.load_state_dict({**state, "num_batches": 8})
+    with pytest.raises(ValueError, match="order is 'seed'; this one's is 'fixed'"):
+        DataLoader(ds, batch_size=8, collate_fn=keep).load_state_dict(state)
+    with pytest.raises(ValueError, match="state_dict\\(\\) needs in_order=True"):
+        DataLoader(ds, batch_size=8, num_workers=1, in_order=False, collate_fn=keep).state_dict()
 
 
 def test_default_collate_of_decoded_samples(fake_sidecar: FakeSidecar) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -90,3 +91,13 @@ def _no_ambient_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
     # Never attach to a developer's own sidecar by accident.
     for var in ("UNSTALL_SIDECAR", "UNSTALL_TOKEN", "UNSTALL_CONTROL_PORT"):
         monkeypatch.delenv(var, raising=False)
+
+
+def poll_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
+    """Waits until ``condition()`` holds, checking every ``interval`` s; fails naming ``what`` after ``timeout`` s
+    (a bound on a hang, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting until {what}")
+        time.sleep(interval)

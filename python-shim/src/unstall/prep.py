@@ -32,6 +32,7 @@ import pyarrow.flight as fl
 from .client import FlightClient
 from .errors import ProtocolMismatchError, SidecarError, from_flight_error
 from .protocol import MAX_NAME_BYTES, PROTOCOL_VERSION, TICKET_MAGIC
+from .state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
 
 __all__ = [
     "KIND_PREP",
@@ -208,8 +209,17 @@ class Membership:
         return int(self.info["start_epoch"])
 
     @property
+    def start_batch(self) -> int:
+        """The first batch of ``start_epoch`` this member reads (later than 0 for a resumed member)."""
+        return int(self.info.get("start_batch", 0))
+
+    @property
     def num_batches(self) -> int:
         return int(self.info["num_batches"])
+
+    def first_batch(self, epoch: int) -> int:
+        """The first batch of ``epoch`` this member reads: ``start_batch`` in its first epoch, else 0."""
+        return self.start_batch if epoch == self.start_epoch else 0
 
     @property
     def shape(self) -> Optional[Tuple[int, ...]]:
@@ -253,8 +263,8 @@ class Membership:
         return batches[0]
 
     def epoch(self, epoch: int) -> Iterator[pa.RecordBatch]:
-        """The epoch's batches over Flight (raw groups, or any group)."""
-        for b in range(self.num_batches):
+        """The epoch's batches over Flight (raw groups, or any group), from :meth:`first_batch`."""
+        for b in range(self.first_batch(epoch), self.num_batches):
             yield self.batch(epoch, b)
 
     def arrays(self, epoch: int, index: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -270,7 +280,7 @@ class Membership:
         return tensors, np.asarray(r["labels"], dtype=np.int64), np.asarray(r["ids"], dtype=np.int64)
 
     def epoch_arrays(self, epoch: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        for b in range(self.num_batches):
+        for b in range(self.first_batch(epoch), self.num_batches):
             yield self.arrays(epoch, b)
         last = self.info.get("epochs")
         if self.shm and last is not None and epoch >= self.start_epoch + int(last) - 1:
@@ -324,6 +334,8 @@ def join(
     window: int = 4,
     staging_bytes: Optional[int] = None,
     epochs: Optional[int] = None,
+    start_epoch: Optional[int] = None,
+    start_batch: int = 0,
     name: Optional[str] = None,
     transport: str = "auto",
     client: Optional[FlightClient] = None,
@@ -338,6 +350,11 @@ def join(
     ``transport``: ``"auto"`` (shared memory when the sidecar is on this host's loopback and /dev/shm
     exists, else Flight), ``"shm"`` or ``"flight"``; the first joiner decides whether the group stages
     in shared memory, Flight always works.
+
+    ``start_epoch``/``start_batch``: a resumed member (a job restored from a checkpoint) starts at that
+    batch of that epoch, and the group never prepares the batches before it for this member; a group
+    that has already freed that batch refuses, saying so. ``epochs`` then counts from ``start_epoch``.
+    Without, a member of a running group starts at its next whole epoch (``membership.start_epoch``).
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
@@ -369,6 +386,11 @@ def join(
         body["staging_bytes"] = int(staging_bytes)
     if epochs is not None:
         body["epochs"] = int(epochs)
+    if start_epoch is not None:
+        body["start_epoch"] = int(start_epoch)
+        body["start_batch"] = int(start_batch)
+    elif start_batch:
+        raise ValueError(f"start_batch {start_batch} needs start_epoch")
     if transport == "shm" or (transport == "auto" and _local(client.location) and os.path.isdir("/dev/shm")):
         body["shm"] = True
     results = client.do_action("prep.join", json.dumps(body).encode())
@@ -394,14 +416,126 @@ def _local(location: str) -> bool:
 # PyTorch
 
 
-class PrepLoader:
+class _GroupLoader:
+    """What the prep loaders share: the group membership, joined on first use (``membership``), the epoch
+    each ``for`` reads, and ``state_dict``/``load_state_dict`` as torchdata's ``StatefulDataLoader``'s.
+
+    The state (plain ints and strings, for ``torch.save``): ``version``, ``dataset``, ``epoch`` (the one in
+    progress, or the next), ``batches_yielded`` (batches of it the loop was handed), ``num_batches``,
+    ``seed`` (the group's: it fixes the order and the augmentations) and ``start_epoch`` (this job's first
+    epoch, against which ``epochs`` counts). Call ``load_state_dict`` on a new loader built with the same
+    arguments, before iterating: it joins the group at the saved batch (``prep.join``'s ``start_epoch``,
+    ``start_batch``), so the sidecar never prepares the batches before it for this member, and the first
+    ``for`` continues the saved epoch.
+    """
+
+    def __init__(self, dataset: str, pipeline: Any, batch_size: int, join_kwargs: Mapping[str, Any]) -> None:
+        import torch  # noqa: F401  (fail early, naming the missing extra)
+
+        self._dataset = dataset
+        self._pipeline = pipeline
+        self._batch_size = batch_size
+        self._join_kwargs = dict(join_kwargs)
+        self._membership: Optional[Membership] = None
+        self._first_epoch = 0  # this job's first epoch (kept across restores)
+        self._resume: Optional[Tuple[int, int, int]] = None  # (first epoch, epoch, batch) to join at
+        self._next_epoch = 0
+        self._progress: Optional[Progress] = None
+
+    @property
+    def membership(self) -> Membership:
+        """This loader's place in the group; joins it on first use."""
+        if self._membership is None:
+            kwargs = dict(self._join_kwargs)
+            if self._resume is not None:
+                first, epoch, batch = self._resume
+                kwargs.update(start_epoch=epoch, start_batch=batch)
+                if kwargs.get("epochs") is not None:
+                    kwargs["epochs"] = int(kwargs["epochs"]) - (epoch - first)
+            m = join(self._dataset, self._pipeline, batch_size=self._batch_size, **kwargs)
+            self._first_epoch = self._resume[0] if self._resume is not None else m.start_epoch
+            self._next_epoch = m.start_epoch
+            self._membership = m
+        return self._membership
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        self.membership  # noqa: B018  (a joiner learns its first epoch)
+        return self._next_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        m = self.membership
+        if epoch < m.start_epoch:
+            raise ValueError(f"this member starts at epoch {m.start_epoch}, not {epoch}")
+        self._next_epoch = int(epoch)
+        self._progress = None
+
+    def __len__(self) -> int:
+        return self.membership.num_batches
+
+    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+        epoch = self.epoch
+        self._next_epoch = epoch + 1
+        first = self.membership.first_batch(epoch)
+        progress = self._progress = Progress(epoch, first)
+        return CountingIterator(self._batches(epoch, first), progress)
+
+    def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Union[int, str]]:
+        m = self.membership
+        epoch, yielded = position(self._progress, self._next_epoch, m.first_batch(self._next_epoch), m.num_batches)
+        return {"version": STATE_VERSION, "dataset": self._dataset, "epoch": epoch, "batches_yielded": yielded,
+                "num_batches": m.num_batches, "seed": int(self._join_kwargs.get("seed", 0)),
+                "start_epoch": self._first_epoch}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        what = type(self).__name__
+        check_state(state, what)
+        if state.get("dataset", self._dataset) != self._dataset:
+            raise ValueError(f"{what} state_dict was taken from a loader over dataset {state['dataset']!r}; this "
+                             f"one reads {self._dataset!r}")
+        epoch, batch = state_int(state, "epoch", what), state_int(state, "batches_yielded", what)
+        first = state_int(state, "start_epoch", what)
+        epochs = self._join_kwargs.get("epochs")
+        if epochs is not None and epoch >= first + int(epochs):
+            raise ValueError(f"{what} state_dict is at epoch {epoch}, past the {epochs} epochs from epoch {first} "
+                             "this loader declares: nothing is left to read")
+        self._join_kwargs["seed"] = state_int(state, "seed", what)
+        if self._membership is not None:  # joined already (len(), epoch): join again at the saved batch
+            self._membership.leave()
+            self._membership = None
+        self._resume = (first, epoch, batch)
+        self._progress = None
+        m = self.membership
+        if m.num_batches != state.get("num_batches", m.num_batches):
+            self.close()
+            raise ValueError(f"{what} state_dict was taken from a loader with {state['num_batches']} batches per "
+                             f"epoch over dataset {self._dataset!r}; this one has {m.num_batches} (build it with "
+                             "the same batch_size and drop_last)")
+
+    def close(self) -> None:
+        if self._membership is not None:
+            self._membership.leave()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class PrepLoader(_GroupLoader):
     """An iterable of ``(images, labels)`` torch tensors prepared by the sidecar for a whole group.
 
     Each ``for`` over it is the next epoch (starting at the group's ``start_epoch``), like a
     DataLoader; ``set_epoch`` picks one. ``images`` is a zero-copy view of the received Arrow buffer
     (read-only in spirit: use ``copy=True`` to own writable memory); ``labels`` is int64. With
     ``pipeline=None`` the batches are raw: ``(list of payload bytes, labels)``.
-    ``with_ids=True`` adds the sample ids as a third element.
+    ``with_ids=True`` adds the sample ids as a third element. The group is joined on first use
+    (``membership``, ``len``, ``epoch``, a ``for``); ``state_dict``/``load_state_dict``: see ``_GroupLoader``.
     """
 
     def __init__(
@@ -414,31 +548,13 @@ class PrepLoader:
         with_ids: bool = False,
         **join_kwargs: Any,
     ) -> None:
-        import torch  # noqa: F401  (fail early, naming the missing extra)
-
-        self.membership = join(dataset, pipeline, batch_size=batch_size, **join_kwargs)
+        super().__init__(dataset, pipeline, batch_size, join_kwargs)
         self.copy = copy
         self.with_ids = with_ids
-        self._next_epoch = self.membership.start_epoch
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next iteration reads."""
-        return self._next_epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch < self.membership.start_epoch:
-            raise ValueError(f"this member starts at epoch {self.membership.start_epoch}, not {epoch}")
-        self._next_epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return self.membership.num_batches
-
-    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+    def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
         import torch
 
-        epoch = self._next_epoch
-        self._next_epoch = epoch + 1
         if self.membership.shape is not None:
             for arr, labels, ids in self.membership.epoch_arrays(epoch):
                 if self.copy:
@@ -455,15 +571,6 @@ class PrepLoader:
             labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
             raw = (rb.column("payload").to_pylist(), torch.from_numpy(np.array(labels, dtype=np.int64)))
             yield raw + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
-
-    def close(self) -> None:
-        self.membership.leave()
-
-    def __enter__(self) -> PrepLoader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def tensor_batch(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> pa.RecordBatch:
@@ -482,7 +589,7 @@ def tensor_batch(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> pa.
         schema=schema)
 
 
-class SharedTransformLoader:
+class SharedTransformLoader(_GroupLoader):
     """Python-side transforms, coordinated: members with the same ``fingerprint`` share the batches one of them
     made.
 
@@ -491,7 +598,8 @@ class SharedTransformLoader:
     them and uploads the batch; every member (the maker too) then reads the group's copy. ``fingerprint``
     names the transforms: jobs that pass the same one promise the same transforms. A member that dies while
     making a batch is dropped after ``member_timeout`` and another one makes it. Yields ``(images, labels)``
-    torch tensors (plus ``ids`` with ``with_ids=True``).
+    torch tensors (plus ``ids`` with ``with_ids=True``). Joined on first use; ``state_dict``/
+    ``load_state_dict`` as ``PrepLoader``'s.
     """
 
     def __init__(
@@ -508,25 +616,15 @@ class SharedTransformLoader:
     ) -> None:
         import concurrent.futures
 
-        import torch  # noqa: F401
-
         if not fingerprint:
             raise ValueError("fingerprint (a name for the transforms, shared by the jobs that use them) is required")
         join_kwargs.setdefault("transport", "flight")
-        self.membership = join(dataset, {"python": fingerprint}, batch_size=batch_size, **join_kwargs)
+        super().__init__(dataset, {"python": fingerprint}, batch_size, join_kwargs)
         self.transform = transform
         self.loader = loader if loader is not None else _pil_rgb
         self.with_ids = with_ids
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="unstall-transform")
-        self._next_epoch = self.membership.start_epoch
         self.made = 0  # batches this member prepared for the group
-
-    def __len__(self) -> int:
-        return self.membership.num_batches
-
-    @property
-    def epoch(self) -> int:
-        return self._next_epoch
 
     def _make(self, epoch: int, index: int, ids: Sequence[int]) -> None:
         import torch
@@ -539,33 +637,26 @@ class SharedTransformLoader:
         self.membership.upload(epoch, index, tensor_batch(images, labels, np.asarray(ids)))
         self.made += 1
 
-    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+    def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
         import torch
 
-        epoch = self._next_epoch
-        self._next_epoch = epoch + 1
-        for b in range(self.membership.num_batches):
-            r = self.membership.claim(epoch, b)
+        m = self.membership
+        for b in range(first, m.num_batches):
+            r = m.claim(epoch, b)
             if r["state"] == "produce":
                 self._make(epoch, b, r["ids"])
-            arr, labels, ids = batch_to_numpy(self.membership.batch(epoch, b))
+            arr, labels, ids = batch_to_numpy(m.batch(epoch, b))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # a view of the received buffer
                 out: Tuple[Any, ...] = (torch.from_numpy(arr), torch.from_numpy(np.array(labels, dtype=np.int64)))
             yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
-        last = self.membership.info.get("epochs")
-        if last is not None and epoch >= self.membership.start_epoch + int(last) - 1:
+        last = m.info.get("epochs")
+        if last is not None and epoch >= m.start_epoch + int(last) - 1:
             self.close()
 
     def close(self) -> None:
-        self.membership.leave()
+        super().close()
         self._pool.shutdown(wait=False)
-
-    def __enter__(self) -> SharedTransformLoader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _pil_rgb(data: bytes) -> Any:

@@ -22,7 +22,7 @@ import os
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,7 @@ from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
+from .state import STATE_VERSION, Progress, check_state, position, state_int
 
 if os.environ.get(_ANALYZE_MODE):  # this process is a run of `unstall analyze`: its hook drives the loader
     from .analyze import child as _analyze_child  # noqa: F401  (registers, after tracing's)
@@ -49,6 +50,7 @@ __all__ = [
     "DataLoader",
     "EpochIndex",
     "EpochSampler",
+    "epoch_seed",
     "get_worker_info",
     "pil_loader",
     "decode_image",
@@ -103,6 +105,8 @@ def decode_image(data: Buffer) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Epoch-tagged sampling
 
+_MISSING = object()
+
 
 class EpochIndex(NamedTuple):
     """A sample index tagged with the epoch it is drawn for (it travels in the request) and the session
@@ -113,13 +117,74 @@ class EpochIndex(NamedTuple):
     session: int = 0
 
 
+def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
+    """The seed of epoch ``epoch``'s generator: a function of ``(seed, epoch)`` only (numpy's
+    ``SeedSequence``), so the order of an epoch never depends on how far an earlier one advanced.
+    ``stream`` separates independent uses (0: the sampler's order, 1: the workers' base seed)."""
+    entropy = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, int(epoch), int(stream)]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+
+
+def _draw_seed() -> int:
+    """A base seed drawn from torch's global RNG, as ``RandomSampler`` draws one without a generator."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def _reseeder(sampler: Any) -> Tuple[str, Callable[[int, int], None]]:
+    """How an epoch's order is made a function of ``(seed, epoch)`` for ``sampler``: ``(order, reseed)``
+    where ``order`` names the way (it goes into the state) and ``reseed(seed, epoch)`` applies it.
+
+    ``"set_epoch"``: the sampler's own ``set_epoch`` (``DistributedSampler``: its order is its seed and
+    the epoch); ``"seed"``: a sampler drawing from a ``torch.Generator`` (``RandomSampler``,
+    ``SubsetRandomSampler``, ``WeightedRandomSampler``; one without a generator is given its own),
+    reseeded per epoch; ``"fixed"``: no randomness (``SequentialSampler``, a list or range);
+    ``"sampler"``: anything else, whose order comes from its own state, which nothing here restores."""
+    if hasattr(sampler, "set_epoch"):
+        return "set_epoch", lambda seed, epoch: sampler.set_epoch(epoch)
+    if isinstance(sampler, tud.BatchSampler):
+        return _reseeder(sampler.sampler)
+    generator = getattr(sampler, "generator", _MISSING)
+    if generator is None or isinstance(generator, torch.Generator):
+        if generator is None:
+            sampler.generator = torch.Generator()
+
+        def reseed(seed: int, epoch: int) -> None:
+            sampler.generator.manual_seed(epoch_seed(seed, epoch))
+
+        return "seed", reseed
+    if isinstance(sampler, (tud.SequentialSampler, range, list, tuple)):
+        return "fixed", lambda seed, epoch: None
+    return "sampler", lambda seed, epoch: None
+
+
+def _own_seed(sampler: Any) -> Optional[int]:
+    """The initial seed of the ``torch.Generator`` a (batch) sampler draws from, if it has one."""
+    if isinstance(sampler, tud.BatchSampler):
+        return _own_seed(sampler.sampler)
+    generator = getattr(sampler, "generator", None)
+    return int(generator.initial_seed()) if isinstance(generator, torch.Generator) else None
+
+
 class EpochSampler(tud.Sampler):
     """Wraps a sampler (or, with ``batched=True``, a batch sampler) and tags what it yields with the epoch.
 
     The epoch starts at 0 and advances each time a new iteration starts, so it stays right with
     ``persistent_workers=True`` (the index goes to the worker with each batch). ``set_epoch(e)`` makes
-    the next iteration epoch ``e``, like ``DistributedSampler.set_epoch``, and is forwarded to the
-    wrapped sampler when that has ``set_epoch``.
+    the next iteration epoch ``e``, like ``DistributedSampler.set_epoch``.
+
+    **The order of epoch e is a function of (seed, e) only**, however many epochs ran before in this
+    process: before each epoch a sampler with ``set_epoch`` (``DistributedSampler``) is told the epoch,
+    and one drawing from a ``torch.Generator`` (``RandomSampler``...) has it reseeded with
+    ``epoch_seed(seed, e)``. ``seed`` is the base seed: given, else the initial seed of the wrapped
+    sampler's generator, else drawn once from torch's global RNG (as ``RandomSampler`` does) when
+    first needed; it is part of the state. A wrapped sampler whose ``epoch`` the caller sets itself
+    (``sampler.set_epoch(e)`` before each epoch, the usual ``DistributedSampler`` loop) is followed: the
+    iteration carries that epoch. A sampler with neither (a custom random sampler) replays from its own
+    state, which ``state_dict`` does not hold: its ``"order"`` is ``"sampler"`` and restoring warns.
+
+    ``state_dict()``: ``{"version", "epoch", "seed", "order", "skip"}`` (plain ints and strings, for
+    ``torch.save``); ``skip`` is how many items (indices, or batches when ``batched``) of ``epoch`` the
+    next iteration leaves out, drawn but not yielded (a resumed epoch). ``load_state_dict`` restores it.
     """
 
     def __init__(
@@ -129,40 +194,69 @@ class EpochSampler(tud.Sampler):
         batched: bool = False,
         start_epoch: int = 0,
         on_epoch: Optional[Callable[[int, List[int]], None]] = None,
+        seed: Optional[int] = None,
     ) -> None:
         if start_epoch < 0:
             raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
         self.sampler = sampler
         self.batched = batched
-        self.on_epoch = on_epoch  # told the epoch's whole order before it starts (clairvoyant prefetch)
+        self.on_epoch = on_epoch  # told the epoch's (remaining) order before it starts (clairvoyant prefetch)
+        self._seed = int(seed) if seed is not None else _own_seed(sampler)
+        self.order, self._reseed = _reseeder(sampler)
         self._next_epoch = start_epoch
-        self._forward_epoch = False
+        self._explicit = False  # the next epoch was set here (set_epoch, load_state_dict): it wins
+        self._told: Optional[int] = self._sampler_epoch()  # the wrapped sampler's epoch as last set here
+        self._skip = 0  # items of epoch _next_epoch the next iteration leaves out
         self.last_epoch: Optional[int] = None
         self.session = 0  # the DataLoader's session, set before it iterates (local socket only)
 
     @property
+    def seed(self) -> int:
+        """The base seed (drawn from torch's global RNG on first use when none was given)."""
+        if self._seed is None:
+            self._seed = _draw_seed()
+        return self._seed
+
+    def _sampler_epoch(self) -> Optional[int]:
+        e = getattr(self.sampler, "epoch", None) if self.order == "set_epoch" else None
+        return e if isinstance(e, int) and not isinstance(e, bool) else None
+
+    @property
     def epoch(self) -> int:
         """The epoch the next iteration will carry."""
+        if not self._explicit:
+            own = self._sampler_epoch()
+            if own is not None and own != self._told:  # the caller set the wrapped sampler's epoch itself
+                return own
         return self._next_epoch
+
+    @property
+    def skip(self) -> int:
+        """Items (indices, or batches when ``batched``) of the next epoch that its iteration leaves out."""
+        return self._skip if self.epoch == self._next_epoch else 0
 
     def set_epoch(self, epoch: int) -> None:
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._next_epoch:
+            self._skip = 0  # a resumed epoch's skip applies to that epoch only
         self._next_epoch = int(epoch)
-        self._forward_epoch = True
+        self._explicit = True
 
     def __iter__(self) -> Iterator[Any]:
         # A generator: torch calls iter() on the sampler more than once per epoch (once in
         # _BaseDataLoaderIter.__init__, again in _reset), the epoch only advances when iteration starts.
-        epoch = self._next_epoch
+        epoch, skip = self.epoch, self.skip
         self._next_epoch = epoch + 1
+        self._explicit = False
+        self._skip = 0
         self.last_epoch = epoch
         session = self.session
-        if self._forward_epoch and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
-        order: Iterable[Any] = self.sampler
+        self._reseed(self.seed, epoch)
+        self._told = self._sampler_epoch()
+        order: Iterable[Any] = itertools.islice(self.sampler, skip, None) if skip else self.sampler
         if self.on_epoch is not None:
-            order = list(self.sampler)  # the order is fixed by the seed: draw it now, replay it below
+            order = list(order)  # the order is fixed by the seed: draw it now, replay it below
             self.on_epoch(epoch, [int(i) for b in order for i in b] if self.batched else [int(i) for i in order])
         if self.batched:
             for batch in order:
@@ -174,11 +268,23 @@ class EpochSampler(tud.Sampler):
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self._next_epoch}
+    def state_dict(self) -> dict[str, Union[int, str]]:
+        return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed, "order": self.order,
+                "skip": self.skip}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.set_epoch(int(state["epoch"]))
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores ``state_dict()``: the next iteration is ``state["epoch"]`` with the same order, less its
+        first ``state["skip"]`` items. Warns when the wrapped sampler's order cannot be restored."""
+        check_state(state, "EpochSampler")
+        epoch, skip = state_int(state, "epoch", "EpochSampler"), state_int(state, "skip", "EpochSampler")
+        self._seed = state_int(state, "seed", "EpochSampler")
+        self.set_epoch(epoch)
+        self._skip = skip
+        if self.order == "sampler" and (skip or epoch):
+            warnings.warn(
+                f"restoring epoch {epoch}: {type(self.sampler).__name__} can be neither told the epoch (set_epoch) "
+                "nor reseeded (a torch.Generator), so its order comes from its own state, which the state_dict does "
+                "not restore; the resumed epoch may repeat or miss samples", stacklevel=2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,7 +504,10 @@ class DataLoader(tud.DataLoader):
 
     Same arguments as torch's. Its sampler is wrapped in an ``EpochSampler`` so that every ticket
     carries the epoch (0 for the first iteration, then 1, 2, ...; ``set_epoch`` overrides), also with
-    ``persistent_workers=True``. ``seed`` is a shortcut for ``generator=torch.Generator().manual_seed(seed)``.
+    ``persistent_workers=True``. The order of epoch e is a function of ``(seed, e)`` only (``EpochSampler``):
+    ``seed``, or ``generator``'s initial seed, or one drawn once from torch's global RNG; the workers' base
+    seed is derived from it per epoch too. ``state_dict()``/``load_state_dict()`` behave as torchdata's
+    ``StatefulDataLoader``'s: a loader restored in a new process continues with the very next batch.
     With ``clairvoyant=True`` each epoch's order is drawn when the epoch starts and sent to the sidecar,
     which then reads upcoming misses ahead of consumption (NoPFS-style prefetch, within its window).
 
@@ -468,11 +577,13 @@ class DataLoader(tud.DataLoader):
             raise TypeError(
                 f"unstall.torch.DataLoader needs an unstall.torch.Dataset or a dataset name, got {type(dataset).__name__}"
             )
-        if seed is not None:
-            if generator is not None:
-                raise ValueError("pass either seed or generator, not both")
-            generator = torch.Generator()
-            generator.manual_seed(int(seed))
+        if seed is not None and generator is not None:
+            raise ValueError("pass either seed or generator, not both")
+        # The base seed: the order of epoch e is a function of (seed, e) (EpochSampler); without seed or
+        # generator it is drawn from torch's global RNG when first needed.
+        base_seed = int(seed) if seed is not None else int(generator.initial_seed()) if generator is not None else None
+        # Reseeded per epoch from (seed, epoch) in _get_iterator: the workers' base seed.
+        generator = torch.Generator()
 
         # Clairvoyant prefetch (NoPFS): the sampler's order is known once the epoch starts, so send it.
         on_epoch = self._plan_epoch if clairvoyant else None
@@ -496,18 +607,23 @@ class DataLoader(tud.DataLoader):
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
-            self.epoch_sampler = EpochSampler(batch_sampler, batched=True, start_epoch=start_epoch, on_epoch=on_epoch)
+            self.epoch_sampler = EpochSampler(batch_sampler, batched=True, start_epoch=start_epoch, on_epoch=on_epoch,
+                                              seed=base_seed)
             super().__init__(dataset, batch_sampler=self.epoch_sampler, **common)
         else:
             if sampler is not None and shuffle:
                 raise ValueError("sampler option is mutually exclusive with shuffle")
             if sampler is None:
-                sampler = tud.RandomSampler(dataset, generator=generator) if shuffle else tud.SequentialSampler(dataset)
-            self.epoch_sampler = EpochSampler(sampler, start_epoch=start_epoch, on_epoch=on_epoch)
+                # RandomSampler without a generator: the EpochSampler gives it one, reseeded per epoch.
+                sampler = tud.RandomSampler(dataset) if shuffle else tud.SequentialSampler(dataset)
+            self.epoch_sampler = EpochSampler(sampler, start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed)
             super().__init__(
                 dataset, batch_size=batch_size, sampler=self.epoch_sampler, drop_last=drop_last, **common
             )
         self._user_context = multiprocessing_context is not None
+        # Sampler items per batch handed out: a resumed epoch skips batches_yielded * this in the sampler.
+        self._items_per_batch = 1 if batch_sampler is not None or batch_size is None else int(batch_size)
+        self._progress: Optional[Progress] = None  # the latest iterator's epoch and batches handed out
 
     def _get_iterator(self) -> Any:
         # Workers forked from a process that has used gRPC (Flight) can hang: start them from a
@@ -522,13 +638,26 @@ class DataLoader(tud.DataLoader):
             # Preload torch in the fork server so each worker does not import it again (seconds).
             ctx.set_forkserver_preload(["__main__", "torch", "unstall.torch"])
             self.multiprocessing_context = ctx
+        # The workers' base seed (their torch/random/numpy seeds) is a function of (seed, epoch) too.
+        self.generator.manual_seed(epoch_seed(self.epoch_sampler.seed, self.epoch_sampler.epoch, stream=1))
         return super()._get_iterator()
 
     def __iter__(self) -> Any:
         self._ensure_session()
+        epoch = self.epoch_sampler.epoch
+        skipped = self.epoch_sampler.skip // self._items_per_batch
+        self._progress = None
+
+        def make_iterator() -> Any:
+            it = super(DataLoader, self).__iter__()
+            # torch's iterator counts the batches it handed out (not what the workers prefetched): the state's
+            # position. Held, as torchdata's StatefulDataLoader holds its iterator, until the next iteration.
+            self._progress = Progress(epoch, skipped, lambda: it._num_yielded)
+            return it
+
         # The iterator hooks wrap torch's: timed and counted (loader.stats(), stall spans); under
         # `unstall analyze`, driven by it.
-        return run_iterator_hooks(self, super().__iter__, self.epoch_sampler.epoch)
+        return run_iterator_hooks(self, make_iterator, epoch)
 
     @property
     def session(self) -> Optional[int]:
@@ -566,3 +695,55 @@ class DataLoader(tud.DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iteration epoch ``epoch`` (forwarded to a wrapped ``DistributedSampler``)."""
         self.epoch_sampler.set_epoch(epoch)
+        self._progress = None  # an unfinished iterator is abandoned: the state is the next epoch's start
+
+    def _num_batches(self) -> Optional[int]:
+        try:
+            return len(self)
+        except TypeError:  # a sampler without __len__
+            return None
+
+    def state_dict(self) -> dict[str, Union[int, str]]:
+        """The loader's position, as torchdata's ``StatefulDataLoader.state_dict``: take it between batches;
+        ``load_state_dict`` into a new DataLoader built with the same arguments (any ``num_workers``)
+        continues with the very next batch. A plain dict of ints and strings (``torch.save`` it):
+        ``version``, ``dataset``, ``epoch`` (the one in progress, or the next), ``batches_yielded`` (batches
+        of that epoch the loop was handed, not those the workers prefetched), ``num_batches`` (per epoch),
+        ``seed`` (the base seed: epoch e's order is a function of (seed, e)) and ``order`` (how that holds:
+        ``"seed"``, ``"set_epoch"``, ``"fixed"``, or ``"sampler"``: the wrapped sampler replays from its own
+        state, which this does not restore). Taken after an epoch's last batch, it is the next epoch's start."""
+        if self.num_workers > 0 and not self.in_order:
+            raise ValueError("state_dict() needs in_order=True: with in_order=False and workers, batches are handed "
+                             "out of the sampler's order, so a count of batches does not say which were consumed")
+        n = self._num_batches()
+        epoch, yielded = position(self._progress, self.epoch, self.epoch_sampler.skip // self._items_per_batch, n)
+        state: dict[str, Union[int, str]] = {
+            "version": STATE_VERSION, "dataset": self.dataset.name, "epoch": epoch, "batches_yielded": yielded,
+            "seed": self.epoch_sampler.seed, "order": self.epoch_sampler.order}
+        if n is not None:
+            state["num_batches"] = n
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores ``state_dict()`` (call it before iterating): the next iteration is the saved epoch, in the
+        same order, without its first ``batches_yielded`` batches (skipped in the sampler, never fetched);
+        the epochs after it follow as they would have."""
+        check_state(state, "DataLoader")
+        name = self.dataset.name
+        if state.get("dataset", name) != name:
+            raise ValueError(f"DataLoader state_dict was taken from a loader over dataset {state['dataset']!r}; "
+                             f"this one reads {name!r}")
+        n = self._num_batches()
+        if "num_batches" in state and n is not None and state["num_batches"] != n:
+            raise ValueError(f"DataLoader state_dict was taken from a loader with {state['num_batches']} batches per "
+                             f"epoch over dataset {name!r}; this one has {n} (build it with the same batch_size, "
+                             "drop_last and sampler)")
+        if state.get("order", self.epoch_sampler.order) != self.epoch_sampler.order:
+            raise ValueError(f"DataLoader state_dict was taken from a loader whose order is {state['order']!r}; this "
+                             f"one's is {self.epoch_sampler.order!r} (build it with the same shuffle and sampler)")
+        yielded = state_int(state, "batches_yielded", "DataLoader")
+        self.epoch_sampler.load_state_dict({
+            "version": STATE_VERSION, "epoch": state_int(state, "epoch", "DataLoader"),
+            "seed": state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})
+        self._progress = None
+

@@ -224,20 +224,39 @@ final class PrepGroup {
 
   // -- membership ---------------------------------------------------------------------------------------
 
-  /** Adds a member; null when the group has just closed (the caller makes a new one). */
-  synchronized ObjectNode join(long memberId, String name, long epochs) {
+  /**
+   * Adds a member; null when the group has just closed (the caller makes a new one). {@code startEpoch} >= 0: a
+   * resumed member (a job restored from a checkpoint) that starts at batch {@code startBatch} of that epoch; the
+   * group never prepares the batches before it for this member. {@code epochs} counts from {@code startEpoch},
+   * the partial first epoch included.
+   */
+  synchronized ObjectNode join(long memberId, String name, long epochs, long startEpoch, long startBatch) {
     if (closed) {
       return null;
     }
     long now = System.nanoTime();
     long startPos = 0;
-    if (started) {
+    if (startEpoch >= 0) {
+      if (startBatch < 0 || startBatch >= numBatches) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep.join: \"start_batch\" " + startBatch
+            + " is out of range; an epoch of prep group " + id + " has " + numBatches + " batches").toRuntimeException();
+      }
+      startPos = startEpoch * numBatches + startBatch;
+      if (started && startPos < minCursor()) {
+        long min = minCursor();
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + " (dataset '" + key.dataset()
+            + "', seed " + key.seed() + ") cannot start a member at epoch " + startEpoch + " batch " + startBatch
+            + ": its members have read up to epoch " + min / numBatches + " batch " + min % numBatches
+            + " and every batch is prepared once, so it no longer has that one; join without a start position to"
+            + " start at the group's next whole epoch").toRuntimeException();
+      }
+    } else if (started) {
       // A late joiner starts at the first whole epoch whose batch 0 every member still holds or has yet to
       // read: it never sees a partial epoch and never makes the group re-prepare a batch.
       long min = minCursor();
       startPos = (min + numBatches - 1) / numBatches * numBatches;
     }
-    long endPos = epochs > 0 ? startPos + epochs * numBatches : Long.MAX_VALUE;
+    long endPos = epochs > 0 ? (startPos / numBatches + epochs) * numBatches : Long.MAX_VALUE;
     members.put(memberId, new Member(memberId, name, startPos, endPos, now));
     notifyAll();
     ObjectNode o = JsonNodeFactory.instance.objectNode();
@@ -245,6 +264,7 @@ final class PrepGroup {
     o.put("group", id);
     o.put("member", memberId);
     o.put("start_epoch", startPos / numBatches);
+    o.put("start_batch", startPos % numBatches);
     o.put("num_batches", numBatches);
     o.put("num_samples", numSamples);
     o.put("batch_size", key.batchSize());
@@ -371,6 +391,10 @@ final class PrepGroup {
               return;
             }
             maybeStart(System.nanoTime());
+            if (started && !members.isEmpty()) {
+              // Every member is past what lies below the slowest cursor (resumed members, skips): never prepared.
+              nextToProduce = Math.max(nextToProduce, minCursor());
+            }
             // Memory: what is allocated (staged, being sent, partly prepared) plus a whole batch for each one
             // in preparation and this one: conservative, so an allocation never fails.
             if (started && !members.isEmpty() && nextToProduce < minCursor() + window && nextToProduce < maxEnd()
@@ -714,7 +738,8 @@ final class PrepGroup {
     long pos = epoch * numBatches + batch;
     if (pos < m.startPos) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + " joined at epoch "
-          + m.startPos / numBatches + "; epoch " + epoch + " is before it").toRuntimeException();
+          + m.startPos / numBatches + (m.startPos % numBatches == 0 ? "" : " batch " + m.startPos % numBatches)
+          + "; epoch " + epoch + " batch " + batch + " is before it").toRuntimeException();
     }
     if (pos < m.cursor) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
@@ -914,6 +939,7 @@ final class PrepGroup {
       mo.put("member", m.id);
       mo.put("name", m.name);
       mo.put("start_epoch", m.startPos / numBatches);
+      mo.put("start_batch", m.startPos % numBatches);
       mo.put("epoch", m.cursor / numBatches);
       mo.put("batch", m.cursor % numBatches);
     }

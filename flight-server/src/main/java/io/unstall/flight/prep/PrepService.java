@@ -252,20 +252,31 @@ public final class PrepService implements AutoCloseable {
         seconds(b, "join_timeout_s", 60),
         b.path("shm").asBoolean(false));
     long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
+    // A resumed member (restored from a checkpoint) starts at batch start_batch of epoch start_epoch.
+    long startEpoch = b.hasNonNull("start_epoch") ? intIn(b, "start_epoch", 0, Integer.MAX_VALUE, 0) : -1;
+    long startBatch = intIn(b, "start_batch", 0, Integer.MAX_VALUE, 0);
+    if (startEpoch < 0 && startBatch > 0) {
+      throw new IllegalArgumentException("prep.join: \"start_batch\" needs \"start_epoch\"");
+    }
     String name = b.path("name").asText("");
     String fingerprint = external != null ? EXTERNAL_PREFIX + external : pipeline == null ? "raw" : pipeline.fingerprint();
     PrepGroup.Key key = new PrepGroup.Key(d.name(), fingerprint, seed, batchSize, shuffle, dropLast);
     long member = memberIds.incrementAndGet();
     synchronized (this) {
       PrepGroup g = open.get(key);
-      ObjectNode r = g == null ? null : g.join(member, name, epochs);
+      ObjectNode r = g == null ? null : g.join(member, name, epochs, startEpoch, startBatch);
       if (r == null) {
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
         g = new PrepGroup(id, key, d, pipeline, assembler, pool, threads, allocator, s);
+        try {
+          r = g.join(member, name, epochs, startEpoch, startBatch);
+        } catch (RuntimeException e) {
+          g.close(); // a bad start position: no group without members is left behind
+          throw e;
+        }
         open.put(key, g);
         byId.put(id, g);
         trimHistory();
-        r = g.join(member, name, epochs);
       }
       return r;
     }

@@ -433,4 +433,63 @@ class PrepServiceTest {
     }
   }
 
+  @Test
+  void aResumedMemberStartsAtItsBatchAndNothingBeforeItIsPrepared() throws Exception {
+    JsonNode whole = join(",\"seed\":41,\"epochs\":3");
+    List<List<Batch>> expected = List.of(epoch(whole, 0), epoch(whole, 1), epoch(whole, 2));
+    // A job restored from a checkpoint taken after batch 2 of epoch 1, declared 3 epochs from epoch 0: 2 left.
+    JsonNode resumed = join(",\"seed\":41,\"epochs\":2,\"start_epoch\":1,\"start_batch\":3");
+    assertNotEquals(whole.get("group"), resumed.get("group"), "the first group closed after its 3 epochs");
+    assertEquals(1, resumed.get("start_epoch").asInt());
+    assertEquals(3, resumed.get("start_batch").asInt());
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> get(resumed, 1, 2));
+    assertTrue(e.getMessage().contains("joined at epoch 1 batch 3; epoch 1 batch 2 is before it"), e.getMessage());
+    for (int b = 3; b < 5; b++) {
+      Batch got = get(resumed, 1, b);
+      assertArrayEquals(expected.get(1).get(b).ids(), got.ids(), "epoch 1 batch " + b);
+      assertArrayEquals(expected.get(1).get(b).tensor(), got.tensor(), "epoch 1 batch " + b);
+    }
+    List<Batch> e2 = epoch(resumed, 2);
+    for (int b = 0; b < 5; b++) {
+      assertArrayEquals(expected.get(2).get(b).ids(), e2.get(b).ids());
+      assertArrayEquals(expected.get(2).get(b).tensor(), e2.get(b).tensor());
+    }
+    JsonNode s = groupStats(resumed);
+    assertEquals("{\"1\":2,\"2\":5}", s.get("batches_prepared_per_epoch").toString(), "no skipped batch was prepared");
+    assertEquals("closed", s.get("state").asText(), "it left after epoch 2, the last of its declared epochs");
+    e = assertThrows(FlightRuntimeException.class, () -> join(",\"seed\":42,\"start_epoch\":0,\"start_batch\":5"));
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code());
+    assertTrue(e.getMessage().contains("\"start_batch\" 5 is out of range; an epoch of prep group"), e.getMessage());
+  }
+
+  @Test
+  void aMemberThatSkipsAheadMakesTheGroupSkipToo() throws Exception {
+    JsonNode j = join(",\"seed\":43,\"window\":2");
+    List<Batch> e3 = epoch(j, 3); // set_epoch(3) after joining at epoch 0: epochs 1 and 2 are never prepared
+    assertEquals(N, sortedIds(e3).length);
+    JsonNode per = groupStats(j).get("batches_prepared_per_epoch");
+    assertFalse(per.has("1") || per.has("2"), per.toString());
+    assertEquals(5, per.get("3").asInt());
+  }
+
+  @Test
+  void aResumedMemberBehindARunningGroupIsToldWhy() throws Exception {
+    JsonNode early = join(",\"seed\":44,\"window\":2");
+    get(early, 0, 0);
+    get(early, 0, 1);
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class,
+        () -> join(",\"seed\":44,\"start_epoch\":0,\"start_batch\":1"));
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code());
+    assertTrue(e.getMessage().contains("cannot start a member at epoch 0 batch 1: its members have read up to epoch 0"
+        + " batch 2"), e.getMessage());
+    JsonNode resumed = join(",\"seed\":44,\"start_epoch\":0,\"start_batch\":2"); // still held or to come
+    assertEquals(early.get("group"), resumed.get("group"));
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try {
+      Future<Batch> r = pool.submit(() -> get(resumed, 0, 2));
+      assertArrayEquals(get(early, 0, 2).ids(), r.get().ids());
+    } finally {
+      pool.shutdownNow();
+    }
+  }
 }

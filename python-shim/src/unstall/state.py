@@ -1,0 +1,83 @@
+"""Loader state shared by ``unstall.torch.DataLoader`` and the prep loaders (``unstall.prep``): where an
+iteration stands, counted in the batches the training loop was handed, and the checks of a ``state_dict``.
+
+The state dicts follow torchdata's ``StatefulDataLoader`` in use: taken between batches, restored into a
+new loader built with the same arguments, which then continues with the very next batch. They are plain
+dicts of ints and strings, so ``torch.save`` persists them. No torch import here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
+
+from .hooks import IteratorWrapper
+
+__all__ = ["STATE_VERSION", "Progress", "CountingIterator", "position", "check_state", "state_int"]
+
+STATE_VERSION = 1
+"""The version of every loader ``state_dict()`` (the ``"version"`` key)."""
+
+
+class Progress:
+    """One epoch's iteration: its epoch and the batches handed to the loop, ``yielded`` (a resumed epoch
+    starts at the count it skipped); ``done`` once the iterator is exhausted. ``counter``: where the count
+    of batches handed out is read (torch's iterator keeps one); without, a ``CountingIterator`` adds it up."""
+
+    def __init__(self, epoch: int, start: int, counter: Optional[Callable[[], int]] = None) -> None:
+        self.epoch = epoch
+        self.start = start
+        self.handed = 0
+        self.done = False
+        self._counter = counter
+
+    @property
+    def yielded(self) -> int:
+        return self.start + (self._counter() if self._counter is not None else self.handed)
+
+
+class CountingIterator(IteratorWrapper):
+    """The outermost wrapper of an epoch's iterator: counts the batches the loop receives (what workers
+    prefetched is not consumed until it is handed out)."""
+
+    def __init__(self, inner: Iterator[Any], progress: Progress) -> None:
+        super().__init__(inner)
+        self._progress = progress
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._progress.done = True
+            raise
+        self._progress.handed += 1
+        return batch
+
+
+def position(progress: Optional[Progress], next_epoch: int, pending: int,
+             num_batches: Optional[int]) -> Tuple[int, int]:
+    """``(epoch, batches_yielded)`` of a loader: its unfinished iteration's, else the next epoch's (``pending``:
+    batches a restored epoch will skip). After an epoch's last batch that is the next epoch's start."""
+    if progress is not None and not progress.done:
+        epoch, yielded = progress.epoch, progress.yielded
+    else:
+        epoch, yielded = next_epoch, pending
+    if num_batches is not None and yielded >= num_batches:
+        return epoch + 1, 0
+    return epoch, yielded
+
+
+def check_state(state: Any, what: str) -> None:
+    """A ``state_dict`` of this version, or an error naming ``what`` took it."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{what} state_dict must be a dict, got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"{what} state_dict has version {state.get('version')!r}; this unstall reads version "
+                         f"{STATE_VERSION}")
+
+
+def state_int(state: Mapping[str, Any], key: str, what: str) -> int:
+    """``state[key]``, a non-negative int, or an error naming the key."""
+    value = state.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} state_dict: {key!r} must be a non-negative int, got {value!r}")
+    return value
