@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 from collections import Counter
 
@@ -205,7 +206,8 @@ def test_dataloader_state_dict_resumes_at_the_next_batch(fake_sidecar: FakeSidec
     state = a.state_dict()
     assert state == {"version": 1, "dataset": "imgs", "epoch": 1, "batches_yielded": 3, "num_batches": 7,
                      "seed": ref.state_dict()["seed"], "order": "seed"}
-    del it
+    del it, a  # the loader holds its iterator (as torchdata's does): drop both, so that torch shuts the
+    gc.collect()  # workers down and joins them: every ticket they prefetched has been sent by now
     fake_sidecar.take_tickets()
     b = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=keep, num_workers=2 - workers)
     b.load_state_dict(state)
