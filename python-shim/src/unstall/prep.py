@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import pyarrow.flight as fl
 
 from .client import FlightClient
 from .errors import ProtocolMismatchError, SidecarError, from_flight_error
-from .protocol import MAX_NAME_BYTES, PROTOCOL_VERSION, TICKET_MAGIC
+from .protocol import KIND_PREP, PROTOCOL_VERSION, encode_prep_ticket
 from .state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
 
 __all__ = [
@@ -55,11 +54,8 @@ __all__ = [
     "SharedTransformLoader",
 ]
 
-KIND_PREP = 3  # 1 = FETCH, 2 = PLAN (the prefetch action body), 3 = PREP
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_HEADER = struct.Struct("<4sBBH")
-_TAIL = struct.Struct("<QII")  # member, epoch, batch
 
 # ---------------------------------------------------------------------------------------------
 # Pipelines: plain JSON documents (protocol/README.md, "Prep pipelines")
@@ -140,17 +136,6 @@ def imagenet_eval(size: int = 224, resize_to: int = 256, *, layout: str = "NCHW"
 
 # ---------------------------------------------------------------------------------------------
 # Wire
-
-
-def encode_prep_ticket(group: str, member: int, epoch: int, batch: int) -> bytes:
-    """A PREP ticket: ``UNST``, version 1, kind 3, u16 group length, group, u64 member, u32 epoch, u32 batch."""
-    name = group.encode("utf-8")
-    if not 1 <= len(name) <= MAX_NAME_BYTES:
-        raise ValueError(f"group id must be 1..{MAX_NAME_BYTES} UTF-8 bytes, got {len(name)}")
-    for what, v, hi in (("member", member, 2**64 - 1), ("epoch", epoch, 2**32 - 1), ("batch", batch, 2**32 - 1)):
-        if not 0 <= int(v) <= hi:
-            raise ValueError(f"{what} {v} is outside 0..{hi}")
-    return _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, KIND_PREP, len(name)) + name + _TAIL.pack(member, epoch, batch)
 
 
 def batch_to_numpy(batch: pa.RecordBatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

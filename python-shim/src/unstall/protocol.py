@@ -31,6 +31,7 @@ __all__ = [
     "Plan",
     "encode_plan",
     "decode_plan",
+    "encode_prep_ticket",
     "DatasetInfo",
     "EpochStats",
     "DatasetStats",
@@ -74,6 +75,8 @@ _U64_MAX = 0xFFFFFFFFFFFFFFFF
 _HEADER = struct.Struct("<4sBBH")
 # epoch, number of ids
 _MIDDLE = struct.Struct("<II")
+# a PREP ticket after the group id: member, epoch, batch
+_PREP_TAIL = struct.Struct("<QII")
 
 SCHEMA_VERSION_KEY = b"unstall.schema"
 BATCH_SCHEMA = pa.schema(
@@ -176,6 +179,17 @@ def decode_plan(data: bytes) -> Plan:
     """Decodes a PLAN message (the ``prefetch`` action's body); raises ValueError like ``decode_ticket``."""
     dataset, epoch, ids = _decode_ids(data, KIND_PLAN, MAX_PLAN_IDS)
     return Plan(dataset=dataset, epoch=epoch, ids=ids)
+
+
+def encode_prep_ticket(group: str, member: int, epoch: int, batch: int) -> bytes:
+    """A PREP ticket: ``UNST``, version 1, kind 3, u16 group length, group, u64 member, u32 epoch, u32 batch."""
+    name = group.encode("utf-8")
+    if not 1 <= len(name) <= MAX_NAME_BYTES:
+        raise ValueError(f"group id must be 1..{MAX_NAME_BYTES} UTF-8 bytes, got {len(name)}")
+    for what, v, hi in (("member", member, 2**64 - 1), ("epoch", epoch, 2**32 - 1), ("batch", batch, 2**32 - 1)):
+        if not 0 <= int(v) <= hi:
+            raise ValueError(f"{what} {v} is outside 0..{hi}")
+    return _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, KIND_PREP, len(name)) + name + _PREP_TAIL.pack(member, epoch, batch)
 
 
 def _decode_ids(data: bytes, kind: int, max_ids: int) -> tuple[str, int, tuple[int, ...]]:
