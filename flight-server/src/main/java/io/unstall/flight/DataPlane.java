@@ -73,7 +73,7 @@ public final class DataPlane implements AutoCloseable {
     DiskTier diskTier = null;
     if (b.diskDir != null) {
       diskTier = new DiskTier(b.diskDir, b.diskCapacity);
-      registry.persistManifestsIn(b.diskDir.resolve("manifests"));
+      registry.persistManifestsIn(b.diskDir.resolve("manifests"), diskTier, DatasetRegistry.CHECKPOINT_EVERY);
     }
     this.disk = diskTier;
     if (b.storageBandwidth > 0) {
