@@ -13,7 +13,6 @@ import java.util.Set;
 
 /** Files only the user may read: the token file and the state file. The token is never logged. */
 public final class Secrets {
-  private static final Set<PosixFilePermission> OWNER_RW = PosixFilePermissions.fromString("rw-------");
   private static final Set<PosixFilePermission> OWNER_RWX = PosixFilePermissions.fromString("rwx------");
 
   private Secrets() {}

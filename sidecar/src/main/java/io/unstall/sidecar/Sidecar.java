@@ -110,7 +110,8 @@ public final class Sidecar implements AutoCloseable {
 
   /**
    * One serve per home (the state file's directory) at a time: a second one would overwrite the first's state
-   * file, and clients would find only one of them. The lock is {@code <state file>.lock}; the kernel releases it if this process dies.
+   * file, and clients would find only one of them. The lock is {@code <state file>.lock}; the kernel releases
+   * it if this process dies.
    */
   private static LockFile lockHome(SidecarSettings s) throws IOException {
     Path state = s.stateFile().toAbsolutePath();

@@ -64,6 +64,7 @@ public final class DiskTier implements AutoCloseable {
       ch = FileChannel.open(file, StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE);
       this.channel = ch;
       recover();
+      checkpoint(); // what was verified is the new durable mark (a truncated tail never lies below it)
     } catch (IOException | RuntimeException e) {
       if (ch != null) {
         ch.close();
@@ -124,7 +125,8 @@ public final class DiskTier implements AutoCloseable {
     } catch (java.nio.file.NoSuchFileException e) {
       // a tier from before checkpoints, or never checkpointed: verify everything
     } catch (IOException e) {
-      LOG.warn("disk tier {}: cannot read checkpoint {} ({}); verifying every entry", file, checkpointFile, e.toString());
+      LOG.warn("disk tier {}: cannot read checkpoint {} ({}); verifying every entry", file, checkpointFile,
+          e.toString());
     }
     return 0;
   }

@@ -72,7 +72,8 @@ public final class LockFile implements AutoCloseable {
   }
 
   private static IOException held(Path file, String what, String remedy, long pid) {
-    return new IOException(what + " is in use by another " + (pid == ProcessHandle.current().pid() ? "owner in this process" : "process")
+    String by = pid == ProcessHandle.current().pid() ? "owner in this process" : "process";
+    return new IOException(what + " is in use by another " + by
         + " (pid " + (pid < 0 ? "unknown" : Long.toString(pid)) + ", holding " + file + "); " + remedy);
   }
 

@@ -10,6 +10,7 @@ import java.nio.file.Path;
 import java.nio.file.attribute.FileTime;
 import java.util.Arrays;
 import java.util.Random;
+import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
@@ -17,19 +18,22 @@ import org.junit.jupiter.api.io.TempDir;
 class LocalStorageTest {
   @TempDir Path dir;
 
-  private byte[] shard(Path p, long seed) throws Exception {
-    byte[] b = new byte[64 << 10];
-    new Random(seed).nextBytes(b);
-    Files.write(p, b);
-    return b;
+  static final String SHARD = "shard-0.tfrecord";
+  final byte[] v1 = new byte[64 << 10];
+  LocalStorage storage;
+
+  /** A shard of random bytes, pinned as indexing pins it. */
+  @BeforeEach
+  void pinnedShard() throws Exception {
+    new Random(1).nextBytes(v1);
+    Files.write(dir.resolve(SHARD), v1);
+    storage = new LocalStorage(dir);
+    storage.pin(SHARD);
   }
 
   @Test
   void aShardRewrittenWithTheSameSizeAndMtimeIsRefusedWhenReadInParts() throws Exception {
-    Path p = dir.resolve("shard-0.tfrecord");
-    byte[] v1 = shard(p, 1);
-    LocalStorage s = new LocalStorage(dir);
-    s.pin("shard-0.tfrecord");
+    Path p = dir.resolve(SHARD);
     FileTime mtime = Files.getLastModifiedTime(p);
     byte[] v2 = v1.clone();
     v2[10] ^= 1; // the first record changed; the one read below did not
@@ -37,26 +41,23 @@ class LocalStorageTest {
     Files.setLastModifiedTime(p, mtime);
 
     SourceChangedException e =
-        assertThrows(SourceChangedException.class, () -> s.readFully("shard-0.tfrecord", 30_000, ByteBuffer.allocate(100)));
+        assertThrows(SourceChangedException.class, () -> storage.readFully(SHARD, 30_000, ByteBuffer.allocate(100)));
     assertTrue(e.getMessage().startsWith("file '" + p + "' changed after registration"), e.getMessage());
   }
 
   @Test
   void aSizeChangeIsRefusedOnEveryReadAndAnUnchangedFileIsRead() throws Exception {
-    Path p = dir.resolve("a.tfrecord");
-    byte[] v1 = shard(p, 2);
-    LocalStorage s = new LocalStorage(dir);
-    s.pin("a.tfrecord");
+    Path p = dir.resolve(SHARD);
     ByteBuffer got = ByteBuffer.allocate(100);
-    s.readFully("a.tfrecord", 1000, got);
+    storage.readFully(SHARD, 1000, got);
     assertArrayEquals(Arrays.copyOfRange(v1, 1000, 1100), got.array());
 
     Files.write(p, Arrays.copyOf(v1, v1.length + 1)); // appended to
     SourceChangedException e =
-        assertThrows(SourceChangedException.class, () -> s.readFully("a.tfrecord", 1000, ByteBuffer.allocate(100)));
+        assertThrows(SourceChangedException.class, () -> storage.readFully(SHARD, 1000, ByteBuffer.allocate(100)));
     assertTrue(e.getMessage().contains("size was " + v1.length + " bytes when indexed"), e.getMessage());
     Files.write(p, v1);
-    assertThrows(SourceChangedException.class, () -> s.readFully("a.tfrecord", 0, ByteBuffer.allocate(100)),
+    assertThrows(SourceChangedException.class, () -> storage.readFully(SHARD, 0, ByteBuffer.allocate(100)),
         "once seen changed, a file stays refused: its cached samples and index are of the old version");
   }
 }
