@@ -73,7 +73,7 @@ public final class DataPlane implements AutoCloseable {
     DiskTier diskTier = null;
     if (b.diskDir != null) {
       diskTier = new DiskTier(b.diskDir, b.diskCapacity);
-      registry.persistManifestsIn(b.diskDir.resolve("manifests"));
+      registry.persistManifestsIn(b.diskDir.resolve("manifests"), diskTier, b.checkpointEvery);
     }
     this.disk = diskTier;
     if (b.storageBandwidth > 0) {
@@ -201,6 +201,7 @@ public final class DataPlane implements AutoCloseable {
     private String cachePolicy = "minio";
     private Path diskDir;
     private long diskCapacity;
+    private java.time.Duration checkpointEvery = DatasetRegistry.CHECKPOINT_EVERY;
     private long prefetchWindowBytes;
     private int prefetchWindowSamples = 1024;
     private int prefetchThreads = 8;
@@ -236,10 +237,18 @@ public final class DataPlane implements AutoCloseable {
       return this;
     }
 
-    /** A disk tier of {@code capacity} bytes in {@code dir}; it persists across restarts. */
+    /**
+     * A disk tier of {@code capacity} bytes in {@code dir}; it persists across restarts, checkpointed with the
+     * manifests every {@code checkpointEvery} (by default {@link DatasetRegistry#CHECKPOINT_EVERY}).
+     */
     public Builder diskTier(Path dir, long capacity) {
       this.diskDir = dir;
       this.diskCapacity = capacity;
+      return this;
+    }
+
+    public Builder checkpointEvery(java.time.Duration every) {
+      this.checkpointEvery = every;
       return this;
     }
 

@@ -1,10 +1,10 @@
 package io.unstall.sidecar;
 
+import io.unstall.flight.fs.DurableFiles;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardCopyOption;
 import java.nio.file.attribute.PosixFilePermission;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.security.SecureRandom;
@@ -13,7 +13,6 @@ import java.util.Set;
 
 /** Files only the user may read: the token file and the state file. The token is never logged. */
 public final class Secrets {
-  private static final Set<PosixFilePermission> OWNER_RW = PosixFilePermissions.fromString("rw-------");
   private static final Set<PosixFilePermission> OWNER_RWX = PosixFilePermissions.fromString("rwx------");
 
   private Secrets() {}
@@ -40,18 +39,17 @@ public final class Secrets {
     return token;
   }
 
-  /** Writes {@code content} atomically to a file of mode 0600 in a directory it creates with mode 0700. */
-  public static void writePrivate(Path file, String content) throws IOException {
-    Path dir = file.toAbsolutePath().getParent();
+  /** Creates {@code dir} with mode 0700 if it does not exist; returns it. */
+  public static Path privateDirectory(Path dir) throws IOException {
     if (!Files.isDirectory(dir)) {
       Files.createDirectories(dir, PosixFilePermissions.asFileAttribute(OWNER_RWX));
     }
-    Path tmp = Files.createTempFile(dir, ".tmp-", "", PosixFilePermissions.asFileAttribute(OWNER_RW));
-    try {
-      Files.writeString(tmp, content, StandardCharsets.UTF_8);
-      Files.move(tmp, file, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
-    } finally {
-      Files.deleteIfExists(tmp);
-    }
+    return dir;
+  }
+
+  /** Writes {@code content} atomically (and durably) to a file of mode 0600 in a directory it creates with mode 0700. */
+  public static void writePrivate(Path file, String content) throws IOException {
+    privateDirectory(file.toAbsolutePath().getParent());
+    DurableFiles.writeAtomically(file, StandardCharsets.UTF_8.encode(content));
   }
 }

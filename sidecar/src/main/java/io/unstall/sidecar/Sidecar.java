@@ -3,11 +3,13 @@ package io.unstall.sidecar;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.DataPlane;
+import io.unstall.flight.fs.LockFile;
 import io.unstall.flight.shm.SharedMemory;
 import java.io.IOException;
 import java.net.BindException;
 import java.net.InetAddress;
 import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.arrow.memory.BufferAllocator;
@@ -31,9 +33,12 @@ public final class Sidecar implements AutoCloseable {
   private final CountDownLatch stopped = new CountDownLatch(1);
   private final AtomicBoolean closed = new AtomicBoolean();
   private final Thread hook;
+  private final LockFile homeLock;
 
-  private Sidecar(SidecarSettings s, BufferAllocator root, DataPlane dataPlane, GatewayServer gateway) {
+  private Sidecar(
+      SidecarSettings s, LockFile homeLock, BufferAllocator root, DataPlane dataPlane, GatewayServer gateway) {
     this.settings = s;
+    this.homeLock = homeLock;
     this.root = root;
     this.dataPlane = dataPlane;
     this.gateway = gateway;
@@ -45,11 +50,13 @@ public final class Sidecar implements AutoCloseable {
     // A MinIO cache in shared memory is mapped files, not direct memory: only the rest of the budget needs it.
     boolean shmCache = s.sharedMemory() && "minio".equals(s.cachePolicy()) && SharedMemory.available();
     checkDirectMemory(s.memoryBudget() - (shmCache ? s.cacheCapacity() : 0), shmCache);
-    String token = Secrets.readOrCreateToken(s.tokenFile());
-    BufferAllocator root = new RootAllocator(s.memoryBudget());
+    LockFile homeLock = lockHome(s);
+    BufferAllocator root = null;
     DataPlane dp = null;
     GatewayServer gw = null;
     try {
+      String token = Secrets.readOrCreateToken(s.tokenFile());
+      root = new RootAllocator(s.memoryBudget());
       DataPlane.Builder b =
           DataPlane.builder(root, token).host(s.bind()).port(s.port()).cacheCapacity(s.cacheCapacity())
               .budgetTimeoutSeconds(s.batchTimeoutSeconds())
@@ -76,7 +83,7 @@ public final class Sidecar implements AutoCloseable {
       } catch (py4j.Py4JNetworkException e) {
         throw new BindException("control port " + s.controlPort() + " on 127.0.0.1 is already in use; pick --control-port");
       }
-      Sidecar sidecar = new Sidecar(s, root, dp, gw);
+      Sidecar sidecar = new Sidecar(s, homeLock, root, dp, gw);
       self[0] = sidecar;
       sidecar.writeStateFile();
       Runtime.getRuntime().addShutdownHook(sidecar.hook);
@@ -93,9 +100,24 @@ public final class Sidecar implements AutoCloseable {
       if (dp != null) {
         dp.close();
       }
-      root.close();
+      if (root != null) {
+        root.close();
+      }
+      homeLock.close();
       throw e;
     }
+  }
+
+  /**
+   * One serve per home (the state file's directory) at a time: a second one would overwrite the first's state
+   * file, and clients would find only one of them. The lock is {@code <state file>.lock}; the kernel releases
+   * it if this process dies.
+   */
+  private static LockFile lockHome(SidecarSettings s) throws IOException {
+    Path state = s.stateFile().toAbsolutePath();
+    Secrets.privateDirectory(state.getParent());
+    return LockFile.acquire(state.resolveSibling(state.getFileName() + ".lock"), "sidecar home " + state.getParent(),
+        "stop that sidecar (or attach to it), or give this one another --home (UNSTALL_HOME)");
   }
 
   /** The netty allocator Arrow uses is bounded by the JVM's direct-memory limit: what it may allocate must fit. */
@@ -155,6 +177,7 @@ public final class Sidecar implements AutoCloseable {
       dataPlane.close();
       root.close();
     } finally {
+      homeLock.close();
       stopped.countDown();
       if (Thread.currentThread() != hook) {
         try {

@@ -36,9 +36,13 @@ class SidecarProcessIT {
   @TempDir Path dir;
 
   private Process start(String... args) throws IOException {
-    List<String> cmd = new ArrayList<>(List.of(javaBin(), "-jar", JAR.toString(), "serve", "--home", dir.resolve("home").toString()));
+    return start(dir.resolve("home"), dir.resolve("log"), args);
+  }
+
+  private Process start(Path home, Path log, String... args) throws IOException {
+    List<String> cmd = new ArrayList<>(List.of(javaBin(), "-jar", JAR.toString(), "serve", "--home", home.toString()));
     cmd.addAll(List.of(args));
-    return new ProcessBuilder(cmd).redirectErrorStream(true).redirectOutput(dir.resolve("log").toFile()).start();
+    return new ProcessBuilder(cmd).redirectErrorStream(true).redirectOutput(log.toFile()).start();
   }
 
   private static String javaBin() {
@@ -118,6 +122,36 @@ class SidecarProcessIT {
       assertEquals(3, p.exitValue(), log());
       assertTrue(log().contains("Flight port " + taken.getLocalPort() + " on 127.0.0.1 is already in use"), log());
       assertTrue(Files.notExists(dir.resolve("home/sidecar.json")));
+    }
+  }
+
+  @Test
+  void refusesASecondSidecarOnTheSameHomeOrDiskCacheDirNamingTheHolder() throws Exception {
+    Path disk = dir.resolve("disk");
+    String[] opts = {"--port", "0", "--memory-budget", "64MiB", "--cache-capacity", "1MiB", "--disk-cache-dir",
+        disk.toString(), "--disk-cache-capacity", "1MiB"};
+    Process first = start(opts);
+    try {
+      awaitLog("unstall sidecar listening");
+      Process sameHome = start(dir.resolve("home"), dir.resolve("log-home"), opts);
+      assertTrue(sameHome.waitFor(60, TimeUnit.SECONDS));
+      String log = Files.readString(dir.resolve("log-home"));
+      assertEquals(3, sameHome.exitValue(), log);
+      assertTrue(log.contains("sidecar home " + dir.resolve("home") + " is in use by another process (pid " + first.pid()), log);
+
+      Process sameDisk = start(dir.resolve("home2"), dir.resolve("log-disk"), opts);
+      assertTrue(sameDisk.waitFor(60, TimeUnit.SECONDS));
+      log = Files.readString(dir.resolve("log-disk"));
+      assertEquals(3, sameDisk.exitValue(), log);
+      assertTrue(log.contains("disk cache directory " + disk + " is in use by another process (pid " + first.pid()), log);
+      assertTrue(log.contains("give each sidecar its own --disk-cache-dir"), log);
+
+      assertTrue(first.isAlive());
+      assertEquals(first.pid(), JSON.readTree(dir.resolve("home/sidecar.json").toFile()).get("pid").asLong(),
+          "the refused sidecar left the first one's state file alone");
+    } finally {
+      first.destroy();
+      assertTrue(first.waitFor(30, TimeUnit.SECONDS));
     }
   }
 

@@ -1,5 +1,7 @@
 package io.unstall.flight.cache;
 
+import io.unstall.flight.fs.DurableFiles;
+import io.unstall.flight.fs.LockFile;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -17,38 +19,70 @@ import org.slf4j.LoggerFactory;
  * The second cache tier, on local disk, with MinIO semantics too: entries are appended to one file until the
  * capacity is reached and never evicted. Every entry carries a CRC32C of its header and of its data; a read
  * whose data fails the check is dropped and reported as a miss (the caller refetches from storage), never
- * served. The file survives restarts: opening it rescans the headers and truncates an unreadable tail.
+ * served. The file survives restarts, SIGKILL included: opening it rescans the headers and truncates an
+ * unreadable tail. {@link #checkpoint()} (the registry calls it periodically) fsyncs the file and records how
+ * far it is durable in {@code tier.checkpoint}; entries past that mark (written after the last checkpoint, so
+ * possibly torn) have their data verified at opening, and a torn one is dropped. One sidecar at a time owns
+ * the directory: a second one is refused at opening ({@code tier.lock}, naming the holder's pid).
  *
- * <pre>entry: "UNSD" | digest[32] | u32 length | u32 dataCrc | u32 headerCrc | data[length]   (little-endian)</pre>
+ * <pre>entry: "UNSD" | digest[32] | u32 length | u32 dataCrc | u32 headerCrc | data[length]   (little-endian)
+ * tier.checkpoint: "UNSC" | u64 durableEnd | u32 crc   (little-endian)</pre>
  */
 public final class DiskTier implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(DiskTier.class);
   static final int MAGIC = 0x44534e55; // "UNSD" little-endian
   static final int HEADER = 4 + Digest.BYTES + 4 + 4 + 4;
   public static final String FILE = "tier.data";
+  public static final String CHECKPOINT = "tier.checkpoint";
+  public static final String LOCK = "tier.lock";
+  private static final int CHECKPOINT_MAGIC = 0x43534e55; // "UNSC" little-endian
 
   private record Loc(long offset, int length, int crc) {}
 
   private final Path file;
+  private final Path checkpointFile;
+  private final LockFile lock;
   private final FileChannel channel;
   private final long capacity;
   private final ConcurrentHashMap<Digest, Loc> index = new ConcurrentHashMap<>();
   private final AtomicLong corruptDropped = new AtomicLong();
   private long end; // guarded by this
+  /** Offsets of entries reserved whose bytes are still being written; guarded by this. */
+  private final java.util.TreeSet<Long> writing = new java.util.TreeSet<>();
+  private final Object checkpointing = new Object();
 
+  /** Opens (or creates) the tier in {@code dir}; fails naming the directory if another sidecar holds it. */
   public DiskTier(Path dir, long capacityBytes) throws IOException {
     Files.createDirectories(dir);
     this.file = dir.resolve(FILE);
+    this.checkpointFile = dir.resolve(CHECKPOINT);
     this.capacity = capacityBytes;
-    this.channel =
-        FileChannel.open(file, StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE);
-    recover();
+    this.lock = LockFile.acquire(dir.resolve(LOCK), "disk cache directory " + dir.toAbsolutePath(),
+        "give each sidecar its own --disk-cache-dir");
+    FileChannel ch = null;
+    try {
+      ch = FileChannel.open(file, StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE);
+      this.channel = ch;
+      recover();
+      checkpoint(); // what was verified is the new durable mark (a truncated tail never lies below it)
+    } catch (IOException | RuntimeException e) {
+      if (ch != null) {
+        ch.close();
+      }
+      lock.close();
+      throw e;
+    }
   }
 
-  /** Rebuilds the index from the headers; an unreadable or truncated tail is cut off. */
+  /**
+   * Rebuilds the index from the headers; an unreadable or truncated tail is cut off. Entries past the last
+   * checkpoint have their data checked too: a SIGKILL or a crash may have left them torn.
+   */
   private void recover() throws IOException {
     long size = channel.size();
+    long durable = Math.min(readCheckpoint(), size);
     long pos = 0;
+    int torn = 0;
     ByteBuffer h = ByteBuffer.allocate(HEADER).order(ByteOrder.LITTLE_ENDIAN);
     while (pos + HEADER <= size) {
       h.clear();
@@ -58,16 +92,80 @@ public final class DiskTier implements AutoCloseable {
       if (loc == null || pos + HEADER + loc.length() > size) {
         break;
       }
-      index.put(Digest.fromBytes(ByteBuffer.wrap(h.array(), 4, Digest.BYTES)), loc);
+      if (pos + HEADER + loc.length() <= durable || dataCrc(loc) == loc.crc()) {
+        index.put(Digest.fromBytes(ByteBuffer.wrap(h.array(), 4, Digest.BYTES)), loc);
+      } else {
+        torn++;
+      }
       pos += HEADER + loc.length();
     }
     if (pos < size) {
       LOG.warn("disk tier {}: dropping {} unreadable bytes at offset {}", file, size - pos, pos);
       channel.truncate(pos);
     }
+    if (torn > 0) {
+      corruptDropped.addAndGet(torn);
+      LOG.warn("disk tier {}: dropped {} entries written after the last checkpoint whose data is torn", file, torn);
+    }
     end = pos;
     if (!index.isEmpty()) {
-      LOG.info("disk tier {}: recovered {} entries, {} bytes", file, index.size(), end);
+      LOG.info("disk tier {}: recovered {} entries, {} bytes ({} checkpointed)", file, index.size(), end, durable);
+    }
+  }
+
+  /** The durable end recorded by the last checkpoint; 0 if none (or unreadable: then everything is verified). */
+  private long readCheckpoint() {
+    try {
+      byte[] b = Files.readAllBytes(checkpointFile);
+      ByteBuffer c = ByteBuffer.wrap(b).order(ByteOrder.LITTLE_ENDIAN);
+      if (b.length == 16 && c.getInt(0) == CHECKPOINT_MAGIC && c.getInt(12) == crc(b, 12)) {
+        return c.getLong(4);
+      }
+      LOG.warn("disk tier {}: checkpoint {} is unreadable; verifying every entry", file, checkpointFile);
+    } catch (java.nio.file.NoSuchFileException e) {
+      // a tier from before checkpoints, or never checkpointed: verify everything
+    } catch (IOException e) {
+      LOG.warn("disk tier {}: cannot read checkpoint {} ({}); verifying every entry", file, checkpointFile,
+          e.toString());
+    }
+    return 0;
+  }
+
+  private static int crc(byte[] b, int len) {
+    CRC32C c = new CRC32C();
+    c.update(b, 0, len);
+    return (int) c.getValue();
+  }
+
+  /** The CRC32C of an entry's data as stored, read in chunks. */
+  private int dataCrc(Loc loc) throws IOException {
+    CRC32C c = new CRC32C();
+    ByteBuffer chunk = ByteBuffer.allocate((int) Math.min(loc.length(), 1 << 20));
+    for (long pos = loc.offset(), left = loc.length(); left > 0; ) {
+      chunk.clear().limit((int) Math.min(left, chunk.capacity()));
+      readFully(chunk, pos);
+      c.update(chunk.flip());
+      pos += chunk.limit();
+      left -= chunk.limit();
+    }
+    return (int) c.getValue();
+  }
+
+  /**
+   * Makes every entry admitted so far durable (fsync), then records how far the file is durable, so that a
+   * sidecar reopening the tier after a crash or a SIGKILL trusts those entries without rereading them.
+   */
+  public void checkpoint() throws IOException {
+    synchronized (checkpointing) {
+      long upTo;
+      synchronized (this) {
+        upTo = writing.isEmpty() ? end : writing.first(); // entries from the first still being written on: not yet
+      }
+      channel.force(false);
+      ByteBuffer c = ByteBuffer.allocate(16).order(ByteOrder.LITTLE_ENDIAN);
+      c.putInt(CHECKPOINT_MAGIC).putLong(upTo);
+      c.putInt(crc(c.array(), 12)).flip();
+      DurableFiles.writeAtomically(checkpointFile, c);
     }
   }
 
@@ -137,10 +235,17 @@ public final class DiskTier implements AutoCloseable {
       }
       pos = end;
       end += HEADER + length;
+      writing.add(pos);
     }
-    writeFully(h, pos);
-    writeFully(data.duplicate(), pos + HEADER);
-    index.put(key, new Loc(pos + HEADER, length, (int) c.getValue()));
+    try {
+      writeFully(h, pos);
+      writeFully(data.duplicate(), pos + HEADER);
+      index.put(key, new Loc(pos + HEADER, length, (int) c.getValue()));
+    } finally {
+      synchronized (this) {
+        writing.remove(pos);
+      }
+    }
     return true;
   }
 
@@ -180,9 +285,11 @@ public final class DiskTier implements AutoCloseable {
     return file;
   }
 
+  /** Checkpoints, closes the file and releases the directory. */
   @Override
   public void close() throws IOException {
-    channel.force(false);
-    channel.close();
+    try (lock; channel) {
+      checkpoint();
+    }
   }
 }

@@ -9,6 +9,7 @@ import io.unstall.flight.storage.Storage;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReferenceArray;
 
 /** A registered dataset: a named storage location plus a format, indexed into stable sample ids. */
@@ -21,6 +22,9 @@ public final class Dataset {
   private final DatasetStats stats = new DatasetStats();
   /** The digest manifest: sample id -> content digest, learned from reads or loaded from a manifest file. */
   private final AtomicReferenceArray<Digest> digests;
+  /** How many digests were learned or changed: the registry checkpoints the manifest when this moved. */
+  private final AtomicLong learned = new AtomicLong();
+  private volatile byte[] fingerprint;
 
   Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes) {
     this.name = name;
@@ -37,7 +41,23 @@ public final class Dataset {
   }
 
   public void recordDigest(int id, Digest digest) {
-    digests.set(id, digest);
+    if (!digest.equals(digests.getAndSet(id, digest))) {
+      learned.incrementAndGet();
+    }
+  }
+
+  /** Digests learned so far (a counter that moves whenever the manifest changes). */
+  long learned() {
+    return learned.get();
+  }
+
+  /** The manifest fingerprint of this dataset as registered, computed once (see {@link Manifests}). */
+  byte[] fingerprint() throws IOException {
+    byte[] fp = fingerprint;
+    if (fp == null) {
+      fingerprint = fp = Manifests.fingerprint(this);
+    }
+    return fp;
   }
 
   SampleIndex index() {

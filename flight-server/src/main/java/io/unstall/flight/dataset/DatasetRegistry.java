@@ -1,6 +1,7 @@
 package io.unstall.flight.dataset;
 
 import io.unstall.flight.cache.Digest;
+import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.format.Format;
 import io.unstall.flight.format.Formats;
 import io.unstall.flight.format.SampleIndex;
@@ -12,11 +13,15 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
 import java.util.regex.Pattern;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -27,8 +32,16 @@ public final class DatasetRegistry implements AutoCloseable {
   private static final Pattern NAME = Pattern.compile("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
   private static final long PROGRESS_EVERY = 10_000;
 
+  /** How often persisted manifests (and the disk tier) are checkpointed while the sidecar runs. */
+  public static final Duration CHECKPOINT_EVERY = Duration.ofSeconds(30);
+
   private final Map<String, Dataset> datasets = new ConcurrentHashMap<>();
+  /** Per dataset, {@link Dataset#learned()} when its persisted manifest was last written (or loaded). */
+  private final Map<Dataset, Long> saved = new ConcurrentHashMap<>();
+  private final Object checkpointing = new Object();
   private volatile Path manifestDir;
+  private volatile DiskTier tier;
+  private ScheduledExecutorService checkpointer;
   private volatile io.unstall.flight.storage.Throttle throttle;
 
   /** Throttle every dataset's storage reads (a stand-in for a slow link to remote storage). */
@@ -36,9 +49,53 @@ public final class DatasetRegistry implements AutoCloseable {
     this.throttle = t;
   }
 
-  /** Persist digest manifests here (next to the disk tier) so a restarted sidecar finds its entries. */
-  public void persistManifestsIn(Path dir) {
+  /**
+   * Persists digest manifests in {@code dir} (next to the disk tier {@code tier}) so that a restarted sidecar
+   * finds its entries, even after a SIGKILL: a daemon {@linkplain #checkpoint() checkpoints} every {@code
+   * every}, and {@link #close()} once more.
+   */
+  public synchronized void persistManifestsIn(Path dir, DiskTier tier, Duration every) {
     this.manifestDir = dir;
+    this.tier = tier;
+    if (checkpointer == null) {
+      checkpointer = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "unstall-checkpoint");
+        t.setDaemon(true);
+        return t;
+      });
+      long ms = every.toMillis();
+      checkpointer.scheduleWithFixedDelay(this::checkpointQuietly, ms, ms, TimeUnit.MILLISECONDS);
+    }
+  }
+
+  /**
+   * Makes what the sidecar learned durable: the disk tier's entries first ({@link DiskTier#checkpoint()}), then
+   * the manifest of every dataset that learned digests since its last one (each replaced atomically).
+   */
+  public void checkpoint() throws IOException {
+    synchronized (checkpointing) {
+      if (tier != null) {
+        tier.checkpoint();
+      }
+      for (Dataset d : datasets.values()) {
+        Path p = persistedManifest(d);
+        long learned = d.learned();
+        Long last = saved.get(d);
+        if (p != null && (last == null || last != learned)) {
+          Manifests.write(d, p);
+          saved.put(d, learned);
+        }
+      }
+    }
+  }
+
+  private void checkpointQuietly() {
+    try {
+      checkpoint();
+    } catch (IOException | RuntimeException e) {
+      LOG.warn("checkpoint of the disk tier and manifests in {} failed (retried in {} s): {}", manifestDir,
+          CHECKPOINT_EVERY.toSeconds(), e.toString());
+    }
   }
 
   /** Registers without importing a manifest; see {@link #register(String, String, String, Path)}. */
@@ -87,9 +144,7 @@ public final class DatasetRegistry implements AutoCloseable {
     Dataset d = new Dataset(name, format, storage, index, format.classes(storage));
     Path persisted = persistedManifest(d);
     if (persisted != null && Files.exists(persisted)) {
-      int n = Manifests.load(d, persisted, true);
-      LOG.info(n < 0 ? "dataset '{}' changed since its manifest was saved: digests will be relearned"
-          : "dataset '{}': {} sample digests restored from {}", name, n, persisted);
+      restore(d, persisted);
     }
     if (manifest != null) {
       int n = Manifests.load(d, manifest, false);
@@ -100,6 +155,26 @@ public final class DatasetRegistry implements AutoCloseable {
         "registered dataset '{}': {} samples, {} bytes, indexed in {} ms",
         name, d.size(), d.totalBytes(), (System.nanoTime() - start) / 1_000_000);
     return d;
+  }
+
+  /**
+   * Loads a persisted manifest. A changed dataset, or a torn or corrupt manifest (a crash while it was written
+   * by an older sidecar, a bad disk), is no error: the digests are relearned from storage, and the next
+   * checkpoint rewrites the file.
+   */
+  private void restore(Dataset d, Path persisted) {
+    try {
+      int n = Manifests.load(d, persisted, true);
+      if (n < 0) {
+        LOG.info("dataset '{}' changed since its manifest was saved: digests will be relearned", d.name());
+      } else {
+        saved.put(d, d.learned());
+        LOG.info("dataset '{}': {} sample digests restored from {}", d.name(), n, persisted);
+      }
+    } catch (IOException | IllegalArgumentException e) {
+      LOG.warn("dataset '{}': relearning its digests; the persisted manifest is unusable: {}", d.name(),
+          e.getMessage());
+    }
   }
 
   /** The dataset called {@code name}; unknown names are an error listing the registered ones. */
@@ -126,16 +201,6 @@ public final class DatasetRegistry implements AutoCloseable {
     return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ".manifest");
   }
 
-  /** Saves every dataset's manifest where {@link #persistManifestsIn} says. */
-  public void persistManifests() throws IOException {
-    for (Dataset d : datasets.values()) {
-      Path p = persistedManifest(d);
-      if (p != null) {
-        Manifests.write(d, p);
-      }
-    }
-  }
-
   static Storage openStorage(String uri) throws IOException {
     if (uri == null || uri.isBlank()) {
       throw new IllegalArgumentException("dataset location (uri) is empty");
@@ -158,9 +223,20 @@ public final class DatasetRegistry implements AutoCloseable {
     return new LocalStorage(p);
   }
 
+  /** Stops the checkpoint daemon, checkpoints a last time and closes every dataset's storage. */
   @Override
   public void close() throws IOException {
-    persistManifests();
+    synchronized (this) {
+      if (checkpointer != null) {
+        checkpointer.shutdown(); // not shutdownNow: an interrupt would close the disk tier's channel mid-fsync
+        try {
+          checkpointer.awaitTermination(1, TimeUnit.MINUTES);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+        }
+      }
+    }
+    checkpoint();
     for (Dataset d : datasets.values()) {
       d.storage().close();
     }

@@ -2,33 +2,40 @@ package io.unstall.flight.dataset;
 
 import io.unstall.flight.cache.Digest;
 import io.unstall.flight.format.SampleIndex;
+import io.unstall.flight.fs.DurableFiles;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardCopyOption;
-import java.nio.file.attribute.PosixFilePermissions;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
+import java.util.zip.CRC32C;
 
 /**
  * Digest manifests: a dataset's sample id -> content digest map, as a file. The sidecar persists them next to
  * the disk tier so a restarted sidecar finds its cached entries without rereading storage (only while the
  * dataset's fingerprint - files, sizes, versions - is unchanged); users export them to share cache entries
  * with another dataset of the same content (holding the manifest is the capability to read those entries).
+ * Files are replaced atomically and durably ({@link DurableFiles}) and end with a CRC32C of what precedes it, so
+ * a torn or corrupt one is recognised ({@link CorruptManifestException}); version 1 files (no CRC) still load.
  *
- * <pre>"UNSM" u8 version=1 | fingerprint[32] | u32 n | n x (u8 known | u32 length | digest[32])</pre>
+ * <pre>"UNSM" u8 version=2 | fingerprint[32] | u32 n | n x (u8 known | u32 length | digest[32]) | u32 crc32c</pre>
  */
 public final class Manifests {
   private static final byte[] MAGIC = {'U', 'N', 'S', 'M'};
   private static final int ROW = 1 + 4 + Digest.BYTES;
+  private static final int HEAD = 4 + 1 + 32 + 4;
+  private static final byte VERSION = 2;
 
   private Manifests() {}
 
-  /** What identifies a dataset's content without reading it: format, location, files, sizes, versions. */
-  public static byte[] fingerprint(Dataset d) throws IOException {
+  /**
+   * What identifies a dataset's content without reading it: format, location, files, sizes, versions (as
+   * pinned at indexing). {@link Dataset#fingerprint()} computes it once.
+   */
+  static byte[] fingerprint(Dataset d) throws IOException {
     MessageDigest md;
     try {
       md = MessageDigest.getInstance("SHA-256");
@@ -55,8 +62,8 @@ public final class Manifests {
   /** Writes the known digests of {@code d} (mode 0600, atomically); returns how many were known. */
   public static int write(Dataset d, Path file) throws IOException {
     int n = d.size();
-    ByteBuffer b = ByteBuffer.allocate(4 + 1 + 32 + 4 + n * ROW).order(ByteOrder.LITTLE_ENDIAN);
-    b.put(MAGIC).put((byte) 1).put(fingerprint(d)).putInt(n);
+    ByteBuffer b = ByteBuffer.allocate(HEAD + n * ROW + 4).order(ByteOrder.LITTLE_ENDIAN);
+    b.put(MAGIC).put(VERSION).put(d.fingerprint()).putInt(n);
     int known = 0;
     ByteBuffer digest = ByteBuffer.allocate(Digest.BYTES);
     for (int i = 0; i < n; i++) {
@@ -69,17 +76,23 @@ public final class Manifests {
       }
       b.put(digest.array());
     }
-    Path dir = file.toAbsolutePath().getParent();
-    Files.createDirectories(dir);
-    Path tmp = Files.createTempFile(dir, ".manifest-", "", PosixFilePermissions.asFileAttribute(
-        PosixFilePermissions.fromString("rw-------")));
-    try {
-      Files.write(tmp, b.array());
-      Files.move(tmp, file, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
-    } finally {
-      Files.deleteIfExists(tmp);
-    }
+    b.putInt(crc(b.array(), b.position()));
+    Files.createDirectories(file.toAbsolutePath().getParent());
+    DurableFiles.writeAtomically(file, b.flip());
     return known;
+  }
+
+  private static int crc(byte[] b, int len) {
+    CRC32C c = new CRC32C();
+    c.update(b, 0, len);
+    return (int) c.getValue();
+  }
+
+  /** A manifest file that is not one, or is torn or corrupt: its bytes are not to be trusted. */
+  public static final class CorruptManifestException extends IOException {
+    CorruptManifestException(Path file, String what) {
+      super("manifest " + file + " " + what);
+    }
   }
 
   /**
@@ -88,17 +101,32 @@ public final class Manifests {
    * and every sample length must match, or it is an error naming the first difference.
    */
   public static int load(Dataset d, Path file, boolean requireSameFingerprint) throws IOException {
-    ByteBuffer b = ByteBuffer.wrap(Files.readAllBytes(file)).order(ByteOrder.LITTLE_ENDIAN);
+    byte[] bytes = Files.readAllBytes(file);
+    ByteBuffer b = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
     byte[] magic = new byte[4];
-    if (b.remaining() < 4 + 1 + 32 + 4 || !java.util.Arrays.equals(get(b, magic), MAGIC) || b.get() != 1) {
-      throw new IllegalArgumentException("manifest " + file + " is not an unstall manifest (version 1)");
+    if (b.remaining() < HEAD || !java.util.Arrays.equals(get(b, magic), MAGIC)) {
+      throw new CorruptManifestException(file, "is not an unstall manifest");
+    }
+    byte version = b.get();
+    if (version != 1 && version != VERSION) {
+      throw new CorruptManifestException(file, "has version " + version + " (this sidecar reads 1 and 2)");
+    }
+    int rows = bytes.length;
+    if (version == VERSION) {
+      rows -= 4;
+      if (rows < HEAD || crc(bytes, rows) != b.getInt(rows)) {
+        throw new CorruptManifestException(file, "is torn or corrupt (its CRC32C does not match)");
+      }
     }
     byte[] fp = get(b, new byte[32]);
-    if (requireSameFingerprint && !java.util.Arrays.equals(fp, fingerprint(d))) {
+    if (requireSameFingerprint && !java.util.Arrays.equals(fp, d.fingerprint())) {
       return -1;
     }
     int n = b.getInt();
-    if (n != d.size() || b.remaining() != (long) n * ROW) {
+    if (rows - HEAD != (long) n * ROW) {
+      throw new CorruptManifestException(file, "is torn (" + (rows - HEAD) + " bytes of rows for " + n + " samples)");
+    }
+    if (n != d.size()) {
       throw new IllegalArgumentException(
           "manifest " + file + " describes " + n + " samples but dataset '" + d.name() + "' has " + d.size());
     }

@@ -58,7 +58,7 @@ public final class ImageFolderFormat implements Format {
       }
       files.sort(WALK_ORDER);
       for (String f : files) {
-        b.add(b.file(f), 0, storage.size(f), label);
+        b.add(b.file(f), 0, storage.pin(f), label);
         progress.accept(b.size());
       }
     }

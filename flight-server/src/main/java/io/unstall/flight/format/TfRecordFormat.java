@@ -36,7 +36,7 @@ public final class TfRecordFormat implements Format {
     long done = 0;
     for (String shard : shards) {
       int fileNo = b.file(shard);
-      long size = storage.size(shard);
+      long size = storage.pin(shard);
       long pos = 0;
       while (pos < size) {
         if (size - pos < HEADER + FOOTER) {

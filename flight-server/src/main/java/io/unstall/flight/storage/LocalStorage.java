@@ -9,14 +9,56 @@ import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
+import java.nio.file.attribute.BasicFileAttributes;
 import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+import java.util.zip.CRC32C;
 import java.util.stream.Stream;
 
-/** The local file system. Files are opened per read: the OS keeps no descriptors for millions of samples. */
+/**
+ * The local file system. Files are opened per read: the OS keeps no descriptors for millions of samples.
+ *
+ * <p>A pinned file ({@link #pin}) is known by its size, mtime (ns) and the CRC32C of its first and last
+ * {@link #EDGE} bytes. A read checks the size on the channel it opens (an fstat), and the edges' CRCs from
+ * the bytes it read when it reads them whole (an image: the whole file); other reads (records inside a shard)
+ * also stat the file and read its edges, at most once per {@link #RECHECK_NANOS} per file. A change fails the
+ * read, and every later one of that file, with {@link SourceChangedException}.
+ */
 public final class LocalStorage implements Storage {
+  /** Bytes at each end of a file whose CRC32C pins its content. */
+  static final int EDGE = 4096;
+  /** A file read in parts is checked fully (stat and edges) at most this often. */
+  static final long RECHECK_NANOS = 1_000_000_000L;
+
   private final Path root;
   /** Set when the location is one file: the root is then its directory and this its only object. */
   private final String only;
+  private final Map<String, Pin> pins = new ConcurrentHashMap<>();
+
+  /** A file as indexed. */
+  private static final class Pin {
+    final long size;
+    final long mtimeNs;
+    final int head;
+    final int tail;
+    volatile boolean checked;
+    volatile long checkedAt;
+    /** Why the file no longer matches, once a read saw it; then every read of it fails at once. */
+    volatile String changed;
+
+    Pin(long size, long mtimeNs, int head, int tail) {
+      this.size = size;
+      this.mtimeNs = mtimeNs;
+      this.head = head;
+      this.tail = tail;
+    }
+
+    boolean due(long now) {
+      return !checked || now - checkedAt >= RECHECK_NANOS;
+    }
+  }
 
   public LocalStorage(Path location) throws IOException {
     Path abs = location.toAbsolutePath().normalize();
@@ -68,9 +110,78 @@ public final class LocalStorage implements Storage {
   }
 
   @Override
-  public void readFully(String path, long offset, ByteBuffer dst) throws IOException {
+  public long pin(String path) throws IOException {
     Path p = resolve(path);
     try (FileChannel ch = FileChannel.open(p, StandardOpenOption.READ)) {
+      BasicFileAttributes a = Files.readAttributes(p, BasicFileAttributes.class);
+      long size = a.size();
+      pins.put(path, new Pin(size, a.lastModifiedTime().to(TimeUnit.NANOSECONDS),
+          edgeCrc(ch, 0, Math.min(EDGE, size)), edgeCrc(ch, Math.max(0, size - EDGE), size)));
+      return size;
+    }
+  }
+
+  /** The CRC32C of bytes [from, to) of the file. */
+  private static int edgeCrc(FileChannel ch, long from, long to) throws IOException {
+    ByteBuffer b = ByteBuffer.allocate((int) (to - from));
+    while (b.hasRemaining() && ch.read(b, from + b.position()) >= 0) {
+      // until full or at the end
+    }
+    CRC32C c = new CRC32C();
+    c.update(b.flip());
+    return (int) c.getValue();
+  }
+
+  /** Checks a pinned file before a read of [offset, end) through {@code ch}; returns whether it reads both edges. */
+  private boolean checkBeforeRead(Path p, Pin pin, FileChannel ch, long offset, long end)
+      throws IOException {
+    if (pin.changed != null) {
+      throw new SourceChangedException("file '" + p + "'", pin.changed);
+    }
+    long size = ch.size();
+    if (size != pin.size) {
+      throw changed(p, pin, "its size was " + pin.size + " bytes when indexed and is " + size + " now");
+    }
+    boolean whole = offset <= 0 && end >= size;
+    long now = System.nanoTime();
+    if (!whole && pin.due(now)) {
+      long mtime = Files.getLastModifiedTime(p).to(TimeUnit.NANOSECONDS);
+      if (mtime != pin.mtimeNs) {
+        throw changed(p, pin, "its mtime moved");
+      }
+      if (edgeCrc(ch, 0, Math.min(EDGE, size)) != pin.head || edgeCrc(ch, Math.max(0, size - EDGE), size) != pin.tail) {
+        throw changed(p, pin, "its content differs from when it was indexed, though its size and mtime do not");
+      }
+      pin.checkedAt = now;
+      pin.checked = true;
+    }
+    return whole;
+  }
+
+  /** After a whole-file read into {@code read} (from its position): its edges must match the pin. */
+  private void checkEdges(Path p, Pin pin, ByteBuffer read) throws IOException {
+    int start = read.position() - (int) pin.size;
+    CRC32C c = new CRC32C();
+    c.update(read.duplicate().position(start).limit(start + (int) Math.min(EDGE, pin.size)));
+    int head = (int) c.getValue();
+    c.reset();
+    c.update(read.duplicate().position(start + (int) Math.max(0, pin.size - EDGE)).limit(start + (int) pin.size));
+    if (head != pin.head || (int) c.getValue() != pin.tail) {
+      throw changed(p, pin, "its content differs from when it was indexed, though its size does not");
+    }
+  }
+
+  private static SourceChangedException changed(Path p, Pin pin, String how) {
+    pin.changed = how;
+    return new SourceChangedException("file '" + p + "'", how);
+  }
+
+  @Override
+  public void readFully(String path, long offset, ByteBuffer dst) throws IOException {
+    Path p = resolve(path);
+    Pin pin = pins.get(path);
+    try (FileChannel ch = FileChannel.open(p, StandardOpenOption.READ)) {
+      boolean whole = pin != null && checkBeforeRead(p, pin, ch, offset, offset + dst.remaining());
       long pos = offset;
       while (dst.hasRemaining()) {
         int n = ch.read(dst, pos);
@@ -81,6 +192,9 @@ public final class LocalStorage implements Storage {
         }
         pos += n;
       }
+      if (whole) {
+        checkEdges(p, pin, dst);
+      }
     } catch (NoSuchFileException e) {
       throw new NoSuchFileException(p.toString(), null, "file no longer exists (deleted after registration?)");
     }
@@ -88,6 +202,10 @@ public final class LocalStorage implements Storage {
 
   @Override
   public String version(String path) throws IOException {
+    Pin pin = pins.get(path);
+    if (pin != null) {
+      return pin.mtimeNs + ":" + pin.size + ":" + Integer.toHexString(pin.head) + ":" + Integer.toHexString(pin.tail);
+    }
     return Files.getLastModifiedTime(resolve(path)).toMillis() + ":" + Files.size(resolve(path));
   }
 

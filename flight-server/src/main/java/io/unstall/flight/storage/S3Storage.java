@@ -37,6 +37,7 @@ import software.amazon.awssdk.services.s3.S3Client;
 import software.amazon.awssdk.services.s3.model.CommonPrefix;
 import software.amazon.awssdk.services.s3.model.GetObjectRequest;
 import software.amazon.awssdk.services.s3.model.GetObjectResponse;
+import software.amazon.awssdk.services.s3.model.HeadObjectResponse;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Request;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Response;
 import software.amazon.awssdk.services.s3.model.NoSuchBucketException;
@@ -49,6 +50,9 @@ import software.amazon.awssdk.services.s3.model.S3Object;
  * directory {@code prefix/}, or the one object {@code prefix} when no key lies below it. Configured like the
  * AWS CLI (see {@link Config#fromEnvironment()}). Samples are ranged GETs streamed straight into the batch's
  * buffer; listings are paginated ListObjectsV2 calls whose sizes answer {@link #size} without a HEAD.
+ * {@link #pin} keeps the ETag a listing gave (or a HEAD, for a single object), and every ranged GET of a pinned
+ * object carries it as {@code If-Match}: an object replaced after registration answers 412, which becomes a
+ * {@link SourceChangedException} naming it, never bytes of the new version spliced to the old.
  *
  * <p>SDK clients are shared per configuration for the life of the process (as the SDK recommends): a storage
  * opened and dropped without {@link #close()} (a repeated registration) then leaks no pool or thread.
@@ -68,8 +72,12 @@ public final class S3Storage implements Storage {
   private final String root;
   /** Set when the location is one object: its name relative to the root's parent, like LocalStorage. */
   private final String only;
-  /** Sizes seen by the last listings, taken by {@link #size} (indexing asks for each once). */
-  private final Map<String, Long> listedSizes = new ConcurrentHashMap<>();
+  /** Objects as the last listings saw them, taken by {@link #size} or {@link #pin} (indexing asks once each). */
+  private final Map<String, Listed> listed = new ConcurrentHashMap<>();
+  /** ETag and size of each pinned object. */
+  private final Map<String, Listed> pins = new ConcurrentHashMap<>();
+
+  private record Listed(String eTag, long size) {}
   /** Keys per ListObjectsV2 page (S3's maximum; tests lower it to exercise continuation tokens). */
   int pageSize = 1000;
   /** {@link #version}'s last listed directory (a key prefix) and the versions of the objects in it. */
@@ -205,7 +213,7 @@ public final class S3Storage implements Storage {
     if (!listPage(dir, 1).contents().isEmpty()) {
       this.root = dir;
       this.only = null;
-    } else if (!prefix.isEmpty() && !prefix.endsWith("/") && objectSize(prefix) >= 0) {
+    } else if (!prefix.isEmpty() && !prefix.endsWith("/") && head(prefix) != null) {
       this.root = prefix;
       this.only = prefix.substring(prefix.lastIndexOf('/') + 1);
     } else {
@@ -279,7 +287,7 @@ public final class S3Storage implements Storage {
         }
         String rel = o.key().substring(root.length());
         out.add(rel);
-        listedSizes.put(rel, o.size());
+        listed.put(rel, new Listed(o.eTag(), o.size()));
       }
       token = page.isTruncated() ? page.nextContinuationToken() : null;
     } while (token != null);
@@ -289,15 +297,26 @@ public final class S3Storage implements Storage {
 
   @Override
   public long size(String path) throws IOException {
-    Long listed = listedSizes.remove(path);
-    if (listed != null) {
-      return listed;
+    return listedOrHead(path).size();
+  }
+
+  @Override
+  public long pin(String path) throws IOException {
+    Listed l = listedOrHead(path);
+    pins.put(path, l);
+    return l.size();
+  }
+
+  private Listed listedOrHead(String path) throws IOException {
+    Listed l = listed.remove(path);
+    if (l != null) {
+      return l;
     }
-    long size = objectSize(key(path));
-    if (size < 0) {
+    HeadObjectResponse h = head(key(path));
+    if (h == null) {
       throw new NoSuchFileException(describe(path), null, "object does not exist");
     }
-    return size;
+    return new Listed(h.eTag(), h.contentLength());
   }
 
   @Override
@@ -307,17 +326,25 @@ public final class S3Storage implements Storage {
       return;
     }
     String key = key(path);
+    Listed pin = pins.get(path);
     long end = offset + want; // exclusive
     for (int attempt = 0; ; attempt++) {
       long pos = end - dst.remaining();
-      GetObjectRequest req =
-          GetObjectRequest.builder().bucket(bucket).key(key).range("bytes=" + pos + "-" + (end - 1)).build();
+      GetObjectRequest.Builder req =
+          GetObjectRequest.builder().bucket(bucket).key(key).range("bytes=" + pos + "-" + (end - 1));
+      if (pin != null && pin.eTag() != null) {
+        req.ifMatch(pin.eTag());
+      }
       ResponseInputStream<GetObjectResponse> in;
       try {
-        in = s3.getObject(req);
+        in = s3.getObject(req.build());
       } catch (SdkException e) {
         if (e instanceof S3Exception s && s.statusCode() == 416) {
           throw truncated(path, pos, end);
+        }
+        if (e instanceof S3Exception s && s.statusCode() == 412) {
+          throw new SourceChangedException("object '" + describe(path) + "'",
+              "its ETag is no longer " + pin.eTag() + ": " + endpoint + " answered HTTP 412 to If-Match");
         }
         throw translate(e, describe(path));
       }
@@ -347,6 +374,10 @@ public final class S3Storage implements Storage {
    */
   @Override
   public synchronized String version(String path) throws IOException {
+    Listed pin = pins.get(path);
+    if (pin != null) {
+      return pin.eTag() + ":" + pin.size();
+    }
     String key = key(path);
     String dir = key.substring(0, key.lastIndexOf('/') + 1);
     if (!dir.equals(versionsDir)) {
@@ -377,7 +408,8 @@ public final class S3Storage implements Storage {
   /** The shared client outlives this storage (see the class comment): nothing to release. */
   @Override
   public synchronized void close() {
-    listedSizes.clear();
+    listed.clear();
+    pins.clear();
     versions = Map.of();
     versionsDir = null;
   }
@@ -417,15 +449,15 @@ public final class S3Storage implements Storage {
     }
   }
 
-  /** The object's size, or -1 when there is no such key. */
-  private long objectSize(String key) throws IOException {
+  /** The object's HEAD, or null when there is no such key. */
+  private HeadObjectResponse head(String key) throws IOException {
     try {
-      return s3.headObject(b -> b.bucket(bucket).key(key)).contentLength();
+      return s3.headObject(b -> b.bucket(bucket).key(key));
     } catch (NoSuchKeyException e) {
-      return -1;
+      return null;
     } catch (SdkException e) {
       if (e instanceof S3Exception s && s.statusCode() == 404) {
-        return -1;
+        return null;
       }
       throw translate(e, "s3://" + bucket + "/" + key);
     }

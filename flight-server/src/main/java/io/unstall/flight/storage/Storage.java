@@ -25,12 +25,22 @@ public interface Storage extends AutoCloseable {
   /** The size in bytes of an object. */
   long size(String path) throws IOException;
 
+  /**
+   * Pins the object as it is now and returns its size. Formats call this (not {@link #size}) once per file
+   * while indexing; every later read of a pinned object checks, cheaply, that it is still that version and
+   * fails with {@link SourceChangedException} naming it otherwise, so a rewritten or replaced object is never
+   * served or cached as a splice of two versions. Without pinning support this is {@link #size}.
+   */
+  default long pin(String path) throws IOException {
+    return size(path);
+  }
+
   /** Reads exactly {@code dst.remaining()} bytes at {@code offset}; a short object is an error naming it. */
   void readFully(String path, long offset, ByteBuffer dst) throws IOException;
 
   /**
-   * A version of the object that changes when its content does (mtime, ETag), or "" if unknown. Used to
-   * decide whether a persisted digest manifest still describes the dataset.
+   * A version of the object that changes when its content does (mtime, ETag), or "" if unknown: the pinned
+   * one for a pinned object. Used to decide whether a persisted digest manifest still describes the dataset.
    */
   default String version(String path) throws IOException {
     return "";

@@ -40,6 +40,11 @@ public final class ThrottledStorage implements Storage {
   }
 
   @Override
+  public long pin(String path) throws IOException {
+    return inner.pin(path);
+  }
+
+  @Override
   public void readFully(String path, long offset, ByteBuffer dst) throws IOException {
     throttle.acquire(dst.remaining());
     inner.readFully(path, offset, dst);

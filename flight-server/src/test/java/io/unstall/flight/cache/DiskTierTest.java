@@ -3,10 +3,13 @@ package io.unstall.flight.cache;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.Random;
@@ -86,6 +89,47 @@ class DiskTierTest {
       assertEquals(1, t.entries());
       assertEquals(DiskTier.HEADER + 100, t.usedBytes());
       assertArrayEquals(a, read(t, ka, 100));
+    }
+  }
+
+  @Test
+  void aSecondOwnerOfTheDirectoryIsRefusedNamingItAndTheHolder() throws Exception {
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      t.admit(Digest.of(ByteBuffer.wrap(new byte[] {1})), ByteBuffer.wrap(new byte[] {1}));
+      IOException e = assertThrows(IOException.class, () -> new DiskTier(dir, 1 << 20));
+      assertTrue(e.getMessage().startsWith("disk cache directory " + dir.toAbsolutePath() + " is in use"), e.getMessage());
+      assertTrue(e.getMessage().contains("pid " + ProcessHandle.current().pid()), e.getMessage());
+      assertTrue(e.getMessage().contains("--disk-cache-dir"), e.getMessage());
+      assertEquals(1, t.entries(), "the refused open truncated nothing");
+    }
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      assertEquals(1, t.entries(), "closing releases the directory");
+    }
+  }
+
+  @Test
+  void anEntryTornAfterTheLastCheckpointIsDroppedAtOpening() throws Exception {
+    byte[] a = bytes(6, 2000);
+    byte[] b = bytes(7, 2000);
+    Digest ka = Digest.of(ByteBuffer.wrap(a));
+    Digest kb = Digest.of(ByteBuffer.wrap(b));
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      t.admit(ka, ByteBuffer.wrap(a));
+    }
+    byte[] checkpointBeforeB = Files.readAllBytes(dir.resolve(DiskTier.CHECKPOINT));
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      t.admit(kb, ByteBuffer.wrap(b));
+    }
+    // As if killed after b's header was written but before its data: b lies past the last checkpoint, torn.
+    Files.write(dir.resolve(DiskTier.CHECKPOINT), checkpointBeforeB);
+    try (FileChannel ch = FileChannel.open(dir.resolve(DiskTier.FILE), StandardOpenOption.WRITE)) {
+      ch.write(ByteBuffer.allocate(1000), DiskTier.HEADER * 2 + 2000 + 500);
+    }
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      assertTrue(t.contains(ka), "checkpointed entries are trusted");
+      assertFalse(t.contains(kb), "a torn entry past the checkpoint is dropped at opening");
+      assertEquals(1, t.corruptDropped());
+      assertArrayEquals(a, read(t, ka, 2000));
     }
   }
 }

@@ -268,6 +268,21 @@ class S3StorageTest {
   }
 
   @Test
+  void anObjectReplacedAfterRegistrationIsAClearErrorNeverASplice() throws Exception {
+    byte[] v1 = "version one of sample 0".getBytes(StandardCharsets.UTF_8);
+    put("rep/c/x0.jpg", v1);
+    put("rep/c/x1.jpg", "sample 1".getBytes(StandardCharsets.UTF_8));
+    plane.registry().register("rep", "imagefolder", "s3://" + BUCKET + "/rep");
+    byte[] v2 = v1.clone();
+    v2[8] = 'T'; // "version Two": same size, new ETag
+    put("rep/c/x0.jpg", v2);
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> fetch("rep", 0, 0));
+    assertTrue(e.getMessage().contains("object 's3://data/rep/c/x0.jpg' changed after registration"), e.getMessage());
+    assertTrue(e.getMessage().contains("HTTP 412") && e.getMessage().contains("re-register the dataset"), e.getMessage());
+    assertEquals("sample 1", new String(fetch("rep", 0, 1).get(0).payload(), StandardCharsets.UTF_8));
+  }
+
+  @Test
   void aMissingBucketIsNamedWithTheEndpoint() {
     FileNotFoundException e =
         assertThrows(FileNotFoundException.class, () -> plane.registry().register("x", "imagefolder", "s3://nope/imgs"));
