@@ -14,7 +14,7 @@ import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
 import io.unstall.flight.format.ImageFolders;
 import io.unstall.flight.protocol.BatchSchema;
-import io.unstall.flight.protocol.FetchTicket;
+import io.unstall.flight.protocol.Plan;
 import java.io.IOException;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
@@ -193,7 +193,7 @@ class TierFaultsTest {
         FlightTestClient c = new FlightTestClient(root, plane)) {
       plane.registry().register("d", "imagefolder", folder());
       long[] order = {5, 0, 11, 3, 7, 1, 9, 2, 10, 4, 8, 6};
-      c.action("prefetch", new FetchTicket(FetchTicket.KIND_PLAN, "d", 0, order).toBytes());
+      c.action("prefetch", new Plan("d", 0, order).toBytes());
       await().atMost(Duration.ofSeconds(20)).until(() -> staging.failures.get() > 0); // sample 5's slot failed
       CompletableFuture<List<byte[]>> batch = CompletableFuture.supplyAsync(() -> {
         try {

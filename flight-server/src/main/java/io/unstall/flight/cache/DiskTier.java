@@ -64,7 +64,9 @@ public final class DiskTier implements AutoCloseable {
       ch = FileChannel.open(file, StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE);
       this.channel = ch;
       recover();
-      checkpoint(); // what was verified is the new durable mark (a truncated tail never lies below it)
+      if (end > 0 || Files.exists(checkpointFile)) {
+        checkpoint(); // what was verified is the new durable mark (a truncated tail never lies below it)
+      } // an empty new tier has nothing to make durable yet
     } catch (IOException | RuntimeException e) {
       if (ch != null) {
         ch.close();
