@@ -654,7 +654,7 @@ class Sidecar:
                 log.warning("unstall: the sidecar (pid %s, %s, home %s) %s; %s (log %s)", self.pid,
                             self.flight_location, self.home, problem, action, self.home / "sidecar.log")
             t0 = time.monotonic()
-            delays = backoff(0.1, 5.0)
+            delays = backoff(0.1, 2.0)
             while True:
                 try:
                     if self._start_options is not None:
