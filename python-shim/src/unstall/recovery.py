@@ -144,7 +144,7 @@ class Rediscovery:
         owner = self._owner()
         if owner is not None:
             return owner.recover(failed, deadline, cause)
-        delays = backoff()
+        delays = backoff(0.05, 0.5)  # reading the state file is cheap: notice the new sidecar soon
         while True:
             found = self.current()
             if found is not None and _answers(found, self.deadlines.health):
