@@ -10,7 +10,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 
@@ -61,6 +61,20 @@ def missing(why: str) -> None:
 
 
 SidecarFactory = Callable[..., unstall.Sidecar]
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.05) -> T:
+    """Polls ``probe`` until it returns something truthy (returned), failing after ``timeout`` seconds
+    with ``what`` in the message: the bounded wait for tests (never a bare sleep loop)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,10 @@
 
 The connection is opened lazily and per process: a DataLoader worker forked from a process that
 already had one opens its own (gRPC channels do not survive fork), and pickling drops it.
+
+Every call has a deadline (``timeout``, default ``$UNSTALL_TIMEOUT``). A client made by
+``Sidecar.flight_client()`` survives the sidecar's faults (``unstall.recovery``): a call that finds it
+unavailable or late is sent again once the sidecar is found again.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import json
 import os
 import threading
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +23,9 @@ import pyarrow.flight as fl
 
 from . import protocol
 from .errors import ProtocolMismatchError, SidecarError, from_flight_error
+from .recovery import Deadlines, Endpoint, Rediscovery, call_with_recovery
+
+T = TypeVar("T")
 
 __all__ = ["FlightClient", "grpc_used_in_this_process", "check_ids"]
 
@@ -56,12 +63,15 @@ class FlightClient:
 
     transport = "flight"
 
-    def __init__(self, location: str, token: Union[str, bytes, None], *, timeout: Optional[float] = None) -> None:
+    def __init__(self, location: str, token: Union[str, bytes, None], *, timeout: Optional[float] = None,
+                 rediscovery: Optional[Rediscovery] = None) -> None:
         if not location:
             raise ValueError("a Flight location is required, e.g. grpc+tcp://127.0.0.1:8815")
         self.location = location
         self._token = token.encode() if isinstance(token, str) else token
-        self.timeout = timeout
+        self.timeout = timeout if timeout is not None else Deadlines.from_env().call  # each call's deadline
+        self.rediscovery = rediscovery  # finds the sidecar again after a fault; None: a fault is raised
+        self.moved_at: Optional[float] = None  # when a fault last moved this client (time.monotonic())
         self._conn: Optional[fl.FlightClient] = None
         self._pid: Optional[int] = None
         self._lock = threading.Lock()
@@ -111,6 +121,30 @@ class FlightClient:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
+    # -- faults --------------------------------------------------------------------------------
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.location, None, (self._token or b"").decode())
+
+    def move_to(self, endpoint: Endpoint) -> None:
+        """Talks to ``endpoint`` from the next call on (a new connection)."""
+        self.close()
+        self.location = endpoint.flight
+        self._token = endpoint.token.encode()
+
+    def _recovering(self, attempt: Callable[[], T]) -> T:
+        return call_with_recovery(self, attempt)
+
+    def _rpc(self, call: Callable[[fl.FlightClient, fl.FlightCallOptions], T], dataset: Optional[str] = None) -> T:
+        """``call(connection, options)`` with this client's deadline and token; Flight errors mapped;
+        sent again after a sidecar fault."""
+        def attempt() -> T:
+            try:
+                return call(self._client(), self._options())
+            except (fl.FlightError, pa.ArrowException) as e:
+                raise from_flight_error(e, dataset=dataset) from None
+
+        return self._recovering(attempt)
+
     # -- calls ---------------------------------------------------------------------------------
     def fetch(self, dataset: str, ids: Union[Sequence[int], np.ndarray], epoch: int = 0) -> pa.RecordBatch:
         """One DoGet: the samples ``ids`` of ``dataset`` in ticket order, counted under ``epoch``.
@@ -120,10 +154,7 @@ class FlightClient:
         """
         wanted = np.asarray(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids.astype(np.int64)
         ticket = fl.Ticket(protocol.encode_fetch_ticket(dataset, wanted, epoch))
-        try:
-            table = self._client().do_get(ticket, self._options()).read_all()
-        except (fl.FlightError, pa.ArrowException) as e:
-            raise from_flight_error(e, dataset=dataset) from None
+        table = self._rpc(lambda conn, options: conn.do_get(ticket, options).read_all(), dataset)
         batch = _single_batch(table)
         try:
             protocol.check_batch(batch)
@@ -138,25 +169,17 @@ class FlightClient:
 
     def describe(self, dataset: str) -> protocol.DatasetInfo:
         """GetFlightInfo: the dataset's description (from app_metadata)."""
-        try:
-            info = self._client().get_flight_info(fl.FlightDescriptor.for_path(dataset), self._options())
-        except (fl.FlightError, pa.ArrowException) as e:
-            raise from_flight_error(e) from None
+        descriptor = fl.FlightDescriptor.for_path(dataset)
+        info = self._rpc(lambda conn, options: conn.get_flight_info(descriptor, options))
         return protocol.parse_description(info.app_metadata)
 
     def list_datasets(self) -> list[protocol.DatasetInfo]:
-        try:
-            infos = list(self._client().list_flights(b"", self._options()))
-        except (fl.FlightError, pa.ArrowException) as e:
-            raise from_flight_error(e) from None
+        infos = self._rpc(lambda conn, options: list(conn.list_flights(b"", options)))
         return [protocol.parse_description(i.app_metadata) for i in infos]
 
     def do_action(self, action: str, body: bytes = b"") -> list[bytes]:
         """A DoAction call; the result bodies."""
-        try:
-            return [r.body.to_pybytes() for r in self._client().do_action(fl.Action(action, body), self._options())]
-        except (fl.FlightError, pa.ArrowException) as e:
-            raise from_flight_error(e) from None
+        return self._rpc(lambda conn, options: [r.body.to_pybytes() for r in conn.do_action(fl.Action(action, body), options)])
 
     def prefetch(self, dataset: str, ids: Union[Sequence[int], np.ndarray], epoch: int) -> int:
         """Sends the epoch's order (a PLAN message); returns how many samples the sidecar planned."""

@@ -17,6 +17,7 @@ __all__ = [
     "AuthenticationError",
     "InvalidRequestError",
     "DatasetNotFoundError",
+    "SessionNotFoundError",
     "DataFileNotFoundError",
     "SidecarInternalError",
     "ResourceExhaustedError",
@@ -56,6 +57,11 @@ class InvalidRequestError(SidecarError, ValueError):
 
 class DatasetNotFoundError(SidecarError, KeyError):
     """The dataset is not registered with the sidecar."""
+
+
+class SessionNotFoundError(DatasetNotFoundError):
+    """The session id is unknown to the sidecar: closed, or opened on a sidecar that has since restarted
+    (NOT_FOUND, like an unknown dataset)."""
 
 
 class DataFileNotFoundError(SidecarError, FileNotFoundError):
@@ -103,6 +109,8 @@ def from_status(status: str, msg: str, *, dataset: Optional[str] = None) -> Side
     """The exception for a status name (``NOT_FOUND``, ``INTERNAL``, ...) and the sidecar's message.
     ``NOT_FOUND`` for a request about ``dataset`` that names a file or sample is a missing data file."""
     if status == "NOT_FOUND":
+        if msg.startswith("unknown session"):
+            return SessionNotFoundError(msg, status)
         if dataset is not None and "registered" not in msg.lower() and _is_file_not_found(msg):
             return DataFileNotFoundError(msg, status)
         return DatasetNotFoundError(msg, status)
@@ -117,7 +125,7 @@ def from_flight_error(err: BaseException, *, dataset: Optional[str] = None) -> S
     msg = _server_message(err)
     if isinstance(err, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
         return from_status("UNAUTHENTICATED", msg)
-    if isinstance(err, fl.FlightUnavailableError):
+    if isinstance(err, (fl.FlightUnavailableError, fl.FlightTimedOutError)):
         return from_status("UNAVAILABLE", msg)
     if isinstance(err, fl.FlightInternalError):
         return from_status("INTERNAL", msg)

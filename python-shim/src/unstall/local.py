@@ -12,6 +12,11 @@ The connection is opened lazily and per process, like ``unstall.client.FlightCli
 DataLoader worker opens its own and never sends on the parent's; pickling drops it. Sessions (one
 job's view of a dataset: its prefetch plan and counters) belong to the connection that opened them;
 other processes use them by id.
+
+Every exchange has a deadline (``timeout``, default ``$UNSTALL_TIMEOUT``). A client made by
+``Sidecar.local_client()`` survives the sidecar's faults (``unstall.recovery``): when the socket ends
+or a reply is late, it finds the sidecar again and sends the same request; a session the sidecar no
+longer knows (it restarted) is replaced by this process's own session of the dataset.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
 from . import protocol
 from .client import check_ids
-from .errors import ProtocolMismatchError, SidecarError, SidecarUnavailableError, from_status
+from .errors import ProtocolMismatchError, SessionNotFoundError, SidecarError, SidecarUnavailableError, from_status
+from .recovery import Deadlines, Endpoint, Rediscovery, call_with_recovery
+
+T = TypeVar("T")
 
 __all__ = ["LocalClient", "recv_frame", "send_frame"]
 
@@ -90,12 +98,14 @@ class LocalClient:
     transport = "shm"
 
     def __init__(self, socket_path: Union[str, "os.PathLike[str]"], token: Union[str, bytes, None], *,
-                 timeout: Optional[float] = None) -> None:
+                 timeout: Optional[float] = None, rediscovery: Optional[Rediscovery] = None) -> None:
         if not socket_path:
             raise ValueError("a local socket path is required, e.g. /dev/shm/unstall-1234/data.sock")
         self.socket_path = os.fspath(socket_path)
         self._token = token.encode() if isinstance(token, str) else token
-        self.timeout = timeout
+        self.timeout = timeout if timeout is not None else Deadlines.from_env().call  # each exchange's deadline
+        self.rediscovery = rediscovery  # finds the sidecar again after a fault; None: a fault is raised
+        self.moved_at: Optional[float] = None  # when a fault last moved this client (time.monotonic())
         self._init_process_state()
         self._cache_maps: dict[str, Union[mmap.mmap, bytes]] = {}  # path -> mapping (valid across fork)
 
@@ -104,6 +114,7 @@ class LocalClient:
         self._pid: Optional[int] = None
         self._lock = threading.RLock()
         self._default_sessions: dict[str, int] = {}  # dataset -> session on this process's connection
+        self._stale_sessions: set[int] = set()  # sessions of a sidecar that has since restarted
         self.shm_dir: Optional[str] = None
         self.sidecar_pid: Optional[int] = None
         self.generation = 0  # this process's connections so far: sessions of an older one are gone
@@ -153,6 +164,8 @@ class LocalClient:
                 f"{protocol.LOCAL_VERSION} and needs the shared-memory directory"
             )
         self._sock, self._pid = sock, pid
+        if self.shm_dir != str(doc["shm"]):  # another sidecar: the old one's segments are not its
+            self._cache_maps.clear()
         self.shm_dir = str(doc["shm"])
         self.sidecar_pid = int(doc.get("pid", 0)) or None
         self.generation += 1
@@ -183,7 +196,8 @@ class LocalClient:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"socket_path": self.socket_path, "_token": self._token, "timeout": self.timeout}
+        return {"socket_path": self.socket_path, "_token": self._token, "timeout": self.timeout,
+                "rediscovery": self.rediscovery}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -212,7 +226,56 @@ class LocalClient:
         return reply
 
     def _request(self, body: bytes, what: str, dataset: Optional[str] = None) -> Any:
-        return self._exchange(self._conn(), body, what, dataset)
+        """One exchange on this process's connection, sent again after a sidecar fault."""
+        return self._recovering(lambda: self._exchange(self._conn(), body, what, dataset))
+
+    def _recovering(self, attempt: Callable[[], T]) -> T:
+        return call_with_recovery(self, attempt)
+
+    # -- faults --------------------------------------------------------------------------------
+    def endpoint(self) -> Endpoint:
+        """The sidecar this client talks to (its pid once connected)."""
+        return Endpoint("", self.socket_path, (self._token or b"").decode(), self.sidecar_pid)
+
+    def move_to(self, endpoint: Endpoint) -> None:
+        """Talks to ``endpoint`` from the next request on; this process's connection (and so its
+        sessions) is dropped if it was to another socket."""
+        if endpoint.local is None:
+            raise SidecarUnavailableError(
+                f"the sidecar that replaced the one at {self.socket_path} has no local socket; use Flight "
+                "(transport='flight')", "UNAVAILABLE")
+        with self._lock:
+            if self._sock is not None and endpoint.local == self.socket_path and endpoint.pid == self.sidecar_pid:
+                return
+            self._forget_connection()
+            self.socket_path = endpoint.local
+            self._token = endpoint.token.encode()
+
+    def follow(self) -> bool:
+        """Moves to the sidecar that replaced this client's (its rediscovery knows); True if it moved."""
+        found = self.rediscovery.current() if self.rediscovery is not None else None
+        if found is None or found.local is None or found.local == self.socket_path:
+            return False
+        self.move_to(found)
+        return True
+
+    def _live(self, session: int, dataset: Optional[str]) -> int:
+        """``session``, or this process's own session of ``dataset`` once the sidecar forgot it."""
+        if session in self._stale_sessions and dataset is not None:
+            return self.default_session(dataset)
+        return session
+
+    def _on_session(self, session: int, dataset: Optional[str], call: Callable[[int], T]) -> T:
+        """``call(session)``; a session the sidecar does not know (it restarted: prefetch plans are lost,
+        ids are not) is replaced by this process's default session of ``dataset``."""
+        while True:
+            live = self._live(session, dataset)
+            try:
+                return call(live)
+            except SessionNotFoundError:
+                if dataset is None or live in self._stale_sessions:
+                    raise
+                self._stale_sessions.add(live)
 
     @staticmethod
     def _ok(reply: Any, what: str) -> dict[str, Any]:
@@ -233,7 +296,7 @@ class LocalClient:
     def default_session(self, dataset: str) -> int:
         """This process's own session on ``dataset`` (opened on first use, on this connection)."""
         with self._lock:
-            self._conn()
+            self._recovering(self._conn)
             session = self._default_sessions.get(dataset)
             if session is None:
                 session = self._default_sessions[dataset] = self.open_session(dataset, f"pid {os.getpid()} default")
@@ -244,27 +307,33 @@ class LocalClient:
         with self._lock:
             if self.connection_id is None:
                 return
-            self._ok(self._request(protocol.encode_local_close(session), "CLOSE"), "CLOSE")
+            if session in self._stale_sessions:
+                return
+            self._ok(self._exchange(self._conn(), protocol.encode_local_close(session), "CLOSE"), "CLOSE")
             for k in [k for k, v in self._default_sessions.items() if v == session]:
                 del self._default_sessions[k]
 
-    def plan(self, session: int, ids: Union[Sequence[int], np.ndarray], epoch: int) -> int:
-        """PLAN: the epoch's whole order for clairvoyant prefetch; returns how many samples were planned."""
+    def plan(self, session: int, ids: Union[Sequence[int], np.ndarray], epoch: int,
+             dataset: Optional[str] = None) -> int:
+        """PLAN: the epoch's whole order for clairvoyant prefetch; returns how many samples were planned.
+        ``dataset`` names the dataset whose default session replaces a forgotten ``session``."""
         with self._lock:
-            doc = self._ok(self._request(protocol.encode_local_plan(session, ids, epoch), "PLAN"), "PLAN")
+            doc = self._ok(self._on_session(session, dataset, lambda s: self._request(
+                protocol.encode_local_plan(s, ids, epoch), "PLAN", dataset)), "PLAN")
         return int(doc.get("planned", 0))
 
     def fetch(self, session: int, ids: Union[Sequence[int], np.ndarray], epoch: int = 0,
               dataset: Optional[str] = None) -> protocol.SampleBatch:
         """FETCH: the samples ``ids`` in request order, payloads as read-only views of shared memory.
 
-        Raises ProtocolMismatchError when the reply's ids are not exactly ``ids``. ``dataset`` only
-        names the dataset in errors.
+        Raises ProtocolMismatchError when the reply's ids are not exactly ``ids``. ``dataset`` names the
+        dataset in errors, and its default session replaces ``session`` once the sidecar forgot it.
+        After a sidecar fault the same ids are asked again: the batch is the same.
         """
         wanted = np.asarray(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids.astype(np.int64)
-        body = protocol.encode_local_fetch(session, wanted, epoch)
         with self._lock:
-            reply = self._request(body, "FETCH", dataset)
+            reply = self._on_session(session, dataset, lambda s: self._request(
+                protocol.encode_local_fetch(s, wanted, epoch), "FETCH", dataset))
             if not isinstance(reply, protocol.LocalBatch):
                 raise ProtocolMismatchError(f"FETCH: expected a BATCH reply, got {type(reply).__name__}")
             payloads = self._views(reply)  # before the next request: the sidecar unlinks stage-* then

@@ -10,6 +10,16 @@ Resolution order (first that applies wins):
 3. otherwise start the embedded sidecar jar and own its lifetime: it is stopped when this object is
    closed, leaves a ``with`` block, or the interpreter exits.
 
+Steps 2 and 3 run under an exclusive lock on ``$UNSTALL_HOME/start.lock``, so N local ranks starting
+together end with one sidecar and one token.
+
+Supervision (``unstall.recovery`` has the deadlines): a thread checks the sidecar's health every
+``$UNSTALL_HEALTH_INTERVAL`` seconds; when it died or hangs, the embedded one is restarted (the hung
+one killed first: never two on one home) with the same home and options, an attached one is
+reconnected with backoff (re-reading the state file), and the datasets this object registered are
+registered again. One warning line per outage says so. Clients made by ``flight_client()`` and
+``local_client()`` wait for that and send their request again.
+
 The same-host data plane (``local_client()``: the local socket and shared memory) is used when the
 sidecar is known to run here: started by this object or attached through the state file (its ``local``
 field; the control plane's ``localEndpoint()`` confirms it), or attached by address when this host's
@@ -19,7 +29,10 @@ state file names that very address.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
@@ -29,12 +42,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 from urllib.parse import urlparse
+
+from py4j.java_gateway import GatewayClient, JavaGateway
+from py4j.protocol import Py4JNetworkError, is_fatal_error
 
 from . import protocol
 from .client import FlightClient
 from .local import LocalClient
+from .recovery import Deadlines, Endpoint, Rediscovery, backoff, call_with_recovery, sleep_until
 from .errors import (
     AuthenticationError,
     ProtocolMismatchError,
@@ -48,6 +65,9 @@ __all__ = ["Sidecar", "SidecarState", "default_sidecar", "unstall_home", "find_j
 
 JAR_NAME = "unstall-sidecar.jar"
 STATE_FILE_NAME = "sidecar.json"
+START_LOCK_NAME = "start.lock"
+
+log = logging.getLogger("unstall")
 
 
 def unstall_home() -> Path:
@@ -69,6 +89,9 @@ class SidecarState:
     @property
     def alive(self) -> bool:
         return _pid_alive(self.pid)
+
+    def read_token(self) -> str:
+        return Path(self.token_file).read_text().strip()
 
 
 def read_state(path: Union[str, Path]) -> Optional[SidecarState]:
@@ -147,6 +170,69 @@ def find_java(explicit: Union[str, Path, None] = None) -> str:
     return found
 
 
+@contextlib.contextmanager
+def _start_lock(home: Path, timeout: float) -> Iterator[None]:
+    """Holds the exclusive lock of ``home`` around attach-or-start: one sidecar per home however many
+    processes start together (the others wait, then attach)."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = home / START_LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        delays = backoff(0.01, 0.2)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not sleep_until(deadline, delays):
+                    raise SidecarStartError(
+                        f"another process held {path} for {timeout:.0f}s while starting the sidecar of {home}"
+                    ) from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class _QuietGatewayClient(GatewayClient):
+    """py4j's client, except that a network failure (a dead or late sidecar) is raised at once as
+    ``Py4JNetworkError`` instead of logged with a traceback on the root logger: the shim reports a fault
+    itself, in one line."""
+
+    def send_command(self, command: str, retry: bool = True, binary: bool = False) -> Any:
+        if binary:
+            return super().send_command(command, retry, binary)
+        connection = self._get_connection()
+        try:
+            response = connection.send_command(command)
+        except Py4JNetworkError:
+            connection.close(True)
+            raise
+        if is_fatal_error(response):
+            connection.close(False)
+        else:
+            self._give_back_connection(connection)
+        return response
+
+
+class _Gateway(JavaGateway):
+    def _create_gateway_client(self) -> GatewayClient:
+        return _QuietGatewayClient(gateway_parameters=self.gateway_parameters)
+
+
+class _NoNetworkTraceback(logging.Filter):
+    """py4j logs a traceback when it cannot connect, send or receive; the shim raises (or recovers) with
+    its own message instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (msg.startswith("An error occurred while trying to connect to the Java server")
+                    or msg in ("Error while receiving.", "Error while sending."))
+
+
+logging.getLogger("py4j.java_gateway").addFilter(_NoNetworkTraceback())
+
+
 def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
     try:
         import ctypes
@@ -156,8 +242,21 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fo
         pass
 
 
+@dataclass(frozen=True)
+class _StartOptions:
+    """How the embedded sidecar was started: a restart uses the very same."""
+
+    cache_capacity: Union[int, str, None]
+    memory_budget: Union[int, str, None]
+    jar: Union[str, Path, None]
+    java: Optional[str]
+    java_options: tuple[str, ...]
+    extra_args: tuple[str, ...]
+    timeout: float
+
+
 class Sidecar:
-    """A handle on the sidecar: attach to a running one or start the embedded one.
+    """A handle on the sidecar: attach to a running one or start the embedded one, and supervise it.
 
     >>> with Sidecar() as sidecar:
     ...     sidecar.register_dataset("imgs", "/data/imgs")
@@ -179,35 +278,58 @@ class Sidecar:
         java_options: Sequence[str] = (),
         extra_args: Sequence[str] = (),
         startup_timeout: float = 60.0,
+        deadlines: Optional[Deadlines] = None,
     ) -> None:
         self.home = Path(home).expanduser() if home is not None else unstall_home()
         self.state_file = self.home / STATE_FILE_NAME
+        self.deadlines = deadlines if deadlines is not None else Deadlines.from_env()
         self.process: Optional[subprocess.Popen[bytes]] = None
         self.log_path: Optional[Path] = None
         self._owner_pid = os.getpid()
-        self._gateway: Any = None
-        self._entry: Any = None
+        self._control: Optional[tuple[str, int]] = None  # the control plane's (host, port)
+        self._gateways: dict[float, JavaGateway] = {}  # one per read deadline
+        self._gateway_lock = threading.Lock()
         self._flight: Optional[FlightClient] = None
         self._closed = False
         self.pid: Optional[int] = None
         self.flight_location = ""
         self.control_port: Optional[int] = None
         self._token = ""
+        self._token_arg = token
         self.local_endpoint: Optional[str] = None  # the local socket's path, when this host can use it
+        self._address: Optional[str] = None  # attached by address rather than through the state file
+        self._start_options: Optional[_StartOptions] = None  # set when this object started the sidecar
+        self._atexit_registered = False
+        self._registered: dict[str, tuple[str, str, str]] = {}  # name -> (format, uri, options): registered again
+        self._recover_lock = threading.RLock()
+        self._in_outage = False  # warned once for the current outage
+        self.restarts = 0  # outages recovered from
+        self.rediscovery: Optional[Rediscovery] = None  # set once attached: calls recover from then on
+        self.moved_at: Optional[float] = None  # when a call last recovered from a fault (time.monotonic())
+        self._stop = threading.Event()
+        self._supervisor: Optional[threading.Thread] = None
 
         address = address or os.environ.get("UNSTALL_SIDECAR") or None
         if address:
+            self._address = address
             self._attach_address(address, token, control_port)
         else:
-            state = read_state(self.state_file)
-            if not (state is not None and state.alive and self._try_attach_state(state, token)):
-                if not start:
-                    raise SidecarUnavailableError(
-                        f"no sidecar is running (state file {self.state_file} is absent or stale) and start=False"
-                    )
-                self._start(cache_capacity, memory_budget, jar, java, java_options, extra_args, startup_timeout)
+            lock = _start_lock(self.home, 2 * startup_timeout) if start else contextlib.nullcontext()
+            with lock:
+                state = read_state(self.state_file)
+                if not (state is not None and state.alive and self._try_attach_state(state, token)):
+                    if not start:
+                        raise SidecarUnavailableError(
+                            f"no sidecar is running (state file {self.state_file} is absent or stale) and start=False"
+                        )
+                    self._start_options = _StartOptions(cache_capacity, memory_budget, jar, java,
+                                                        tuple(java_options), tuple(extra_args), startup_timeout)
+                    self._start(self._start_options)
         self._check_version()
         self._resolve_local_endpoint()
+        self.rediscovery = Rediscovery(self)
+        self._supervisor = threading.Thread(target=self._supervise, name="unstall-sidecar-supervisor", daemon=True)
+        self._supervisor.start()
 
     # -- resolution ----------------------------------------------------------------------------
     def _attach_address(self, address: str, token: Optional[str], control_port: Optional[int]) -> None:
@@ -251,49 +373,43 @@ class Sidecar:
                 f"cannot read the sidecar token file {path} ({e.strerror}); set UNSTALL_TOKEN or pass token="
             ) from None
 
-    def _start(
-        self,
-        cache_capacity: Union[int, str, None],
-        memory_budget: Union[int, str, None],
-        jar: Union[str, Path, None],
-        java: Optional[str],
-        java_options: Sequence[str],
-        extra_args: Sequence[str],
-        timeout: float,
-    ) -> None:
-        jar_path = find_jar(jar)
-        java_bin = find_java(java)
+    def _start(self, options: _StartOptions) -> None:
+        jar_path = find_jar(options.jar)
+        java_bin = find_java(options.java)
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         stale = read_state(self.state_file)
         if stale is not None and not stale.alive:
             self.state_file.unlink(missing_ok=True)
-        cmd = [java_bin, *java_options, "-jar", str(jar_path), "serve", "--port", "0", "--home", str(self.home)]
-        if cache_capacity is not None:
-            cmd += ["--cache-capacity", str(cache_capacity)]
-        if memory_budget is not None:
-            cmd += ["--memory-budget", str(memory_budget)]
-        cmd += list(extra_args)
+        cmd = [java_bin, *options.java_options, "-jar", str(jar_path), "serve", "--port", "0", "--home", str(self.home)]
+        if options.cache_capacity is not None:
+            cmd += ["--cache-capacity", str(options.cache_capacity)]
+        if options.memory_budget is not None:
+            cmd += ["--memory-budget", str(options.memory_budget)]
+        cmd += list(options.extra_args)
         self.log_path = self.home / "sidecar.log"
-        log = open(self.log_path, "ab")
-        log_offset = log.tell()
+        log_file = open(self.log_path, "ab")
+        log_offset = log_file.tell()
         env = dict(os.environ, UNSTALL_HOME=str(self.home))
-        in_main_thread = threading.current_thread() is threading.main_thread()
+        # PR_SET_PDEATHSIG fires when the forking *thread* ends: only from threads that live as long as we do.
+        long_lived = threading.current_thread() in (threading.main_thread(), self._supervisor)
         try:
             self.process = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
                 close_fds=True,
-                preexec_fn=_set_pdeathsig if in_main_thread and sys.platform.startswith("linux") else None,
+                preexec_fn=_set_pdeathsig if long_lived and sys.platform.startswith("linux") else None,
             )
         except OSError as e:
-            log.close()
+            log_file.close()
             raise SidecarStartError(f"cannot run {java_bin}: {e}") from None
-        log.close()
-        atexit.register(self._atexit)
-        deadline = time.monotonic() + timeout
+        log_file.close()
+        if not self._atexit_registered:
+            atexit.register(self._atexit)
+            self._atexit_registered = True
+        deadline = time.monotonic() + options.timeout
         while True:
             code = self.process.poll()
             if code is not None:
@@ -310,7 +426,8 @@ class Sidecar:
                 tail = self._log_tail(log_offset)
                 self._stop_process()
                 raise SidecarStartError(
-                    f"the sidecar did not write {self.state_file} within {timeout:.0f}s; log {self.log_path}:\n{tail}"
+                    f"the sidecar did not write {self.state_file} within {options.timeout:.0f}s; "
+                    f"log {self.log_path}:\n{tail}"
                 )
             time.sleep(0.05)
         self.pid = state.pid
@@ -332,25 +449,44 @@ class Sidecar:
         return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
     def _connect_gateway(self, host: str, port: int) -> None:
-        from py4j.java_gateway import GatewayParameters, JavaGateway
+        """Connects to the control plane (a first call within the health deadline checks it answers)."""
+        self._close_gateway()
+        self._control = (host, port)
+        self._gateway(self.deadlines.health)
+
+    def _gateway(self, timeout: float) -> JavaGateway:
+        """The control-plane gateway whose calls wait at most ``timeout`` seconds for an answer."""
+        from py4j.java_gateway import GatewayParameters
         from py4j.protocol import Py4JAuthenticationError, Py4JError
 
-        try:
-            self._gateway = JavaGateway(
-                gateway_parameters=GatewayParameters(
-                    address=host, port=port, auth_token=self._token, auto_convert=True, eager_load=True
+        with self._gateway_lock:
+            gateway = self._gateways.get(timeout)
+            if gateway is not None:
+                return gateway
+            if self._control is None:
+                raise SidecarUnavailableError(
+                    f"no control port is known for the sidecar at {self.flight_location}; "
+                    "set UNSTALL_CONTROL_PORT or pass control_port="
                 )
-            )
-            self._entry = self._gateway.entry_point
-        except Py4JAuthenticationError as e:
-            raise AuthenticationError(f"the sidecar control port {host}:{port} rejected the token: {e}") from None
-        except Py4JError as e:
-            raise SidecarUnavailableError(f"no sidecar control plane answers at {host}:{port}: {e}") from None
+            host, port = self._control
+            try:
+                gateway = _Gateway(
+                    gateway_parameters=GatewayParameters(address=host, port=port, auth_token=self._token,
+                                                         auto_convert=True, eager_load=True, read_timeout=timeout)
+                )
+            except Py4JAuthenticationError as e:
+                raise AuthenticationError(f"the sidecar control port {host}:{port} rejected the token: {e}") from None
+            except Py4JError as e:
+                raise SidecarUnavailableError(
+                    f"no sidecar control plane answers at {host}:{port} within {timeout:.0f}s: {_network_cause(e)}"
+                ) from None
+            self._gateways[timeout] = gateway
+            return gateway
 
     def _check_version(self) -> None:
-        if self._entry is None:
+        if self._control is None:
             return
-        version = int(self._call("protocolVersion"))
+        version = int(self._call_once("protocolVersion"))
         if version != protocol.PROTOCOL_VERSION:
             raise ProtocolMismatchError(
                 f"the sidecar speaks protocol version {version}, this client speaks version {protocol.PROTOCOL_VERSION}"
@@ -359,13 +495,13 @@ class Sidecar:
     def _resolve_local_endpoint(self) -> None:
         """Attached through the state file (or started): the control plane says where the local socket is
         (``localEndpoint()``, "" without one; a sidecar older than it keeps the state file's answer)."""
-        if self._entry is None or self.pid is None:
+        if self._control is None or self.pid is None:
             return
-        from py4j.protocol import Py4JError
-
         try:
-            self.local_endpoint = str(self._entry.localEndpoint() or "") or None
-        except Py4JError:
+            self.local_endpoint = str(self._call_once("localEndpoint") or "") or None
+        except SidecarUnavailableError:
+            raise
+        except SidecarError:
             pass
 
     # -- properties ----------------------------------------------------------------------------
@@ -378,18 +514,35 @@ class Sidecar:
         """True when this object started the sidecar process (and will stop it)."""
         return self.process is not None
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def endpoint(self) -> Endpoint:
+        """Where the sidecar serves now (it changes when it is restarted)."""
+        return Endpoint(self.flight_location, self.local_endpoint, self._token, self.pid)
+
+    def move_to(self, endpoint: Endpoint) -> None:
+        """Nothing to do: ``recover`` (which found ``endpoint``) reconnected this object already."""
+
     def __repr__(self) -> str:
         how = "started" if self.started else "attached"
         return f"Sidecar({self.flight_location!r}, control_port={self.control_port}, pid={self.pid}, {how})"
 
     def flight_client(self) -> FlightClient:
-        """A new data-plane client (connects lazily, per process, safe to hand to DataLoader workers)."""
-        return FlightClient(self.flight_location, self._token)
+        """A new data-plane client (connects lazily, per process, safe to hand to DataLoader workers; it
+        finds the sidecar again after a fault)."""
+        return FlightClient(self.flight_location, self._token, timeout=self.deadlines.call,
+                            rediscovery=self.rediscovery)
 
     def local_client(self) -> Optional[LocalClient]:
         """A new client of the sidecar's local socket (same host: shared memory, no gRPC; connects lazily,
-        per process), or None when this sidecar has none that this host can use."""
-        return LocalClient(self.local_endpoint, self._token) if self.local_endpoint else None
+        per process; it finds the sidecar again after a fault), or None when this sidecar has none that
+        this host can use."""
+        if not self.local_endpoint:
+            return None
+        return LocalClient(self.local_endpoint, self._token, timeout=self.deadlines.call,
+                           rediscovery=self.rediscovery)
 
     def _data_plane(self) -> FlightClient:
         if self._flight is None:
@@ -397,22 +550,26 @@ class Sidecar:
         return self._flight
 
     # -- control plane -------------------------------------------------------------------------
-    def _call(self, method: str, *args: Any) -> Any:
-        from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError
+    def _call_once(self, method: str, *args: Any, timeout: Optional[float] = None) -> Any:
+        from py4j.protocol import Py4JError, Py4JJavaError
 
-        if self._entry is None:
-            raise SidecarUnavailableError(
-                f"no control port is known for the sidecar at {self.flight_location}; "
-                "set UNSTALL_CONTROL_PORT or pass control_port="
-            )
         try:
-            return getattr(self._entry, method)(*args)
+            return getattr(self._gateway(timeout or self.deadlines.call).entry_point, method)(*args)
         except Py4JJavaError as e:
             raise from_java_error(e) from None
         except Py4JNetworkError as e:
-            raise SidecarUnavailableError(f"lost the sidecar control plane ({method}): {e}") from None
+            raise SidecarUnavailableError(
+                f"lost the sidecar control plane at {self._control_address()} ({method}): {_network_cause(e)}"
+            ) from None
         except Py4JError as e:
             raise SidecarError(f"{method} failed: {e}") from None
+
+    def _call(self, method: str, *args: Any, timeout: Optional[float] = None) -> Any:
+        """A control-plane call; after a sidecar fault, once it is recovered, the same call again."""
+        return call_with_recovery(self, lambda: self._call_once(method, *args, timeout=timeout))
+
+    def _control_address(self) -> str:
+        return f"{self._control[0]}:{self._control[1]}" if self._control is not None else "(no control port)"
 
     def register_dataset(
         self,
@@ -421,51 +578,182 @@ class Sidecar:
         format: str = "imagefolder",
         options: Optional[Mapping[str, Any]] = None,
     ) -> protocol.DatasetInfo:
-        """Registers ``root`` (a directory, file, or URI) under ``name``; a no-op if already registered alike."""
+        """Registers ``root`` (a directory, file, or URI) under ``name``; a no-op if already registered alike.
+        A sidecar restarted by supervision gets it registered again."""
         if not name:
             raise ValueError("a dataset name is required")
         if format not in ("imagefolder", "tfrecord"):
             raise ValueError(f"unknown format {format!r}; expected 'imagefolder' or 'tfrecord'")
         root_s = str(root)
         uri = root_s if "://" in root_s else os.path.abspath(os.path.expanduser(root_s))
-        doc = self._call("registerDataset", name, format, uri, json.dumps(dict(options or {})))
+        args = (name, format, uri, json.dumps(dict(options or {})))
+        doc = self._call("registerDataset", *args, timeout=self.deadlines.index)
+        self._registered[name] = args[1:]
         return protocol.parse_description(doc)
 
     def describe(self, name: str) -> protocol.DatasetInfo:
-        if self._entry is None:
+        if self._control is None:
             return self._data_plane().describe(name)
         return protocol.parse_description(self._call("describeDataset", name))
 
     def list_datasets(self) -> list[protocol.DatasetInfo]:
-        if self._entry is None:
+        if self._control is None:
             return self._data_plane().list_datasets()
         return protocol.parse_descriptions(self._call("listDatasets"))
 
     def stats(self) -> protocol.Stats:
-        if self._entry is None:
+        if self._control is None:
             return self._data_plane().stats()
         return protocol.parse_stats(self._call("stats"))
 
     def protocol_version(self) -> int:
         return int(self._call("protocolVersion"))
 
+    # -- supervision ---------------------------------------------------------------------------
+    def problem(self) -> Optional[str]:
+        """The health check (cheap): None when the sidecar is alive and its control plane answers within
+        ``UNSTALL_HEALTH_TIMEOUT``, else what is wrong."""
+        if self.process is not None:
+            code = self.process.poll()
+            if code is not None:
+                return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        elif self.pid is not None and not _pid_alive(self.pid):
+            return "is gone"
+        try:
+            if self._control is not None:
+                self._call_once("protocolVersion", timeout=self.deadlines.health)
+            else:
+                with FlightClient(self.flight_location, self._token, timeout=self.deadlines.health) as probe:
+                    probe.list_datasets()
+        except SidecarUnavailableError:
+            return f"does not answer within {self.deadlines.health:g}s (UNSTALL_HEALTH_TIMEOUT)"
+        return None
+
+    def healthy(self) -> bool:
+        """True when the sidecar is alive and answers (``problem()`` is None)."""
+        return self.problem() is None
+
+    def recover(self, failed: Optional[Endpoint], deadline: float, cause: BaseException) -> Endpoint:
+        """After a call to ``failed`` (None: the supervisor's check) failed with ``cause``: the endpoint of
+        a sidecar that answers. An embedded sidecar is restarted (a hung one killed first), an attached
+        one reconnected with backoff; the datasets this object registered are registered again. Raises
+        SidecarUnavailableError, naming the home, address and log, at ``deadline``."""
+        with self._recover_lock:
+            if self._closed:
+                raise SidecarUnavailableError(f"the handle on the sidecar of {self.home} is closed", "UNAVAILABLE")
+            if failed is not None and not self._is_current(failed):
+                return self.endpoint()  # recovered already, by another thread
+            problem = self.problem()
+            if problem is None:
+                self._in_outage = False
+                return self.endpoint()  # it answers: the call's own failure, which its caller repeats
+            if not self._in_outage:
+                self._in_outage = True
+                action = ("restarting it with the same options" if self._start_options is not None
+                          else "reconnecting with backoff")
+                log.warning("unstall: the sidecar (pid %s, %s, home %s) %s; %s (log %s)", self.pid,
+                            self.flight_location, self.home, problem, action, self.home / "sidecar.log")
+            t0 = time.monotonic()
+            delays = backoff(0.1, 2.0)
+            while True:
+                try:
+                    if self._start_options is not None:
+                        self._restart(self._start_options)
+                    else:
+                        self._reattach()
+                    for name, (fmt, uri, opts) in list(self._registered.items()):
+                        self._call_once("registerDataset", name, fmt, uri, opts, timeout=self.deadlines.index)
+                    break
+                except (SidecarUnavailableError, SidecarStartError) as e:
+                    cause = e
+                    if self._stop.is_set() or not sleep_until(deadline, delays):
+                        assert self.rediscovery is not None
+                        raise self.rediscovery.gave_up(self.flight_location, cause) from None
+            self._in_outage = False
+            self.restarts += 1
+            log.info("unstall: the sidecar serves again (pid %s) after %.1fs; %d dataset(s) registered again",
+                     self.pid, time.monotonic() - t0, len(self._registered))
+            return self.endpoint()
+
+    def _is_current(self, failed: Endpoint) -> bool:
+        if failed.pid is not None and self.pid is not None:
+            return failed.pid == self.pid
+        return (not failed.flight or failed.flight == self.flight_location) and (
+            failed.local is None or failed.local == self.local_endpoint)
+
+    def _restart(self, options: _StartOptions) -> None:
+        """Replaces the embedded sidecar: the old process is killed (it may be hung: SIGKILL ends a stopped
+        one too) and reaped before the new one starts, so two never serve one home."""
+        old = self.process
+        if old is not None:
+            if old.poll() is None:
+                old.kill()
+            old.wait()
+        self.process = None
+        self._close_gateway()
+        with _start_lock(self.home, 2 * options.timeout):
+            state = read_state(self.state_file)
+            if not (state is not None and state.alive and self._try_attach_state(state, self._token_arg)):
+                self._start(options)  # else another process started one meanwhile: attached to it
+        self._check_version()
+        self._resolve_local_endpoint()
+
+    def _reattach(self) -> None:
+        """Connects again to an attached sidecar: the same address, or whatever the state file names now."""
+        self._close_gateway()
+        if self._address is not None:
+            self._attach_address(self._address, self._token_arg, self.control_port)
+        else:
+            state = read_state(self.state_file)
+            if state is None or not state.alive:
+                raise SidecarUnavailableError(f"no live sidecar in {self.state_file}", "UNAVAILABLE")
+            if not self._try_attach_state(state, self._token_arg):
+                raise SidecarUnavailableError(
+                    f"the sidecar in {self.state_file} (pid {state.pid}) does not answer", "UNAVAILABLE")
+        problem = self.problem()
+        if problem is not None:
+            raise SidecarUnavailableError(f"the sidecar at {self.flight_location} {problem}", "UNAVAILABLE")
+        self._check_version()
+        self._resolve_local_endpoint()
+
+    def _supervise(self) -> None:
+        """The supervisor thread: a health check every UNSTALL_HEALTH_INTERVAL; recovery when it fails."""
+        while not self._stop.wait(self.deadlines.health_interval):
+            try:
+                with self._recover_lock:
+                    if self._closed:
+                        return
+                    problem = self.problem()
+                    if problem is not None:
+                        self.recover(None, time.monotonic() + self.deadlines.recovery,
+                                     SidecarUnavailableError(f"the sidecar {problem}"))
+            except SidecarError as e:
+                log.debug("unstall: supervision of %s: %s", self.home, e)
+            except Exception:  # never let the thread die: the next check tries again
+                log.debug("unstall: supervision of %s failed", self.home, exc_info=True)
+
     # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
         """Disconnects; stops the sidecar process if this object started it."""
         if self._closed:
             return
-        self._closed = True
+        self._stop.set()
+        with self._recover_lock:
+            self._closed = True
         if self._flight is not None:
             self._flight.close()
             self._flight = None
         self._close_gateway()
         if self.process is not None:
             self._stop_process()
+        if self._atexit_registered:
             atexit.unregister(self._atexit)
+            self._atexit_registered = False
 
     def _close_gateway(self) -> None:
-        gateway, self._gateway, self._entry = self._gateway, None, None
-        if gateway is not None:
+        with self._gateway_lock:
+            gateways, self._gateways = list(self._gateways.values()), {}
+        for gateway in gateways:
             try:
                 gateway.close()  # close(), not shutdown(): never stop a Java side we only attached to
             except Exception:
@@ -494,6 +782,13 @@ class Sidecar:
 
     def __getstate__(self) -> Any:
         raise TypeError("a Sidecar holds a control connection and cannot be pickled; pass sidecar.flight_client()")
+
+
+def _network_cause(err: BaseException) -> str:
+    """A py4j network error with its cause ("Error while receiving: timed out")."""
+    cause = getattr(err, "cause", None)
+    return f"{err}: {cause}" if cause is not None else str(err)
+
 
 
 _default: Optional[Sidecar] = None

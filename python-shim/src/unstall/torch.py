@@ -408,7 +408,8 @@ class Dataset(tud.Dataset):
     def fetch_samples(self, ids: Union[Sequence[int], np.ndarray], epoch: Optional[int] = None,
                       session: int = 0) -> SampleBatch:
         """The samples ``ids`` in order, payloads as read-only views (no copy): one request. ``session``
-        (local socket only) is a DataLoader's; 0 is this process's own session of the dataset."""
+        (local socket only) is a DataLoader's; 0 is this process's own session of the dataset. After a
+        sidecar fault the client asks for the same ids again, so each sample is delivered once."""
         epoch = self.epoch if epoch is None else epoch
         t0 = time.perf_counter_ns()
         if self._local is not None:
@@ -427,7 +428,7 @@ class Dataset(tud.Dataset):
         """Tells the sidecar the epoch's whole order so it reads upcoming misses ahead: a PLAN for
         ``session`` on the local socket, the ``prefetch`` action over Flight. Returns the planned count."""
         if self._local is not None:
-            return self._local.plan(self._session(session), ids, epoch)
+            return self._local.plan(self._session(session), ids, epoch, dataset=self.name)
         return self._client.prefetch(self.name, ids, epoch)
 
     def open_session(self, name: str) -> int:
@@ -666,10 +667,12 @@ class DataLoader(tud.DataLoader):
 
     def _ensure_session(self) -> None:
         """Opens the loader's session over this process's local connection (never over gRPC), once per
-        connection: a session ends with the connection that opened it."""
+        connection: a session ends with the connection that opened it. After a sidecar restart the
+        connection moves to the new sidecar first; until then workers fetch with their own sessions."""
         local = getattr(self.dataset, "_local", None)
         if local is None:
             return
+        local.follow()
         if self._session is not None and local.connection_id == self._session_conn:
             return
         if self._session_closer is not None:
