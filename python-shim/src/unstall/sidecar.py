@@ -613,12 +613,9 @@ class Sidecar:
     def problem(self) -> Optional[str]:
         """The health check (cheap): None when the sidecar is alive and its control plane answers within
         ``UNSTALL_HEALTH_TIMEOUT``, else what is wrong."""
-        if self.process is not None:
-            code = self.process.poll()
-            if code is not None:
-                return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        elif self.pid is not None and not _pid_alive(self.pid):
-            return "is gone"
+        exited = self._exit(0.0)
+        if exited is not None:
+            return exited
         try:
             if self._control is not None:
                 self._call_once("protocolVersion", timeout=self.deadlines.health)
@@ -626,7 +623,21 @@ class Sidecar:
                 with FlightClient(self.flight_location, self._token, timeout=self.deadlines.health) as probe:
                     probe.list_datasets()
         except SidecarUnavailableError:
-            return f"does not answer within {self.deadlines.health:g}s (UNSTALL_HEALTH_TIMEOUT)"
+            # a process killed while the check ran fails it at once: say that, not that it hangs
+            return self._exit(0.5) or f"does not answer within {self.deadlines.health:g}s (UNSTALL_HEALTH_TIMEOUT)"
+        return None
+
+    def _exit(self, wait: float) -> Optional[str]:
+        """How the sidecar process ended, if it did (waiting up to ``wait`` s for an embedded one)."""
+        if self.process is not None:
+            try:
+                code = self.process.wait(timeout=wait) if wait > 0 else self.process.poll()
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None:
+                return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        elif self.pid is not None and not _pid_alive(self.pid):
+            return "is gone"
         return None
 
     def healthy(self) -> bool:
