@@ -250,3 +250,51 @@ def test_a_dead_worker_is_reraised_and_the_next_epoch_is_whole(sidecar: unstall.
             pass
     seen, wrong = count_epoch(loader, files)
     assert lost_and_duplicated(seen, files) == (0, 0) and wrong == 0 and sum(seen.values()) == 60
+
+
+def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int]) -> tuple[list, list[int], int]:
+    """EPOCHS epochs of a prep group member (sidecar-side decode + augmentation, shared memory), SIGKILLing
+    the sidecar after the batches numbered in ``kill_at``: (epoch, ids, tensor digest) per batch, the pids
+    killed, and how often the member joined a restarted sidecar's group again."""
+    from unstall import prep
+    from test_prep_support import PIPELINE_NCHW, digest
+
+    sidecar.register_dataset("imgs", root)
+    loader = prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=4, with_ids=True, copy=True, seed=5,
+                             epochs=EPOCHS, sidecar=sidecar)
+    seen: list = []
+    killed: list[int] = []
+    step = 0
+    for epoch in range(EPOCHS):
+        for images, _labels, ids in loader:
+            seen.append((epoch, ids.tolist(), digest(images.numpy())))
+            if step in kill_at:
+                wait_until(lambda: sidecar.restarts == len(killed) and sidecar.healthy(), "the previous outage to end")
+                killed.append(sidecar.pid)
+                os.kill(sidecar.pid, signal.SIGKILL)
+            step += 1
+    rejoins = loader.membership.rejoins
+    loader.close()
+    return seen, killed, rejoins
+
+
+@pytest.mark.slow
+def test_sigkill_under_a_prep_group_member_every_batch_exactly_once(start_sidecar, tmp_path: Path) -> None:
+    """The same faults for a coordinated-prep member: after each restart it joins the new sidecar's group at
+    the batch in hand, which is prepared again from the same seed: every epoch has every sample exactly once,
+    batch for batch the same tensors as a run without faults."""
+    from test_prep_support import make_images
+
+    root = make_images(tmp_path / "imgs", 30)
+    reference, _, _ = _prep_epochs(start_sidecar("64MiB", deadlines=FAST), root, set())
+    per_epoch = len(reference) // EPOCHS
+    seed = int(os.environ.get("UNSTALL_FAULT_SEED") or random.randrange(1 << 30))
+    kill_at = set(random.Random(seed).sample(range(EPOCHS * per_epoch - 1), 5))
+    sidecar = start_sidecar("64MiB", extra_args=["--disk-cache-dir", str(tmp_path / "disk")], deadlines=FAST)
+    seen, killed, rejoins = _prep_epochs(sidecar, root, kill_at)
+    for epoch in range(EPOCHS):
+        ids = sorted(i for e, batch, _ in seen if e == epoch for i in batch)
+        assert ids == list(range(30)), f"epoch {epoch} (seed {seed}): every sample exactly once"
+    assert seen == reference, f"the same batches, the same prepared tensors (seed {seed})"
+    assert len(killed) == 5 and sidecar.pid not in killed
+    assert rejoins == 5, f"one new group per restart (seed {seed})"

@@ -134,16 +134,17 @@ class FlightClient:
     def _recovering(self, attempt: Callable[[], T]) -> T:
         return call_with_recovery(self, attempt)
 
-    def _rpc(self, call: Callable[[fl.FlightClient, fl.FlightCallOptions], T], dataset: Optional[str] = None) -> T:
+    def _rpc(self, call: Callable[[fl.FlightClient, fl.FlightCallOptions], T], dataset: Optional[str] = None,
+             recover: bool = True) -> T:
         """``call(connection, options)`` with this client's deadline and token; Flight errors mapped;
-        sent again after a sidecar fault."""
+        sent again after a sidecar fault unless ``recover`` is False (the caller recovers itself)."""
         def attempt() -> T:
             try:
                 return call(self._client(), self._options())
             except (fl.FlightError, pa.ArrowException) as e:
                 raise from_flight_error(e, dataset=dataset) from None
 
-        return self._recovering(attempt)
+        return self._recovering(attempt) if recover else attempt()
 
     # -- calls ---------------------------------------------------------------------------------
     def fetch(self, dataset: str, ids: Union[Sequence[int], np.ndarray], epoch: int = 0) -> pa.RecordBatch:
@@ -177,9 +178,11 @@ class FlightClient:
         infos = self._rpc(lambda conn, options: list(conn.list_flights(b"", options)))
         return [protocol.parse_description(i.app_metadata) for i in infos]
 
-    def do_action(self, action: str, body: bytes = b"") -> list[bytes]:
-        """A DoAction call; the result bodies."""
-        return self._rpc(lambda conn, options: [r.body.to_pybytes() for r in conn.do_action(fl.Action(action, body), options)])
+    def do_action(self, action: str, body: bytes = b"", *, recover: bool = True) -> list[bytes]:
+        """A DoAction call; the result bodies. ``recover=False``: a sidecar fault is raised, not recovered."""
+        return self._rpc(
+            lambda conn, options: [r.body.to_pybytes() for r in conn.do_action(fl.Action(action, body), options)],
+            recover=recover)
 
     def prefetch(self, dataset: str, ids: Union[Sequence[int], np.ndarray], epoch: int) -> int:
         """Sends the epoch's order (a PLAN message); returns how many samples the sidecar planned."""

@@ -17,11 +17,13 @@ native prep threads, keeps it until every member has read it, and frees it. See 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from .client import FlightClient
-from .errors import ProtocolMismatchError, SidecarError, from_flight_error
+from .recovery import backoff, sleep_until
+from .errors import DatasetNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from .protocol import KIND_PREP, PROTOCOL_VERSION, encode_prep_ticket
 from .state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
 
@@ -53,6 +56,9 @@ __all__ = [
     "PrepLoader",
     "SharedTransformLoader",
 ]
+
+log = logging.getLogger("unstall")
+T = TypeVar("T")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -179,6 +185,9 @@ class Membership:
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: Optional[threading.Thread] = field(default=None, repr=False)
     dropped: Optional[str] = None
+    # prep.join's body, to join again at the batch in hand after the sidecar restarted (its groups died with it)
+    _join_body: Optional[dict[str, Any]] = field(default=None, repr=False)
+    rejoins: int = 0  # times this member joined a restarted sidecar's new group
 
     @property
     def group(self) -> str:
@@ -222,12 +231,19 @@ class Membership:
 
     def _start_heartbeat(self) -> None:
         period = max(0.1, float(self.info.get("member_timeout_s", 30)) / 3)
-        body = json.dumps({"group": self.group, "member": self.member}).encode()
 
         def beat() -> None:
             while not self._stop.wait(period):
+                body = json.dumps({"group": self.group, "member": self.member}).encode()
                 try:
-                    self.client.do_action("prep.heartbeat", body)
+                    self.client.do_action("prep.heartbeat", body, recover=False)
+                except SidecarUnavailableError:
+                    continue  # a sidecar fault: the next batch joins the restarted sidecar again
+                except DatasetNotFoundError:
+                    if self._join_body is not None and self.client.rediscovery is not None:
+                        continue  # the group died with its sidecar; the next batch joins again
+                    self.dropped = "the group is gone"
+                    return
                 except SidecarError as e:
                     self.dropped = str(e)
                     return
@@ -235,13 +251,53 @@ class Membership:
         self._thread = threading.Thread(target=beat, name=f"unstall-prep-heartbeat-{self.member}", daemon=True)
         self._thread.start()
 
+    def _at(self, epoch: int, index: int, attempt: Callable[[], T]) -> T:
+        """``attempt()`` for batch ``index`` of ``epoch``. After a sidecar fault, once the client found the
+        sidecar again (restarted: its groups died with it), this member joins a group there again at this very
+        batch and asks again: the batch is prepared again from the same seed, so no sample is lost or repeated."""
+        deadline: Optional[float] = None
+        while True:
+            try:
+                return attempt()
+            except (SidecarUnavailableError, DatasetNotFoundError) as e:
+                rediscovery = self.client.rediscovery
+                gone = isinstance(e, SidecarUnavailableError) or str(e).startswith("prep group")
+                if rediscovery is None or self._join_body is None or not gone:
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + rediscovery.deadlines.recovery
+                if isinstance(e, SidecarUnavailableError):
+                    self.client.move_to(rediscovery.find(self.client.endpoint(), deadline, e))
+                    self.client.moved_at = time.monotonic()
+                self._rejoin(epoch, index, deadline)
+
+    def _rejoin(self, epoch: int, index: int, deadline: float) -> None:
+        assert self._join_body is not None and self.client.rediscovery is not None
+        body = dict(self._join_body, start_epoch=epoch, start_batch=index)
+        if "epochs" in body:  # counted from the first join's start: what is left of them from here
+            body["epochs"] = int(self._join_body["epochs"]) - (epoch - int(self._join_body["start_epoch"]))
+        delays = backoff()
+        while True:
+            try:
+                info = _join_reply(self.client.do_action("prep.join", json.dumps(body).encode(), recover=False),
+                                   body.get("epochs"))
+                break
+            except (SidecarUnavailableError, DatasetNotFoundError) as e:
+                # not up yet, or the dataset not registered there again yet (its owner does that)
+                if not sleep_until(deadline, delays):
+                    raise self.client.rediscovery.gave_up(self.client.location, e) from None
+        log.info("unstall: prep member %s joined the restarted sidecar's group %s at epoch %d batch %d",
+                 self.member, info["group"], epoch, index)
+        self.info = info
+        self.rejoins += 1
+
     def batch(self, epoch: int, index: int) -> pa.RecordBatch:
         """One DoGet: waits until the group has prepared the batch, then receives it."""
+        return self._at(epoch, index, lambda: self._batch(epoch, index))
+
+    def _batch(self, epoch: int, index: int) -> pa.RecordBatch:
         ticket = fl.Ticket(encode_prep_ticket(self.group, self.member, epoch, index))
-        try:
-            table = self.client._client().do_get(ticket, self.client._options()).read_all()
-        except (fl.FlightError, pa.ArrowException) as e:
-            raise from_flight_error(e) from None
+        table = self.client._rpc(lambda conn, options: conn.do_get(ticket, options).read_all(), recover=False)
         batches = table.combine_chunks().to_batches()
         if len(batches) != 1:
             raise ProtocolMismatchError(f"expected one record batch, got {len(batches)}")
@@ -258,8 +314,8 @@ class Membership:
         batch; the mapping stays valid after that)."""
         if not self.shm:
             return batch_to_numpy(self.batch(epoch, index))
-        body = json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "batch": index}).encode()
-        r = json.loads(self.client.do_action("prep.next", body)[0])
+        r = self._at(epoch, index, lambda: json.loads(self.client.do_action("prep.next", self._at_body(epoch, index),
+                                                                          recover=False)[0]))
         shape = (int(r["rows"]),) + tuple(int(v) for v in r["shape"])
         tensors = np.memmap(r["path"], dtype=np.dtype(r["dtype"]).newbyteorder("<"), mode="r", shape=shape)
         return tensors, np.asarray(r["labels"], dtype=np.int64), np.asarray(r["ids"], dtype=np.int64)
@@ -274,19 +330,21 @@ class Membership:
     def claim(self, epoch: int, index: int) -> dict[str, Any]:
         """External groups: waits until the batch is ready (``{"state": "ready"}``) or it is this member's turn
         to prepare it (``{"state": "produce", "ids": [...]}``)."""
-        body = json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "batch": index}).encode()
-        return json.loads(self.client.do_action("prep.claim", body)[0])
+        return self._at(epoch, index, lambda: json.loads(
+            self.client.do_action("prep.claim", self._at_body(epoch, index), recover=False)[0]))
+
+    def _at_body(self, epoch: int, index: int) -> bytes:
+        return json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "batch": index}).encode()
 
     def upload(self, epoch: int, index: int, batch: pa.RecordBatch) -> None:
         """DoPut of a batch this member prepared for the group (its ``id`` column: the claimed ids)."""
-        cmd = json.dumps({"prep.put": {"group": self.group, "member": self.member, "epoch": epoch, "batch": index}})
-        try:
-            writer, _ = self.client._client().do_put(
-                fl.FlightDescriptor.for_command(cmd.encode()), batch.schema, self.client._options())
+        def put(conn: fl.FlightClient, options: fl.FlightCallOptions) -> None:
+            cmd = json.dumps({"prep.put": {"group": self.group, "member": self.member, "epoch": epoch, "batch": index}})
+            writer, _ = conn.do_put(fl.FlightDescriptor.for_command(cmd.encode()), batch.schema, options)
             writer.write_batch(batch)
             writer.close()
-        except (fl.FlightError, pa.ArrowException) as e:
-            raise from_flight_error(e) from None
+
+        self._at(epoch, index, lambda: self.client._rpc(put, recover=False))
 
     def leave(self) -> None:
         """Leaves the group (idempotent; a member already gone is fine)."""
@@ -294,9 +352,10 @@ class Membership:
             return
         self._stop.set()
         try:
-            self.client.do_action("prep.leave", json.dumps({"group": self.group, "member": self.member}).encode())
+            self.client.do_action("prep.leave", json.dumps({"group": self.group, "member": self.member}).encode(),
+                                  recover=False)
         except SidecarError:
-            pass
+            pass  # gone already (with its group, or with its sidecar)
 
     def __enter__(self) -> Membership:
         return self
@@ -378,7 +437,14 @@ def join(
         raise ValueError(f"start_batch {start_batch} needs start_epoch")
     if transport == "shm" or (transport == "auto" and _local(client.location) and os.path.isdir("/dev/shm")):
         body["shm"] = True
-    results = client.do_action("prep.join", json.dumps(body).encode())
+    info = _join_reply(client.do_action("prep.join", json.dumps(body).encode()), epochs)
+    body.setdefault("start_epoch", int(info["start_epoch"]))  # where this member's epochs count from
+    m = Membership(client=client, dataset=dataset, info=info, _join_body=body)
+    m._start_heartbeat()
+    return m
+
+
+def _join_reply(results: list[bytes], epochs: Optional[int]) -> dict[str, Any]:
     if len(results) != 1:
         raise ProtocolMismatchError(f"prep.join returned {len(results)} results, expected 1")
     info = json.loads(results[0])
@@ -386,9 +452,7 @@ def join(
         info["epochs"] = int(epochs)
     if info.get("v") != PROTOCOL_VERSION:
         raise ProtocolMismatchError(f"prep.join: unsupported version {info.get('v')!r}")
-    m = Membership(client=client, dataset=dataset, info=info)
-    m._start_heartbeat()
-    return m
+    return dict(info)
 
 
 def _local(location: str) -> bool:
