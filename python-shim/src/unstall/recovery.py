@@ -205,6 +205,8 @@ def call_with_recovery(client: Recoverable, attempt: Callable[[], T]) -> T:
                 raise
             if deadline is None:
                 deadline = time.monotonic() + client.rediscovery.deadlines.recovery
+            elif not sleep_until(deadline, delays):  # failed again where the sidecar answers: back off, bounded
+                raise client.rediscovery.gave_up(client.endpoint().flight, e) from None
             client.move_to(client.rediscovery.find(client.endpoint(), deadline, e))
             client.moved_at = time.monotonic()
         except DatasetNotFoundError as e:

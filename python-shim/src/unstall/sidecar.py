@@ -464,10 +464,7 @@ class Sidecar:
             if gateway is not None:
                 return gateway
             if self._control is None:
-                raise SidecarUnavailableError(
-                    f"no control port is known for the sidecar at {self.flight_location}; "
-                    "set UNSTALL_CONTROL_PORT or pass control_port="
-                )
+                raise self._no_control_port()
             host, port = self._control
             try:
                 gateway = _Gateway(
@@ -513,6 +510,11 @@ class Sidecar:
     def started(self) -> bool:
         """True when this object started the sidecar process (and will stop it)."""
         return self.process is not None
+
+    @property
+    def has_control_plane(self) -> bool:
+        """True when the control port is known (registration and stats go over Py4J, never gRPC)."""
+        return self._control is not None
 
     @property
     def closed(self) -> bool:
@@ -566,7 +568,15 @@ class Sidecar:
 
     def _call(self, method: str, *args: Any, timeout: Optional[float] = None) -> Any:
         """A control-plane call; after a sidecar fault, once it is recovered, the same call again."""
+        if self._control is None:  # not a fault: nothing to wait for
+            raise self._no_control_port()
         return call_with_recovery(self, lambda: self._call_once(method, *args, timeout=timeout))
+
+    def _no_control_port(self) -> SidecarUnavailableError:
+        return SidecarUnavailableError(
+            f"no control port is known for the sidecar at {self.flight_location}; "
+            "set UNSTALL_CONTROL_PORT or pass control_port="
+        )
 
     def _control_address(self) -> str:
         return f"{self._control[0]}:{self._control[1]}" if self._control is not None else "(no control port)"

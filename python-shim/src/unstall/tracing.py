@@ -333,7 +333,7 @@ def _dataset_stats(dataset: Any) -> Any:
     """The sidecar's per-dataset counters over the control plane (never Flight: this process may
     still fork DataLoader workers), or None."""
     sidecar = _sidecars.get(dataset)
-    if sidecar is None or getattr(sidecar, "_entry", None) is None:
+    if sidecar is None or not getattr(sidecar, "has_control_plane", False):
         return None
     try:
         return sidecar.stats().dataset(dataset.name)
