@@ -8,9 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator
 
 import pytest
 
@@ -61,20 +60,6 @@ def missing(why: str) -> None:
 
 
 SidecarFactory = Callable[..., unstall.Sidecar]
-T = TypeVar("T")
-
-
-def wait_until(probe: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.05) -> T:
-    """Polls ``probe`` until it returns something truthy (returned), failing after ``timeout`` seconds
-    with ``what`` in the message: the bounded wait for tests (never a bare sleep loop)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")
@@ -107,11 +92,3 @@ def _no_ambient_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def poll_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
-    """Waits until ``condition()`` holds, checking every ``interval`` s; fails naming ``what`` after ``timeout`` s
-    (a bound on a hang, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting until {what}")
-        time.sleep(interval)

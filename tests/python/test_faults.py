@@ -22,7 +22,7 @@ import pytest
 import unstall
 from unstall.recovery import Deadlines
 from unstall.torch import DataLoader, Dataset
-from conftest import wait_until
+from waits import wait_until
 from fault_trials import count_epoch, keep, lost_and_duplicated, make_dataset, serve_standalone, state_pid
 
 EPOCHS = 3

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import unstall
-from conftest import poll_until
+from waits import wait_until
 from datagen import make_image_folder
 from test_prep_support import BATCH, N_SAMPLES, PIPELINE_NCHW, PrepEnv, start_env
 
@@ -101,7 +101,7 @@ def test_a_killed_prep_group_member_resumes_and_the_skipped_batches_are_never_pr
     assert consumed == whole["seen"][: len(consumed)]
     # The killed member's group closes once it is dropped (no heartbeat): the restored job starts a new one.
     groups = set(env.stats()["groups"])
-    poll_until(lambda: all(env.group_stats(g)["state"] == "closed" for g in groups), 60,
+    wait_until(lambda: all(env.group_stats(g)["state"] == "closed" for g in groups),
                "the killed member is dropped and its group closes")
     resumed = run({**spec, "restore": ck["checkpoint"]}, env.sidecar.home, tmp_path, **token)
     assert consumed + resumed["seen"] == whole["seen"], "the prepared batches continue as if never killed"
