@@ -1,5 +1,6 @@
 package io.unstall.tests;
 
+import static org.awaitility.Awaitility.await;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -25,6 +26,7 @@ import org.apache.arrow.flight.Location;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.VarBinaryVector;
+import org.awaitility.core.ConditionTimeoutException;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
@@ -54,14 +56,13 @@ class SidecarProcessIT {
   }
 
   private String awaitLog(String needle) throws Exception {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-    while (System.nanoTime() < deadline) {
-      if (Files.exists(dir.resolve("log")) && log().contains(needle)) {
-        return log();
-      }
-      Thread.sleep(50);
+    try {
+      await("the sidecar logging '" + needle + "'").atMost(Duration.ofSeconds(60)).pollInterval(Duration.ofMillis(50))
+          .until(() -> Files.exists(dir.resolve("log")) && log().contains(needle));
+    } catch (ConditionTimeoutException e) {
+      throw new AssertionError("sidecar never logged '" + needle + "'; log:\n" + log());
     }
-    throw new AssertionError("sidecar never logged '" + needle + "'; log:\n" + log());
+    return log();
   }
 
   @Test

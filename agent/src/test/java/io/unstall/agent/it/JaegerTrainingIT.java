@@ -1,5 +1,6 @@
 package io.unstall.agent.it;
 
+import static org.awaitility.Awaitility.await;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
@@ -22,6 +23,8 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
+import org.awaitility.core.ConditionTimeoutException;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
@@ -210,58 +213,50 @@ class JaegerTrainingIT {
     throw new AssertionError("rule " + rule + " did not fire: " + profile.get("suggestions"));
   }
 
-  static void awaitJaeger(HttpClient http, String query, Process p) throws Exception {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-    while (System.nanoTime() < deadline) {
-      if (!p.isAlive()) {
-        fail("Jaeger exited with " + p.exitValue() + " before it was ready; see jaeger.log");
-      }
-      try {
-        HttpResponse<String> r = http.send(
-            HttpRequest.newBuilder(URI.create(query + "/api/services")).build(),
-            HttpResponse.BodyHandlers.ofString());
-        if (r.statusCode() == 200) {
-          return;
-        }
-      } catch (IOException notYet) {
-        // not listening yet
-      }
-      Thread.sleep(200);
-    }
-    fail("Jaeger did not answer on " + query + " within 60 s");
+  static void awaitJaeger(HttpClient http, String query, Process p) {
+    await("Jaeger answering on " + query).atMost(Duration.ofSeconds(60)).pollInterval(Duration.ofMillis(200))
+        .until(() -> {
+          if (!p.isAlive()) {
+            fail("Jaeger exited with " + p.exitValue() + " before it was ready; see jaeger.log");
+          }
+          try {
+            return http.send(HttpRequest.newBuilder(URI.create(query + "/api/services")).build(),
+                HttpResponse.BodyHandlers.ofString()).statusCode() == 200;
+          } catch (IOException notYet) {
+            return false; // not listening yet
+          }
+        });
   }
 
   /** Polls Jaeger until it holds {@code expected} stall spans for the service (or 60 s pass). */
-  static List<JsonNode> awaitStallSpans(HttpClient http, String query, String service, int expected)
-      throws Exception {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+  static List<JsonNode> awaitStallSpans(HttpClient http, String query, String service, int expected) {
     List<JsonNode> stalls = new ArrayList<>();
-    String last = "";
-    while (System.nanoTime() < deadline) {
-      HttpResponse<String> r =
-          http.send(
-              HttpRequest.newBuilder(
-                      URI.create(query + "/api/traces?service=" + service + "&limit=1000"))
-                  .build(),
-              HttpResponse.BodyHandlers.ofString(StandardCharsets.UTF_8));
-      last = r.body();
-      stalls.clear();
-      if (r.statusCode() == 200) {
-        for (JsonNode trace : ForkedJvm.JSON.readTree(last).path("data")) {
-          for (JsonNode span : trace.get("spans")) {
-            if (span.get("operationName").asText().equals("unstall.stall")) {
-              stalls.add(span);
+    AtomicReference<String> last = new AtomicReference<>("");
+    try {
+      await("stall spans of " + service + " in Jaeger").atMost(Duration.ofSeconds(60))
+          .pollInterval(Duration.ofMillis(250))
+          .until(() -> {
+            HttpResponse<String> r = http.send(
+                HttpRequest.newBuilder(URI.create(query + "/api/traces?service=" + service + "&limit=1000")).build(),
+                HttpResponse.BodyHandlers.ofString(StandardCharsets.UTF_8));
+            last.set(r.body());
+            stalls.clear();
+            if (r.statusCode() != 200) {
+              return false;
             }
-          }
-        }
-        if (stalls.size() >= expected) {
-          return stalls;
-        }
-      }
-      Thread.sleep(250);
+            for (JsonNode trace : ForkedJvm.JSON.readTree(r.body()).path("data")) {
+              for (JsonNode span : trace.get("spans")) {
+                if (span.get("operationName").asText().equals("unstall.stall")) {
+                  stalls.add(span);
+                }
+              }
+            }
+            return stalls.size() >= expected;
+          });
+    } catch (ConditionTimeoutException e) {
+      fail("Jaeger has " + stalls.size() + " of " + expected + " stall spans; last answer: "
+          + last.get().substring(0, Math.min(2000, last.get().length())));
     }
-    fail("Jaeger has " + stalls.size() + " of " + expected + " stall spans; last answer: "
-        + last.substring(0, Math.min(2000, last.length())));
     return stalls;
   }
 

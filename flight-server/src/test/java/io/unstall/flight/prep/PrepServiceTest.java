@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import static org.awaitility.Awaitility.await;
 import io.unstall.flight.protocol.PrepTicket;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -19,6 +20,7 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -305,10 +307,7 @@ class PrepServiceTest {
       assertEquals(5, s.get("batches_prepared").asInt());
       assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong());
       for (String p : paths) { // freed with the batch: the file is gone once the group closed
-        for (int i = 0; i < 500 && Files.exists(Path.of(p)); i++) {
-          Thread.sleep(10);
-        }
-        assertFalse(Files.exists(Path.of(p)), p);
+        await("removal of " + p).atMost(Duration.ofSeconds(5)).until(() -> !Files.exists(Path.of(p)));
       }
     } finally {
       pool.shutdownNow();

@@ -1,5 +1,6 @@
 package io.unstall.flight.storage;
 
+import static org.awaitility.Awaitility.await;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -20,6 +21,7 @@ import java.nio.file.AccessDeniedException;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -96,10 +98,7 @@ class S3StorageTest {
             .awsAuthentication(AuthenticationType.AWS_V2_OR_V4, AK, SK)
             .build();
     proxy.start();
-    for (int i = 0; i < 500 && !proxy.getState().equals("STARTED"); i++) {
-      Thread.sleep(10);
-    }
-    assertEquals("STARTED", proxy.getState());
+    await("S3Proxy started").atMost(Duration.ofSeconds(5)).until(() -> proxy.getState().equals("STARTED"));
     endpoint = URI.create("http://127.0.0.1:" + proxy.getPort());
     admin =
         S3Client.builder()
