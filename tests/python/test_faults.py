@@ -252,10 +252,11 @@ def test_a_dead_worker_is_reraised_and_the_next_epoch_is_whole(sidecar: unstall.
     assert lost_and_duplicated(seen, files) == (0, 0) and wrong == 0 and sum(seen.values()) == 60
 
 
-def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int]) -> tuple[list, list[int], int]:
-    """EPOCHS epochs of a prep group member (sidecar-side decode + augmentation, shared memory), SIGKILLing
-    the sidecar after the batches numbered in ``kill_at``: (epoch, ids, tensor digest) per batch, the pids
-    killed, and how often the member joined a restarted sidecar's group again."""
+def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int],
+                 sig: signal.Signals = signal.SIGKILL) -> tuple[list, list[int], int]:
+    """EPOCHS epochs of a prep group member (sidecar-side decode + augmentation, shared memory), sending
+    ``sig`` to the sidecar after the batches numbered in ``kill_at``: (epoch, ids, tensor digest) per batch,
+    the pids signalled, and how often the member joined a restarted sidecar's group again."""
     from unstall import prep
     from test_prep_support import PIPELINE_NCHW, digest
 
@@ -271,7 +272,7 @@ def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int]) -> tup
             if step in kill_at:
                 wait_until(lambda: sidecar.restarts == len(killed) and sidecar.healthy(), "the previous outage to end")
                 killed.append(sidecar.pid)
-                os.kill(sidecar.pid, signal.SIGKILL)
+                os.kill(sidecar.pid, sig)
             step += 1
     rejoins = loader.membership.rejoins
     loader.close()
@@ -279,10 +280,12 @@ def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int]) -> tup
 
 
 @pytest.mark.slow
-def test_sigkill_under_a_prep_group_member_every_batch_exactly_once(start_sidecar, tmp_path: Path) -> None:
-    """The same faults for a coordinated-prep member: after each restart it joins the new sidecar's group at
-    the batch in hand, which is prepared again from the same seed: every epoch has every sample exactly once,
-    batch for batch the same tensors as a run without faults."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["SIGKILL", "SIGSTOP"])
+def test_faults_under_a_prep_group_member_every_batch_exactly_once(start_sidecar, tmp_path: Path,
+                                                                     sig: signal.Signals) -> None:
+    """The same faults for a coordinated-prep member: after each restart (a hung sidecar is killed first) it
+    joins the new sidecar's group at the batch in hand, which is prepared again from the same seed: every epoch
+    has every sample exactly once, batch for batch the same tensors as a run without faults."""
     from test_prep_support import make_images
 
     root = make_images(tmp_path / "imgs", 30)
@@ -291,10 +294,11 @@ def test_sigkill_under_a_prep_group_member_every_batch_exactly_once(start_sideca
     seed = int(os.environ.get("UNSTALL_FAULT_SEED") or random.randrange(1 << 30))
     kill_at = set(random.Random(seed).sample(range(EPOCHS * per_epoch - 1), 5))
     sidecar = start_sidecar("64MiB", extra_args=["--disk-cache-dir", str(tmp_path / "disk")], deadlines=FAST)
-    seen, killed, rejoins = _prep_epochs(sidecar, root, kill_at)
+    seen, killed, rejoins = _prep_epochs(sidecar, root, kill_at, sig)
     for epoch in range(EPOCHS):
         ids = sorted(i for e, batch, _ in seen if e == epoch for i in batch)
         assert ids == list(range(30)), f"epoch {epoch} (seed {seed}): every sample exactly once"
     assert seen == reference, f"the same batches, the same prepared tensors (seed {seed})"
     assert len(killed) == 5 and sidecar.pid not in killed
+    assert not any(unstall.sidecar._pid_alive(p) for p in killed), "a hung sidecar is killed, never left beside"
     assert rejoins == 5, f"one new group per restart (seed {seed})"
