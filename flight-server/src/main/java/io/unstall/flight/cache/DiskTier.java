@@ -25,6 +25,10 @@ import org.slf4j.LoggerFactory;
  * possibly torn) have their data verified at opening, and a torn one is dropped. One sidecar at a time owns
  * the directory: a second one is refused at opening ({@code tier.lock}, naming the holder's pid).
  *
+ * <p>A write that fails (disk full, EIO) gives its space back, or, when entries were placed after it, marks it
+ * as a hole (a header with the all-zero digest) that opening steps over: one failed write never costs the
+ * entries after it.
+ *
  * <pre>entry: "UNSD" | digest[32] | u32 length | u32 dataCrc | u32 headerCrc | data[length]   (little-endian)
  * tier.checkpoint: "UNSC" | u64 durableEnd | u32 crc   (little-endian)</pre>
  */
@@ -50,13 +54,26 @@ public final class DiskTier implements AutoCloseable {
   /** Offsets of entries reserved whose bytes are still being written; guarded by this. */
   private final java.util.TreeSet<Long> writing = new java.util.TreeSet<>();
   private final Object checkpointing = new Object();
+  /** Writes {@code src} at a position of the file (the file itself; tests put a failing one in front). */
+  private final Writer writes;
+
+  /** A positional write to the tier's file. */
+  interface Writer {
+    void write(ByteBuffer src, long pos) throws IOException;
+  }
 
   /** Opens (or creates) the tier in {@code dir}; fails naming the directory if another sidecar holds it. */
   public DiskTier(Path dir, long capacityBytes) throws IOException {
+    this(dir, capacityBytes, null);
+  }
+
+  /** With the file's writes passed through {@code writes} (a test's injected fault), when not null. */
+  DiskTier(Path dir, long capacityBytes, java.util.function.UnaryOperator<Writer> writes) throws IOException {
     Files.createDirectories(dir);
     this.file = dir.resolve(FILE);
     this.checkpointFile = dir.resolve(CHECKPOINT);
     this.capacity = capacityBytes;
+    this.writes = writes == null ? this::writeFully : writes.apply(this::writeFully);
     this.lock = LockFile.acquire(dir.resolve(LOCK), "disk cache directory " + dir.toAbsolutePath(),
         "give each sidecar its own --disk-cache-dir");
     FileChannel ch = null;
@@ -85,6 +102,7 @@ public final class DiskTier implements AutoCloseable {
     long durable = Math.min(readCheckpoint(), size);
     long pos = 0;
     int torn = 0;
+    int holes = 0;
     ByteBuffer h = ByteBuffer.allocate(HEADER).order(ByteOrder.LITTLE_ENDIAN);
     while (pos + HEADER <= size) {
       h.clear();
@@ -94,8 +112,11 @@ public final class DiskTier implements AutoCloseable {
       if (loc == null || pos + HEADER + loc.length() > size) {
         break;
       }
-      if (pos + HEADER + loc.length() <= durable || dataCrc(loc) == loc.crc()) {
-        index.put(Digest.fromBytes(ByteBuffer.wrap(h.array(), 4, Digest.BYTES)), loc);
+      Digest key = Digest.fromBytes(ByteBuffer.wrap(h.array(), 4, Digest.BYTES));
+      if (key.equals(HOLE)) {
+        holes++; // the space of a write that failed: skipped, never indexed
+      } else if (pos + HEADER + loc.length() <= durable || dataCrc(loc) == loc.crc()) {
+        index.put(key, loc);
       } else {
         torn++;
       }
@@ -110,6 +131,9 @@ public final class DiskTier implements AutoCloseable {
       LOG.warn("disk tier {}: dropped {} entries written after the last checkpoint whose data is torn", file, torn);
     }
     end = pos;
+    if (holes > 0) {
+      LOG.info("disk tier {}: skipped {} holes left by failed writes", file, holes);
+    }
     if (!index.isEmpty()) {
       LOG.info("disk tier {}: recovered {} entries, {} bytes ({} checkpointed)", file, index.size(), end, durable);
     }
@@ -239,16 +263,47 @@ public final class DiskTier implements AutoCloseable {
       end += HEADER + length;
       writing.add(pos);
     }
+    boolean written = false;
     try {
-      writeFully(h, pos);
-      writeFully(data.duplicate(), pos + HEADER);
+      writes.write(h, pos);
+      writes.write(data.duplicate(), pos + HEADER);
       index.put(key, new Loc(pos + HEADER, length, (int) c.getValue()));
+      written = true;
     } finally {
       synchronized (this) {
         writing.remove(pos);
+        if (!written) {
+          giveBack(pos, length);
+        }
       }
     }
     return true;
+  }
+
+  /** The digest a hole's header carries: no SHA-256 is all zeros. */
+  static final Digest HOLE = Digest.fromBytes(ByteBuffer.allocate(Digest.BYTES));
+
+  /**
+   * The space of a failed write (disk full, EIO). The last reservation is simply given back; one with later
+   * entries after it becomes a hole: a header naming {@link #HOLE} and the length, so that reopening the tier
+   * steps over it instead of cutting off every entry after it. Called holding this.
+   */
+  private void giveBack(long pos, int length) {
+    if (end == pos + HEADER + length) {
+      end = pos;
+      return;
+    }
+    ByteBuffer h = ByteBuffer.allocate(HEADER).order(ByteOrder.LITTLE_ENDIAN);
+    h.putInt(MAGIC).put(new byte[Digest.BYTES]).putInt(length).putInt(0);
+    CRC32C hc = new CRC32C();
+    hc.update(h.array(), 0, HEADER - 4);
+    h.putInt((int) hc.getValue()).flip();
+    try {
+      writes.write(h, pos);
+    } catch (IOException e) {
+      LOG.warn("disk tier {}: cannot mark the failed write at offset {} as a hole ({}); entries after it are"
+          + " lost when the tier is reopened", file, pos, e.toString());
+    }
   }
 
   private void readFully(ByteBuffer dst, long pos) throws IOException {

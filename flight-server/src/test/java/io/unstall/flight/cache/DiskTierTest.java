@@ -1,5 +1,6 @@
 package io.unstall.flight.cache;
 
+import static org.awaitility.Awaitility.await;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -7,12 +8,19 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
+import java.time.Duration;
 import java.util.Random;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.function.UnaryOperator;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
@@ -130,6 +138,57 @@ class DiskTierTest {
       assertFalse(t.contains(kb), "a torn entry past the checkpoint is dropped at opening");
       assertEquals(1, t.corruptDropped());
       assertArrayEquals(a, read(t, ka, 2000));
+    }
+  }
+
+  /**
+   * A write that fails (disk full, EIO) while a later entry was already placed after it: reopening the tier
+   * must step over its space, not cut off every entry after it.
+   */
+  @Test
+  void aFailedWriteLeavesAHoleThatReopeningStepsOver() throws Exception {
+    byte[] a = bytes(11, 2000);
+    byte[] b = bytes(12, 3000);
+    byte[] c = bytes(13, 4000);
+    Digest ka = Digest.of(ByteBuffer.wrap(a));
+    Digest kb = Digest.of(ByteBuffer.wrap(b));
+    Digest kc = Digest.of(ByteBuffer.wrap(c));
+    ByteBuffer kbBytes = ByteBuffer.allocate(Digest.BYTES);
+    kb.write(kbBytes);
+    CountDownLatch cWritten = new CountDownLatch(1);
+    UnaryOperator<DiskTier.Writer> failB = file -> (src, pos) -> {
+      if (src.remaining() == DiskTier.HEADER && src.duplicate().position(src.position() + 4)
+          .limit(src.position() + 4 + Digest.BYTES).equals(kbBytes.duplicate().flip())) {
+        try {
+          cWritten.await(5, TimeUnit.SECONDS); // C is placed after B and written before B's write fails
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+        }
+        throw new IOException("injected: No space left on device");
+      }
+      file.write(src, pos);
+    };
+    try (DiskTier t = new DiskTier(dir, 1 << 20, failB)) {
+      assertTrue(t.admit(ka, ByteBuffer.wrap(a)));
+      CompletableFuture<Boolean> bAdmit = CompletableFuture.supplyAsync(() -> {
+        try {
+          return t.admit(kb, ByteBuffer.wrap(b));
+        } catch (IOException e) {
+          throw new UncheckedIOException(e);
+        }
+      });
+      await("B's space reserved").atMost(Duration.ofSeconds(10))
+          .until(() -> t.usedBytes() == 2L * DiskTier.HEADER + a.length + b.length);
+      assertTrue(t.admit(kc, ByteBuffer.wrap(c)));
+      cWritten.countDown();
+      ExecutionException e = assertThrows(ExecutionException.class, bAdmit::get);
+      assertTrue(e.getCause() instanceof UncheckedIOException, e.toString());
+    }
+    try (DiskTier t = new DiskTier(dir, 1 << 20)) {
+      assertEquals(2, t.entries(), "A and C survive; B's space is a hole");
+      assertArrayEquals(a, read(t, ka, a.length));
+      assertArrayEquals(c, read(t, kc, c.length));
+      assertFalse(t.contains(kb));
     }
   }
 }
