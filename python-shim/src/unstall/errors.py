@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRequestError",
     "DatasetNotFoundError",
     "SessionNotFoundError",
+    "PrepGroupNotFoundError",
     "DataFileNotFoundError",
     "SidecarInternalError",
     "ResourceExhaustedError",
@@ -61,6 +62,11 @@ class DatasetNotFoundError(SidecarError, KeyError):
 
 class SessionNotFoundError(DatasetNotFoundError):
     """The session id is unknown to the sidecar: closed, or opened on a sidecar that has since restarted
+    (NOT_FOUND, like an unknown dataset)."""
+
+
+class PrepGroupNotFoundError(DatasetNotFoundError):
+    """The prep group is unknown to the sidecar: closed, or it died with a sidecar that has since restarted
     (NOT_FOUND, like an unknown dataset)."""
 
 
@@ -111,6 +117,8 @@ def from_status(status: str, msg: str, *, dataset: Optional[str] = None) -> Side
     if status == "NOT_FOUND":
         if msg.startswith("unknown session"):
             return SessionNotFoundError(msg, status)
+        if msg.startswith("prep group"):
+            return PrepGroupNotFoundError(msg, status)
         if dataset is not None and "registered" not in msg.lower() and _is_file_not_found(msg):
             return DataFileNotFoundError(msg, status)
         return DatasetNotFoundError(msg, status)

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple, TypeVar, Union
@@ -31,8 +30,8 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from .client import FlightClient
-from .recovery import backoff, sleep_until
-from .errors import DatasetNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
+from .recovery import call_with_recovery
+from .errors import PrepGroupNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from .protocol import KIND_PREP, PROTOCOL_VERSION, encode_prep_ticket
 from .state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
 
@@ -239,7 +238,7 @@ class Membership:
                     self.client.do_action("prep.heartbeat", body, recover=False)
                 except SidecarUnavailableError:
                     continue  # a sidecar fault: the next batch joins the restarted sidecar again
-                except DatasetNotFoundError:
+                except PrepGroupNotFoundError:
                     if self._join_body is not None and self.client.rediscovery is not None:
                         continue  # the group died with its sidecar; the next batch joins again
                     self.dropped = "the group is gone"
@@ -255,37 +254,17 @@ class Membership:
         """``attempt()`` for batch ``index`` of ``epoch``. After a sidecar fault, once the client found the
         sidecar again (restarted: its groups died with it), this member joins a group there again at this very
         batch and asks again: the batch is prepared again from the same seed, so no sample is lost or repeated."""
-        deadline: Optional[float] = None
-        while True:
-            try:
-                return attempt()
-            except (SidecarUnavailableError, DatasetNotFoundError) as e:
-                rediscovery = self.client.rediscovery
-                gone = isinstance(e, SidecarUnavailableError) or str(e).startswith("prep group")
-                if rediscovery is None or self._join_body is None or not gone:
-                    raise
-                if deadline is None:
-                    deadline = time.monotonic() + rediscovery.deadlines.recovery
-                if isinstance(e, SidecarUnavailableError):
-                    self.client.move_to(rediscovery.find(self.client.endpoint(), deadline, e))
-                    self.client.moved_at = time.monotonic()
-                self._rejoin(epoch, index, deadline)
+        if self._join_body is None:
+            return attempt()
+        return call_with_recovery(self.client, attempt, lambda: self._rejoin(epoch, index))
 
-    def _rejoin(self, epoch: int, index: int, deadline: float) -> None:
-        assert self._join_body is not None and self.client.rediscovery is not None
+    def _rejoin(self, epoch: int, index: int) -> None:
+        assert self._join_body is not None
         body = dict(self._join_body, start_epoch=epoch, start_batch=index)
         if "epochs" in body:  # counted from the first join's start: what is left of them from here
             body["epochs"] = int(self._join_body["epochs"]) - (epoch - int(self._join_body["start_epoch"]))
-        delays = backoff()
-        while True:
-            try:
-                info = _join_reply(self.client.do_action("prep.join", json.dumps(body).encode(), recover=False),
-                                   body.get("epochs"))
-                break
-            except (SidecarUnavailableError, DatasetNotFoundError) as e:
-                # not up yet, or the dataset not registered there again yet (its owner does that)
-                if not sleep_until(deadline, delays):
-                    raise self.client.rediscovery.gave_up(self.client.location, e) from None
+        # with recovery: the dataset may not be registered on the restarted sidecar yet (its owner does that)
+        info = _join_reply(self.client.do_action("prep.join", json.dumps(body).encode()), body.get("epochs"))
         log.info("unstall: prep member %s joined the restarted sidecar's group %s at epoch %d batch %d",
                  self.member, info["group"], epoch, index)
         self.info = info

@@ -33,7 +33,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, TypeVar
 
-from .errors import DatasetNotFoundError, SessionNotFoundError, SidecarError, SidecarUnavailableError
+from .errors import (
+    DatasetNotFoundError,
+    PrepGroupNotFoundError,
+    SessionNotFoundError,
+    SidecarError,
+    SidecarUnavailableError,
+)
 
 if TYPE_CHECKING:
     from .sidecar import Sidecar
@@ -188,12 +194,15 @@ class Recoverable(Protocol):
     def move_to(self, endpoint: Endpoint) -> None: ...
 
 
-def call_with_recovery(client: Recoverable, attempt: Callable[[], T]) -> T:
+def call_with_recovery(client: Recoverable, attempt: Callable[[], T],
+                       reestablish: Optional[Callable[[], None]] = None) -> T:
     """``attempt()``, again after each sidecar fault once ``client.rediscovery`` found the sidecar again
     (the client moved there).
 
     A restarted sidecar knows a dataset only once its owner registered it again: "unknown dataset"
-    within the recovery deadline of the client's last move is waited out too.
+    within the recovery deadline of the client's last move is waited out too. State of the caller's that
+    died with the old sidecar (a prep group: ``PrepGroupNotFoundError``) is made again by ``reestablish``
+    after each move, and when the sidecar says it is unknown; without it that error is raised.
     """
     deadline: Optional[float] = None
     delays = backoff()
@@ -209,6 +218,12 @@ def call_with_recovery(client: Recoverable, attempt: Callable[[], T]) -> T:
                 raise client.rediscovery.gave_up(client.endpoint().flight, e) from None
             client.move_to(client.rediscovery.find(client.endpoint(), deadline, e))
             client.moved_at = time.monotonic()
+            if reestablish is not None:
+                reestablish()
+        except PrepGroupNotFoundError:
+            if reestablish is None or client.rediscovery is None:
+                raise
+            reestablish()
         except DatasetNotFoundError as e:
             if client.rediscovery is None or client.moved_at is None or isinstance(e, SessionNotFoundError):
                 raise
