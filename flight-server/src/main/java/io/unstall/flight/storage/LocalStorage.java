@@ -43,8 +43,8 @@ public final class LocalStorage implements Storage {
     final long mtimeNs;
     final int head;
     final int tail;
-    volatile boolean checked;
-    volatile long checkedAt;
+    /** When a read in parts last checked it in full; "long ago" until the first such read. */
+    volatile long checkedAt = System.nanoTime() - RECHECK_NANOS;
     /** Why the file no longer matches, once a read saw it; then every read of it fails at once. */
     volatile String changed;
 
@@ -56,7 +56,7 @@ public final class LocalStorage implements Storage {
     }
 
     boolean due(long now) {
-      return !checked || now - checkedAt >= RECHECK_NANOS;
+      return now - checkedAt >= RECHECK_NANOS;
     }
   }
 
@@ -127,9 +127,7 @@ public final class LocalStorage implements Storage {
     while (b.hasRemaining() && ch.read(b, from + b.position()) >= 0) {
       // until full or at the end
     }
-    CRC32C c = new CRC32C();
-    c.update(b.flip());
-    return (int) c.getValue();
+    return crc(b, 0, b.position());
   }
 
   /** Checks a pinned file before a read of [offset, end) through {@code ch}; returns whether it reads both edges. */
@@ -153,7 +151,6 @@ public final class LocalStorage implements Storage {
         throw changed(p, pin, "its content differs from when it was indexed, though its size and mtime do not");
       }
       pin.checkedAt = now;
-      pin.checked = true;
     }
     return whole;
   }
@@ -161,14 +158,17 @@ public final class LocalStorage implements Storage {
   /** After a whole-file read into {@code read} (from its position): its edges must match the pin. */
   private void checkEdges(Path p, Pin pin, ByteBuffer read) throws IOException {
     int start = read.position() - (int) pin.size;
-    CRC32C c = new CRC32C();
-    c.update(read.duplicate().position(start).limit(start + (int) Math.min(EDGE, pin.size)));
-    int head = (int) c.getValue();
-    c.reset();
-    c.update(read.duplicate().position(start + (int) Math.max(0, pin.size - EDGE)).limit(start + (int) pin.size));
-    if (head != pin.head || (int) c.getValue() != pin.tail) {
+    if (crc(read, start, start + Math.min(EDGE, pin.size)) != pin.head
+        || crc(read, start + Math.max(0, pin.size - EDGE), start + pin.size) != pin.tail) {
       throw changed(p, pin, "its content differs from when it was indexed, though its size does not");
     }
+  }
+
+  /** The CRC32C of bytes [from, to) of {@code b}. */
+  private static int crc(ByteBuffer b, long from, long to) {
+    CRC32C c = new CRC32C();
+    c.update(b.duplicate().position((int) from).limit((int) to));
+    return (int) c.getValue();
   }
 
   private static SourceChangedException changed(Path p, Pin pin, String how) {
