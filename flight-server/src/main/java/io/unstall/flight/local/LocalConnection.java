@@ -2,7 +2,6 @@ package io.unstall.flight.local;
 
 import static io.unstall.flight.protocol.LocalFrames.*;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.UnstallProducer;
@@ -106,16 +105,12 @@ final class LocalConnection implements Runnable {
         return ok(o);
       }
       case OPEN -> {
-        JsonNode req = JSON.readTree(StandardCharsets.UTF_8.decode(body).toString());
-        String dataset = req.path("dataset").asText("");
-        if (dataset.isEmpty()) {
-          throw new IllegalArgumentException("OPEN needs {\"dataset\": name}");
-        }
-        FetchSession s = service.open(dataset, req.path("name").asText("pid ?"));
+        LocalFrames.Open req = LocalFrames.parseOpen(body);
+        FetchSession s = service.open(req.dataset(), req.name());
         synchronized (opened) {
           opened.add(s.id());
         }
-        return ok(JSON.createObjectNode().put("v", 1).put("session", s.id()).put("dataset", dataset));
+        return ok(JSON.createObjectNode().put("v", 1).put("session", s.id()).put("dataset", req.dataset()));
       }
       case FETCH -> {
         LocalFrames.IdList req = LocalFrames.parseIds(body, FETCH);
@@ -203,13 +198,14 @@ final class LocalConnection implements Runnable {
     if (!readFully(header, true)) {
       return null;
     }
-    long len = Integer.toUnsignedLong(header.flip().getInt());
-    if (len < 1 || len > MAX_FRAME) {
-      write(ch, ByteBuffer.wrap(LocalFrames.error(INVALID_ARGUMENT,
-          "malformed local request: frame length " + len + " not in 1.." + MAX_FRAME)));
-      throw new EOFException("bad frame length " + len);
+    int len;
+    try {
+      len = LocalFrames.bodyLength(Integer.toUnsignedLong(header.flip().getInt()), authenticated);
+    } catch (IllegalArgumentException e) {
+      write(ch, ByteBuffer.wrap(LocalFrames.error(INVALID_ARGUMENT, e.getMessage())));
+      throw new EOFException(e.getMessage());
     }
-    ByteBuffer body = ByteBuffer.allocate((int) len).order(ByteOrder.LITTLE_ENDIAN);
+    ByteBuffer body = ByteBuffer.allocate(len).order(ByteOrder.LITTLE_ENDIAN);
     readFully(body, false);
     return body.flip();
   }

@@ -2,14 +2,11 @@ package io.unstall.flight.prep;
 
 import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.shm.SharedMemory;
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
-import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -49,7 +46,6 @@ public final class PrepService implements AutoCloseable {
   public static final String ACTION_CLAIM = "prep.claim";
   /** Group key fingerprints of external groups: members prepare batches with their own transforms. */
   static final String EXTERNAL_PREFIX = "python:";
-  private static final ObjectMapper JSON = new ObjectMapper();
   private static final int HISTORY = 64;
 
   private final DatasetRegistry registry;
@@ -110,35 +106,25 @@ public final class PrepService implements AutoCloseable {
   public byte[] doAction(Action action, BooleanSupplier cancelled) throws Exception {
     String type = action.getType();
     String out = switch (type) {
-      case ACTION_JOIN -> join(body(action)).toString();
+      case ACTION_JOIN -> join(PrepRequests.join(PrepRequests.body(type, action.getBody()))).toString();
       case ACTION_HEARTBEAT -> {
-        JsonNode b = body(action);
-        group(b).heartbeat(memberOf(b));
+        PrepRequests.Member m = PrepRequests.member(PrepRequests.body(type, action.getBody()));
+        group(m.group()).heartbeat(m.member());
         yield "{\"v\":1,\"ok\":true}";
       }
       case ACTION_LEAVE -> {
-        JsonNode b = body(action);
-        group(b).leave(memberOf(b));
+        PrepRequests.Member m = PrepRequests.member(PrepRequests.body(type, action.getBody()));
+        group(m.group()).leave(m.member());
         yield "{\"v\":1,\"left\":true}";
       }
       case ACTION_STATS -> statsJson();
       case ACTION_CLAIM -> {
-        JsonNode b = body(action);
-        long epoch = b.path("epoch").asLong(-1);
-        long batch = b.path("batch").asLong(-1);
-        if (epoch < 0 || batch < 0) {
-          throw new IllegalArgumentException("prep.claim: \"epoch\" and \"batch\" (non-negative integers) are required");
-        }
-        yield group(b).claim(memberOf(b), epoch, batch, cancelled).toString();
+        PrepRequests.At at = PrepRequests.at(type, PrepRequests.body(type, action.getBody()));
+        yield group(at.group()).claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
       }
       case ACTION_NEXT -> {
-        JsonNode b = body(action);
-        long epoch = b.path("epoch").asLong(-1);
-        long batch = b.path("batch").asLong(-1);
-        if (epoch < 0 || batch < 0) {
-          throw new IllegalArgumentException("prep.next: \"epoch\" and \"batch\" (non-negative integers) are required");
-        }
-        yield group(b).next(memberOf(b), epoch, batch, cancelled).toString();
+        PrepRequests.At at = PrepRequests.at(type, PrepRequests.body(type, action.getBody()));
+        yield group(at.group()).next(at.member(), at.epoch(), at.batch(), cancelled).toString();
       }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
           + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_STATS))
@@ -157,19 +143,11 @@ public final class PrepService implements AutoCloseable {
 
   public void acceptPut(FlightStream stream, BooleanSupplier cancelled)
       throws Exception {
-    JsonNode c;
-    try {
-      c = JSON.readTree(stream.getDescriptor().getCommand()).get("prep.put");
-    } catch (IOException e) {
-      throw new IllegalArgumentException("prep.put: the descriptor command is not valid JSON");
-    }
-    if (c == null || !c.isObject()) {
-      throw new IllegalArgumentException("prep.put: expected {\"prep.put\":{\"group\",\"member\",\"epoch\",\"batch\"}}");
-    }
+    PrepRequests.At at = PrepRequests.put(stream.getDescriptor().getCommand());
     if (!stream.next()) {
       throw new IllegalArgumentException("prep.put: the stream carries no record batch");
     }
-    group(c).upload(memberOf(c), c.path("epoch").asLong(), c.path("batch").asLong(), stream.getRoot(), cancelled);
+    group(at.group()).upload(at.member(), at.epoch(), at.batch(), stream.getRoot(), cancelled);
     while (stream.next()) {
       // one batch per upload; drain anything else
     }
@@ -189,20 +167,7 @@ public final class PrepService implements AutoCloseable {
     g.serve(t, listener);
   }
 
-  private static JsonNode body(Action action) {
-    try {
-      JsonNode n = JSON.readTree(action.getBody());
-      if (n == null || !n.isObject()) {
-        throw new IllegalArgumentException(action.getType() + ": the body must be a JSON object");
-      }
-      return n;
-    } catch (IOException e) {
-      throw new IllegalArgumentException(action.getType() + ": the body is not valid JSON (" + e.getMessage() + ")");
-    }
-  }
-
-  private PrepGroup group(JsonNode b) {
-    String id = b.path("group").asText("");
+  private PrepGroup group(String id) {
     synchronized (this) {
       PrepGroup g = byId.get(id);
       if (g == null) {
@@ -212,64 +177,18 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
-  private static long memberOf(JsonNode b) {
-    JsonNode m = b.get("member");
-    if (m == null || !m.canConvertToLong()) {
-      throw new IllegalArgumentException("\"member\" (the id prep.join returned) is required, got " + m);
-    }
-    return m.asLong();
-  }
-
-  ObjectNode join(JsonNode b) throws Exception {
-    String dsName = b.path("dataset").asText("");
-    if (dsName.isEmpty()) {
-      throw new IllegalArgumentException("prep.join: \"dataset\" (a registered dataset's name) is required");
-    }
-    Dataset d = registry.get(dsName);
-    JsonNode p = b.get("pipeline");
-    String external = null;
-    if (p != null && p.isObject() && p.has("python")) {
-      // Python-side transforms: the sidecar shares the fetch, the order and the batches members upload.
-      external = p.get("python").asText("");
-      if (external.isEmpty() || p.size() != 1) {
-        throw new IllegalArgumentException(
-            "prep.join: a Python-side pipeline is {\"python\": \"<fingerprint of the transforms>\"}, got " + p);
-      }
-    }
-    PrepPipeline pipeline = p == null || p.isNull() || external != null ? null : PrepPipeline.parse(p);
-    int batchSize = intIn(b, "batch_size", 1, 65536, -1);
-    long seed = b.path("seed").asLong(0);
-    if (b.has("seed") && !b.get("seed").canConvertToLong()) {
-      throw new IllegalArgumentException("prep.join: \"seed\" must be an integer, got " + b.get("seed"));
-    }
-    boolean shuffle = b.path("shuffle").asBoolean(true);
-    boolean dropLast = b.path("drop_last").asBoolean(false);
-    PrepGroup.Settings s = new PrepGroup.Settings(
-        intIn(b, "window", 1, 1024, 4),
-        b.path("staging_bytes").asLong(0),
-        seconds(b, "member_timeout_s", 30),
-        intIn(b, "group_size", 1, 1024, 1),
-        seconds(b, "join_timeout_s", 60),
-        b.path("shm").asBoolean(false));
-    long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
-    // A resumed member (restored from a checkpoint) starts at batch start_batch of epoch start_epoch.
-    long startEpoch = b.hasNonNull("start_epoch") ? intIn(b, "start_epoch", 0, Integer.MAX_VALUE, 0) : -1;
-    long startBatch = intIn(b, "start_batch", 0, Integer.MAX_VALUE, 0);
-    if (startEpoch < 0 && startBatch > 0) {
-      throw new IllegalArgumentException("prep.join: \"start_batch\" needs \"start_epoch\"");
-    }
-    String name = b.path("name").asText("");
-    String fingerprint = external != null ? EXTERNAL_PREFIX + external : pipeline == null ? "raw" : pipeline.fingerprint();
-    PrepGroup.Key key = new PrepGroup.Key(d.name(), fingerprint, seed, batchSize, shuffle, dropLast);
+  ObjectNode join(PrepRequests.Join j) throws Exception {
+    Dataset d = registry.get(j.dataset());
+    PrepGroup.Key key = new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
     long member = memberIds.incrementAndGet();
     synchronized (this) {
       PrepGroup g = open.get(key);
-      ObjectNode r = g == null ? null : g.join(member, name, epochs, startEpoch, startBatch);
+      ObjectNode r = g == null ? null : g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
       if (r == null) {
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, pipeline, assembler, pool, threads, allocator, s);
+        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, j.settings());
         try {
-          r = g.join(member, name, epochs, startEpoch, startBatch);
+          r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
         } catch (RuntimeException e) {
           g.close(); // a bad start position: no group without members is left behind
           throw e;
@@ -291,30 +210,6 @@ public final class PrepService implements AutoCloseable {
         it.remove();
       }
     }
-  }
-
-  private static int intIn(JsonNode b, String field, int min, int max, int dflt) {
-    JsonNode v = b.get(field);
-    if (v == null || v.isNull()) {
-      if (dflt < 0) {
-        throw new IllegalArgumentException("prep.join: \"" + field + "\" is required");
-      }
-      return dflt;
-    }
-    if (!v.isIntegralNumber() || v.asLong() < min || v.asLong() > max) {
-      throw new IllegalArgumentException("prep.join: \"" + field + "\" must be an integer in " + min + ".." + max
-          + ", got " + v);
-    }
-    return v.asInt();
-  }
-
-  private static long seconds(JsonNode b, String field, double dflt) {
-    JsonNode v = b.get(field);
-    double s = v == null || v.isNull() ? dflt : v.asDouble(-1);
-    if (v != null && !v.isNull() && !v.isNumber() || !(s > 0) || s > 86400) {
-      throw new IllegalArgumentException("prep.join: \"" + field + "\" must be seconds in (0, 86400], got " + v);
-    }
-    return (long) (s * 1e9);
   }
 
   private void reap() {

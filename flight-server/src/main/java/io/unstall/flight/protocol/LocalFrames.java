@@ -1,5 +1,8 @@
 package io.unstall.flight.protocol;
 
+import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
@@ -16,6 +19,11 @@ public final class LocalFrames {
   public static final int VERSION = 1;
   /** Frames carry at most this many body bytes (a PLAN of 2^25 ids fits). */
   public static final int MAX_FRAME = 16 + 8 * (1 << 25);
+  /**
+   * Frames before HELLO carry at most this many body bytes (a HELLO with the longest token): a connection
+   * that has not shown the token cannot make the sidecar allocate a {@link #MAX_FRAME} buffer.
+   */
+  public static final int MAX_HELLO_FRAME = 1 + 7 + 0xFFFF;
   public static final int MAX_FETCH_IDS = FetchTicket.MAX_IDS;
   public static final int MAX_PLAN_IDS = 1 << 25;
 
@@ -36,7 +44,22 @@ public final class LocalFrames {
   public static final int UNAUTHENTICATED = 5;
   public static final int UNAVAILABLE = 6;
 
+  private static final ObjectMapper JSON = new ObjectMapper();
+
   private LocalFrames() {}
+
+  /**
+   * Checks a frame's declared body length before its buffer is allocated; {@code authenticated} is whether the
+   * connection's HELLO was accepted. A bad length is an IllegalArgumentException.
+   */
+  public static int bodyLength(long declared, boolean authenticated) {
+    int max = authenticated ? MAX_FRAME : MAX_HELLO_FRAME;
+    if (declared < 1 || declared > max) {
+      throw malformed("frame length " + declared + " not in 1.." + max
+          + (authenticated ? "" : " (before HELLO)"));
+    }
+    return (int) declared;
+  }
 
   /** A FETCH or PLAN request: the session, the epoch and the ids. */
   public record IdList(long session, long epoch, long[] ids) {}
@@ -59,6 +82,31 @@ public final class LocalFrames {
     b.get(token);
     end(b);
     return token;
+  }
+
+  /** An OPEN request: the dataset and a name for the session (for stats). */
+  public record Open(String dataset, String name) {}
+
+  /** An OPEN body (after the kind byte): UTF-8 JSON {@code {"dataset": name, "name": ...}}. */
+  public static Open parseOpen(ByteBuffer b) {
+    byte[] body = new byte[b.remaining()];
+    b.get(body);
+    JsonNode req;
+    try {
+      req = JSON.readTree(body); // from the bytes: malformed UTF-8 is an error, not U+FFFD
+    } catch (JsonProcessingException e) {
+      throw malformed("OPEN body is not UTF-8 JSON (" + e.getOriginalMessage() + ")");
+    } catch (java.io.IOException e) {
+      throw malformed("OPEN body is not UTF-8 JSON (" + e.getMessage() + ")");
+    }
+    if (req == null || !req.isObject()) {
+      throw malformed("OPEN body must be a JSON object {\"dataset\": name, \"name\": ...}");
+    }
+    String dataset = req.path("dataset").asText("");
+    if (dataset.isEmpty()) {
+      throw new IllegalArgumentException("OPEN needs {\"dataset\": name}");
+    }
+    return new Open(dataset, req.path("name").asText("pid ?"));
   }
 
   /** A FETCH or PLAN body (after the kind byte). */

@@ -2,7 +2,6 @@ package io.unstall.flight.protocol;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
-import java.nio.charset.StandardCharsets;
 import org.apache.arrow.flight.Ticket;
 
 /**
@@ -16,7 +15,7 @@ public record PrepTicket(String group, long member, long epoch, long batch) {
   private static final int HEADER = Wire.HEADER;
 
   public PrepTicket {
-    int len = group.getBytes(StandardCharsets.UTF_8).length;
+    int len = Wire.utf8("group id", group).length;
     if (len < 1 || len > Wire.MAX_NAME_BYTES) {
       throw new IllegalArgumentException("group id must be 1.." + Wire.MAX_NAME_BYTES + " UTF-8 bytes");
     }
@@ -31,7 +30,7 @@ public record PrepTicket(String group, long member, long epoch, long batch) {
   }
 
   public byte[] toBytes() {
-    byte[] name = group.getBytes(StandardCharsets.UTF_8);
+    byte[] name = Wire.utf8("group id", group);
     ByteBuffer b = ByteBuffer.allocate(HEADER + name.length + 16).order(ByteOrder.LITTLE_ENDIAN);
     b.put(Wire.MAGIC).put((byte) Wire.VERSION).put((byte) KIND_PREP).putShort((short) name.length);
     b.put(name).putLong(member).putInt((int) epoch).putInt((int) batch);
@@ -69,7 +68,7 @@ public record PrepTicket(String group, long member, long epoch, long batch) {
     long member = b.getLong();
     long epoch = Integer.toUnsignedLong(b.getInt());
     long batch = Integer.toUnsignedLong(b.getInt());
-    return new PrepTicket(new String(name, StandardCharsets.UTF_8), member, epoch, batch);
+    return new PrepTicket(Wire.utf8("group id", name), member, epoch, batch);
   }
 
   public static PrepTicket from(Ticket t) {

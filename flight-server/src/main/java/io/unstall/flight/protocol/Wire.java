@@ -2,6 +2,11 @@ package io.unstall.flight.protocol;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.CharBuffer;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.CharsetDecoder;
+import java.nio.charset.CoderResult;
+import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 
@@ -29,7 +34,7 @@ public final class Wire {
 
   /** Checks the fields of an id-list message of {@code kind} before it is built. */
   static void check(String what, String dataset, long epoch, long[] ids, int maxIds) {
-    int len = dataset.getBytes(StandardCharsets.UTF_8).length;
+    int len = utf8("dataset name", dataset).length;
     if (len < 1 || len > MAX_NAME_BYTES) {
       throw new IllegalArgumentException("dataset name must be 1.." + MAX_NAME_BYTES + " UTF-8 bytes");
     }
@@ -42,7 +47,7 @@ public final class Wire {
   }
 
   static byte[] encodeIds(int kind, String dataset, long epoch, long[] ids) {
-    byte[] name = dataset.getBytes(StandardCharsets.UTF_8);
+    byte[] name = utf8("dataset name", dataset);
     ByteBuffer b = ByteBuffer.allocate(HEADER + name.length + 8 + 8 * ids.length).order(ByteOrder.LITTLE_ENDIAN);
     b.put(MAGIC).put((byte) VERSION).put((byte) kind).putShort((short) name.length).put(name);
     b.putInt((int) epoch).putInt(ids.length);
@@ -80,6 +85,7 @@ public final class Wire {
     byte[] name = new byte[nameLen];
     b.get(name);
     need(b, 8, "epoch and id count");
+    String dataset = utf8("dataset name", name);
     long epoch = Integer.toUnsignedLong(b.getInt());
     long n = Integer.toUnsignedLong(b.getInt());
     if (n < 1 || n > maxIds) {
@@ -94,7 +100,43 @@ public final class Wire {
       int extra = b.remaining();
       throw new MalformedTicketException(extra + " trailing byte" + (extra == 1 ? "" : "s") + " after the ids");
     }
-    return new IdList(new String(name, StandardCharsets.UTF_8), epoch, ids);
+    return new IdList(dataset, epoch, ids);
+  }
+
+  /**
+   * Decodes a name strictly, as Python's {@code bytes.decode("utf-8")} does: bytes that are not well-formed
+   * UTF-8 (a stray continuation byte, an overlong form, an encoded surrogate, a cut sequence) are a
+   * {@link MalformedTicketException}, never replaced by U+FFFD (a lenient decoder would accept a name Python
+   * rejects, and two different names would decode to one).
+   */
+  static String utf8(String what, byte[] bytes) {
+    ByteBuffer in = ByteBuffer.wrap(bytes);
+    CharBuffer out = CharBuffer.allocate(bytes.length); // UTF-8 never decodes to more chars than bytes
+    CharsetDecoder d = StandardCharsets.UTF_8.newDecoder()
+        .onMalformedInput(CodingErrorAction.REPORT)
+        .onUnmappableCharacter(CodingErrorAction.REPORT);
+    CoderResult r = d.decode(in, out, true);
+    if (!r.isError()) {
+      r = d.flush(out);
+    }
+    if (r.isError()) {
+      throw new MalformedTicketException(what + " is not UTF-8 (invalid sequence of " + r.length() + " byte"
+          + (r.length() == 1 ? "" : "s") + " at byte " + in.position() + ")");
+    }
+    return out.flip().toString();
+  }
+
+  /** Encodes a name strictly: a string with an unpaired surrogate has no UTF-8 form (Python's encode refuses it). */
+  static byte[] utf8(String what, String name) {
+    try {
+      ByteBuffer b = StandardCharsets.UTF_8.newEncoder()
+          .onMalformedInput(CodingErrorAction.REPORT)
+          .onUnmappableCharacter(CodingErrorAction.REPORT)
+          .encode(CharBuffer.wrap(name));
+      return Arrays.copyOf(b.array(), b.limit());
+    } catch (CharacterCodingException e) {
+      throw new IllegalArgumentException(what + " is not valid Unicode (it has an unpaired surrogate)");
+    }
   }
 
   /** True when {@code bytes} start with the magic, version 1 and {@code kind}. */

@@ -1,0 +1,163 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
+
+/**
+ * The JSON bodies of the {@code prep.*} actions and the descriptor command of a {@code prep.put} upload
+ * (protocol/README.md, "Coordinated prep"), parsed and checked before anything is looked up. Every defect is an
+ * IllegalArgumentException naming the action and the field; {@code PrepServiceFuzzTest} holds them to that.
+ */
+final class PrepRequests {
+  private static final ObjectMapper JSON = new ObjectMapper();
+  /** Epochs and batch indices are u32 on the wire (the PREP ticket), so in JSON too. */
+  private static final long MAX_U32 = 0xFFFFFFFFL;
+
+  private PrepRequests() {}
+
+  /** A {@code prep.join} body. {@code pipeline} is null for a raw group and for an external one ({@code external}). */
+  record Join(String dataset, PrepPipeline pipeline, String external, int batchSize, long seed, boolean shuffle,
+      boolean dropLast, PrepGroup.Settings settings, long epochs, long startEpoch, long startBatch, String name) {
+
+    /** What, besides the dataset, seed, batch size and order, decides which group a member joins. */
+    String fingerprint() {
+      return external != null ? PrepService.EXTERNAL_PREFIX + external : pipeline == null ? "raw" : pipeline.fingerprint();
+    }
+  }
+
+  /** {@code prep.heartbeat}, {@code prep.leave}: a member of a group. */
+  record Member(String group, long member) {}
+
+  /** {@code prep.claim}, {@code prep.next}, {@code prep.put}: one batch, for a member of a group. */
+  record At(String group, long member, long epoch, long batch) {}
+
+  /** An action's body: one JSON object. */
+  static JsonNode body(String action, byte[] body) {
+    JsonNode n;
+    try {
+      n = JSON.readTree(body);
+    } catch (IOException e) {
+      throw new IllegalArgumentException(action + ": the body is not valid JSON (" + e.getMessage() + ")");
+    }
+    if (n == null || !n.isObject()) {
+      throw new IllegalArgumentException(action + ": the body must be a JSON object");
+    }
+    return n;
+  }
+
+  static Member member(JsonNode b) {
+    return new Member(group(b), memberOf(b));
+  }
+
+  static At at(String action, JsonNode b) {
+    return new At(group(b), memberOf(b), u32(action, b, "epoch"), u32(action, b, "batch"));
+  }
+
+  /** The descriptor command of a DoPut upload: {@code {"prep.put":{"group","member","epoch","batch"}}}. */
+  static At put(byte[] command) {
+    JsonNode c;
+    try {
+      c = JSON.readTree(command);
+    } catch (IOException e) {
+      throw new IllegalArgumentException("prep.put: the descriptor command is not valid JSON");
+    }
+    c = c == null ? null : c.get("prep.put");
+    if (c == null || !c.isObject()) {
+      throw new IllegalArgumentException("prep.put: expected {\"prep.put\":{\"group\",\"member\",\"epoch\",\"batch\"}}");
+    }
+    return at("prep.put", c);
+  }
+
+  static Join join(JsonNode b) {
+    String dataset = b.path("dataset").asText("");
+    if (dataset.isEmpty()) {
+      throw new IllegalArgumentException("prep.join: \"dataset\" (a registered dataset's name) is required");
+    }
+    JsonNode p = b.get("pipeline");
+    String external = null;
+    if (p != null && p.isObject() && p.has("python")) {
+      // Python-side transforms: the sidecar shares the fetch, the order and the batches members upload.
+      external = p.get("python").asText("");
+      if (external.isEmpty() || p.size() != 1) {
+        throw new IllegalArgumentException(
+            "prep.join: a Python-side pipeline is {\"python\": \"<fingerprint of the transforms>\"}, got " + p);
+      }
+    }
+    PrepPipeline pipeline = p == null || p.isNull() || external != null ? null : PrepPipeline.parse(p);
+    int batchSize = intIn(b, "batch_size", 1, 65536, -1);
+    if (b.has("seed") && !b.get("seed").canConvertToLong()) {
+      throw new IllegalArgumentException("prep.join: \"seed\" must be an integer, got " + b.get("seed"));
+    }
+    long seed = b.path("seed").asLong(0);
+    JsonNode staging = b.get("staging_bytes");
+    if (staging != null && !staging.isNull()
+        && !(staging.isIntegralNumber() && staging.canConvertToLong() && staging.asLong() >= 0)) {
+      throw new IllegalArgumentException(
+          "prep.join: \"staging_bytes\" must be a non-negative integer (0: the default), got " + staging);
+    }
+    PrepGroup.Settings s = new PrepGroup.Settings(
+        intIn(b, "window", 1, 1024, 4),
+        b.path("staging_bytes").asLong(0),
+        seconds(b, "member_timeout_s", 30),
+        intIn(b, "group_size", 1, 1024, 1),
+        seconds(b, "join_timeout_s", 60),
+        b.path("shm").asBoolean(false));
+    long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
+    // A resumed member (restored from a checkpoint) starts at batch start_batch of epoch start_epoch.
+    long startEpoch = b.hasNonNull("start_epoch") ? intIn(b, "start_epoch", 0, Integer.MAX_VALUE, 0) : -1;
+    long startBatch = intIn(b, "start_batch", 0, Integer.MAX_VALUE, 0);
+    if (startEpoch < 0 && startBatch > 0) {
+      throw new IllegalArgumentException("prep.join: \"start_batch\" needs \"start_epoch\"");
+    }
+    return new Join(dataset, pipeline, external, batchSize, seed, b.path("shuffle").asBoolean(true),
+        b.path("drop_last").asBoolean(false), s, epochs, startEpoch, startBatch, b.path("name").asText(""));
+  }
+
+  static String group(JsonNode b) {
+    return b.path("group").asText("");
+  }
+
+  private static long memberOf(JsonNode b) {
+    JsonNode m = b.get("member");
+    if (m == null || !m.isIntegralNumber() || !m.canConvertToLong()) {
+      throw new IllegalArgumentException("\"member\" (the id prep.join returned) is required, got " + m);
+    }
+    return m.asLong();
+  }
+
+  private static long u32(String action, JsonNode b, String field) {
+    JsonNode v = b.get(field);
+    if (v == null || !v.isIntegralNumber() || !v.canConvertToLong() || v.asLong() < 0 || v.asLong() > MAX_U32) {
+      throw new IllegalArgumentException(action + ": \"epoch\" and \"batch\" (integers in 0.." + MAX_U32
+          + ") are required; \"" + field + "\" is " + v);
+    }
+    return v.asLong();
+  }
+
+  /** An integer field in [min, max]; absent or null is {@code dflt}, or an error where {@code dflt} < 0. */
+  private static int intIn(JsonNode b, String field, int min, int max, int dflt) {
+    JsonNode v = b.get(field);
+    if (v == null || v.isNull()) {
+      if (dflt < 0) {
+        throw new IllegalArgumentException("prep.join: \"" + field + "\" is required");
+      }
+      return dflt;
+    }
+    // canConvertToLong: a BigInteger's asLong() wraps, and 2^64 + 5 would pass as 5.
+    if (!v.isIntegralNumber() || !v.canConvertToLong() || v.asLong() < min || v.asLong() > max) {
+      throw new IllegalArgumentException("prep.join: \"" + field + "\" must be an integer in " + min + ".." + max
+          + ", got " + v);
+    }
+    return v.asInt();
+  }
+
+  private static long seconds(JsonNode b, String field, double dflt) {
+    JsonNode v = b.get(field);
+    double s = v == null || v.isNull() ? dflt : v.asDouble(-1);
+    if (v != null && !v.isNull() && !v.isNumber() || !(s > 0) || s > 86400) {
+      throw new IllegalArgumentException("prep.join: \"" + field + "\" must be seconds in (0, 86400], got " + v);
+    }
+    return (long) (s * 1e9);
+  }
+}
