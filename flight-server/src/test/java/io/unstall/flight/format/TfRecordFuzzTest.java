@@ -19,7 +19,8 @@ import org.junit.jupiter.api.BeforeAll;
 
 /**
  * Fuzz target for the TFRecord reader (docs/ARCHITECTURE.md, "Fuzzing"): arbitrary bytes as a shard on the local
- * file system, indexed and read back through {@link LocalStorage} as a registered dataset is. The only error
+ * file system, indexed and read back through {@link LocalStorage} as a registered dataset is (indexing pins the
+ * shard anew, so one storage serves every input). The only error
  * allowed is {@link CorruptRecordException} naming the shard and a byte offset; an index must tile the shard
  * exactly (each record's header, data and CRC, nothing between or after), and every record either reads back
  * as its data, the same through {@link TfRecordFormat#read} and {@link TfRecordFormat#extract}, or fails its CRC
@@ -29,10 +30,16 @@ class TfRecordFuzzTest {
   private static final int HEADER = 12;
   private static final int FOOTER = 4;
   private static Path dir;
+  private static LocalStorage storage;
 
+  /** On tmpfs where there is one: a fuzzing run rewrites the shard some 10^6 times. */
   @BeforeAll
   static void shardDirectory() throws IOException {
-    dir = Files.createTempDirectory("unstall-tfrecord-fuzz");
+    Path shm = Path.of("/dev/shm");
+    dir = Files.isDirectory(shm) && Files.isWritable(shm)
+        ? Files.createTempDirectory(shm, "unstall-tfrecord-fuzz")
+        : Files.createTempDirectory("unstall-tfrecord-fuzz");
+    storage = new LocalStorage(dir);
   }
 
   @AfterAll
@@ -48,7 +55,6 @@ class TfRecordFuzzTest {
   void indexAndRead(byte[] shard) throws IOException {
     Path file = dir.resolve("train-00000.tfrecord");
     Files.write(file, shard);
-    LocalStorage storage = new LocalStorage(dir);
     TfRecordFormat format = new TfRecordFormat();
     SampleIndex index;
     try {

@@ -78,6 +78,10 @@ class LocalPlaneTest {
     ByteBuffer call(byte[] body) throws IOException {
       ByteBuffer len = ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN).putInt(body.length).flip();
       ch.write(new ByteBuffer[] {len, ByteBuffer.wrap(body)});
+      return reply();
+    }
+
+    ByteBuffer reply() throws IOException {
       ByteBuffer h = ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN);
       while (h.hasRemaining()) {
         if (ch.read(h) < 0) {
@@ -253,6 +257,40 @@ class LocalPlaneTest {
       assertTrue(StandardCharsets.UTF_8.decode(r).toString().contains("unknown session"));
       Rows rows = batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, 0, new long[] {4})), c.shm);
       assertArrayEquals(images.get(4), rows.payloads().get(0), "still serving after errors");
+    }
+  }
+
+  @Test
+  void malformedRequestsAreInvalidArgumentsAndBigFramesWaitForHello() throws Exception {
+    start("minio", 4 * SAMPLE);
+    try (Client c = new Client(plane.localEndpoint())) {
+      // Longer than any HELLO, before HELLO: refused before a buffer of that size is allocated.
+      c.ch.write(ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN).putInt(LocalFrames.MAX_HELLO_FRAME + 1).flip());
+      ByteBuffer r = c.reply();
+      assertEquals(LocalFrames.REPLY_ERROR, r.get());
+      assertEquals(LocalFrames.INVALID_ARGUMENT, r.get());
+      String msg = StandardCharsets.UTF_8.decode(r).toString();
+      assertTrue(msg.startsWith("malformed local request: frame length " + (LocalFrames.MAX_HELLO_FRAME + 1)), msg);
+      assertTrue(msg.endsWith("(before HELLO)"), msg);
+    }
+    try (Client c = new Client(plane.localEndpoint())) {
+      c.ok(Client.hello(TOKEN));
+      byte[][] bodies = {
+        "{\"dataset\":".getBytes(StandardCharsets.UTF_8), // not JSON (was INTERNAL)
+        {'{', '"', 'd', 'a', 't', 'a', 's', 'e', 't', '"', ':', '"', 'i', (byte) 0xff, '"', '}'}, // not UTF-8
+        "[\"imgs\"]".getBytes(StandardCharsets.UTF_8),
+      };
+      for (byte[] json : bodies) {
+        byte[] body = new byte[1 + json.length];
+        body[0] = LocalFrames.OPEN;
+        System.arraycopy(json, 0, body, 1, json.length);
+        ByteBuffer r = c.call(body);
+        assertEquals(LocalFrames.REPLY_ERROR, r.get());
+        assertEquals(LocalFrames.INVALID_ARGUMENT, r.get());
+        String msg = StandardCharsets.UTF_8.decode(r).toString();
+        assertTrue(msg.startsWith("malformed local request: OPEN body"), msg);
+      }
+      c.open("imgs"); // the connection goes on
     }
   }
 

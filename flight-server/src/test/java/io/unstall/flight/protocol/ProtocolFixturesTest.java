@@ -88,6 +88,49 @@ class ProtocolFixturesTest {
     }
   }
 
+  /** Names are decoded as strictly as Python's bytes.decode("utf-8"): never replaced by U+FFFD, never two to one. */
+  @Test
+  void namesMustBeUtf8AsInPython() throws Exception {
+    byte[] bad = Files.readAllBytes(FIXTURES.resolve("bad-utf8-name.bin")); // "im\xffs"
+    MalformedTicketException e = assertThrows(MalformedTicketException.class, () -> FetchTicket.parse(bad));
+    assertEquals("malformed ticket: dataset name is not UTF-8 (invalid sequence of 1 byte at byte 2)", e.getMessage());
+    byte[] plan = bad.clone();
+    plan[5] = Wire.KIND_PLAN;
+    e = assertThrows(MalformedTicketException.class, () -> Plan.parse(plan));
+    assertTrue(e.getMessage().startsWith("malformed ticket: dataset name is not UTF-8"), e.getMessage());
+    // An encoded surrogate (ED A0 80) and an overlong '/' (C0 AF) are not UTF-8 either.
+    for (byte[] name : new byte[][] {{(byte) 0xed, (byte) 0xa0, (byte) 0x80}, {(byte) 0xc0, (byte) 0xaf}}) {
+      byte[] t = new FetchTicket("x".repeat(name.length), 0, new long[] {1}).toBytes();
+      System.arraycopy(name, 0, t, 8, name.length);
+      assertThrows(MalformedTicketException.class, () -> FetchTicket.parse(t));
+    }
+    byte[] prep = new PrepTicket("g\u00fcte", 7, 2, 17).toBytes(); // "gxC3xBCte": cut the two-byte sequence short
+    prep[10] = 't';
+    e = assertThrows(MalformedTicketException.class, () -> PrepTicket.parse(prep));
+    assertTrue(e.getMessage().startsWith("malformed ticket: group id is not UTF-8"), e.getMessage());
+    // A string with an unpaired surrogate has no UTF-8 form: refused, not sent as '?'.
+    IllegalArgumentException a = assertThrows(IllegalArgumentException.class,
+        () -> new FetchTicket("imgs\ud800", 0, new long[] {1}));
+    assertEquals("dataset name is not valid Unicode (it has an unpaired surrogate)", a.getMessage());
+    assertThrows(IllegalArgumentException.class, () -> new PrepTicket("\udc00", 1, 0, 0));
+  }
+
+  @Test
+  void localFramesAreBoundedBeforeTheyAreAllocated() {
+    assertEquals(LocalFrames.MAX_HELLO_FRAME, LocalFrames.bodyLength(LocalFrames.MAX_HELLO_FRAME, false));
+    assertEquals(LocalFrames.MAX_FRAME, LocalFrames.bodyLength(LocalFrames.MAX_FRAME, true));
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> LocalFrames.bodyLength(LocalFrames.MAX_HELLO_FRAME + 1, false));
+    assertTrue(e.getMessage().endsWith("(before HELLO)"), e.getMessage());
+    assertThrows(IllegalArgumentException.class, () -> LocalFrames.bodyLength(0, true));
+    assertThrows(IllegalArgumentException.class, () -> LocalFrames.bodyLength(0xFFFFFFFFL, true));
+    java.nio.ByteBuffer open = java.nio.ByteBuffer.wrap("{\"dataset\":\"imgs\"}".getBytes(StandardCharsets.UTF_8));
+    assertEquals(new LocalFrames.Open("imgs", "pid ?"), LocalFrames.parseOpen(open));
+    e = assertThrows(IllegalArgumentException.class,
+        () -> LocalFrames.parseOpen(java.nio.ByteBuffer.wrap(new byte[] {'"', (byte) 0xff, '"'})));
+    assertTrue(e.getMessage().startsWith("malformed local request: OPEN body is not UTF-8 JSON"), e.getMessage());
+  }
+
   /**
    * The golden batch: its schema must be exactly {@link BatchSchema#SCHEMA} and its rows the known values.
    * Run with -Dunstall.regenFixtures=true to rewrite it after a deliberate schema change (and bump the version).
