@@ -31,7 +31,9 @@ __all__ = [
     "Plan",
     "encode_plan",
     "decode_plan",
+    "PrepTicket",
     "encode_prep_ticket",
+    "decode_prep_ticket",
     "DatasetInfo",
     "EpochStats",
     "DatasetStats",
@@ -181,6 +183,19 @@ def decode_plan(data: bytes) -> Plan:
     return Plan(dataset=dataset, epoch=epoch, ids=ids)
 
 
+@dataclass(frozen=True)
+class PrepTicket:
+    """A PREP ticket: one batch of a coordinated prep group, for one member."""
+
+    group: str
+    member: int
+    epoch: int
+    batch: int
+
+    def encode(self) -> bytes:
+        return encode_prep_ticket(self.group, self.member, self.epoch, self.batch)
+
+
 def encode_prep_ticket(group: str, member: int, epoch: int, batch: int) -> bytes:
     """A PREP ticket: ``UNST``, version 1, kind 3, u16 group length, group, u64 member, u32 epoch, u32 batch."""
     name = group.encode("utf-8")
@@ -190,6 +205,34 @@ def encode_prep_ticket(group: str, member: int, epoch: int, batch: int) -> bytes
         if not 0 <= int(v) <= hi:
             raise ValueError(f"{what} {v} is outside 0..{hi}")
     return _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, KIND_PREP, len(name)) + name + _PREP_TAIL.pack(member, epoch, batch)
+
+
+def decode_prep_ticket(data: bytes) -> PrepTicket:
+    """Decodes a PREP ticket with the checks and messages of the sidecar's parser; raises ValueError starting
+    with ``malformed ticket:``."""
+    buf = bytes(data)
+    if len(buf) < 6 or buf[:4] != TICKET_MAGIC or buf[4] != PROTOCOL_VERSION or buf[5] != KIND_PREP:
+        raise ValueError('malformed ticket: not a PREP ticket (magic "UNST", version 1, kind 3)')
+    if len(buf) < _HEADER.size:
+        raise ValueError(f"malformed ticket: truncated at byte {len(buf)}: header needs {_HEADER.size} bytes")
+    name_len = _HEADER.unpack_from(buf, 0)[3]
+    if not 1 <= name_len <= MAX_NAME_BYTES:
+        raise ValueError(f"malformed ticket: group id length {name_len} not in 1..{MAX_NAME_BYTES}")
+    expected = _HEADER.size + name_len + _PREP_TAIL.size
+    if len(buf) < expected:
+        raise ValueError(
+            f"malformed ticket: truncated at byte {len(buf)}: a PREP ticket with a {name_len}-byte group id is "
+            f"{expected} bytes"
+        )
+    if len(buf) > expected:
+        extra = len(buf) - expected
+        raise ValueError(f"malformed ticket: {extra} trailing byte{'s' if extra != 1 else ''} after the batch index")
+    try:
+        group = buf[_HEADER.size : _HEADER.size + name_len].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"malformed ticket: group id is not UTF-8 ({e.reason})") from None
+    member, epoch, batch = _PREP_TAIL.unpack_from(buf, _HEADER.size + name_len)
+    return PrepTicket(group=group, member=member, epoch=epoch, batch=batch)
 
 
 def _decode_ids(data: bytes, kind: int, max_ids: int) -> tuple[str, int, tuple[int, ...]]:
@@ -246,6 +289,8 @@ def _loads(text: str | bytes, what: str) -> Any:
         return json.loads(text)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what}: not valid JSON ({e})") from None
+    except RecursionError:  # "[[[[..." nested deeper than the interpreter's stack
+        raise ValueError(f"{what}: not valid JSON (nested too deeply)") from None
 
 
 @dataclass(frozen=True)
@@ -723,7 +768,7 @@ def decode_local_reply(body: Union[bytes, bytearray, memoryview]) -> Union[Local
         (ln,) = struct.unpack_from("<H", buf, pos)
         if len(buf) < pos + 2 + ln:
             raise ValueError(f"malformed reply: truncated segment table ({len(segments)} of {nseg} names)")
-        segments.append(bytes(buf[pos + 2 : pos + 2 + ln]).decode("utf-8"))
+        segments.append(_utf8(bytes(buf[pos + 2 : pos + 2 + ln]), "segment name"))
         pos += 2 + ln
     if pos != len(buf):
         raise ValueError(f"malformed reply: {len(buf) - pos} trailing bytes after the BATCH")
@@ -749,4 +794,11 @@ def _split_keys(blob: bytes, ends: np.ndarray) -> list[str]:
     if blob.isascii():  # one decode, then slices (byte offsets are character offsets)
         text = blob.decode("ascii")
         return [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    return [blob[a:b].decode("utf-8") for a, b in zip(bounds, bounds[1:])]
+    return [_utf8(blob[a:b], "key") for a, b in zip(bounds, bounds[1:])]
+
+
+def _utf8(b: bytes, what: str) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"malformed reply: a {what} is not UTF-8 ({e.reason})") from None
