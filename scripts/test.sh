@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test: JUnit (unit and forked-JVM/cross-process ITs) through Maven, then pytest (the shim against a
-# real sidecar, real pyarrow Flight, real torch DataLoader). Installs what is missing first.
+# Every test: JUnit (unit and forked-JVM/cross-process ITs) through Maven, a bounded fuzzing run of every Jazzer
+# target, then pytest (the shim against a real sidecar, real pyarrow Flight, real torch DataLoader). Installs
+# what is missing first.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
@@ -8,6 +9,9 @@ bash scripts/setup.sh
 
 step "Java: mvn verify (builds the sidecar and agent jars, runs JUnit and the integration tests)"
 "${MVN[@]}" verify
+
+step "Java: fuzz every @FuzzTest target for 10 s (scripts/fuzz.sh; mvn verify only replayed their corpora)"
+bash scripts/fuzz.sh all --duration "${UNSTALL_FUZZ_SECONDS:-10}"
 
 step "Python: pytest"
 "$VENV/bin/python" -m pytest python-shim/tests tests/python
