@@ -282,3 +282,46 @@ def test_mutated_fixtures(case: tuple[str, bytes]) -> None:
             _check_ticket_like(check, data)
         else:
             check(data)
+
+
+# -- the JSON documents the sidecar sends: any JSON value is parsed or refused with ValueError ------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+STATS_FIELDS = ("v", "cache", "datasets", "sessions", "policy", "capacity_bytes", "used_bytes", "entries", "epochs",
+                "total", "samples", "hits", "0")
+DESCRIPTION_FIELDS = ("v", "name", "format", "uri", "num_samples", "total_bytes", "classes")
+
+
+def _near(fields: tuple[str, ...]) -> st.SearchStrategy[object]:
+    """JSON objects with the document's own keys (else nearly every example fails at the first lookup)."""
+    return st.recursive(
+        st.dictionaries(st.sampled_from(fields), JSON_VALUES | st.just(1), max_size=len(fields)),
+        lambda children: st.dictionaries(st.sampled_from(fields), children | JSON_VALUES, max_size=len(fields)),
+        max_leaves=10,
+    )
+
+
+@settings(BOUNDED, max_examples=60)  # generating nested JSON is the slow part
+@given(st.one_of(JSON_VALUES, _near(STATS_FIELDS)))
+@example({"v": 1, "cache": []})
+@example({"v": 1, "cache": {"policy": "minio", "capacity_bytes": 1, "used_bytes": 0, "entries": 0}, "datasets": []})
+def test_any_json_to_the_stats_parser(doc: object) -> None:
+    try:
+        protocol.parse_stats(json.dumps(doc))
+    except ValueError as e:
+        _malformed(e, "stats: ")
+
+
+@settings(BOUNDED, max_examples=60)
+@given(st.one_of(JSON_VALUES, _near(DESCRIPTION_FIELDS)))
+@example({"v": 1, "name": "x", "format": "tfrecord", "uri": "u", "num_samples": None, "total_bytes": 1})
+def test_any_json_to_the_description_parser(doc: object) -> None:
+    try:
+        protocol.parse_description(json.dumps(doc))
+    except ValueError as e:
+        _malformed(e, "dataset description: ")
+

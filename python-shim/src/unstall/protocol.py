@@ -327,6 +327,8 @@ def parse_description(doc: str | bytes | Mapping[str, Any]) -> DatasetInfo:
         )
     except KeyError as e:
         raise ValueError(f"dataset description: missing field {e.args[0]!r}") from None
+    except (TypeError, AttributeError, ValueError, OverflowError) as e:  # a field of the wrong type, e.g. null
+        raise ValueError(f"dataset description: a field has the wrong type ({e})") from None
 
 
 def parse_descriptions(doc: str | bytes) -> list[DatasetInfo]:
@@ -428,6 +430,8 @@ def parse_stats(doc: str | bytes | Mapping[str, Any]) -> Stats:
         }
     except KeyError as e:
         raise ValueError(f"stats: missing field {e.args[0]!r}") from None
+    except (TypeError, AttributeError, ValueError, OverflowError) as e:  # a field of the wrong type, e.g. a list
+        raise ValueError(f"stats: a field has the wrong type ({e})") from None
     return Stats(cache=cache, datasets=datasets, sessions=sessions)
 
 
