@@ -95,11 +95,11 @@ for t in "${selected[@]}"; do
     echo "fuzz: $t failed; the log is $log"
   fi
   echo "$done_line"
-  summary+=("$(printf '%-14s %-52s %10s %6s %6s %12s %6s  %s' "$t" "${TARGETS[$t]}" "${execs:--}" "${cov:--}" \
+  summary+=("$(printf '%-14s %-56s %10s %6s %6s %12s %6s  %s' "$t" "${TARGETS[$t]}" "${execs:--}" "${cov:--}" \
     "${ft:--}" "${corp:--}" "$secs" "$result")")
 done
 
 step "fuzz summary"
-printf '%-14s %-52s %10s %6s %6s %12s %6s  %s\n' target test executions cov ft corpus s result
+printf '%-14s %-56s %10s %6s %6s %12s %6s  %s\n' target test executions cov ft corpus s result
 printf '%s\n' "${summary[@]}"
 exit "$failed"
