@@ -31,7 +31,8 @@ import org.apache.arrow.vector.VectorSchemaRoot;
  * Builds the record batch for a fetch ticket. Each sample comes from the first tier that has it: the
  * prefetcher's staging, the memory cache (by content digest), the disk tier, or storage, read straight into
  * the batch's payload buffer and then offered to the caches. A cache entry is looked up only under a digest
- * the dataset computed from its own bytes ({@link Dataset#digest}); an imported claim is checked by the read. The whole batch is assembled before anything is sent, so a failure
+ * the dataset computed from its own bytes ({@link Dataset#digest}); an imported claim is checked by the
+ * sample's first read ({@link #admit}). The whole batch is assembled before anything is sent, so a failure
  * never yields a partial batch. A cache tier's error (disk full, EIO, memory that cannot be allocated) never
  * fails a batch: the sample is read from storage, and each tier sits behind a {@link TierBreaker}.
  */
