@@ -40,6 +40,8 @@ __all__ = [
     "parse_description",
     "parse_descriptions",
     "parse_stats",
+    "ManifestExport",
+    "parse_manifest_export",
     "check_batch",
     "SessionStats",
     "SampleBatch",
@@ -301,6 +303,10 @@ class EpochStats:
     disk_hits: int = 0
     disk_bytes: int = 0
     prefetch_hits: int = 0
+    # Digests an imported manifest claimed, checked against the dataset's own bytes on first read:
+    # confirmed, and refused (the claimed entry is never served; the sample's own bytes are).
+    verified: int = 0
+    verify_mismatches: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpochStats:
@@ -384,6 +390,27 @@ def parse_stats(doc: str | bytes | Mapping[str, Any]) -> Stats:
     except KeyError as e:
         raise ValueError(f"stats: missing field {e.args[0]!r}") from None
     return Stats(cache=cache, datasets=datasets, sessions=sessions)
+
+
+@dataclass(frozen=True)
+class ManifestExport:
+    """What ``exportManifest`` wrote: the file, how many sample digests it holds (each computed from the
+    dataset's own bytes), and the dataset's sample count."""
+
+    path: str
+    known: int
+    num_samples: int
+
+
+def parse_manifest_export(doc: str | bytes) -> ManifestExport:
+    """Parses the reply of the control plane's ``exportManifest``."""
+    d = _loads(doc, "manifest export")
+    if not isinstance(d, Mapping):
+        raise ValueError(f"manifest export: expected a JSON object, got {type(d).__name__}")
+    try:
+        return ManifestExport(path=str(d["path"]), known=int(d["known"]), num_samples=int(d["num_samples"]))
+    except KeyError as e:
+        raise ValueError(f"manifest export: missing field {e.args[0]!r}") from None
 
 
 def check_batch(batch: pa.RecordBatch) -> None:

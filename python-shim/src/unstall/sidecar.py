@@ -601,6 +601,14 @@ class Sidecar:
         self._registered[name] = args[1:]
         return protocol.parse_description(doc)
 
+    def export_manifest(self, name: str, path: Union[str, Path]) -> protocol.ManifestExport:
+        """Writes dataset ``name``'s digest manifest to ``path`` (mode 0600; on the sidecar's host). Another
+        dataset registered with ``options={"manifest": path}`` takes its digests as claims: each is checked
+        against that dataset's own bytes when it first reads the sample (``verified`` and
+        ``verify_mismatches`` in its stats), so a manifest never gets a dataset served bytes not its own."""
+        target = os.path.abspath(os.path.expanduser(str(path)))
+        return protocol.parse_manifest_export(self._call("exportManifest", name, target))
+
     def describe(self, name: str) -> protocol.DatasetInfo:
         if self._control is None:
             return self._data_plane().describe(name)

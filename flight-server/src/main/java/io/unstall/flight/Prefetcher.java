@@ -36,9 +36,9 @@ public final class Prefetcher implements AutoCloseable {
   /** How long a batch waits, in all, for its prefetched samples; then it reads the rest from storage. */
   public static final java.time.Duration TAKE_DEADLINE = java.time.Duration.ofSeconds(30);
 
-  /** Offers bytes just read from storage to the caches (and records their digest). */
+  /** Offers bytes just read from storage to the caches (and learns their digest, counting into {@code stats}). */
   interface Admitter {
-    void admit(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException;
+    void admit(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) throws IOException;
   }
 
   /** Whether a sample is already held by a cache tier. */
@@ -231,7 +231,7 @@ public final class Prefetcher implements AutoCloseable {
       try {
         BatchAssembler.readFromStorage(d, id, buf, 0, len);
         stats.prefetched(len);
-        admitter.admit(d, id, buf, 0, len);
+        admitter.admit(d, id, buf, 0, len, stats);
         handedOff = future.complete(buf);
       } catch (Throwable e) {
         future.completeExceptionally(e);

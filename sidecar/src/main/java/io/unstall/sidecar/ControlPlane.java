@@ -30,7 +30,8 @@ public final class ControlPlane {
 
   /**
    * Registers a dataset. Options (JSON object): {@code manifest}, the path of a digest manifest exported from a
-   * dataset of the same content, to use the cache entries it holds.
+   * dataset of the same content; its digests are claims, each checked against this dataset's own bytes on the
+   * sample's first read before an entry is served under it.
    */
   public String registerDataset(String name, String format, String uri, String optionsJson) throws IOException {
     JsonNode options = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
@@ -46,7 +47,7 @@ public final class ControlPlane {
     return JSON.writeValueAsString(dataPlane.registry().register(name, format, uri, manifest).describe());
   }
 
-  /** Writes the dataset's digest manifest to {@code path} (mode 0600): give it to share cache entries. */
+  /** Writes the digests the dataset computed from its own bytes to {@code path} (mode 0600), for an import. */
   public String exportManifest(String name, String path) throws IOException {
     Dataset d = dataPlane.registry().get(name);
     int known = Manifests.write(d, Path.of(path));

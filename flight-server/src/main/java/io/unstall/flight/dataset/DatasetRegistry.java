@@ -106,8 +106,8 @@ public final class DatasetRegistry implements AutoCloseable {
   /**
    * Registers {@code name} as {@code format} data at {@code uri}. Registering the same name with the same
    * format and location again returns the existing dataset; with another one it is an error. A
-   * {@code manifest} (exported from a dataset of the same content) lets this dataset use cache entries that
-   * one already holds.
+   * {@code manifest} exported from a dataset of the same content is imported as claims ({@link
+   * Manifests#importClaims}): checked, sample by sample, against this dataset's bytes on first read.
    */
   public synchronized Dataset register(String name, String formatName, String uri, Path manifest)
       throws IOException {
@@ -147,8 +147,9 @@ public final class DatasetRegistry implements AutoCloseable {
       restore(d, persisted);
     }
     if (manifest != null) {
-      int n = Manifests.load(d, manifest, false);
-      LOG.info("dataset '{}': {} sample digests imported from {}", name, n, manifest);
+      int n = Manifests.importClaims(d, manifest);
+      LOG.info("dataset '{}': {} sample digests claimed by {}, each checked against the sample's bytes on its first"
+          + " read", name, n, manifest);
     }
     datasets.put(name, d);
     LOG.info(
@@ -164,7 +165,7 @@ public final class DatasetRegistry implements AutoCloseable {
    */
   private void restore(Dataset d, Path persisted) {
     try {
-      int n = Manifests.load(d, persisted, true);
+      int n = Manifests.restore(d, persisted);
       if (n < 0) {
         LOG.info("dataset '{}' changed since its manifest was saved: digests will be relearned", d.name());
       } else {

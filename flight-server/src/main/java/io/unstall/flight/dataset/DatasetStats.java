@@ -22,6 +22,8 @@ public final class DatasetStats {
     final LongAdder diskHits = new LongAdder();
     final LongAdder diskBytes = new LongAdder();
     final LongAdder prefetchHits = new LongAdder();
+    final LongAdder verified = new LongAdder();
+    final LongAdder verifyMismatches = new LongAdder();
 
     Epoch(Epoch parent) {
       this.parent = parent;
@@ -73,6 +75,20 @@ public final class DatasetStats {
       }
     }
 
+    /** What a storage read made of an imported claim on its sample ({@link Dataset#learn}). */
+    public void claim(Dataset.Claim c) {
+      if (c == Dataset.Claim.VERIFIED) {
+        verified.increment();
+      } else if (c == Dataset.Claim.MISMATCH) {
+        verifyMismatches.increment();
+      } else {
+        return;
+      }
+      if (parent != null) {
+        parent.claim(c);
+      }
+    }
+
     /** Samples served to clients this epoch. */
     public long servedSamples() {
       return samples.sum();
@@ -90,6 +106,15 @@ public final class DatasetStats {
       return storageBytes.sum();
     }
 
+    /** Imported claims that a read confirmed, and that it refused. */
+    public long verified() {
+      return verified.sum();
+    }
+
+    public long verifyMismatches() {
+      return verifyMismatches.sum();
+    }
+
     void add(Epoch other) {
       samples.add(other.samples.sum());
       hits.add(other.hits.sum());
@@ -99,6 +124,8 @@ public final class DatasetStats {
       diskHits.add(other.diskHits.sum());
       diskBytes.add(other.diskBytes.sum());
       prefetchHits.add(other.prefetchHits.sum());
+      verified.add(other.verified.sum());
+      verifyMismatches.add(other.verifyMismatches.sum());
     }
 
     ObjectNode toJson() {
@@ -111,6 +138,8 @@ public final class DatasetStats {
       o.put("disk_hits", diskHits.sum());
       o.put("disk_bytes", diskBytes.sum());
       o.put("prefetch_hits", prefetchHits.sum());
+      o.put("verified", verified.sum());
+      o.put("verify_mismatches", verifyMismatches.sum());
       return o;
     }
   }
