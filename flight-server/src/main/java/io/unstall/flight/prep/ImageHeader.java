@@ -81,20 +81,30 @@ public record ImageHeader(Format format, int width, int height, int components, 
     return null;
   }
 
-  /** Names what {@code b} is by its magic bytes (so that a TIFF renamed .jpg says it is a TIFF). */
+  /**
+   * Names what {@code b} is by its magic bytes, with its first bytes ("a TIFF file (first bytes 49 49 2a 00 ...)"),
+   * so that a TIFF renamed .jpg says it is a TIFF; null when no image format starts so.
+   */
   public static String describe(ByteBuffer b) {
-    return unsupported(new Bytes(b));
+    Bytes in = new Bytes(b);
+    String kind = kind(in);
+    return kind == null ? null : kind + " (first bytes " + in.hex(8) + ")";
+  }
+
+  /** Bytes no image format starts with. */
+  static String notAnImage(ByteBuffer b) {
+    Bytes in = new Bytes(b);
+    return in.n == 0 ? "an empty file (0 bytes)"
+        : "not an image: no image format starts with the bytes " + in.hex(8) + " (" + in.n + " bytes in all)";
   }
 
   /** Reads the header of {@code b} (position..limit; the buffer is not moved). */
   public static ImageHeader read(ByteBuffer b) throws BadImageException {
     Bytes in = new Bytes(b);
-    if (in.n == 0) {
-      throw new BadImageException("an empty file (0 bytes)");
-    }
     Format f = sniff(b);
     if (f == null) {
-      throw new BadImageException(unsupported(in));
+      String what = describe(b);
+      throw new BadImageException(what == null ? notAnImage(b) : what + ", not JPEG, PNG or WebP");
     }
     return switch (f) {
       case JPEG -> jpeg(in);
@@ -103,40 +113,35 @@ public record ImageHeader(Format format, int width, int height, int components, 
     };
   }
 
-  private static String unsupported(Bytes in) {
-    String what;
+  private static String kind(Bytes in) {
     if (in.startsWith('I', 'I', 0x2A, 0x00) || in.startsWith('M', 'M', 0x00, 0x2A)
         || in.startsWith('I', 'I', 0x2B, 0x00) || in.startsWith('M', 'M', 0x00, 0x2B)) {
-      what = "a TIFF file";
+      return "a TIFF file";
     } else if (in.startsWith(0xFF, 0x4F, 0xFF, 0x51)
         || in.startsWith(0x00, 0x00, 0x00, 0x0C, 'j', 'P', 0x20, 0x20)) {
-      what = "a JPEG 2000 file";
+      return "a JPEG 2000 file";
     } else if (in.startsWith('G', 'I', 'F', '8')) {
-      what = "a GIF file";
+      return "a GIF file";
     } else if (in.startsWith('B', 'M')) {
-      what = "a BMP file";
+      return "a BMP file";
     } else if (in.startsWith(0x76, 0x2F, 0x31, 0x01)) {
-      what = "an OpenEXR file";
+      return "an OpenEXR file";
     } else if (in.startsWith('#', '?')) {
-      what = "a Radiance HDR file";
+      return "a Radiance HDR file";
     } else if (in.startsWith(0x59, 0xA6, 0x6A, 0x95)) {
-      what = "a Sun raster file";
+      return "a Sun raster file";
     } else if (in.n >= 12 && in.at(4, 'f', 't', 'y', 'p')) {
-      what = "an ISO media file (HEIF/AVIF)";
+      return "an ISO media file (HEIF/AVIF)";
     } else if (in.n >= 2 && in.u8(0) == 'P' && (in.u8(1) >= '1' && in.u8(1) <= '7' || in.u8(1) == 'F' || in.u8(1) == 'f')) {
-      what = "a PNM/PFM file";
-    } else if (in.startsWith('R', 'I', 'F', 'F') && in.n >= 12 && in.at(8, 'W', 'E', 'B', 'P')) {
-      what = "a WebP file";
+      return "a PNM/PFM file";
+    } else if (in.startsWith('R', 'I', 'F', 'F') && in.at(8, 'W', 'E', 'B', 'P')) {
+      return "a WebP file";
     } else if (in.startsWith(0xFF, 0xD8, 0xFF)) {
-      what = "a JPEG file";
+      return "a JPEG file";
     } else if (in.startsWith(0x89, 'P', 'N', 'G')) {
-      what = "a PNG file";
-    } else if (in.n == 0) {
-      return "an empty file (0 bytes)";
-    } else {
-      what = "not an image format the sidecar knows";
+      return "a PNG file";
     }
-    return what + " (first bytes " + in.hex(8) + ")";
+    return null;
   }
 
   // -- JPEG ----------------------------------------------------------------------------------------------

@@ -99,8 +99,9 @@ public final class ImagePrep {
   public ImageHeader check(ByteBuffer encoded) throws BadImageException {
     ImageHeader.Format f = ImageHeader.sniff(encoded);
     if (f == null || !decode.formats().contains(f)) {
-      throw new BadImageException(ImageHeader.describe(encoded) + ", not one of the formats the pipeline decodes: "
-          + decode.formatNames() + " (decode \"formats\")");
+      String what = ImageHeader.describe(encoded);
+      throw new BadImageException(what == null ? ImageHeader.notAnImage(encoded)
+          : what + ", not one of the formats the pipeline decodes: " + decode.formatNames() + " (decode \"formats\")");
     }
     ImageHeader h = ImageHeader.read(encoded);
     if (h.pixels() > decode.maxPixels()) {

@@ -138,9 +138,8 @@ class ImageHeaderTest {
     assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(png, png.length - 20)).startsWith("truncated PNG: no IEND chunk"));
     assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(png, 20)).startsWith("truncated PNG"));
     String garbage = refusal(prep(PIPELINE), "hello, not an image".getBytes());
-    assertEquals("not an image format the sidecar knows (first bytes 68 65 6c 6c 6f 2c 20 6e), not one of the"
-        + " formats the pipeline decodes: jpeg, png (decode \"formats\")", garbage);
-    assertTrue(refusal(prep(PIPELINE), new byte[0]).startsWith("an empty file (0 bytes)"));
+    assertEquals("not an image: no image format starts with the bytes 68 65 6c 6c 6f 2c 20 6e (19 bytes in all)", garbage);
+    assertEquals("an empty file (0 bytes)", refusal(prep(PIPELINE), new byte[0]));
     byte[] magicThenNoise = new byte[200];
     new java.util.Random(1).nextBytes(magicThenNoise);
     magicThenNoise[0] = (byte) 0xFF;
