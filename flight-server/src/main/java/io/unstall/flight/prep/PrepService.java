@@ -75,10 +75,6 @@ public final class PrepService implements AutoCloseable {
     return streamsLimit / 4;
   }
 
-  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams) {
-    this(registry, assembler, streams, PrepPipeline.DecodeLimits.DEFAULT, defaultDecodeMemory(streams.getLimit()), 60);
-  }
-
   /**
    * {@code decodeLimits}: the caps of pipelines that name none; {@code decodeMemory}: the decode budget's bytes;
    * {@code timeoutSeconds}: how long a decode waits for memory before its batch fails.
