@@ -7,6 +7,7 @@ import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.DatasetRegistry;
 import io.unstall.flight.local.LocalServer;
 import io.unstall.flight.local.LocalService;
+import io.unstall.flight.prep.PrepPipeline;
 import io.unstall.flight.prep.PrepService;
 import io.unstall.flight.session.Sessions;
 import io.unstall.flight.shm.SharedMemory;
@@ -85,7 +86,9 @@ public final class DataPlane implements AutoCloseable {
     StreamBudget streamBudget = new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS);
     this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
     this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
-        new PrepService(registry, assembler, streams), sessions);
+        new PrepService(registry, assembler, streams, b.decodeLimits,
+            b.decodeMemory > 0 ? b.decodeMemory : PrepService.defaultDecodeMemory(streams.getLimit()),
+            b.budgetTimeoutSeconds), sessions);
     this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
         new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm));
     Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
@@ -198,6 +201,8 @@ public final class DataPlane implements AutoCloseable {
     private int port;
     private long cacheCapacity;
     private long budgetTimeoutSeconds = 60;
+    private PrepPipeline.DecodeLimits decodeLimits = PrepPipeline.DecodeLimits.DEFAULT;
+    private long decodeMemory; // 0: PrepService's default
     private String cachePolicy = "minio";
     private Path diskDir;
     private long diskCapacity;
@@ -267,6 +272,17 @@ public final class DataPlane implements AutoCloseable {
     }
 
     /** Whether clients on this host get the shared-memory plane (the local socket); on by default. */
+    /**
+     * Prep decoding: the caps of pipelines that name none ({@code --max-decode-pixels},
+     * {@code --max-decode-aspect-ratio}) and the native memory decodes may hold at once ({@code --decode-memory};
+     * 0: a quarter of the streams budget).
+     */
+    public Builder decode(long maxPixels, double maxAspectRatio, long memoryBytes) {
+      this.decodeLimits = new PrepPipeline.DecodeLimits(maxPixels, maxAspectRatio);
+      this.decodeMemory = memoryBytes;
+      return this;
+    }
+
     public Builder sharedMemory(boolean on) {
       this.sharedMemory = on;
       return this;

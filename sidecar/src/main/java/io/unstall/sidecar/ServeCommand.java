@@ -1,5 +1,6 @@
 package io.unstall.sidecar;
 
+import io.unstall.flight.prep.PrepPipeline;
 import java.net.InetAddress;
 import java.nio.file.Path;
 import java.util.concurrent.Callable;
@@ -85,6 +86,21 @@ public final class ServeCommand implements Callable<Integer> {
       description = "How long a fetch may wait for memory under load before RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
   long batchTimeoutSeconds;
 
+  @Option(names = "--max-decode-pixels", defaultValue = "89478485", paramLabel = "PIXELS",
+      description = "Prep: refuse images whose header declares more pixels, before decoding (default ${DEFAULT-VALUE},"
+          + " PIL's MAX_IMAGE_PIXELS; a pipeline's decode max_pixels overrides it).")
+  long maxDecodePixels;
+
+  @Option(names = "--max-decode-aspect-ratio", defaultValue = "100", paramLabel = "RATIO",
+      description = "Prep: refuse images whose longer side exceeds RATIO times the shorter, before decoding"
+          + " (default ${DEFAULT-VALUE}; a pipeline's decode max_aspect_ratio overrides it).")
+  double maxDecodeAspectRatio;
+
+  @Option(names = "--decode-memory", defaultValue = "auto", paramLabel = "SIZE",
+      description = "Prep: native memory that decodes in progress may hold at once, within --memory-budget"
+          + " (default ${DEFAULT-VALUE}: a quarter of what the cache and prefetch leave); decodes wait for it.")
+  String decodeMemory;
+
   @Option(names = "--no-shm", defaultValue = "${env:UNSTALL_NO_SHM:-false}",
       description = "No shared-memory data plane: clients on this host fetch over Flight too (default: on where /dev/shm is writable).")
   boolean noShm;
@@ -120,6 +136,18 @@ public final class ServeCommand implements Callable<Integer> {
     if (prefetchWindowSamples < 0 || prefetchThreads < 1) {
       throw new IllegalArgumentException("--prefetch-window must be >= 0 and --prefetch-threads >= 1");
     }
+    if (maxDecodePixels < 1 || maxDecodePixels > PrepPipeline.DecodeLimits.MAX_PIXELS) {
+      throw new IllegalArgumentException("invalid value for option '--max-decode-pixels': " + maxDecodePixels
+          + " not in 1.." + PrepPipeline.DecodeLimits.MAX_PIXELS + " (OpenCV's own limit)");
+    }
+    if (!(maxDecodeAspectRatio >= 1) || Double.isInfinite(maxDecodeAspectRatio)) {
+      throw new IllegalArgumentException("invalid value for option '--max-decode-aspect-ratio': " + maxDecodeAspectRatio
+          + " (the longer side over the shorter: a number >= 1)");
+    }
+    long decodeBytes = decodeMemory.equals("auto") ? 0 : size("--decode-memory", decodeMemory);
+    if (!decodeMemory.equals("auto") && decodeBytes < 1) {
+      throw new IllegalArgumentException("invalid value for option '--decode-memory': it must be above 0 (or auto)");
+    }
     Path h = home.toAbsolutePath();
     return new SidecarSettings(
         bind, port, controlPort, capacity, budget,
@@ -129,7 +157,8 @@ public final class ServeCommand implements Callable<Integer> {
         diskCacheDir == null ? null : diskCacheDir.toAbsolutePath(), size("--disk-cache-capacity", diskCacheCapacity),
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
-        size("--storage-bandwidth", storageBandwidth), !noShm);
+        size("--storage-bandwidth", storageBandwidth), !noShm,
+        maxDecodePixels, maxDecodeAspectRatio, decodeBytes);
   }
 
   private static long size(String option, String value) {

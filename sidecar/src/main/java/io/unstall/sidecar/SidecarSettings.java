@@ -2,7 +2,7 @@ package io.unstall.sidecar;
 
 import java.nio.file.Path;
 
-/** Validated settings of a sidecar. */
+/** Validated settings of a sidecar. {@code decodeMemory} 0: the default (a quarter of the streams budget). */
 public record SidecarSettings(
     String bind,
     int port,
@@ -21,4 +21,7 @@ public record SidecarSettings(
     int prefetchWindowSamples,
     int prefetchThreads,
     long storageBandwidth,
-    boolean sharedMemory) {}
+    boolean sharedMemory,
+    long maxDecodePixels,
+    double maxDecodeAspectRatio,
+    long decodeMemory) {}

@@ -61,4 +61,17 @@ class ServeCommandTest {
     String err = runExpecting(2, "serve", "--config", cfg.toString());
     assertTrue(err.contains("invalid value for option '--memory-budget': 'big' is not a size"), err);
   }
+
+  @Test
+  void decodeCapsAndMemoryNameTheOption() {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--max-decode-pixels", "0");
+    assertTrue(err.contains("invalid value for option '--max-decode-pixels': 0 not in 1..1073741824"), err);
+    err = runExpecting(2, "serve", "--home", home.toString(), "--max-decode-aspect-ratio", "0.5");
+    assertTrue(err.contains("invalid value for option '--max-decode-aspect-ratio': 0.5"), err);
+    err = runExpecting(2, "serve", "--home", home.toString(), "--port", "0", "--memory-budget", "256MiB",
+        "--cache-capacity", "64MiB", "--decode-memory", "1GiB");
+    assertTrue(err.contains("--decode-memory (1073741824 bytes) must be in 1..") && err.contains("the memory left for"
+        + " batches in flight"), err);
+    assertTrue(Files.notExists(home.resolve("sidecar.json")), "nothing is left behind");
+  }
 }

@@ -3,6 +3,7 @@ package io.unstall.flight.prep;
 import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.shm.SharedMemory;
 import io.unstall.flight.shm.ShmBuffer;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -13,12 +14,15 @@ import java.io.IOException;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.nio.file.Path;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.SplittableRandom;
 import java.util.TreeMap;
 import java.util.concurrent.Callable;
@@ -59,6 +63,7 @@ import org.slf4j.LoggerFactory;
  */
 final class PrepGroup {
   private static final Logger LOG = LoggerFactory.getLogger(PrepGroup.class);
+  private static final ObjectMapper JSON = new ObjectMapper();
   /** Ids, labels, validity bits per row, on top of the tensor (a generous bound, as StreamBudget's). */
   static final long ROW_OVERHEAD = 512;
   /** Minimum allocations of a batch's small vectors (keys, ids, labels, validity), whatever its rows. */
@@ -113,6 +118,9 @@ final class PrepGroup {
   private final List<Thread> producers = new ArrayList<>();
   private final Object orderLock = new Object();
   private final Path shmDir; // null: prepared tensors live in ordinary Arrow memory
+  private final boolean skip; // on_error "skip": a bad image is left out of its batch instead of failing it
+  /** The last skipped samples kept for stats. */
+  static final int SKIPPED_HISTORY = 64;
 
   // Guarded by this.
   private final Map<Long, Member> members = new LinkedHashMap<>();
@@ -134,6 +142,9 @@ final class PrepGroup {
   private long batchesPrepared;
   private long samplesPrepared;
   private long batchesServed;
+  private long samplesSkipped;
+  private final ArrayDeque<ObjectNode> skippedRecent = new ArrayDeque<>();
+  private final Set<Integer> skippedLogged = new HashSet<>(); // samples warned about once
   private long prepNanos;
   private final AtomicLong fetchNanos = new AtomicLong();
   private final AtomicLong prepCpuNanos = new AtomicLong();
@@ -143,13 +154,14 @@ final class PrepGroup {
   private int[] order;
 
   PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
-      int threads, BufferAllocator parent, Settings requested) {
+      int threads, BufferAllocator parent, DecodeBudget decodeBudget, Settings requested) {
     this.id = id;
     this.key = key;
     this.dataset = dataset;
     this.pipeline = pipeline;
     this.external = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX);
-    this.imagePrep = pipeline == null ? null : new ImagePrep(pipeline);
+    this.imagePrep = pipeline == null ? null : new ImagePrep(pipeline, decodeBudget);
+    this.skip = pipeline != null && pipeline.decode().onError() == PrepPipeline.OnError.SKIP;
     this.assembler = assembler;
     this.pool = pool;
     this.threads = threads;
@@ -276,6 +288,7 @@ final class PrepGroup {
       }
       o.put("dtype", pipeline.dtype().wire());
       o.put("layout", pipeline.layout().name());
+      o.put("on_error", pipeline.decode().onError().wire());
     }
     o.put("window", window);
     o.put("staging_limit_bytes", stagingLimit);
@@ -547,7 +560,11 @@ final class PrepGroup {
     }
   }
 
-  /** Runs the pipeline on every row of {@code raw}, spread over the prep pool. */
+  /**
+   * Runs the pipeline on every row of {@code raw}, spread over the prep pool. A sample that is not a decodable image
+   * within the pipeline's rules fails the batch, naming it, or (on_error "skip") is left out: the kept rows close
+   * up, and the batch's schema lists the skipped ones ({@link PrepSchema#SKIPPED}).
+   */
   private VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Map<Long, String> paths)
       throws Exception {
     long epoch = pos / numBatches;
@@ -575,17 +592,10 @@ final class PrepGroup {
           paths.put(pos, shm.path().toString());
         }
       }
-      for (int i = 0; i < n; i++) {
-        idOut.set(i, ids[i]);
-        if (labelIn.isNull(i)) {
-          labelOut.setNull(i);
-        } else {
-          labelOut.set(i, labelIn.get(i));
-        }
-      }
-      int sb = pipeline.sampleBytes();
+      int sb = (int) pipeline.sampleBytes(); // at most Integer.MAX_VALUE (PrepPipeline.parse)
       ArrowBuf in = payload.getDataBuffer();
       ArrowBuf dst = tensor.getDataBuffer();
+      String[] bad = new String[n]; // why each skipped sample was skipped
       int chunks = Math.min(n, threads * 4); // small chunks even out the threads' finishing times
       List<Callable<Void>> tasks = new ArrayList<>(chunks);
       for (int c = 0; c < chunks; c++) {
@@ -599,9 +609,15 @@ final class PrepGroup {
             try {
               imagePrep.run(in.nioBuffer(start, len), ImagePrep.rng(key.seed(), epoch, ids[i]),
                   dst.nioBuffer((long) i * sb, sb));
-            } catch (ImagePrep.UndecodableImageException e) {
-              throw CallStatus.INTERNAL.withDescription("dataset '" + dataset.name() + "' sample " + ids[i] + " ('"
-                  + dataset.key(ids[i]) + "'): " + e.getMessage()).toRuntimeException();
+            } catch (ImagePrep.BadImageException e) {
+              if (!skip) {
+                throw CallStatus.INTERNAL.withDescription(sample(ids[i]) + ": " + e.getMessage()
+                    + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();
+              }
+              bad[i] = e.getMessage();
+            } catch (DecodeBudget.ExhaustedException e) {
+              throw CallStatus.RESOURCE_EXHAUSTED.withDescription(sample(ids[i]) + ": " + e.getMessage())
+                  .toRuntimeException();
             }
           }
           prepCpuNanos.addAndGet(CPU.getCurrentThreadCpuTime() - cpu0);
@@ -618,15 +634,60 @@ final class PrepGroup {
           throw e;
         }
       }
+      // The kept rows, in order, close up over the skipped ones: row k is the k-th kept sample.
       ArrowBuf validity = tensor.getValidityBuffer();
+      int kept = 0;
+      ArrayNode skipped = JsonNodeFactory.instance.arrayNode();
       for (int i = 0; i < n; i++) {
-        BitVectorHelper.setBit(validity, i);
+        if (bad[i] != null) {
+          skipped.addObject().put("id", ids[i]).put("key", dataset.key(ids[i])).put("reason", bad[i]);
+          continue;
+        }
+        if (kept != i) {
+          dst.setBytes((long) kept * sb, dst, (long) i * sb, sb);
+        }
+        idOut.set(kept, ids[i]);
+        if (labelIn.isNull(i)) {
+          labelOut.setNull(kept);
+        } else {
+          labelOut.set(kept, labelIn.get(i));
+        }
+        BitVectorHelper.setBit(validity, kept);
+        kept++;
       }
-      out.setRowCount(n);
-      return out;
+      out.setRowCount(kept);
+      if (skipped.isEmpty()) {
+        return out;
+      }
+      noteSkipped(epoch, pos % numBatches, skipped);
+      Map<String, String> meta = new HashMap<>(schema.getCustomMetadata());
+      meta.put(PrepSchema.SKIPPED, skipped.toString());
+      return new VectorSchemaRoot(new Schema(schema.getFields(), meta), out.getFieldVectors(), kept);
     } catch (Exception | Error e) {
       out.close();
       throw e;
+    }
+  }
+
+  /** "dataset 'imgs' sample 12 ('c0/x.jpg')": how errors name a sample. */
+  private String sample(int sampleId) {
+    return "dataset '" + dataset.name() + "' sample " + sampleId + " ('" + dataset.key(sampleId) + "')";
+  }
+
+  private synchronized void noteSkipped(long epoch, long batch, ArrayNode skipped) {
+    for (var it = skipped.elements(); it.hasNext(); ) {
+      ObjectNode s = ((ObjectNode) it.next()).deepCopy();
+      samplesSkipped++;
+      int sampleId = s.get("id").asInt();
+      if (skippedLogged.add(sampleId)) { // each epoch skips it again: warn once
+        LOG.warn("prep group {}: skipped {} (on_error skip): {}", id, sample(sampleId), s.get("reason").asText());
+      }
+      s.put("epoch", epoch);
+      s.put("batch", batch);
+      skippedRecent.addLast(s);
+      if (skippedRecent.size() > SKIPPED_HISTORY) {
+        skippedRecent.removeFirst();
+      }
     }
   }
 
@@ -722,6 +783,14 @@ final class PrepGroup {
       for (int i = 0; i < r.getRowCount(); i++) {
         idArr.add(ids.get(i));
         labelArr.add(labels.isNull(i) ? -1 : labels.get(i));
+      }
+      String skipped = r.getSchema().getCustomMetadata().get(PrepSchema.SKIPPED);
+      if (skipped != null) {
+        try {
+          o.set("skipped", JSON.readTree(skipped));
+        } catch (IOException e) {
+          throw new IllegalStateException(e); // written by decode() above
+        }
       }
       batchesServed++;
       m.lastSeen = System.nanoTime();
@@ -926,6 +995,12 @@ final class PrepGroup {
     o.put("staged_batches_peak", stagedPeak);
     o.put("batches_prepared", batchesPrepared);
     o.put("samples_prepared", samplesPrepared);
+    if (pipeline != null) {
+      o.put("on_error", pipeline.decode().onError().wire());
+      o.put("samples_skipped", samplesSkipped);
+      ArrayNode sk = o.putArray("skipped");
+      skippedRecent.forEach(sk::add);
+    }
     o.put("batches_served", batchesServed);
     o.put("prep_seconds", prepNanos / 1e9); // wall time of fetch + decode + augment, summed over batches
     o.put("fetch_seconds", fetchNanos.get() / 1e9); // of which: assembling the raw batch (cache or storage)

@@ -32,13 +32,15 @@ import org.apache.arrow.flight.FlightProducer.StreamListener;
 import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.Ticket;
 import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.util.AutoCloseables;
 
 /**
  * Coordinated prep (docs/PREP.md): the {@code prep.*} actions and PREP tickets. Jobs that join with the same
  * dataset, pipeline fingerprint, seed, batch size, shuffle and drop_last share one {@link PrepGroup}; every
  * batch is fetched and prepared once, by a pool of prep threads sized to the cores, and served to all members.
  * All staging memory comes from the "prep" child of the data plane's streams allocator (half its limit), one
- * child per group bounded by the group's staging limit.
+ * child per group bounded by the group's staging limit; the native memory of decodes in progress is reserved in
+ * the {@link DecodeBudget}, another child of the streams allocator.
  */
 public final class PrepService implements AutoCloseable {
   public static final String ACTION_JOIN = "prep.join";
@@ -55,6 +57,8 @@ public final class PrepService implements AutoCloseable {
   private final DatasetRegistry registry;
   private final BatchAssembler assembler;
   private final BufferAllocator allocator;
+  private final DecodeBudget decodeBudget;
+  private final PrepPipeline.DecodeLimits decodeLimits;
   private final int threads;
   private final ExecutorService pool;
   private final ScheduledExecutorService reaper;
@@ -66,10 +70,26 @@ public final class PrepService implements AutoCloseable {
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
   static final String SHM_PREFIX = "unstall-prep-";
 
-  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams) {
+  /** Decode memory when {@code --decode-memory} is not given: a quarter of the streams budget. */
+  public static long defaultDecodeMemory(long streamsLimit) {
+    return streamsLimit / 4;
+  }
+
+  /**
+   * {@code decodeLimits}: the caps of pipelines that name none; {@code decodeMemory}: the decode budget's bytes;
+   * {@code timeoutSeconds}: how long a decode waits for memory before its batch fails.
+   */
+  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams,
+      PrepPipeline.DecodeLimits decodeLimits, long decodeMemory, long timeoutSeconds) {
+    if (decodeMemory < 1 || decodeMemory > streams.getLimit()) {
+      throw new IllegalArgumentException("--decode-memory (" + decodeMemory + " bytes) must be in 1.."
+          + streams.getLimit() + ", the memory left for batches in flight");
+    }
     this.registry = registry;
     this.assembler = assembler;
+    this.decodeLimits = decodeLimits;
     this.allocator = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
+    this.decodeBudget = new DecodeBudget(streams, decodeMemory, timeoutSeconds, TimeUnit.SECONDS);
     this.threads = Math.max(1, Integer.getInteger("unstall.prep.threads", Runtime.getRuntime().availableProcessors()));
     AtomicInteger n = new AtomicInteger();
     this.pool = Executors.newFixedThreadPool(threads, r -> {
@@ -95,6 +115,10 @@ public final class PrepService implements AutoCloseable {
 
   public BufferAllocator allocator() {
     return allocator;
+  }
+
+  public DecodeBudget decodeBudget() {
+    return decodeBudget;
   }
 
   public static void listActions(StreamListener<ActionType> listener) {
@@ -236,7 +260,7 @@ public final class PrepService implements AutoCloseable {
             "prep.join: a Python-side pipeline is {\"python\": \"<fingerprint of the transforms>\"}, got " + p);
       }
     }
-    PrepPipeline pipeline = p == null || p.isNull() || external != null ? null : PrepPipeline.parse(p);
+    PrepPipeline pipeline = p == null || p.isNull() || external != null ? null : PrepPipeline.parse(p, decodeLimits);
     int batchSize = intIn(b, "batch_size", 1, 65536, -1);
     long seed = b.path("seed").asLong(0);
     if (b.has("seed") && !b.get("seed").canConvertToLong()) {
@@ -267,7 +291,7 @@ public final class PrepService implements AutoCloseable {
       ObjectNode r = g == null ? null : g.join(member, name, epochs, startEpoch, startBatch);
       if (r == null) {
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, pipeline, assembler, pool, threads, allocator, s);
+        g = new PrepGroup(id, key, d, pipeline, assembler, pool, threads, allocator, decodeBudget, s);
         try {
           r = g.join(member, name, epochs, startEpoch, startBatch);
         } catch (RuntimeException e) {
@@ -341,6 +365,14 @@ public final class PrepService implements AutoCloseable {
     st.put("limit_bytes", allocator.getLimit());
     st.put("allocated_bytes", allocator.getAllocatedMemory());
     st.put("peak_bytes", allocator.getPeakMemoryAllocation());
+    ObjectNode dc = o.putObject("decode");
+    dc.put("max_pixels", decodeLimits.maxPixels());
+    dc.put("max_aspect_ratio", decodeLimits.maxAspectRatio());
+    dc.put("memory_limit_bytes", decodeBudget.limit());
+    dc.put("memory_reserved_bytes", decodeBudget.reservedBytes());
+    dc.put("memory_peak_bytes", decodeBudget.peakBytes());
+    dc.put("largest_request_bytes", decodeBudget.largestRequest());
+    dc.put("waits", decodeBudget.waits());
     ObjectNode gs = o.putObject("groups");
     byId.forEach((id, g) -> gs.set(id, g.statsJson()));
     return o.toString();
@@ -360,6 +392,6 @@ public final class PrepService implements AutoCloseable {
     pool.shutdownNow();
     pool.awaitTermination(10, TimeUnit.SECONDS);
     SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
-    allocator.close();
+    AutoCloseables.close(allocator, decodeBudget); // throws if staging or a decode still holds memory
   }
 }
