@@ -19,14 +19,15 @@ public final class Dataset {
   private final Storage storage;
   private final SampleIndex index;
   private final List<String> classes;
-  private final DatasetStats stats = new DatasetStats();
+  private final DatasetStats stats;
   /** The digest manifest: sample id -> content digest, learned from reads or loaded from a manifest file. */
   private final AtomicReferenceArray<Digest> digests;
   /** How many digests were learned or changed: the registry checkpoints the manifest when this moved. */
   private final AtomicLong learned = new AtomicLong();
   private volatile byte[] fingerprint;
 
-  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes) {
+  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes, int statsEpochs) {
+    this.stats = new DatasetStats(statsEpochs);
     this.name = name;
     this.format = format;
     this.storage = storage;
