@@ -308,6 +308,16 @@ public final class DataPlane implements AutoCloseable {
       return this;
     }
 
+    /** Every bound at once (the sidecar's {@code serve} options); the setters below set one each. */
+    public Builder bounds(Bounds bounds) {
+      flightThreads(bounds.flightThreads(), bounds.flightQueue());
+      localConnections(bounds.localConnections());
+      waitTimeout(bounds.waitTimeout());
+      maxPlanIds(bounds.maxPlanIds());
+      statsEpochs(bounds.statsEpochs());
+      return prep(bounds.prepGroups(), bounds.prepThreads(), bounds.prepClaimTimeout());
+    }
+
     /** The Flight executor's threads and queue ({@code --flight-threads}, {@code --flight-queue}); see {@link FlightCalls}. */
     public Builder flightThreads(int threads, int queue) {
       this.flightThreads = threads;

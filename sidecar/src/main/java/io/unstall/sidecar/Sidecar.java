@@ -63,7 +63,8 @@ public final class Sidecar implements AutoCloseable {
               .cachePolicy(s.cachePolicy())
               .prefetch(s.prefetchWindowBytes(), s.prefetchWindowSamples(), s.prefetchThreads())
               .storageBandwidth(s.storageBandwidth())
-              .sharedMemory(s.sharedMemory());
+              .sharedMemory(s.sharedMemory())
+              .bounds(s.bounds());
       if (s.diskCacheDir() != null) {
         b.diskTier(s.diskCacheDir(), s.diskCacheCapacity());
       }

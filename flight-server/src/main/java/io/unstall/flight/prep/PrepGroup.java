@@ -326,7 +326,7 @@ final class PrepGroup {
         claimsExpired++;
         LOG.warn("prep group {}: member {} did not upload epoch {} batch {} within {} s of claiming it"
             + " (--prep-claim-timeout); another member may claim it", id, e.getValue().member(), pos / numBatches,
-            pos % numBatches, limits.claimTimeoutNanos() / 1_000_000_000L);
+            pos % numBatches, seconds(limits.claimTimeoutNanos()));
         notifyAll();
       }
     }
@@ -419,9 +419,14 @@ final class PrepGroup {
   private void checkDeadline(long deadline, String waitedFor) {
     if (System.nanoTime() - deadline > 0) {
       throw CallStatus.TIMED_OUT.withDescription("prep group " + id + ": gave up after "
-          + limits.waitTimeoutNanos() / 1_000_000_000L + " s waiting for " + waitedFor + " (--wait-timeout)")
+          + seconds(limits.waitTimeoutNanos()) + " s waiting for " + waitedFor + " (--wait-timeout)")
           .toRuntimeException();
     }
+  }
+
+  /** Seconds for a message: "120", or "0.3" for a bound under a second (tests). */
+  static String seconds(long nanos) {
+    return nanos % 1_000_000_000L == 0 ? Long.toString(nanos / 1_000_000_000L) : String.format("%.1f", nanos / 1e9);
   }
 
   private String at(long pos) {
@@ -877,7 +882,7 @@ final class PrepGroup {
           maybeStart(System.nanoTime());
           if (started && !claimedBy.containsKey(pos) && pos < minCursor() + window) {
             claimedBy.put(pos, new Claim(m.id, System.nanoTime()));
-            expiredClaims.remove(pos);
+            expiredClaims.remove(pos, m.id);
             o.put("state", "produce");
             ArrayNode ids = o.putArray("ids");
             int from = (int) (pos % numBatches) * key.batchSize();
@@ -924,7 +929,7 @@ final class PrepGroup {
         if (expired != null && expired == m.id) {
           throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + "'s claim on"
               + " epoch " + epoch + " batch " + batch + " expired: it was not uploaded within "
-              + limits.claimTimeoutNanos() / 1_000_000_000L + " s (--prep-claim-timeout), so the batch went back to"
+              + seconds(limits.claimTimeoutNanos()) + " s (--prep-claim-timeout), so the batch went back to"
               + " the group; ask prep.claim again").toRuntimeException();
         }
         throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
