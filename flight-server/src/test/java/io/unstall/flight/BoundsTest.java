@@ -260,4 +260,53 @@ class BoundsTest {
           .payloads());
     }
   }
+
+  @Test
+  void aPlanIsAtMostMaxPlanIdsAndAtMostTheDatasetsSize() throws Exception {
+    start(64L << 20, b -> b.cacheCapacity(0).prefetch(8L << 20, 64, 1).maxPlanIds(20));
+    Clients clients = new Clients();
+    FlightClient client = clients.connect();
+    FlightRuntimeException over = assertThrows(FlightRuntimeException.class, () -> client.doAction(
+        new Action("prefetch", new Plan("imgs", 0, FlightTestClient.range(21)).toBytes()), clients.auth).next());
+    assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, over.status().code(), over.toString());
+    assertTrue(over.getMessage().contains("21 ids exceeds the sidecar's --max-plan-ids 20"), over.getMessage());
+    FlightRuntimeException longer = assertThrows(FlightRuntimeException.class, () -> client.doAction(
+        new Action("prefetch", new Plan("imgs", 0, FlightTestClient.range(17)).toBytes()), clients.auth).next());
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, longer.status().code(), longer.toString());
+    assertTrue(longer.getMessage().contains("dataset 'imgs', which has 16 samples"), longer.getMessage());
+    byte[] ok = client.doAction(new Action("prefetch", new Plan("imgs", 0, FlightTestClient.range(16)).toBytes()),
+        clients.auth).next().getBody();
+    assertEquals(16, FlightTestClient.JSON.readTree(ok).get("planned").asInt());
+
+    Assumptions.assumeTrue(plane.localEndpoint() != null, "needs /dev/shm");
+    try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
+      long session = c.open("imgs");
+      ByteBuffer r = c.call(LocalFrames.encodeIds(LocalFrames.PLAN, session, 0, FlightTestClient.range(21)));
+      assertEquals(LocalFrames.REPLY_ERROR, r.get());
+      assertEquals(LocalFrames.RESOURCE_EXHAUSTED, r.get());
+      String msg = StandardCharsets.UTF_8.decode(r).toString();
+      assertTrue(msg.contains("--max-plan-ids 20"), msg);
+      assertEquals(16, c.ok(LocalFrames.encodeIds(LocalFrames.PLAN, session, 0, FlightTestClient.range(16)))
+          .get("planned").asInt(), "the connection serves on");
+    }
+  }
+
+  @Test
+  void statsKeepTheLatestEpochsOnly() throws Exception {
+    start(64L << 20, b -> b.cacheCapacity(0).statsEpochs(3));
+    Clients clients = new Clients();
+    FlightClient client = clients.connect();
+    for (long epoch : new long[] {0, 1, 4_000_000_000L, 2, 3}) { // any epoch a client names is counted...
+      try (FlightStream s = client.getStream(new FetchTicket("imgs", epoch, new long[] {epoch % 16}).toTicket(),
+          clients.auth)) {
+        drain(s, new long[] {epoch % 16});
+      }
+    }
+    JsonNode stats = FlightTestClient.JSON.readTree(client.doAction(new Action("stats", new byte[0]), clients.auth)
+        .next().getBody());
+    List<String> kept = new ArrayList<>();
+    stats.at("/datasets/imgs/epochs").fieldNames().forEachRemaining(kept::add);
+    assertEquals(List.of("2", "3", "4000000000"), kept, "...but only the latest 3 begun are kept");
+    assertEquals(3, stats.at("/datasets/imgs/total/samples").asInt());
+  }
 }
