@@ -199,11 +199,10 @@ public final class DataPlane implements AutoCloseable {
         LOG.warn("Flight calls still running after 10 s; closing anyway");
       }
       server.close();
-      calls.close();
     } finally {
       producer.logStats();
       try {
-        AutoCloseables.close(local, producer.prep(), assembler::close, registry, cache, disk, streams);
+        AutoCloseables.close(calls, local, producer.prep(), assembler::close, registry, cache, disk, streams);
       } finally {
         if (shm != null) {
           shm.remove();

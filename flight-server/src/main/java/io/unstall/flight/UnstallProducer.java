@@ -128,7 +128,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
    * Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. A client
    * that takes nothing for {@code timeoutNanos} ({@code --wait-timeout}) gets TIMED_OUT and frees the thread.
    */
-  public static void awaitReady(ServerStreamListener listener, long timeoutNanos) {
+  private static void awaitReady(ServerStreamListener listener, long timeoutNanos) {
     long deadline = System.nanoTime() + timeoutNanos;
     while (!listener.isReady() && !listener.isCancelled()) {
       if (System.nanoTime() - deadline > 0) {

@@ -190,7 +190,7 @@ final class LocalConnection implements Runnable {
       case NOT_FOUND -> NOT_FOUND;
       case RESOURCE_EXHAUSTED -> RESOURCE_EXHAUSTED;
       case UNAUTHENTICATED, UNAUTHORIZED -> UNAUTHENTICATED;
-      case UNAVAILABLE, CANCELLED -> UNAVAILABLE;
+      case UNAVAILABLE, CANCELLED, TIMED_OUT -> UNAVAILABLE; // the shim asks again, as after its own deadline
       default -> INTERNAL;
     };
     if (local == INTERNAL && !(e instanceof IOException)) {
