@@ -79,7 +79,8 @@ class SidecarInternalError(SidecarError):
 
 
 class ResourceExhaustedError(SidecarError):
-    """RESOURCE_EXHAUSTED: the batch exceeds the sidecar's stream budget."""
+    """RESOURCE_EXHAUSTED: a bound of the sidecar was reached (its stream budget, its Flight calls or local
+    connections, the ids of a plan, its prep groups); the message names the option that sets it."""
 
 
 class ProtocolMismatchError(SidecarError):
@@ -139,10 +140,11 @@ def from_flight_error(err: BaseException, *, dataset: Optional[str] = None) -> S
         return from_status("INTERNAL", msg)
     if isinstance(err, pa.ArrowKeyError):
         return from_status("NOT_FOUND", msg, dataset=dataset)
-    if isinstance(err, pa.ArrowInvalid):
-        return from_status("INVALID_ARGUMENT", msg)
+    # pyarrow raises RESOURCE_EXHAUSTED as ArrowInvalid ("... returned resource exhausted error ...")
     if "resource exhausted" in str(err).lower() or "RESOURCE_EXHAUSTED" in str(err):
         return from_status("RESOURCE_EXHAUSTED", msg)
+    if isinstance(err, pa.ArrowInvalid):
+        return from_status("INVALID_ARGUMENT", msg)
     if isinstance(err, fl.FlightServerError):
         return SidecarError(msg, "UNKNOWN")
     return SidecarError(msg, type(err).__name__)

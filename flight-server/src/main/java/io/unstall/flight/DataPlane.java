@@ -47,6 +47,7 @@ public final class DataPlane implements AutoCloseable {
   private final BatchAssembler assembler;
   private final BufferAllocator streams;
   private final UnstallProducer producer;
+  private final FlightCalls calls;
   private final FlightServer server;
   private final boolean tls;
 
@@ -63,7 +64,10 @@ public final class DataPlane implements AutoCloseable {
           "--cache-capacity plus --prefetch-window-bytes (" + (cacheReserve + b.prefetchWindowBytes)
               + " bytes) must be below --memory-budget (" + budget + " bytes)");
     }
+    Bounds bounds = new Bounds(b.flightThreads, b.flightQueue, b.localConnections, b.waitTimeout, b.maxPlanIds,
+        b.statsEpochs, b.prepGroups, b.prepThreads, b.prepClaimTimeout);
     this.tls = b.tls;
+    registry.keepStatsEpochs(bounds.statsEpochs());
     this.shm = b.sharedMemory && SharedMemory.available() ? SharedMemory.create(SHM_PREFIX) : null;
     this.cache = switch (b.cachePolicy) {
       case "minio" -> new MinioCache(b.parent, b.cacheCapacity, shm);
@@ -78,22 +82,29 @@ public final class DataPlane implements AutoCloseable {
     }
     this.disk = diskTier;
     if (b.storageBandwidth > 0) {
-      registry.throttleStorage(new Throttle(b.storageBandwidth));
+      registry.throttleStorage(new Throttle(b.storageBandwidth, bounds.waitTimeout()));
     }
     this.assembler = new BatchAssembler(
         cache, disk, b.parent, b.prefetchWindowBytes, b.prefetchWindowSamples, b.prefetchThreads);
     this.streams = b.parent.newChildAllocator("streams", 0, budget - cacheReserve - b.prefetchWindowBytes);
     StreamBudget streamBudget = new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS);
     this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
+    this.calls = new FlightCalls(bounds);
     this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
-        new PrepService(registry, assembler, streams, b.decodeLimits,
+        new PrepService(registry, assembler, streams, bounds, b.decodeLimits,
             b.decodeMemory > 0 ? b.decodeMemory : PrepService.defaultDecodeMemory(streams.getLimit()),
-            b.budgetTimeoutSeconds), sessions);
+            b.budgetTimeoutSeconds), sessions, calls, bounds);
     this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
-        new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm));
+        new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds),
+        bounds.localConnections());
     Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
+    // A message no call could use is refused by gRPC before it is buffered: the longest is a PLAN at the bound or
+    // an upload of a prepared batch (at most the prep staging, half the streams budget).
+    long maxMessage = Math.max(64L * 1024 + 8L * bounds.maxPlanIds(), streams.getLimit() / 2 + (1 << 20));
     FlightServer.Builder sb =
         FlightServer.builder(streams, location, producer)
+            .executor(calls.executor())
+            .maxInboundMessageSize((int) Math.min(Integer.MAX_VALUE, maxMessage))
             .headerAuthenticator(new BearerTokenAuthenticator(b.token));
     if (b.tls) {
       sb.useTls(b.certChain, b.privateKey);
@@ -172,6 +183,16 @@ public final class DataPlane implements AutoCloseable {
     return assembler.prefetcher();
   }
 
+  /** The Flight executor and its admission of calls that wait. */
+  public FlightCalls flightCalls() {
+    return calls;
+  }
+
+  /** The same-host socket server, or null when there is no shared-memory plane. */
+  public LocalServer localServer() {
+    return local;
+  }
+
   /** Stops serving (waiting for calls in progress), logs final stats, frees memory. */
   @Override
   public void close() throws Exception {
@@ -184,7 +205,7 @@ public final class DataPlane implements AutoCloseable {
     } finally {
       producer.logStats();
       try {
-        AutoCloseables.close(local, producer.prep(), assembler::close, registry, cache, disk, streams);
+        AutoCloseables.close(calls, local, producer.prep(), assembler::close, registry, cache, disk, streams);
       } finally {
         if (shm != null) {
           shm.remove();
@@ -215,6 +236,15 @@ public final class DataPlane implements AutoCloseable {
     private boolean sharedMemory = true;
     private File certChain;
     private File privateKey;
+    private int flightThreads = Bounds.FLIGHT_THREADS;
+    private int flightQueue = Bounds.FLIGHT_QUEUE;
+    private int localConnections = Bounds.LOCAL_CONNECTIONS;
+    private java.time.Duration waitTimeout = Bounds.WAIT_TIMEOUT;
+    private int maxPlanIds = Bounds.MAX_PLAN_IDS;
+    private int statsEpochs = Bounds.STATS_EPOCHS;
+    private int prepGroups = Bounds.PREP_GROUPS;
+    private int prepThreads = Bounds.defaultPrepThreads();
+    private java.time.Duration prepClaimTimeout = Bounds.PREP_CLAIM_TIMEOUT;
 
     private Builder(BufferAllocator parent, String token) {
       this.parent = parent;
@@ -290,6 +320,58 @@ public final class DataPlane implements AutoCloseable {
 
     public Builder budgetTimeoutSeconds(long seconds) {
       this.budgetTimeoutSeconds = seconds;
+      return this;
+    }
+
+    /** Every bound at once (the sidecar's {@code serve} options); the setters below set one each. */
+    public Builder bounds(Bounds bounds) {
+      flightThreads(bounds.flightThreads(), bounds.flightQueue());
+      localConnections(bounds.localConnections());
+      waitTimeout(bounds.waitTimeout());
+      maxPlanIds(bounds.maxPlanIds());
+      statsEpochs(bounds.statsEpochs());
+      return prep(bounds.prepGroups(), bounds.prepThreads(), bounds.prepClaimTimeout());
+    }
+
+    /** The Flight executor's threads and queue ({@code --flight-threads}, {@code --flight-queue}); see {@link FlightCalls}. */
+    public Builder flightThreads(int threads, int queue) {
+      this.flightThreads = threads;
+      this.flightQueue = queue;
+      return this;
+    }
+
+    /** Same-host socket connections, one thread each ({@code --local-connections}). */
+    public Builder localConnections(int connections) {
+      this.localConnections = connections;
+      return this;
+    }
+
+    /** How long a call waits inside the sidecar for a prep batch, staging, storage or its client ({@code --wait-timeout}). */
+    public Builder waitTimeout(java.time.Duration timeout) {
+      this.waitTimeout = timeout;
+      return this;
+    }
+
+    /** Ids in one prefetch plan ({@code --max-plan-ids}). */
+    public Builder maxPlanIds(int ids) {
+      this.maxPlanIds = ids;
+      return this;
+    }
+
+    /** Epochs whose counters each dataset keeps in stats ({@code --stats-epochs}). */
+    public Builder statsEpochs(int epochs) {
+      this.statsEpochs = epochs;
+      return this;
+    }
+
+    /**
+     * Open prep groups ({@code --prep-groups}), the prep pool's threads ({@code --prep-threads}) and how long an
+     * external group's member may hold a claim ({@code --prep-claim-timeout}).
+     */
+    public Builder prep(int groups, int threads, java.time.Duration claimTimeout) {
+      this.prepGroups = groups;
+      this.prepThreads = threads;
+      this.prepClaimTimeout = claimTimeout;
       return this;
     }
 

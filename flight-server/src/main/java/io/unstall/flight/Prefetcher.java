@@ -98,6 +98,38 @@ public final class Prefetcher implements AutoCloseable {
     };
   }
 
+  /** Refuses a plan of {@code n} ids over {@code maxIds} ({@code --max-plan-ids}), before its ids are read. */
+  public static void checkPlanSize(long n, int maxIds) {
+    if (n > maxIds) {
+      throw new PlanTooLargeException("a prefetch plan of " + n + " ids exceeds the sidecar's --max-plan-ids "
+          + maxIds + "; send a shorter plan (one epoch's order) or raise --max-plan-ids");
+    }
+  }
+
+  /**
+   * A plan's ids checked against its dataset: at most {@code maxIds} ({@code --max-plan-ids}), at most as many as
+   * the dataset has samples (a plan is one epoch's order), each in range.
+   */
+  public static int[] checkedPlan(Dataset d, long[] requested, int maxIds) {
+    checkPlanSize(requested.length, maxIds);
+    if (requested.length > d.size()) {
+      throw new IllegalArgumentException("a prefetch plan of " + requested.length + " ids for dataset '" + d.name()
+          + "', which has " + d.size() + " samples: a plan is one epoch's order, at most one id per sample");
+    }
+    int[] ids = new int[requested.length];
+    for (int i = 0; i < ids.length; i++) {
+      ids[i] = d.checkId(requested[i]);
+    }
+    return ids;
+  }
+
+  /** A plan over {@code --max-plan-ids}: RESOURCE_EXHAUSTED. */
+  public static final class PlanTooLargeException extends RuntimeException {
+    PlanTooLargeException(String message) {
+      super(message);
+    }
+  }
+
   public boolean enabled() {
     return allocator.getLimit() > 0 && windowSamples > 0;
   }

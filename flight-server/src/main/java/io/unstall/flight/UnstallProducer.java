@@ -21,6 +21,7 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.LockSupport;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.ActionType;
@@ -54,11 +55,18 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private final StreamBudget budget;
   private final PrepService prep; // coordinated prep: prep.* actions and PREP tickets
   private final Sessions sessions;
+  private final FlightCalls calls; // admission of calls that may wait
+  private final Bounds bounds;
 
-  /** {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. */
+  /**
+   * {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. Calls that may wait
+   * are admitted by {@code calls}.
+   */
   public UnstallProducer(
       DatasetRegistry registry, SampleCache cache, DiskTier disk, BatchAssembler assembler, BufferAllocator streams,
-      StreamBudget budget, PrepService prep, Sessions sessions) {
+      StreamBudget budget, PrepService prep, Sessions sessions, FlightCalls calls, Bounds bounds) {
+    this.calls = calls;
+    this.bounds = bounds;
     this.registry = registry;
     this.cache = cache;
     this.disk = disk;
@@ -72,20 +80,24 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public void getStream(CallContext context, Ticket ticket, ServerStreamListener listener) {
     VectorSchemaRoot root = null;
+    FlightCalls.Permit permit = null;
     try {
       if (PrepTicket.isPrep(ticket.getBytes())) {
+        permit = calls.admit("a prep read (DoGet)");
         prep.getStream(ticket, listener);
         return;
       }
       FetchTicket t = FetchTicket.from(ticket);
       Dataset d = registry.get(t.dataset());
       BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t);
+      permit = calls.admit("a fetch of dataset '" + d.name() + "'");
       d.stats().startEpoch(d.name(), t.epoch());
-      try (StreamBudget.Reservation r = budget.acquire(budget.cost(batch.payloadBytes(), batch.ids().length))) {
+      long cost = budget.cost(batch.payloadBytes(), batch.ids().length);
+      try (StreamBudget.Reservation r = budget.acquire(cost, listener::isCancelled)) {
         root = assembler.assemble(d, BatchAssembler.Requester.of(d), t.epoch(), batch.ids(), streams);
       }
       listener.start(root);
-      awaitReady(listener);
+      awaitReady(listener, bounds.waitTimeout().toNanos());
       if (!listener.isCancelled()) {
         listener.putNext();
         listener.completed();
@@ -106,12 +118,23 @@ public final class UnstallProducer extends NoOpFlightProducer {
       if (root != null) {
         root.close();
       }
+      if (permit != null) {
+        permit.close();
+      }
     }
   }
 
-  /** Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. */
-  private static void awaitReady(ServerStreamListener listener) {
+  /**
+   * Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. A client
+   * that takes nothing for {@code timeoutNanos} ({@code --wait-timeout}) gets TIMED_OUT and frees the thread.
+   */
+  private static void awaitReady(ServerStreamListener listener, long timeoutNanos) {
+    long deadline = System.nanoTime() + timeoutNanos;
     while (!listener.isReady() && !listener.isCancelled()) {
+      if (System.nanoTime() - deadline > 0) {
+        throw new WaitTimeoutException("the client did not take its batch within "
+            + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos) + " s (--wait-timeout)");
+      }
       LockSupport.parkNanos(20_000);
     }
   }
@@ -151,8 +174,12 @@ public final class UnstallProducer extends NoOpFlightProducer {
 
   @Override
   public void doAction(CallContext context, Action action, StreamListener<Result> listener) {
+    FlightCalls.Permit permit = null;
     try {
       if (PrepService.handles(action.getType())) {
+        if (PrepService.waits(action.getType())) {
+          permit = calls.admit("action " + action.getType());
+        }
         listener.onNext(new Result(prep.doAction(action, context::isCancelled)));
         listener.onCompleted();
         return;
@@ -160,12 +187,11 @@ public final class UnstallProducer extends NoOpFlightProducer {
       switch (action.getType()) {
         case ACTION_STATS -> listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
         case ACTION_PREFETCH -> {
+          Prefetcher.checkPlanSize(Plan.declaredSize(action.getBody()), bounds.maxPlanIds());
+          permit = calls.admit("a prefetch plan");
           Plan plan = Plan.parse(action.getBody());
           Dataset d = registry.get(plan.dataset());
-          int[] ids = new int[plan.size()];
-          for (int i = 0; i < ids.length; i++) {
-            ids[i] = d.checkId(plan.id(i));
-          }
+          int[] ids = Prefetcher.checkedPlan(d, plan.ids(), bounds.maxPlanIds());
           assembler.prefetcher().plan(d, d.name(), d.stats(), plan.epoch(), ids);
           listener.onNext(new Result(("{\"v\":1,\"planned\":" + ids.length + "}").getBytes(StandardCharsets.UTF_8)));
         }
@@ -177,6 +203,10 @@ public final class UnstallProducer extends NoOpFlightProducer {
       listener.onCompleted();
     } catch (Throwable e) {
       listener.onError(toStatus(e));
+    } finally {
+      if (permit != null) {
+        permit.close();
+      }
     }
   }
 
@@ -196,7 +226,8 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public Runnable acceptPut(CallContext context, FlightStream flightStream, StreamListener<PutResult> ackStream) {
     return () -> {
-      try {
+      // Flight runs this on its executor: the upload is admitted there (where a refusal cannot block a transport).
+      try (FlightCalls.Permit p = calls.admit("an upload (DoPut)")) {
         if (!PrepService.handlesPut(flightStream.getDescriptor())) {
           throw CallStatus.UNIMPLEMENTED.withDescription("DoPut is only for prep.put uploads").toRuntimeException();
         }
@@ -254,8 +285,10 @@ public final class UnstallProducer extends NoOpFlightProducer {
     } else if (e instanceof MalformedTicketException || e instanceof IllegalArgumentException) {
       status = CallStatus.INVALID_ARGUMENT;
     } else if (e instanceof StreamBudget.BudgetExceededException || e instanceof Sessions.TooManySessionsException
-        || e instanceof org.apache.arrow.memory.OutOfMemoryException) {
+        || e instanceof org.apache.arrow.memory.OutOfMemoryException || e instanceof Prefetcher.PlanTooLargeException) {
       status = CallStatus.RESOURCE_EXHAUSTED;
+    } else if (e instanceof WaitTimeoutException) {
+      status = CallStatus.TIMED_OUT;
     } else if (e instanceof CorruptRecordException) {
       status = CallStatus.INTERNAL;
     } else if (e instanceof InterruptedException) {

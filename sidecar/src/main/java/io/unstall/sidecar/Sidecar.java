@@ -64,7 +64,8 @@ public final class Sidecar implements AutoCloseable {
               .prefetch(s.prefetchWindowBytes(), s.prefetchWindowSamples(), s.prefetchThreads())
               .storageBandwidth(s.storageBandwidth())
               .sharedMemory(s.sharedMemory())
-              .decode(s.maxDecodePixels(), s.maxDecodeAspectRatio(), s.decodeMemory());
+              .decode(s.maxDecodePixels(), s.maxDecodeAspectRatio(), s.decodeMemory())
+              .bounds(s.bounds());
       if (s.diskCacheDir() != null) {
         b.diskTier(s.diskCacheDir(), s.diskCacheCapacity());
       }

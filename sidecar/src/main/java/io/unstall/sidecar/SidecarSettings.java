@@ -1,5 +1,6 @@
 package io.unstall.sidecar;
 
+import io.unstall.flight.Bounds;
 import java.nio.file.Path;
 
 /** Validated settings of a sidecar. {@code decodeMemory} 0: the default (a quarter of the streams budget). */
@@ -24,4 +25,5 @@ public record SidecarSettings(
     boolean sharedMemory,
     long maxDecodePixels,
     double maxDecodeAspectRatio,
-    long decodeMemory) {}
+    long decodeMemory,
+    Bounds bounds) {}

@@ -23,7 +23,7 @@ public final class Dataset {
   private final Storage storage;
   private final SampleIndex index;
   private final List<String> classes;
-  private final DatasetStats stats = new DatasetStats();
+  private final DatasetStats stats;
   /**
    * The digest manifest: sample id -> content digest, each computed from this dataset's own bytes (a read from
    * its storage, or a persisted manifest of the same fingerprint). Only these key cache lookups.
@@ -41,7 +41,8 @@ public final class Dataset {
   private final AtomicBoolean warnedMismatch = new AtomicBoolean();
   private volatile byte[] fingerprint;
 
-  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes) {
+  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes, int statsEpochs) {
+    this.stats = new DatasetStats(statsEpochs);
     this.name = name;
     this.format = format;
     this.storage = storage;

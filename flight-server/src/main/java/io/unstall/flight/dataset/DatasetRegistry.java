@@ -43,6 +43,15 @@ public final class DatasetRegistry implements AutoCloseable {
   private volatile DiskTier tier;
   private ScheduledExecutorService checkpointer;
   private volatile io.unstall.flight.storage.Throttle throttle;
+  private volatile int statsEpochs = io.unstall.flight.Bounds.STATS_EPOCHS;
+
+  /** How many epochs' counters each dataset registered from now on keeps ({@code --stats-epochs}). */
+  public void keepStatsEpochs(int epochs) {
+    if (epochs < 1) {
+      throw new IllegalArgumentException("--stats-epochs must be at least 1, got " + epochs);
+    }
+    this.statsEpochs = epochs;
+  }
 
   /** Throttle every dataset's storage reads (a stand-in for a slow link to remote storage). */
   public void throttleStorage(io.unstall.flight.storage.Throttle t) {
@@ -141,7 +150,7 @@ public final class DatasetRegistry implements AutoCloseable {
                 LOG.info("indexing dataset '{}': {} samples so far", name, n);
               }
             });
-    Dataset d = new Dataset(name, format, storage, index, format.classes(storage));
+    Dataset d = new Dataset(name, format, storage, index, format.classes(storage), statsEpochs);
     Path persisted = persistedManifest(d);
     if (persisted != null && Files.exists(persisted)) {
       restore(d, persisted);

@@ -3,10 +3,15 @@ package io.unstall.flight.dataset;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.Map;
+import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ConcurrentSkipListMap;
 import java.util.concurrent.atomic.LongAdder;
 
-/** Per-epoch counters of one dataset: samples served, cache hits and misses, bytes from storage and cache. */
+/**
+ * Per-epoch counters of one dataset: samples served, cache hits and misses, bytes from storage and cache. Only the
+ * counters of the latest {@code keep} epochs begun are kept ({@code --stats-epochs}): a client names any epoch it
+ * likes, and an epoch's counters must not outlive their use.
+ */
 public final class DatasetStats {
   private static final org.slf4j.Logger LOG = org.slf4j.LoggerFactory.getLogger(DatasetStats.class);
 
@@ -145,20 +150,53 @@ public final class DatasetStats {
   }
 
   private final ConcurrentSkipListMap<Long, Epoch> epochs = new ConcurrentSkipListMap<>();
+  private final ConcurrentLinkedQueue<Long> begun = new ConcurrentLinkedQueue<>(); // epochs, in the order begun
   private final DatasetStats parent;
+  private final int keep;
 
-  public DatasetStats() {
-    this(null);
+  /** A dataset's counters, keeping the latest {@code keep} epochs. */
+  public DatasetStats(int keep) {
+    this(null, keep);
   }
 
-  /** Counters whose every count also goes to {@code parent} (a session's, under its dataset's). */
+  /** Counters whose every count also goes to {@code parent} (a session's, under its dataset's), kept as long. */
   public DatasetStats(DatasetStats parent) {
+    this(parent, parent.keep);
+  }
+
+  private DatasetStats(DatasetStats parent, int keep) {
+    if (keep < 1) {
+      throw new IllegalArgumentException("--stats-epochs must be at least 1, got " + keep);
+    }
     this.parent = parent;
+    this.keep = keep;
   }
 
   /** The counters of {@code epoch}, created on first use. */
   public Epoch epoch(long epoch) {
-    return epochs.computeIfAbsent(epoch, e -> new Epoch(parent == null ? null : parent.epoch(e)));
+    Epoch e = epochs.get(epoch);
+    if (e != null) {
+      return e;
+    }
+    Epoch fresh = new Epoch(parent == null ? null : parent.epoch(epoch));
+    Epoch prior = epochs.putIfAbsent(epoch, fresh);
+    if (prior != null) {
+      return prior;
+    }
+    begun(epoch);
+    return fresh;
+  }
+
+  /** Records a new epoch; drops the counters of the earliest begun beyond {@code keep}. */
+  private void begun(long epoch) {
+    begun.add(epoch);
+    while (epochs.size() > keep) {
+      Long oldest = begun.poll();
+      if (oldest == null) {
+        break;
+      }
+      epochs.remove(oldest);
+    }
   }
 
   /**
@@ -171,8 +209,11 @@ public final class DatasetStats {
     }
     Map.Entry<Long, Epoch> prev = previous(epoch);
     Epoch fresh = new Epoch(parent == null ? null : parent.epoch(epoch));
-    if (epochs.putIfAbsent(epoch, fresh) == null && prev != null) { // else another batch got here first and logs
-      LOG.info(summary(dataset, prev.getKey(), prev.getValue()));
+    if (epochs.putIfAbsent(epoch, fresh) == null) { // else another batch got here first and logs
+      if (prev != null) {
+        LOG.info(summary(dataset, prev.getKey(), prev.getValue()));
+      }
+      begun(epoch);
     }
   }
 

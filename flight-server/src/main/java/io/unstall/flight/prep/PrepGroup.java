@@ -75,6 +75,16 @@ final class PrepGroup {
   record Settings(int window, long stagingBytes, long memberTimeoutNanos, int groupSize, long joinTimeoutNanos,
       boolean shm) {}
 
+  /**
+   * The sidecar's bounds on a group: how long a member may hold a claim ({@code --prep-claim-timeout}), how long
+   * a call waits for a batch, a claim or staging room ({@code --wait-timeout}), how many epochs' counts are kept
+   * ({@code --stats-epochs}).
+   */
+  record Limits(long claimTimeoutNanos, long waitTimeoutNanos, int statsEpochs) {}
+
+  /** An external group's claim: the member making a batch, since when. */
+  private record Claim(long member, long since) {}
+
   private static final class Member {
     final long id;
     final String name;
@@ -112,6 +122,7 @@ final class PrepGroup {
   private final long rawCost;
   private final long outCost;
   private final Settings settings;
+  private final Limits limits;
   private final long created = System.nanoTime();
   /** Batches prepared concurrently: one's serial fetch overlaps another's parallel decode. */
   static final int PRODUCERS = 2;
@@ -129,7 +140,9 @@ final class PrepGroup {
   private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
   private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
   private final Map<Long, String> shmPaths = new HashMap<>();
-  private final Map<Long, Long> claimedBy = new HashMap<>(); // external groups: position -> producing member
+  private final Map<Long, Claim> claimedBy = new HashMap<>(); // external groups: position -> producing member
+  private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
+  private long claimsExpired;
   private final Map<Long, Long> producedBy = new HashMap<>(); // external groups: member -> batches uploaded
   private final TreeMap<Long, Long> preparedPerEpoch = new TreeMap<>();
   private long nextToProduce;
@@ -154,8 +167,9 @@ final class PrepGroup {
   private int[] order;
 
   PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
-      int threads, BufferAllocator parent, DecodeBudget decodeBudget, Settings requested) {
+      int threads, BufferAllocator parent, DecodeBudget decodeBudget, Settings requested, Limits limits) {
     this.id = id;
+    this.limits = limits;
     this.key = key;
     this.dataset = dataset;
     this.pipeline = pipeline;
@@ -307,12 +321,28 @@ final class PrepGroup {
     left++;
   }
 
-  /** Drops members that neither wait in a DoGet nor heartbeat; opens the join barrier on its timeout. */
+  /**
+   * Drops members that neither wait in a DoGet nor heartbeat; opens the join barrier on its timeout; gives back
+   * claims held past the claim timeout (a member whose transform raised may live on, heartbeating).
+   */
   synchronized void reap(long now) {
     if (closed) {
       return;
     }
     maybeStart(now);
+    for (var it = claimedBy.entrySet().iterator(); it.hasNext(); ) {
+      var e = it.next();
+      if (now - e.getValue().since() > limits.claimTimeoutNanos()) {
+        long pos = e.getKey();
+        it.remove();
+        expiredClaims.put(pos, e.getValue().member());
+        claimsExpired++;
+        LOG.warn("prep group {}: member {} did not upload epoch {} batch {} within {} s of claiming it"
+            + " (--prep-claim-timeout); another member may claim it", id, e.getValue().member(), pos / numBatches,
+            pos % numBatches, seconds(limits.claimTimeoutNanos()));
+        notifyAll();
+      }
+    }
     for (Member m : List.copyOf(members.values())) {
       long silent = now - m.lastSeen;
       if (m.waiting == 0 && silent > settings.memberTimeoutNanos()) {
@@ -354,7 +384,7 @@ final class PrepGroup {
     members.remove(m.id);
     gone.put(m.id, why);
     releaseConsumed();
-    claimedBy.values().removeIf(c -> c == m.id); // another member prepares what it had claimed
+    claimedBy.values().removeIf(c -> c.member() == m.id); // another member prepares what it had claimed
     if (members.isEmpty() && started) {
       closed = true; // the producers free everything on their way out
       if (external) {
@@ -390,6 +420,38 @@ final class PrepGroup {
       staged.pollFirstEntry().getValue().close();
     }
     failed.keySet().removeIf(p -> p < min);
+    expiredClaims.keySet().removeIf(p -> p < min);
+  }
+
+  /** The deadline of a wait that starts now ({@code --wait-timeout}). */
+  private long waitDeadline() {
+    return System.nanoTime() + limits.waitTimeoutNanos();
+  }
+
+  /** A wait past its deadline: TIMED_OUT, naming what it waited for. */
+  private void checkDeadline(long deadline, String waitedFor) {
+    if (System.nanoTime() - deadline > 0) {
+      throw CallStatus.TIMED_OUT.withDescription("prep group " + id + ": gave up after "
+          + seconds(limits.waitTimeoutNanos()) + " s waiting for " + waitedFor + " (--wait-timeout)")
+          .toRuntimeException();
+    }
+  }
+
+  /** Seconds for a message: "120", or "0.3" for a bound under a second (tests). */
+  static String seconds(long nanos) {
+    return nanos % 1_000_000_000L == 0 ? Long.toString(nanos / 1_000_000_000L) : String.format("%.1f", nanos / 1e9);
+  }
+
+  private String at(long pos) {
+    return "epoch " + pos / numBatches + " batch " + pos % numBatches;
+  }
+
+  /** Counts a batch prepared in its epoch, keeping the latest epochs' counts. */
+  private void countPrepared(long epoch) {
+    preparedPerEpoch.merge(epoch, 1L, Long::sum);
+    while (preparedPerEpoch.size() > limits.statsEpochs()) {
+      preparedPerEpoch.pollFirstEntry();
+    }
   }
 
   // -- production ---------------------------------------------------------------------------------------
@@ -440,7 +502,7 @@ final class PrepGroup {
             prepNanos += System.nanoTime() - t0;
             batchesPrepared++;
             samplesPrepared += root.getRowCount();
-            preparedPerEpoch.merge(pos / numBatches, 1L, Long::sum);
+            countPrepared(pos / numBatches);
             if (closed || pos < minCursor()) {
               root.close();
             } else {
@@ -717,7 +779,9 @@ final class PrepGroup {
     boolean sent = false;
     try {
       listener.start(view);
+      long deadline = waitDeadline();
       while (!listener.isReady() && !listener.isCancelled()) {
+        checkDeadline(deadline, "member " + t.member() + " to take " + at(pos));
         LockSupport.parkNanos(20_000);
       }
       if (!listener.isCancelled()) {
@@ -830,6 +894,7 @@ final class PrepGroup {
 
   private void awaitStaged(Member m, long pos, BooleanSupplier cancelled)
       throws InterruptedException {
+    long deadline = waitDeadline();
     while (!staged.containsKey(pos)) {
       FlightRuntimeException f = failed.get(pos);
       if (f != null) {
@@ -845,9 +910,15 @@ final class PrepGroup {
         throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed (sidecar stopping)")
             .toRuntimeException();
       }
+      checkDeadline(deadline, at(pos) + " to be prepared" + (external ? claimer(pos) : ""));
       m.lastSeen = System.nanoTime();
       wait(10);
     }
+  }
+
+  private String claimer(long pos) {
+    Claim c = claimedBy.get(pos);
+    return c == null ? " (nobody has claimed it)" : " (member " + c.member() + " claimed it)";
   }
 
   /**
@@ -855,7 +926,8 @@ final class PrepGroup {
    * ({@code "ready"}: read it with a PREP DoGet) or nobody alive prepares it and it is within the window
    * ({@code "produce"}: this member fetches the returned ids, transforms them and uploads the batch with DoPut).
    * A claimer that is dropped or leaves gives its claim back, so a dead job never blocks the others for longer
-   * than the member timeout.
+   * than the member timeout, and a claim not uploaded within the claim timeout is given back too (its member
+   * gets an error if it uploads late).
    */
   ObjectNode claim(long memberId, long epoch, long batch, BooleanSupplier cancelled)
       throws InterruptedException {
@@ -867,6 +939,7 @@ final class PrepGroup {
     synchronized (this) {
       Member m = member(memberId);
       long pos = checkedPosition(m, epoch, batch);
+      long deadline = waitDeadline();
       m.waiting++;
       try {
         while (true) {
@@ -877,7 +950,8 @@ final class PrepGroup {
           }
           maybeStart(System.nanoTime());
           if (started && !claimedBy.containsKey(pos) && pos < minCursor() + window) {
-            claimedBy.put(pos, m.id);
+            claimedBy.put(pos, new Claim(m.id, System.nanoTime()));
+            expiredClaims.remove(pos, m.id);
             o.put("state", "produce");
             ArrayNode ids = o.putArray("ids");
             int from = (int) (pos % numBatches) * key.batchSize();
@@ -897,6 +971,8 @@ final class PrepGroup {
           if (closed) {
             throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed").toRuntimeException();
           }
+          checkDeadline(deadline, at(pos) + (!started ? " (the group has not started: group_size not reached)"
+              : claimedBy.containsKey(pos) ? claimer(pos) : " to come within the window of the slowest member"));
           m.lastSeen = System.nanoTime();
           wait(10);
         }
@@ -916,8 +992,15 @@ final class PrepGroup {
     }
     synchronized (this) {
       Member m = member(memberId);
-      Long claimer = claimedBy.get(pos);
-      if (claimer == null || claimer != m.id) {
+      Claim claim = claimedBy.get(pos);
+      if (claim == null || claim.member() != m.id) {
+        Long expired = expiredClaims.get(pos);
+        if (expired != null && expired == m.id) {
+          throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + "'s claim on"
+              + " epoch " + epoch + " batch " + batch + " expired: it was not uploaded within "
+              + seconds(limits.claimTimeoutNanos()) + " s (--prep-claim-timeout), so the batch went back to"
+              + " the group; ask prep.claim again").toRuntimeException();
+        }
         throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
             + " did not claim epoch " + epoch + " batch " + batch + " (prep.claim first)").toRuntimeException();
       }
@@ -937,11 +1020,14 @@ final class PrepGroup {
         throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group " + id + ": an uploaded batch of " + bytes
             + " bytes exceeds staging_bytes " + stagingLimit).toRuntimeException();
       }
+      long deadline = waitDeadline();
       while (alloc.getAllocatedMemory() + bytes > stagingLimit) { // bounded staging: wait for readers to free
         if (cancelled.getAsBoolean() || closed) {
           throw CallStatus.CANCELLED.withDescription("upload cancelled").toRuntimeException();
         }
+        checkDeadline(deadline, "staging room for " + at(pos) + " (staging_bytes " + stagingLimit + ")");
         m.lastSeen = System.nanoTime();
+        claimedBy.put(pos, new Claim(m.id, m.lastSeen)); // it has come back: the upload, not the claim, waits
         wait(10);
       }
       VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
@@ -952,7 +1038,7 @@ final class PrepGroup {
       claimedBy.remove(pos);
       batchesPrepared++;
       samplesPrepared += copy.getRowCount();
-      preparedPerEpoch.merge(epoch, 1L, Long::sum);
+      countPrepared(epoch);
       producedBy.merge(m.id, 1L, Long::sum);
       if (pos < minCursor()) {
         copy.close();
@@ -1006,6 +1092,9 @@ final class PrepGroup {
     o.put("fetch_seconds", fetchNanos.get() / 1e9); // of which: assembling the raw batch (cache or storage)
     o.put("decode_cpu_seconds", prepCpuNanos.get() / 1e9); // CPU time of decode + augment on the prep threads
     o.put("threads", threads);
+    if (external) {
+      o.put("claims_expired", claimsExpired);
+    }
     ObjectNode per = o.putObject("batches_prepared_per_epoch");
     preparedPerEpoch.forEach((e, c) -> per.put(Long.toString(e), c));
     ArrayNode ms = o.putArray("members");

@@ -7,6 +7,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
+import io.unstall.flight.Bounds;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
 import java.io.IOException;
@@ -40,7 +41,9 @@ import org.apache.arrow.util.AutoCloseables;
  * batch is fetched and prepared once, by a pool of prep threads sized to the cores, and served to all members.
  * All staging memory comes from the "prep" child of the data plane's streams allocator (half its limit), one
  * child per group bounded by the group's staging limit; the native memory of decodes in progress is reserved in
- * the {@link DecodeBudget}, another child of the streams allocator.
+ * the {@link DecodeBudget}, another child of the streams allocator. At most {@code --prep-groups} groups are open
+ * at once (each has two producer threads), the pool has {@code --prep-threads} threads, a claim of an external
+ * group expires after {@code --prep-claim-timeout}, and a call waits at most {@code --wait-timeout} for its batch.
  */
 public final class PrepService implements AutoCloseable {
   public static final String ACTION_JOIN = "prep.join";
@@ -60,6 +63,8 @@ public final class PrepService implements AutoCloseable {
   private final DecodeBudget decodeBudget;
   private final PrepPipeline.DecodeLimits decodeLimits;
   private final int threads;
+  private final int maxGroups;
+  private final PrepGroup.Limits limits;
   private final ExecutorService pool;
   private final ScheduledExecutorService reaper;
   private final AtomicLong memberIds = new AtomicLong();
@@ -76,10 +81,11 @@ public final class PrepService implements AutoCloseable {
   }
 
   /**
+   * {@code bounds}: the prep bounds (threads, groups, claim and wait timeouts, stats epochs);
    * {@code decodeLimits}: the caps of pipelines that name none; {@code decodeMemory}: the decode budget's bytes;
    * {@code timeoutSeconds}: how long a decode waits for memory before its batch fails.
    */
-  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams,
+  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams, Bounds bounds,
       PrepPipeline.DecodeLimits decodeLimits, long decodeMemory, long timeoutSeconds) {
     if (decodeMemory < 1 || decodeMemory > streams.getLimit()) {
       throw new IllegalArgumentException("--decode-memory (" + decodeMemory + " bytes) must be in 1.."
@@ -90,7 +96,10 @@ public final class PrepService implements AutoCloseable {
     this.decodeLimits = decodeLimits;
     this.allocator = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
     this.decodeBudget = new DecodeBudget(streams, decodeMemory, timeoutSeconds, TimeUnit.SECONDS);
-    this.threads = Math.max(1, Integer.getInteger("unstall.prep.threads", Runtime.getRuntime().availableProcessors()));
+    this.threads = bounds.prepThreads();
+    this.maxGroups = bounds.prepGroups();
+    this.limits = new PrepGroup.Limits(bounds.prepClaimTimeout().toNanos(), bounds.waitTimeout().toNanos(),
+        bounds.statsEpochs());
     AtomicInteger n = new AtomicInteger();
     this.pool = Executors.newFixedThreadPool(threads, r -> {
       Thread t = new Thread(r, "unstall-prep-worker-" + n.incrementAndGet());
@@ -107,6 +116,11 @@ public final class PrepService implements AutoCloseable {
 
   public static boolean handles(String actionType) {
     return actionType.startsWith("prep.");
+  }
+
+  /** Whether a {@code prep.*} action may wait (for a batch, or a member's turn): it needs admission. */
+  public static boolean waits(String actionType) {
+    return actionType.equals(ACTION_CLAIM) || actionType.equals(ACTION_NEXT);
   }
 
   public int threads() {
@@ -290,8 +304,15 @@ public final class PrepService implements AutoCloseable {
       PrepGroup g = open.get(key);
       ObjectNode r = g == null ? null : g.join(member, name, epochs, startEpoch, startBatch);
       if (r == null) {
+        long running = open.values().stream().filter(o -> !o.isClosed()).count();
+        if (running >= maxGroups) {
+          throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep.join: the sidecar already runs " + running
+              + " prep groups (--prep-groups " + maxGroups + "); a new group needs another dataset, pipeline, seed,"
+              + " batch_size, shuffle or drop_last than those: join one of them, wait for one to end, or raise"
+              + " --prep-groups").toRuntimeException();
+        }
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, pipeline, assembler, pool, threads, allocator, decodeBudget, s);
+        g = new PrepGroup(id, key, d, pipeline, assembler, pool, threads, allocator, decodeBudget, s, limits);
         try {
           r = g.join(member, name, epochs, startEpoch, startBatch);
         } catch (RuntimeException e) {
@@ -361,6 +382,7 @@ public final class PrepService implements AutoCloseable {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("v", 1);
     o.put("threads", threads);
+    o.put("max_groups", maxGroups);
     ObjectNode st = o.putObject("staging");
     st.put("limit_bytes", allocator.getLimit());
     st.put("allocated_bytes", allocator.getAllocatedMemory());

@@ -31,6 +31,7 @@ import java.util.Random;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.function.UnaryOperator;
 import javax.imageio.ImageIO;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.CallHeaders;
@@ -83,13 +84,24 @@ class PrepServiceTest {
     Files.createDirectories(dir.resolve("bad/c0"));
     Files.writeString(dir.resolve("bad/c0/not-an-image.jpg"), "hello");
     root = new RootAllocator(256L << 20);
-    plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(1 << 20).build().start();
-    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
-    plane.registry().register("bad", "imagefolder", dir.resolve("bad").toString());
-    client = FlightClient.builder(root, plane.location()).build();
+    serve(b -> b);
     CallHeaders h = new FlightCallHeaders();
     h.insert("authorization", "Bearer " + TOKEN);
     auth = new HeaderCallOption(h);
+  }
+
+  /** A data plane with these settings (after closing the current one), its datasets and a client. */
+  void serve(UnaryOperator<DataPlane.Builder> settings) throws Exception {
+    if (client != null) {
+      client.close();
+    }
+    if (plane != null) {
+      plane.close();
+    }
+    plane = settings.apply(DataPlane.builder(root, TOKEN).port(0).cacheCapacity(1 << 20)).build().start();
+    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
+    plane.registry().register("bad", "imagefolder", dir.resolve("bad").toString());
+    client = FlightClient.builder(root, plane.location()).build();
   }
 
   @AfterEach
@@ -398,6 +410,78 @@ class PrepServiceTest {
     }
   }
 
+
+  @Test
+  void anExpiredClaimGoesToAnotherMemberAndItsLateUploadIsRefusedNamingTheOption() throws Exception {
+    serve(b -> b.prep(16, 2, Duration.ofMillis(300)));
+    String body = "{\"dataset\":\"imgs\",\"pipeline\":{\"python\":\"torchvision-v1\"},\"batch_size\":5,"
+        + "\"group_size\":2}";
+    JsonNode a = action("prep.join", body);
+    JsonNode b = action("prep.join", body);
+    JsonNode ca = claim(a, 0, 0);
+    assertEquals("produce", ca.get("state").asText());
+    // a's transform raised: it lives on (heartbeats) but never uploads. b waits, then gets the batch to make.
+    action("prep.heartbeat", "{\"group\":\"" + a.get("group").asText() + "\",\"member\":" + a.get("member") + "}");
+    JsonNode cb = claim(b, 0, 0);
+    assertEquals("produce", cb.get("state").asText());
+    assertArrayEquals(ids(ca), ids(cb));
+    FlightRuntimeException late = assertThrows(FlightRuntimeException.class, () -> upload(a, 0, 0, ids(ca)));
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, late.status().code());
+    assertTrue(late.getMessage().contains("claim on epoch 0 batch 0 expired")
+        && late.getMessage().contains("--prep-claim-timeout"), late.getMessage());
+    upload(b, 0, 0, ids(cb));
+    assertEquals("ready", claim(a, 0, 0).get("state").asText());
+    assertArrayEquals(ids(cb), get2(a, 0, 0));
+    JsonNode s = groupStats(a);
+    assertEquals(1, s.get("claims_expired").asInt());
+    assertEquals(2, s.get("members").size(), "the member whose claim expired is still a member");
+  }
+
+  /** The ids of a member-made batch (its own schema, not a sidecar-prepared one). */
+  long[] get2(JsonNode j, long epoch, long batch) throws Exception {
+    PrepTicket t = new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch);
+    try (FlightStream st = client.getStream(t.toTicket(), auth)) {
+      assertTrue(st.next());
+      BigIntVector id = (BigIntVector) st.getRoot().getVector("id");
+      long[] out = new long[st.getRoot().getRowCount()];
+      for (int i = 0; i < out.length; i++) {
+        out[i] = id.get(i);
+      }
+      return out;
+    }
+  }
+
+  @Test
+  void aCallThatWaitsPastTheWaitTimeoutIsToldWhatItWaitedFor() throws Exception {
+    serve(b -> b.waitTimeout(Duration.ofMillis(300)));
+    // group_size 2 with one member: nothing starts within the join timeout, so its calls wait.
+    JsonNode a = join(",\"group_size\":2,\"join_timeout_s\":600");
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> get(a, 0, 0));
+    assertEquals(FlightStatusCode.TIMED_OUT, e.status().code(), e.toString());
+    assertTrue(e.getMessage().contains("epoch 0 batch 0 to be prepared") && e.getMessage().contains("--wait-timeout"),
+        e.getMessage());
+    JsonNode x = action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":{\"python\":\"f\"},\"batch_size\":5,"
+        + "\"group_size\":2,\"join_timeout_s\":600}");
+    FlightRuntimeException c = assertThrows(FlightRuntimeException.class, () -> claim(x, 0, 0));
+    assertEquals(FlightStatusCode.TIMED_OUT, c.status().code(), c.toString());
+    assertTrue(c.getMessage().contains("the group has not started") && c.getMessage().contains("--wait-timeout"),
+        c.getMessage());
+  }
+
+  @Test
+  void prepGroupsAreBoundedByTheOption() throws Exception {
+    serve(b -> b.prep(2, 1, Duration.ofSeconds(60)));
+    JsonNode first = join(",\"seed\":1");
+    join(",\"seed\":2");
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> join(",\"seed\":3"));
+    assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, e.status().code(), e.toString());
+    assertTrue(e.getMessage().contains("--prep-groups 2"), e.getMessage());
+    assertEquals(first.get("group"), join(",\"seed\":1").get("group"), "joining a running group is no new group");
+    action("prep.leave", "{\"group\":\"" + first.get("group").asText() + "\",\"member\":" + first.get("member") + "}");
+    JsonNode stats = action("prep.stats", "");
+    assertEquals(1, stats.get("threads").asInt());
+    assertEquals(2, stats.get("max_groups").asInt());
+  }
 
   @Test
   void aLateJoinerStartsAtTheNextWholeEpoch() throws Exception {
