@@ -1,5 +1,7 @@
 package io.unstall.flight;
 
+import io.unstall.flight.auth.BearerTokenAuthenticator;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.LruCache;
 import io.unstall.flight.cache.MinioCache;
@@ -29,7 +31,9 @@ import org.slf4j.LoggerFactory;
  * reverse. It takes a parent allocator (the process's root, owned by main) and creates its children:
  * "cache" (the cache's capacity), "prefetch" (the prefetch window) and "streams" (batches in flight, local
  * staging and prep staging: the rest of the budget). Clients reach it over Flight (any host) and, on this
- * host, over the local socket that hands out shared-memory references ({@code SharedMemory}).
+ * host, over the local socket that hands out shared-memory references ({@code SharedMemory}). Flight accepts
+ * the owner's token and the tenant tokens of {@link TenantTokens} (each tenant limited to its datasets); the
+ * local socket only the owner, by its uid (in a 0700 directory, checked with SO_PEERCRED) and its token.
  */
 public final class DataPlane implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(DataPlane.class);
@@ -48,6 +52,7 @@ public final class DataPlane implements AutoCloseable {
   private final UnstallProducer producer;
   private final FlightServer server;
   private final boolean tls;
+  private final TenantTokens tenants;
 
   private DataPlane(Builder b) throws IOException {
     long budget = b.parent.getLimit();
@@ -63,6 +68,7 @@ public final class DataPlane implements AutoCloseable {
               + " bytes) must be below --memory-budget (" + budget + " bytes)");
     }
     this.tls = b.tls;
+    this.tenants = b.tenants;
     this.shm = b.sharedMemory && SharedMemory.available() ? SharedMemory.create(SHM_PREFIX) : null;
     this.cache = switch (b.cachePolicy) {
       case "minio" -> new MinioCache(b.parent, b.cacheCapacity, shm);
@@ -85,13 +91,13 @@ public final class DataPlane implements AutoCloseable {
     StreamBudget streamBudget = new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS);
     this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
     this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
-        new PrepService(registry, assembler, streams), sessions);
+        new PrepService(registry, assembler, streams), sessions, tenants);
     this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
         new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm));
     Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
     FlightServer.Builder sb =
         FlightServer.builder(streams, location, producer)
-            .headerAuthenticator(new BearerTokenAuthenticator(b.token));
+            .headerAuthenticator(new BearerTokenAuthenticator(b.token, tenants));
     if (b.tls) {
       sb.useTls(b.certChain, b.privateKey);
     }
@@ -142,6 +148,11 @@ public final class DataPlane implements AutoCloseable {
   /** The local socket of same-host clients, or null when there is no shared-memory plane. */
   public Path localEndpoint() {
     return local == null ? null : local.path();
+  }
+
+  /** The tenant tokens Flight accepts besides the owner's. */
+  public TenantTokens tenants() {
+    return tenants;
   }
 
   public Sessions sessions() {
@@ -208,6 +219,7 @@ public final class DataPlane implements AutoCloseable {
     private long storageBandwidth;
     private boolean tls;
     private boolean sharedMemory = true;
+    private TenantTokens tenants = TenantTokens.none();
     private File certChain;
     private File privateKey;
 
@@ -269,6 +281,12 @@ public final class DataPlane implements AutoCloseable {
     /** Whether clients on this host get the shared-memory plane (the local socket); on by default. */
     public Builder sharedMemory(boolean on) {
       this.sharedMemory = on;
+      return this;
+    }
+
+    /** Tokens the owner issued to tenants (data plane only, granted datasets only); none by default. */
+    public Builder tenants(TenantTokens tenants) {
+      this.tenants = tenants;
       return this;
     }
 

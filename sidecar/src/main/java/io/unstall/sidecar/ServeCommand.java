@@ -2,6 +2,8 @@ package io.unstall.sidecar;
 
 import java.net.InetAddress;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.Callable;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
@@ -89,6 +91,11 @@ public final class ServeCommand implements Callable<Integer> {
       description = "No shared-memory data plane: clients on this host fetch over Flight too (default: on where /dev/shm is writable).")
   boolean noShm;
 
+  @Option(names = "--allow-root", paramLabel = "DIR",
+      description = "A directory whose datasets may be registered although the sidecar's user does not own them"
+          + " (a shared data directory), and where manifests may be read and written; repeatable.")
+  List<Path> allowRoots = new ArrayList<>();
+
   @Override
   public Integer call() throws Exception {
     SidecarSettings s = settings();
@@ -121,6 +128,10 @@ public final class ServeCommand implements Callable<Integer> {
       throw new IllegalArgumentException("--prefetch-window must be >= 0 and --prefetch-threads >= 1");
     }
     Path h = home.toAbsolutePath();
+    List<Path> roots = new ArrayList<>();
+    for (Path r : allowRoots) {
+      roots.add(PathPolicy.realDirectory("--allow-root", r));
+    }
     return new SidecarSettings(
         bind, port, controlPort, capacity, budget,
         stateFile != null ? stateFile : h.resolve("sidecar.json"),
@@ -129,7 +140,7 @@ public final class ServeCommand implements Callable<Integer> {
         diskCacheDir == null ? null : diskCacheDir.toAbsolutePath(), size("--disk-cache-capacity", diskCacheCapacity),
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
-        size("--storage-bandwidth", storageBandwidth), !noShm);
+        size("--storage-bandwidth", storageBandwidth), !noShm, h, List.copyOf(roots));
   }
 
   private static long size(String option, String value) {

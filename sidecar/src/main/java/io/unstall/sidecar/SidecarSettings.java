@@ -1,6 +1,7 @@
 package io.unstall.sidecar;
 
 import java.nio.file.Path;
+import java.util.List;
 
 /** Validated settings of a sidecar. */
 public record SidecarSettings(
@@ -21,4 +22,6 @@ public record SidecarSettings(
     int prefetchWindowSamples,
     int prefetchThreads,
     long storageBandwidth,
-    boolean sharedMemory) {}
+    boolean sharedMemory,
+    Path home,
+    List<Path> allowRoots) {}

@@ -52,10 +52,10 @@ final class LocalConnection implements Runnable {
     this.onEnd = onEnd;
   }
 
-  /** Answers a connection that cannot be served with one UNAVAILABLE error, then closes it. */
-  static void refuse(SocketChannel ch, String why) {
+  /** Answers a connection that cannot be served with one error ({@code code}: a LocalFrames status), then closes it. */
+  static void refuse(SocketChannel ch, int code, String why) {
     try (ch) {
-      write(ch, ByteBuffer.wrap(LocalFrames.error(UNAVAILABLE, why)));
+      write(ch, ByteBuffer.wrap(LocalFrames.error(code, why)));
     } catch (IOException e) {
       LOG.debug("refusing a local connection: {}", e.toString());
     }

@@ -9,6 +9,9 @@ import java.nio.channels.SocketChannel;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.attribute.PosixFilePermissions;
+import java.nio.file.attribute.UserPrincipal;
+import io.unstall.flight.protocol.LocalFrames;
+import jdk.net.ExtendedSocketOptions;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -18,7 +21,10 @@ import org.slf4j.LoggerFactory;
 /**
  * The same-host data plane: a Unix socket (mode 0600 in the sidecar's 0700 shared-memory directory) where
  * clients on this host fetch batches as references into shared memory ({@code UNSL}, protocol/README.md).
- * One thread per connection: a DataLoader worker holds one connection and has one request in flight.
+ * It is the owner's alone: the directory lets only the sidecar's user reach the socket, a connection from any
+ * other uid (root, say) is refused by its SO_PEERCRED, and then HELLO must carry the owner's token. Tenants
+ * use Flight. One thread per connection: a DataLoader worker holds one connection and has one request in
+ * flight.
  */
 public final class LocalServer implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(LocalServer.class);
@@ -30,6 +36,7 @@ public final class LocalServer implements AutoCloseable {
   private final Map<LocalConnection, Thread> connections = new ConcurrentHashMap<>();
   private final AtomicInteger threads = new AtomicInteger();
   private final Thread acceptor;
+  private final UserPrincipal owner; // the sidecar's user: the owner of the socket file it just made
   private volatile boolean closed;
 
   public LocalServer(Path path, LocalService service) throws IOException {
@@ -39,6 +46,7 @@ public final class LocalServer implements AutoCloseable {
     this.server = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
     server.bind(UnixDomainSocketAddress.of(path));
     Files.setPosixFilePermissions(path, PosixFilePermissions.fromString("rw-------"));
+    this.owner = Files.getOwner(path);
     this.acceptor = new Thread(this::acceptLoop, "unstall-local-accept");
     acceptor.setDaemon(true);
   }
@@ -65,8 +73,15 @@ public final class LocalServer implements AutoCloseable {
         }
         continue;
       }
+      String stranger = stranger(ch);
+      if (stranger != null) {
+        LOG.warn("local data plane: refused a connection from user {} (the socket is {}'s)", stranger, owner.getName());
+        LocalConnection.refuse(ch, LocalFrames.UNAUTHENTICATED, "the sidecar's local socket is for its own user ("
+            + owner.getName() + "), not " + stranger + "; other users read over Flight with a tenant token");
+        continue;
+      }
       if (connections.size() >= MAX_CONNECTIONS) {
-        LocalConnection.refuse(ch, "the sidecar has " + MAX_CONNECTIONS + " local connections open; try again later");
+        LocalConnection.refuse(ch, LocalFrames.UNAVAILABLE, "the sidecar has " + MAX_CONNECTIONS + " local connections open; try again later");
         continue;
       }
       LocalConnection c = new LocalConnection(ch, service, connections::remove);
@@ -74,6 +89,16 @@ public final class LocalServer implements AutoCloseable {
       t.setDaemon(true);
       connections.put(c, t);
       t.start();
+    }
+  }
+
+  /** The peer's user when it is not the sidecar's (null: the owner, or a platform without SO_PEERCRED). */
+  private String stranger(SocketChannel ch) {
+    try {
+      UserPrincipal peer = ch.getOption(ExtendedSocketOptions.SO_PEERCRED).user();
+      return peer.equals(owner) ? null : peer.getName();
+    } catch (UnsupportedOperationException | IOException e) {
+      return null; // the 0700 directory still keeps other users out
     }
   }
 
