@@ -38,14 +38,6 @@ public record Principal(String id, String name, boolean owner, Set<String> datas
     }
   }
 
-  /** Refuses {@code what} to a tenant. */
-  public void checkOwner(String what) {
-    if (!owner) {
-      throw new PermissionDeniedException(what + " is for the sidecar's owner only; " + this
-          + " may read the datasets granted to it");
-    }
-  }
-
   /** Names the principal in messages: never the token itself. */
   @Override
   public String toString() {
