@@ -132,12 +132,13 @@ def test_an_imported_manifest_of_other_content_grants_no_hit_and_mismatches_are_
     sidecar = start(start_sidecar, config, tmp_path)
     exporter = write_folder(tmp_path / "a", 1, SIZES)
     read_epochs(Dataset(f"a-{config}", root=tmp_path / "a", sidecar=sidecar), exporter, epochs=1)
-    exported = sidecar.export_manifest(f"a-{config}", tmp_path / "a.manifest")
+    manifest = sidecar.home / "a.manifest"  # manifests live under the sidecar home (or an --allow-root)
+    exported = sidecar.export_manifest(f"a-{config}", manifest)
     assert (exported.known, exported.num_samples) == (N, N)
 
     other = write_folder(tmp_path / "other", 2, SIZES)  # the sizes the manifest lists, other bytes
     ds = Dataset(f"other-{config}", root=tmp_path / "other", sidecar=sidecar,
-                 options={"manifest": str(tmp_path / "a.manifest")})
+                 options={"manifest": str(manifest)})
     read_epochs(ds, other, epochs=2)
     st = sidecar.stats().dataset(ds.name)
     assert (st.epoch(0).hits, st.epoch(0).disk_hits) == (0, 0), "the exporter's entries were served"
@@ -149,7 +150,7 @@ def test_an_imported_manifest_of_other_content_grants_no_hit_and_mismatches_are_
     # The same manifest given to a dataset of the exporter's content: every claim holds.
     assert write_folder(tmp_path / "same", 1, SIZES) == exporter
     same = Dataset(f"same-{config}", root=tmp_path / "same", sidecar=sidecar,
-                   options={"manifest": str(tmp_path / "a.manifest")})
+                   options={"manifest": str(manifest)})
     read_epochs(same, exporter, epochs=1, num_workers=0)
     e0 = sidecar.stats().dataset(same.name).epoch(0)
     assert (e0.verified, e0.verify_mismatches) == (N, 0)

@@ -42,6 +42,11 @@ __all__ = [
     "parse_stats",
     "ManifestExport",
     "parse_manifest_export",
+    "TenantToken",
+    "IssuedToken",
+    "parse_tenant_token",
+    "parse_tenant_tokens",
+    "parse_issued_token",
     "check_batch",
     "SessionStats",
     "SampleBatch",
@@ -291,6 +296,51 @@ def parse_descriptions(doc: str | bytes) -> list[DatasetInfo]:
     if not isinstance(items, list):
         raise ValueError(f"dataset list: expected a JSON array, got {type(items).__name__}")
     return [parse_description(i) for i in items]
+
+
+@dataclass(frozen=True)
+class TenantToken:
+    """A tenant token the owner issued (``listTokens``): its id, who it is for, the datasets it grants."""
+
+    id: str
+    name: str
+    datasets: tuple[str, ...]
+    created: str
+
+
+@dataclass(frozen=True)
+class IssuedToken(TenantToken):
+    """A token just issued (``issueToken``): the only time the sidecar hands out the token itself."""
+
+    token: str = field(default="", repr=False)  # never in a repr, a log line or a traceback
+
+
+def parse_tenant_token(doc: str | bytes | Mapping[str, Any]) -> TenantToken:
+    d = _loads(doc, "tenant token") if isinstance(doc, (str, bytes)) else doc
+    if not isinstance(d, Mapping):
+        raise ValueError(f"tenant token: expected a JSON object, got {type(d).__name__}")
+    _check_version(d, "tenant token")
+    try:
+        return TenantToken(id=str(d["id"]), name=str(d.get("name", "")),
+                           datasets=tuple(str(x) for x in d["datasets"]), created=str(d.get("created", "")))
+    except KeyError as e:
+        raise ValueError(f"tenant token: missing field {e.args[0]!r}") from None
+
+
+def parse_tenant_tokens(doc: str | bytes) -> list[TenantToken]:
+    items = _loads(doc, "tenant token list")
+    if not isinstance(items, list):
+        raise ValueError(f"tenant token list: expected a JSON array, got {type(items).__name__}")
+    return [parse_tenant_token(i) for i in items]
+
+
+def parse_issued_token(doc: str | bytes) -> IssuedToken:
+    d = _loads(doc, "issued token")
+    t = parse_tenant_token(d)
+    token = d.get("token")
+    if not isinstance(token, str) or len(token) < 16:
+        raise ValueError("issued token: the reply carries no token")
+    return IssuedToken(id=t.id, name=t.name, datasets=t.datasets, created=t.created, token=token)
 
 
 @dataclass(frozen=True)

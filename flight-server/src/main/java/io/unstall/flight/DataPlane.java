@@ -1,5 +1,7 @@
 package io.unstall.flight;
 
+import io.unstall.flight.auth.BearerTokenAuthenticator;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.LruCache;
 import io.unstall.flight.cache.MinioCache;
@@ -30,7 +32,9 @@ import org.slf4j.LoggerFactory;
  * reverse. It takes a parent allocator (the process's root, owned by main) and creates its children:
  * "cache" (the cache's capacity), "prefetch" (the prefetch window) and "streams" (batches in flight, local
  * staging and prep staging: the rest of the budget). Clients reach it over Flight (any host) and, on this
- * host, over the local socket that hands out shared-memory references ({@code SharedMemory}).
+ * host, over the local socket that hands out shared-memory references ({@code SharedMemory}). Flight accepts
+ * the owner's token and the tenant tokens of {@link TenantTokens} (each tenant limited to its datasets); the
+ * local socket only the owner, by its uid (in a 0700 directory, checked with SO_PEERCRED) and its token.
  */
 public final class DataPlane implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(DataPlane.class);
@@ -50,6 +54,7 @@ public final class DataPlane implements AutoCloseable {
   private final FlightCalls calls;
   private final FlightServer server;
   private final boolean tls;
+  private final TenantTokens tenants;
 
   private DataPlane(Builder b) throws IOException {
     long budget = b.parent.getLimit();
@@ -68,6 +73,7 @@ public final class DataPlane implements AutoCloseable {
         b.statsEpochs, b.prepGroups, b.prepThreads, b.prepClaimTimeout);
     this.tls = b.tls;
     registry.keepStatsEpochs(bounds.statsEpochs());
+    this.tenants = b.tenants;
     this.shm = b.sharedMemory && SharedMemory.available() ? SharedMemory.create(SHM_PREFIX) : null;
     this.cache = switch (b.cachePolicy) {
       case "minio" -> new MinioCache(b.parent, b.cacheCapacity, shm);
@@ -93,7 +99,7 @@ public final class DataPlane implements AutoCloseable {
     this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
         new PrepService(registry, assembler, streams, bounds, b.decodeLimits,
             b.decodeMemory > 0 ? b.decodeMemory : PrepService.defaultDecodeMemory(streams.getLimit()),
-            b.budgetTimeoutSeconds), sessions, calls, bounds);
+            b.budgetTimeoutSeconds), sessions, calls, bounds, tenants);
     this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
         new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds),
         bounds.localConnections());
@@ -105,7 +111,7 @@ public final class DataPlane implements AutoCloseable {
         FlightServer.builder(streams, location, producer)
             .executor(calls.executor())
             .maxInboundMessageSize((int) Math.min(Integer.MAX_VALUE, maxMessage))
-            .headerAuthenticator(new BearerTokenAuthenticator(b.token));
+            .headerAuthenticator(new BearerTokenAuthenticator(b.token, tenants));
     if (b.tls) {
       sb.useTls(b.certChain, b.privateKey);
     }
@@ -156,6 +162,11 @@ public final class DataPlane implements AutoCloseable {
   /** The local socket of same-host clients, or null when there is no shared-memory plane. */
   public Path localEndpoint() {
     return local == null ? null : local.path();
+  }
+
+  /** The tenant tokens Flight accepts besides the owner's. */
+  public TenantTokens tenants() {
+    return tenants;
   }
 
   public Sessions sessions() {
@@ -234,6 +245,7 @@ public final class DataPlane implements AutoCloseable {
     private long storageBandwidth;
     private boolean tls;
     private boolean sharedMemory = true;
+    private TenantTokens tenants = TenantTokens.none();
     private File certChain;
     private File privateKey;
     private int flightThreads = Bounds.FLIGHT_THREADS;
@@ -315,6 +327,12 @@ public final class DataPlane implements AutoCloseable {
 
     public Builder sharedMemory(boolean on) {
       this.sharedMemory = on;
+      return this;
+    }
+
+    /** Tokens the owner issued to tenants (data plane only, granted datasets only); none by default. */
+    public Builder tenants(TenantTokens tenants) {
+      this.tenants = tenants;
       return this;
     }
 

@@ -3,6 +3,9 @@ package io.unstall.flight;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.auth.PermissionDeniedException;
+import io.unstall.flight.auth.Principal;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.Dataset;
@@ -22,6 +25,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Predicate;
 import java.util.concurrent.locks.LockSupport;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.ActionType;
@@ -40,7 +44,11 @@ import org.apache.arrow.vector.VectorSchemaRoot;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
-/** The Flight producer: list and describe datasets, fetch batches of samples, report stats. */
+/**
+ * The Flight producer: list and describe datasets, fetch batches of samples, report stats. Every call names
+ * its caller ({@link Principal}, from the bearer token): the owner may use every dataset; a tenant only those
+ * granted to it, and sees no other dataset's name, session or prep group.
+ */
 public final class UnstallProducer extends NoOpFlightProducer {
   private static final Logger LOG = LoggerFactory.getLogger(UnstallProducer.class);
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -57,6 +65,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private final Sessions sessions;
   private final FlightCalls calls; // admission of calls that may wait
   private final Bounds bounds;
+  private final TenantTokens tenants;
 
   /**
    * {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. Calls that may wait
@@ -64,7 +73,8 @@ public final class UnstallProducer extends NoOpFlightProducer {
    */
   public UnstallProducer(
       DatasetRegistry registry, SampleCache cache, DiskTier disk, BatchAssembler assembler, BufferAllocator streams,
-      StreamBudget budget, PrepService prep, Sessions sessions, FlightCalls calls, Bounds bounds) {
+      StreamBudget budget, PrepService prep, Sessions sessions, FlightCalls calls, Bounds bounds,
+      TenantTokens tenants) {
     this.calls = calls;
     this.bounds = bounds;
     this.registry = registry;
@@ -75,6 +85,17 @@ public final class UnstallProducer extends NoOpFlightProducer {
     this.budget = budget;
     this.prep = prep;
     this.sessions = sessions;
+    this.tenants = tenants;
+  }
+
+  private Principal principal(CallContext context) {
+    return tenants.principal(context.peerIdentity());
+  }
+
+  /** The dataset {@code name} if {@code p} may read it (PERMISSION_DENIED otherwise, whether it exists or not). */
+  private Dataset dataset(Principal p, String name) {
+    p.checkRead(name);
+    return registry.get(name, p::mayRead);
   }
 
   @Override
@@ -82,13 +103,14 @@ public final class UnstallProducer extends NoOpFlightProducer {
     VectorSchemaRoot root = null;
     FlightCalls.Permit permit = null;
     try {
+      Principal p = principal(context);
       if (PrepTicket.isPrep(ticket.getBytes())) {
         permit = calls.admit("a prep read (DoGet)");
-        prep.getStream(ticket, listener);
+        prep.getStream(ticket, listener, p);
         return;
       }
       FetchTicket t = FetchTicket.from(ticket);
-      Dataset d = registry.get(t.dataset());
+      Dataset d = dataset(p, t.dataset());
       BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t);
       permit = calls.admit("a fetch of dataset '" + d.name() + "'");
       d.stats().startEpoch(d.name(), t.epoch());
@@ -142,8 +164,11 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public void listFlights(CallContext context, Criteria criteria, StreamListener<FlightInfo> listener) {
     try {
+      Principal p = principal(context);
       for (Dataset d : registry.all()) {
-        listener.onNext(info(d));
+        if (p.mayRead(d.name())) {
+          listener.onNext(info(d));
+        }
       }
       listener.onCompleted();
     } catch (Throwable e) {
@@ -158,7 +183,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
         throw new IllegalArgumentException(
             "describe a dataset with FlightDescriptor.path(<dataset name>), got " + descriptor);
       }
-      return info(registry.get(descriptor.getPath().get(0)));
+      return info(dataset(principal(context), descriptor.getPath().get(0)));
     } catch (Throwable e) {
       throw toStatus(e);
     }
@@ -176,21 +201,22 @@ public final class UnstallProducer extends NoOpFlightProducer {
   public void doAction(CallContext context, Action action, StreamListener<Result> listener) {
     FlightCalls.Permit permit = null;
     try {
+      Principal p = principal(context);
       if (PrepService.handles(action.getType())) {
         if (PrepService.waits(action.getType())) {
           permit = calls.admit("action " + action.getType());
         }
-        listener.onNext(new Result(prep.doAction(action, context::isCancelled)));
+        listener.onNext(new Result(prep.doAction(action, context::isCancelled, p)));
         listener.onCompleted();
         return;
       }
       switch (action.getType()) {
-        case ACTION_STATS -> listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
+        case ACTION_STATS -> listener.onNext(new Result(statsJson(p::mayRead).getBytes(StandardCharsets.UTF_8)));
         case ACTION_PREFETCH -> {
           Prefetcher.checkPlanSize(Plan.declaredSize(action.getBody()), bounds.maxPlanIds());
           permit = calls.admit("a prefetch plan");
           Plan plan = Plan.parse(action.getBody());
-          Dataset d = registry.get(plan.dataset());
+          Dataset d = dataset(p, plan.dataset());
           int[] ids = Prefetcher.checkedPlan(d, plan.ids(), bounds.maxPlanIds());
           assembler.prefetcher().plan(d, d.name(), d.stats(), plan.epoch(), ids);
           listener.onNext(new Result(("{\"v\":1,\"planned\":" + ids.length + "}").getBytes(StandardCharsets.UTF_8)));
@@ -231,7 +257,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
         if (!PrepService.handlesPut(flightStream.getDescriptor())) {
           throw CallStatus.UNIMPLEMENTED.withDescription("DoPut is only for prep.put uploads").toRuntimeException();
         }
-        prep.acceptPut(flightStream, context::isCancelled);
+        prep.acceptPut(flightStream, context::isCancelled, principal(context));
         ackStream.onCompleted();
       } catch (Throwable e) {
         ackStream.onError(toStatus(e));
@@ -239,8 +265,16 @@ public final class UnstallProducer extends NoOpFlightProducer {
     };
   }
 
-  /** The stats document (protocol/README.md), shared by the stats action and the control plane. */
+  /** The stats document (protocol/README.md) of the control plane: every dataset. */
   public String statsJson() {
+    return statsJson(name -> true);
+  }
+
+  /**
+   * The stats document (protocol/README.md) as the stats action answers it: the datasets, and their sessions,
+   * that the caller may see; cache and disk totals are the sidecar's.
+   */
+  public String statsJson(Predicate<String> visible) {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("v", 1);
     ObjectNode c = o.putObject("cache");
@@ -260,9 +294,17 @@ public final class UnstallProducer extends NoOpFlightProducer {
     }
     ObjectNode ds = o.putObject("datasets");
     for (Dataset d : registry.all()) {
-      ds.set(d.name(), d.stats().toJson());
+      if (visible.test(d.name())) {
+        ds.set(d.name(), d.stats().toJson());
+      }
     }
-    o.set("sessions", sessions.toJson());
+    ObjectNode all = sessions.toJson();
+    ObjectNode seen = o.putObject("sessions");
+    all.fields().forEachRemaining(e -> {
+      if (visible.test(e.getValue().path("dataset").asText())) {
+        seen.set(e.getKey(), e.getValue());
+      }
+    });
     return o.toString();
   }
 
@@ -289,6 +331,8 @@ public final class UnstallProducer extends NoOpFlightProducer {
       status = CallStatus.RESOURCE_EXHAUSTED;
     } else if (e instanceof WaitTimeoutException) {
       status = CallStatus.TIMED_OUT;
+    } else if (e instanceof PermissionDeniedException) {
+      status = CallStatus.UNAUTHORIZED;
     } else if (e instanceof CorruptRecordException) {
       status = CallStatus.INTERNAL;
     } else if (e instanceof InterruptedException) {

@@ -5,6 +5,8 @@ import io.unstall.flight.prep.PrepPipeline;
 import java.net.InetAddress;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.Callable;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
@@ -146,6 +148,11 @@ public final class ServeCommand implements Callable<Integer> {
       description = "No shared-memory data plane: clients on this host fetch over Flight too (default: on where /dev/shm is writable).")
   boolean noShm;
 
+  @Option(names = "--allow-root", paramLabel = "DIR",
+      description = "A directory whose datasets may be registered although the sidecar's user does not own them"
+          + " (a shared data directory), and where manifests may be read and written; repeatable.")
+  List<Path> allowRoots = new ArrayList<>();
+
   @Override
   public Integer call() throws Exception {
     SidecarSettings s = settings();
@@ -193,6 +200,10 @@ public final class ServeCommand implements Callable<Integer> {
         waitTimeoutSeconds), maxPlanIds, statsEpochs, prepGroups, prepThreads(), seconds("--prep-claim-timeout",
         prepClaimTimeoutSeconds));
     Path h = home.toAbsolutePath();
+    List<Path> roots = new ArrayList<>();
+    for (Path r : allowRoots) {
+      roots.add(PathPolicy.realDirectory("--allow-root", r));
+    }
     return new SidecarSettings(
         bind, port, controlPort, capacity, budget,
         stateFile != null ? stateFile : h.resolve("sidecar.json"),
@@ -202,7 +213,7 @@ public final class ServeCommand implements Callable<Integer> {
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
         size("--storage-bandwidth", storageBandwidth), !noShm,
-        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds);
+        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds, h, List.copyOf(roots));
   }
 
   private int prepThreads() {

@@ -2,6 +2,7 @@ package io.unstall.sidecar;
 
 import io.unstall.flight.Bounds;
 import java.nio.file.Path;
+import java.util.List;
 
 /** Validated settings of a sidecar. {@code decodeMemory} 0: the default (a quarter of the streams budget). */
 public record SidecarSettings(
@@ -26,4 +27,6 @@ public record SidecarSettings(
     long maxDecodePixels,
     double maxDecodeAspectRatio,
     long decodeMemory,
-    Bounds bounds) {}
+    Bounds bounds,
+    Path home,
+    List<Path> allowRoots) {}

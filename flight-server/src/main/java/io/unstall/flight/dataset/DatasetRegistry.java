@@ -120,11 +120,7 @@ public final class DatasetRegistry implements AutoCloseable {
    */
   public synchronized Dataset register(String name, String formatName, String uri, Path manifest)
       throws IOException {
-    if (name == null || !NAME.matcher(name).matches()) {
-      throw new IllegalArgumentException(
-          "invalid dataset name '" + name + "': use 1-128 letters, digits, '.', '_' or '-', starting with a"
-              + " letter or digit");
-    }
+    checkName(name);
     Format format = Formats.byName(formatName);
     Storage storage = openStorage(uri);
     if (throttle != null) {
@@ -187,11 +183,28 @@ public final class DatasetRegistry implements AutoCloseable {
     }
   }
 
+  /** Refuses a name that is not a dataset name, saying what one is. */
+  public static void checkName(String name) {
+    if (name == null || !NAME.matcher(name).matches()) {
+      throw new IllegalArgumentException(
+          "invalid dataset name '" + name + "': use 1-128 letters, digits, '.', '_' or '-', starting with a"
+              + " letter or digit");
+    }
+  }
+
   /** The dataset called {@code name}; unknown names are an error listing the registered ones. */
   public Dataset get(String name) {
+    return get(name, n -> true);
+  }
+
+  /**
+   * The dataset called {@code name}; an unknown name is an error that lists only the registered datasets the
+   * caller may see (a tenant learns nothing of the others).
+   */
+  public Dataset get(String name, java.util.function.Predicate<String> visible) {
     Dataset d = datasets.get(name);
     if (d == null) {
-      throw new UnknownDatasetException(name, new ArrayList<>(datasets.keySet()));
+      throw new UnknownDatasetException(name, datasets.keySet().stream().filter(visible).toList());
     }
     return d;
   }

@@ -53,7 +53,7 @@ final class LocalConnection implements Runnable {
   }
 
   /**
-   * Answers a connection that cannot be served with one error ({@code code}), then closes it. The client reads it
+   * Answers a connection that cannot be served with one error ({@code code}: a LocalFrames status), then closes it. The client reads it
    * in reply to its HELLO (or after its HELLO failed to send: the reply is already in its socket's buffer).
    */
   static void refuse(SocketChannel ch, int code, String why) {

@@ -12,6 +12,10 @@ import java.nio.file.Path;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.Set;
 import java.util.concurrent.ArrayBlockingQueue;
+import java.nio.file.attribute.UserPrincipal;
+import io.unstall.flight.protocol.LocalFrames;
+import jdk.net.ExtendedSocketOptions;
+import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
@@ -22,9 +26,11 @@ import org.slf4j.LoggerFactory;
 /**
  * The same-host data plane: a Unix socket (mode 0600 in the sidecar's 0700 shared-memory directory) where
  * clients on this host fetch batches as references into shared memory ({@code UNSL}, protocol/README.md).
- * One thread per connection (a DataLoader worker holds one connection and has one request in flight), from a
- * pool of at most {@code maxConnections} ({@code --local-connections}): a connection beyond that is answered
- * RESOURCE_EXHAUSTED, naming the option, and closed.
+ * It is the owner's alone: the directory lets only the sidecar's user reach the socket, a connection from any
+ * other uid (root, say) is refused by its SO_PEERCRED, and then HELLO must carry the owner's token. Tenants
+ * use Flight. One thread per connection (a DataLoader worker holds one connection and has one request in flight), from
+ * a pool of at most {@code maxConnections} ({@code --local-connections}): a connection beyond that is
+ * answered RESOURCE_EXHAUSTED, naming the option, and closed.
  */
 public final class LocalServer implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(LocalServer.class);
@@ -36,6 +42,7 @@ public final class LocalServer implements AutoCloseable {
   private final Set<LocalConnection> connections = ConcurrentHashMap.newKeySet();
   private final ThreadPoolExecutor threads;
   private final Thread acceptor;
+  private final UserPrincipal owner; // the sidecar's user: the owner of the socket file it just made
   private volatile boolean closed;
 
   public LocalServer(Path path, LocalService service, int maxConnections) throws IOException {
@@ -55,6 +62,7 @@ public final class LocalServer implements AutoCloseable {
     this.server = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
     server.bind(UnixDomainSocketAddress.of(path));
     Files.setPosixFilePermissions(path, PosixFilePermissions.fromString("rw-------"));
+    this.owner = Files.getOwner(path);
     this.acceptor = new Thread(this::acceptLoop, "unstall-local-accept");
     acceptor.setDaemon(true);
   }
@@ -81,6 +89,13 @@ public final class LocalServer implements AutoCloseable {
         }
         continue;
       }
+      String stranger = stranger(ch);
+      if (stranger != null) {
+        LOG.warn("local data plane: refused a connection from user {} (the socket is {}'s)", stranger, owner.getName());
+        LocalConnection.refuse(ch, LocalFrames.UNAUTHENTICATED, "the sidecar's local socket is for its own user ("
+            + owner.getName() + "), not " + stranger + "; other users read over Flight with a tenant token");
+        continue;
+      }
       if (connections.size() >= maxConnections) {
         LocalConnection.refuse(ch, LocalFrames.RESOURCE_EXHAUSTED, "the sidecar already serves " + maxConnections
             + " local connections (one thread each); close idle clients, or raise --local-connections");
@@ -100,6 +115,16 @@ public final class LocalServer implements AutoCloseable {
   /** Connections open now. */
   public int connections() {
     return connections.size();
+  }
+
+  /** The peer's user when it is not the sidecar's (null: the owner, or a platform without SO_PEERCRED). */
+  private String stranger(SocketChannel ch) {
+    try {
+      UserPrincipal peer = ch.getOption(ExtendedSocketOptions.SO_PEERCRED).user();
+      return peer.equals(owner) ? null : peer.getName();
+    } catch (UnsupportedOperationException | IOException e) {
+      return null; // the 0700 directory still keeps other users out
+    }
   }
 
   /** Stops accepting, closes every connection (their sessions and staging), removes the socket file. */

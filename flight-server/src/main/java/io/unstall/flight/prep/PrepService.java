@@ -8,6 +8,8 @@ import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.Bounds;
+import io.unstall.flight.auth.PermissionDeniedException;
+import io.unstall.flight.auth.Principal;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
 import java.io.IOException;
@@ -144,22 +146,25 @@ public final class PrepService implements AutoCloseable {
     listener.onNext(new ActionType(ACTION_STATS, "prep groups, staging memory and prepared/served counts as JSON"));
   }
 
-  /** Runs a {@code prep.*} action; the result is one UTF-8 JSON document. */
-  public byte[] doAction(Action action, BooleanSupplier cancelled) throws Exception {
+  /**
+   * Runs a {@code prep.*} action for {@code caller}; the result is one UTF-8 JSON document. A tenant may use only
+   * groups of the datasets granted to it, and reads batches over Flight, never from the owner's shared memory.
+   */
+  public byte[] doAction(Action action, BooleanSupplier cancelled, Principal caller) throws Exception {
     String type = action.getType();
     String out = switch (type) {
-      case ACTION_JOIN -> join(body(action)).toString();
+      case ACTION_JOIN -> join(body(action), caller).toString();
       case ACTION_HEARTBEAT -> {
         JsonNode b = body(action);
-        group(b).heartbeat(memberOf(b));
+        group(b, caller).heartbeat(memberOf(b));
         yield "{\"v\":1,\"ok\":true}";
       }
       case ACTION_LEAVE -> {
         JsonNode b = body(action);
-        group(b).leave(memberOf(b));
+        group(b, caller).leave(memberOf(b));
         yield "{\"v\":1,\"left\":true}";
       }
-      case ACTION_STATS -> statsJson();
+      case ACTION_STATS -> statsJson(caller);
       case ACTION_CLAIM -> {
         JsonNode b = body(action);
         long epoch = b.path("epoch").asLong(-1);
@@ -167,7 +172,7 @@ public final class PrepService implements AutoCloseable {
         if (epoch < 0 || batch < 0) {
           throw new IllegalArgumentException("prep.claim: \"epoch\" and \"batch\" (non-negative integers) are required");
         }
-        yield group(b).claim(memberOf(b), epoch, batch, cancelled).toString();
+        yield group(b, caller).claim(memberOf(b), epoch, batch, cancelled).toString();
       }
       case ACTION_NEXT -> {
         JsonNode b = body(action);
@@ -176,7 +181,12 @@ public final class PrepService implements AutoCloseable {
         if (epoch < 0 || batch < 0) {
           throw new IllegalArgumentException("prep.next: \"epoch\" and \"batch\" (non-negative integers) are required");
         }
-        yield group(b).next(memberOf(b), epoch, batch, cancelled).toString();
+        PrepGroup g = group(b, caller);
+        if (!caller.owner()) {
+          throw new PermissionDeniedException(ACTION_NEXT + " hands out the sidecar owner's shared-memory files; "
+              + caller + " reads prepared batches with PREP DoGet tickets");
+        }
+        yield g.next(memberOf(b), epoch, batch, cancelled).toString();
       }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
           + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_STATS))
@@ -193,7 +203,7 @@ public final class PrepService implements AutoCloseable {
     return d.isCommand() && new String(d.getCommand(), StandardCharsets.UTF_8).startsWith("{\"prep.put\"");
   }
 
-  public void acceptPut(FlightStream stream, BooleanSupplier cancelled)
+  public void acceptPut(FlightStream stream, BooleanSupplier cancelled, Principal caller)
       throws Exception {
     JsonNode c;
     try {
@@ -207,14 +217,14 @@ public final class PrepService implements AutoCloseable {
     if (!stream.next()) {
       throw new IllegalArgumentException("prep.put: the stream carries no record batch");
     }
-    group(c).upload(memberOf(c), c.path("epoch").asLong(), c.path("batch").asLong(), stream.getRoot(), cancelled);
+    group(c, caller).upload(memberOf(c), c.path("epoch").asLong(), c.path("batch").asLong(), stream.getRoot(), cancelled);
     while (stream.next()) {
       // one batch per upload; drain anything else
     }
   }
 
   /** Serves a PREP ticket. */
-  public void getStream(Ticket ticket, ServerStreamListener listener) throws InterruptedException {
+  public void getStream(Ticket ticket, ServerStreamListener listener, Principal caller) throws InterruptedException {
     PrepTicket t = PrepTicket.from(ticket);
     PrepGroup g;
     synchronized (this) {
@@ -224,6 +234,7 @@ public final class PrepService implements AutoCloseable {
       throw CallStatus.NOT_FOUND.withDescription("prep group " + t.group() + " is unknown (join first)")
           .toRuntimeException();
     }
+    checkMay(caller, g);
     g.serve(t, listener);
   }
 
@@ -239,14 +250,23 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
-  private PrepGroup group(JsonNode b) {
+  private PrepGroup group(JsonNode b, Principal caller) {
     String id = b.path("group").asText("");
+    PrepGroup g;
     synchronized (this) {
-      PrepGroup g = byId.get(id);
-      if (g == null) {
-        throw CallStatus.NOT_FOUND.withDescription("prep group '" + id + "' is unknown").toRuntimeException();
-      }
-      return g;
+      g = byId.get(id);
+    }
+    if (g == null) {
+      throw CallStatus.NOT_FOUND.withDescription("prep group '" + id + "' is unknown").toRuntimeException();
+    }
+    checkMay(caller, g);
+    return g;
+  }
+
+  /** A group of a dataset the caller was not granted is refused without naming that dataset. */
+  private static void checkMay(Principal caller, PrepGroup g) {
+    if (!caller.mayRead(g.key.dataset())) {
+      throw new PermissionDeniedException(caller + " may not use prep group '" + g.id + "'");
     }
   }
 
@@ -258,12 +278,13 @@ public final class PrepService implements AutoCloseable {
     return m.asLong();
   }
 
-  ObjectNode join(JsonNode b) throws Exception {
+  ObjectNode join(JsonNode b, Principal caller) throws Exception {
     String dsName = b.path("dataset").asText("");
     if (dsName.isEmpty()) {
       throw new IllegalArgumentException("prep.join: \"dataset\" (a registered dataset's name) is required");
     }
-    Dataset d = registry.get(dsName);
+    caller.checkRead(dsName);
+    Dataset d = registry.get(dsName, caller::mayRead);
     JsonNode p = b.get("pipeline");
     String external = null;
     if (p != null && p.isObject() && p.has("python")) {
@@ -288,7 +309,7 @@ public final class PrepService implements AutoCloseable {
         seconds(b, "member_timeout_s", 30),
         intIn(b, "group_size", 1, 1024, 1),
         seconds(b, "join_timeout_s", 60),
-        b.path("shm").asBoolean(false));
+        b.path("shm").asBoolean(false) && caller.owner()); // a tenant cannot open the owner's /dev/shm files
     long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
     // A resumed member (restored from a checkpoint) starts at batch start_batch of epoch start_epoch.
     long startEpoch = b.hasNonNull("start_epoch") ? intIn(b, "start_epoch", 0, Integer.MAX_VALUE, 0) : -1;
@@ -322,6 +343,9 @@ public final class PrepService implements AutoCloseable {
         open.put(key, g);
         byId.put(id, g);
         trimHistory();
+      }
+      if (!caller.owner()) {
+        r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets
       }
       return r;
     }
@@ -378,7 +402,12 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
-  public synchronized String statsJson() {
+  public String statsJson() {
+    return statsJson(Principal.OWNER);
+  }
+
+  /** Prep stats with the groups of the datasets {@code caller} may read. */
+  public synchronized String statsJson(Principal caller) {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("v", 1);
     o.put("threads", threads);
@@ -396,7 +425,11 @@ public final class PrepService implements AutoCloseable {
     dc.put("largest_request_bytes", decodeBudget.largestRequest());
     dc.put("waits", decodeBudget.waits());
     ObjectNode gs = o.putObject("groups");
-    byId.forEach((id, g) -> gs.set(id, g.statsJson()));
+    byId.forEach((id, g) -> {
+      if (caller.mayRead(g.key.dataset())) {
+        gs.set(id, g.statsJson());
+      }
+    });
     return o.toString();
   }
 

@@ -9,6 +9,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.DataPlane;
+import io.unstall.flight.auth.FileOwners;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.protocol.LocalFrames;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
@@ -133,6 +135,30 @@ class LocalPlaneTest {
       assertTrue(StandardCharsets.UTF_8.decode(r).toString().contains("unknown session"));
       LocalTestClient.Rows rows = LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, 0, new long[] {4})), c.shm);
       assertArrayEquals(images.get(4), rows.payloads().get(0), "still serving after errors");
+    }
+  }
+
+  @Test
+  void theSocketIsTheOwnersAloneAndATenantTokenIsRefused() throws Exception {
+    Assumptions.assumeTrue(Files.isWritable(Path.of("/dev/shm")), "needs /dev/shm");
+    images.addAll(io.unstall.flight.format.ImageFolders.write(dir.resolve("imgs"), 1, 2, i -> SAMPLE, 3));
+    Files.createDirectories(dir.resolve("home"));
+    TenantTokens tenants = TenantTokens.open(dir.resolve("home").resolve(TenantTokens.FILE_NAME));
+    root = new RootAllocator(64L << 20);
+    plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(4 * SAMPLE).tenants(tenants).build().start();
+    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
+    String tenantToken = tenants.issue(List.of("imgs"), "").token();
+    Path socket = plane.localEndpoint();
+    assertEquals("rwx------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket.getParent())));
+    assertEquals("rw-------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket)));
+    assertEquals(FileOwners.processUid(), FileOwners.uidOf(socket.getParent()), "the sidecar's user owns the directory");
+    try (LocalTestClient c = new LocalTestClient(socket, tenantToken)) {
+      ByteBuffer r = c.call(LocalTestClient.hello(tenantToken));
+      assertEquals(LocalFrames.REPLY_ERROR, r.get());
+      assertEquals(LocalFrames.UNAUTHENTICATED, r.get(), "tenants use Flight: the socket takes the owner's token only");
+    }
+    try (LocalTestClient c = new LocalTestClient(socket, TOKEN)) {
+      assertTrue(c.open("imgs") != 0, "the owner (same uid, its token) is served");
     }
   }
 
