@@ -158,6 +158,18 @@ def test_parse_stats_example_from_spec() -> None:
         protocol.parse_stats("{")
 
 
+def test_claim_counters_and_manifest_export() -> None:
+    doc = ('{"v":1,"cache":{"policy":"minio","capacity_bytes":1,"used_bytes":0,"entries":0},'
+           '"datasets":{"x":{"epochs":{"0":{"samples":24,"misses":24,"verified":3,"verify_mismatches":21}}}}}')
+    e0 = protocol.parse_stats(doc).dataset("x").epoch(0)
+    assert (e0.verified, e0.verify_mismatches) == (3, 21)
+    assert protocol.EpochStats.from_json({"samples": 1}).verify_mismatches == 0  # an older sidecar: absent is 0
+    export = protocol.parse_manifest_export('{"path":"/tmp/a.manifest","known":24,"num_samples":24}')
+    assert export == protocol.ManifestExport("/tmp/a.manifest", 24, 24)
+    with pytest.raises(ValueError, match="manifest export: missing field 'known'"):
+        protocol.parse_manifest_export('{"path":"/tmp/a.manifest","num_samples":24}')
+
+
 # -- the local socket (UNSL v1) ------------------------------------------------------------------
 
 

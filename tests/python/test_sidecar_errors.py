@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -14,6 +15,7 @@ from unstall.client import FlightClient
 from unstall.protocol import encode_fetch_ticket
 from unstall.torch import DataLoader, Dataset
 from datagen import make_image_folder, make_tfrecord_shards
+from waits import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[2] / "protocol" / "fixtures"
 
@@ -133,3 +135,34 @@ def test_registration_errors_name_the_problem(sidecar: unstall.Sidecar, small_ro
         sidecar.register_dataset("missing", missing)
     with pytest.raises(ValueError, match="unknown format"):
         sidecar.register_dataset("fmt", small_root, format="parquet")
+
+
+def test_bounds_are_serve_options_and_a_refusal_names_the_option(
+        start_sidecar: Callable[..., unstall.Sidecar], small_root: Path) -> None:
+    s = start_sidecar("8MiB", extra_args=("--local-connections", "2", "--max-plan-ids", "4"))
+    s.register_dataset("imgs", small_root)
+    with s.flight_client() as c:
+        with pytest.raises(unstall.ResourceExhaustedError, match="--max-plan-ids 4"):
+            c.prefetch("imgs", [0, 1, 2, 3, 4], 0)
+        assert c.prefetch("imgs", [3, 2, 1, 0], 0) == 4  # the sidecar serves on
+    a, b, c3 = s.local_client(), s.local_client(), s.local_client()
+    assert a is not None and b is not None and c3 is not None
+    try:
+        a.connect()
+        b.connect()
+        with pytest.raises(unstall.ResourceExhaustedError, match="--local-connections"):
+            c3.connect()
+        a.close()  # one goes away: the next connection is served
+
+        def served() -> bool:
+            try:
+                c3.connect()
+                return True
+            except unstall.ResourceExhaustedError:
+                return False
+
+        wait_until(served, "a local connection once another closed")
+        assert c3.fetch(c3.open_session("imgs", "bounds"), [1, 0], epoch=0).ids.tolist() == [1, 0]
+    finally:
+        for client in (a, b, c3):
+            client.close()

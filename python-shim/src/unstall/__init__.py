@@ -16,6 +16,7 @@ from .errors import (
     DataFileNotFoundError,
     DatasetNotFoundError,
     InvalidRequestError,
+    PermissionDeniedError,
     ProtocolMismatchError,
     ResourceExhaustedError,
     SessionNotFoundError,
@@ -24,7 +25,7 @@ from .errors import (
     SidecarStartError,
     SidecarUnavailableError,
 )
-from .protocol import PROTOCOL_VERSION, DatasetInfo, SampleBatch, Stats
+from .protocol import PROTOCOL_VERSION, DatasetInfo, IssuedToken, SampleBatch, Stats, TenantToken
 from .sidecar import Sidecar, default_sidecar
 
 __version__ = "0.1.0"
@@ -41,10 +42,13 @@ __all__ = [
     "DatasetInfo",
     "SampleBatch",
     "Stats",
+    "TenantToken",
+    "IssuedToken",
     "SidecarError",
     "SidecarStartError",
     "SidecarUnavailableError",
     "AuthenticationError",
+    "PermissionDeniedError",
     "InvalidRequestError",
     "DatasetNotFoundError",
     "SessionNotFoundError",

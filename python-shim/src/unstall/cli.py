@@ -1,11 +1,18 @@
 """The ``unstall`` command.
 
     unstall analyze [--steps N] [--warmup W] [--out DIR] [--storage-bandwidth 50MiB] -- python train.py ...
+    unstall token issue --dataset NAME [--dataset NAME ...] [--name WHO] [--home DIR]
+    unstall token list [--home DIR]
+    unstall token revoke ID [--home DIR]
 
 Runs the training command (which must iterate an ``unstall.torch.DataLoader``) three times: synthetic
 batches, fully cached, cold cache; prints the fetch/prep stall split, the rates and the what-if
 predictions; writes ``DIR/analyze.json``, ``DIR/analyze.txt`` and ``DIR/analyze.png``. Exit status 0
 when the analysis is complete, 2 when a run failed (nothing but the error is reported then).
+
+``token`` is for the owner of a running sidecar (found through ``$UNSTALL_HOME/sidecar.json``): it issues a
+tenant token (Flight only, the named datasets only; printed once on stdout, stored only as a hash), lists
+them, or revokes one (refused from its next call). Exit status 2 when the sidecar refuses or is not running.
 """
 
 from __future__ import annotations
@@ -64,6 +71,20 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--max-workers", type=int, default=None, help="largest worker count the what-if considers")
     a.add_argument("-v", "--verbose", action="store_true", help="print each run's output")
     a.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND")
+    t = sub.add_parser("token", help="issue, list or revoke tenant tokens of the running sidecar (owner only)",
+                       description="Tenant tokens let other users read the named datasets over Flight, and nothing "
+                                   "else. The sidecar stores only their hashes.")
+    tsub = t.add_subparsers(dest="token_command", required=True)
+    home_help = "the sidecar's home (default $UNSTALL_HOME or ~/.unstall)"
+    ti = tsub.add_parser("issue", help="issue a token; prints it (shown only this once)")
+    ti.add_argument("--dataset", action="append", required=True, metavar="NAME", help="a dataset to grant (repeatable)")
+    ti.add_argument("--name", default="", help="who the token is for (shown by list)")
+    ti.add_argument("--home", type=Path, default=None, help=home_help)
+    tl = tsub.add_parser("list", help="the tokens issued and not revoked")
+    tl.add_argument("--home", type=Path, default=None, help=home_help)
+    tr = tsub.add_parser("revoke", help="revoke a token by its id")
+    tr.add_argument("id", metavar="ID")
+    tr.add_argument("--home", type=Path, default=None, help=home_help)
     return p
 
 
@@ -71,7 +92,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "analyze":
         return analyze_main(args)
+    if args.command == "token":
+        return token_main(args)
     return 2  # pragma: no cover
+
+
+def token_main(args: argparse.Namespace) -> int:
+    from .errors import SidecarError
+    from .sidecar import Sidecar
+
+    try:
+        with Sidecar(home=args.home, start=False) as sidecar:
+            if args.token_command == "issue":
+                issued = sidecar.issue_token(args.dataset, args.name)
+                print(issued.token)
+                print(f"unstall token: issued {issued.id} for datasets {', '.join(issued.datasets)}; give it with the "
+                      f"address {sidecar.flight_location} (UNSTALL_SIDECAR, UNSTALL_TOKEN): it cannot be shown again",
+                      file=sys.stderr)
+            elif args.token_command == "revoke":
+                sidecar.revoke_token(args.id)
+                print(f"unstall token: revoked {args.id}", file=sys.stderr)
+            else:
+                rows = [("ID", "NAME", "DATASETS", "CREATED")]
+                rows += [(t.id, t.name or "-", ",".join(t.datasets), t.created) for t in sidecar.list_tokens()]
+                widths = [max(len(r[i]) for r in rows) for i in range(3)]
+                for r in rows:
+                    print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[3])
+    except SidecarError as e:
+        print(f"unstall token: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def analyze_main(args: argparse.Namespace) -> int:

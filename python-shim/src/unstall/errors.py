@@ -15,6 +15,7 @@ __all__ = [
     "SidecarStartError",
     "SidecarUnavailableError",
     "AuthenticationError",
+    "PermissionDeniedError",
     "InvalidRequestError",
     "DatasetNotFoundError",
     "SessionNotFoundError",
@@ -52,6 +53,11 @@ class AuthenticationError(SidecarError, PermissionError):
     """The token is missing or wrong (Flight UNAUTHENTICATED / Py4J bad auth token)."""
 
 
+class PermissionDeniedError(SidecarError, PermissionError):
+    """PERMISSION_DENIED: a valid token that may not do this, e.g. a tenant token asking for a dataset the
+    owner did not grant it (the message names that dataset and the token's id, never the token)."""
+
+
 class InvalidRequestError(SidecarError, ValueError):
     """INVALID_ARGUMENT: a malformed ticket, an id out of range, a bad option."""
 
@@ -79,7 +85,8 @@ class SidecarInternalError(SidecarError):
 
 
 class ResourceExhaustedError(SidecarError):
-    """RESOURCE_EXHAUSTED: the batch exceeds the sidecar's stream budget."""
+    """RESOURCE_EXHAUSTED: a bound of the sidecar was reached (its stream budget, its Flight calls or local
+    connections, the ids of a plan, its prep groups); the message names the option that sets it."""
 
 
 class ProtocolMismatchError(SidecarError):
@@ -104,6 +111,7 @@ def _is_file_not_found(msg: str) -> bool:
 
 _BY_STATUS = {
     "UNAUTHENTICATED": AuthenticationError,
+    "PERMISSION_DENIED": PermissionDeniedError,
     "UNAVAILABLE": SidecarUnavailableError,
     "INTERNAL": SidecarInternalError,
     "INVALID_ARGUMENT": InvalidRequestError,
@@ -131,7 +139,9 @@ def from_flight_error(err: BaseException, *, dataset: Optional[str] = None) -> S
     import pyarrow.flight as fl
 
     msg = _server_message(err)
-    if isinstance(err, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
+    if isinstance(err, fl.FlightUnauthorizedError):
+        return from_status("PERMISSION_DENIED", msg)
+    if isinstance(err, fl.FlightUnauthenticatedError):
         return from_status("UNAUTHENTICATED", msg)
     if isinstance(err, (fl.FlightUnavailableError, fl.FlightTimedOutError)):
         return from_status("UNAVAILABLE", msg)
@@ -139,29 +149,38 @@ def from_flight_error(err: BaseException, *, dataset: Optional[str] = None) -> S
         return from_status("INTERNAL", msg)
     if isinstance(err, pa.ArrowKeyError):
         return from_status("NOT_FOUND", msg, dataset=dataset)
-    if isinstance(err, pa.ArrowInvalid):
-        return from_status("INVALID_ARGUMENT", msg)
+    # pyarrow raises RESOURCE_EXHAUSTED as ArrowInvalid ("... returned resource exhausted error ...")
     if "resource exhausted" in str(err).lower() or "RESOURCE_EXHAUSTED" in str(err):
         return from_status("RESOURCE_EXHAUSTED", msg)
+    if isinstance(err, pa.ArrowInvalid):
+        return from_status("INVALID_ARGUMENT", msg)
     if isinstance(err, fl.FlightServerError):
         return SidecarError(msg, "UNKNOWN")
     return SidecarError(msg, type(err).__name__)
 
 
+# The Java stack trace py4j hands back for a Py4JJavaError: "<class>: <message>" up to the first frame.
+_JAVA_TRACE = re.compile(r"(?:^|\n): ([A-Za-z_$][\w.$]*)(?:: (.*?))?\r?\n\s+at ", re.S)
+
+
 def from_java_error(err: BaseException) -> SidecarError:
-    """Maps a ``py4j.protocol.Py4JJavaError`` to the shim's hierarchy, keeping the Java message."""
-    java_exc = getattr(err, "java_exception", None)
+    """Maps a ``py4j.protocol.Py4JJavaError`` to the shim's hierarchy, keeping the Java message. The class and
+    message are read from the stack trace text py4j fetches: the control plane allows no calls on the
+    exception object itself (``getClass``/``getMessage``)."""
     cls = ""
     msg = ""
-    if java_exc is not None:
-        try:
-            cls = str(java_exc.getClass().getName())
-            msg = str(java_exc.getMessage() or "")
-        except Exception:  # the gateway may be gone already
-            pass
+    try:
+        text = str(err)
+    except Exception:  # the gateway may be gone already
+        text = ""
+    m = _JAVA_TRACE.search(text)
+    if m:
+        cls, msg = m.group(1), (m.group(2) or "").strip() or m.group(1)
     if not msg:
-        msg = str(err)
+        msg = getattr(err, "errmsg", None) or text or type(err).__name__
     simple = cls.rsplit(".", 1)[-1]
+    if "PermissionDenied" in simple:
+        return PermissionDeniedError(msg, cls)
     if "NoSuchFile" in simple or "FileNotFound" in simple:
         return DataFileNotFoundError(msg, cls)
     if "NotFound" in simple or "NoSuchElement" in simple or "Unknown" in simple:

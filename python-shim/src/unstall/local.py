@@ -207,8 +207,19 @@ class LocalClient:
     # -- frames --------------------------------------------------------------------------------
     def _exchange(self, sock: socket.socket, body: bytes, what: str, dataset: Optional[str] = None) -> Any:
         try:
-            send_frame(sock, body)
-            raw = recv_frame(sock)
+            try:
+                send_frame(sock, body)
+            except OSError as unsent:
+                if isinstance(unsent, socket.timeout):
+                    raise
+                # The sidecar may have answered and closed before reading the request (a refused
+                # connection, a request over a bound): its answer is still in this socket to read.
+                try:
+                    raw = recv_frame(sock)
+                except (OSError, EOFError):
+                    raise unsent from None
+            else:
+                raw = recv_frame(sock)
         except (OSError, EOFError) as e:
             if sock is self._sock:
                 self._forget_connection()

@@ -50,6 +50,8 @@ __all__ = [
     "imagenet_eval",
     "encode_prep_ticket",
     "batch_to_numpy",
+    "skipped_of",
+    "with_on_error",
     "Membership",
     "join",
     "PrepLoader",
@@ -66,9 +68,41 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # Pipelines: plain JSON documents (protocol/README.md, "Prep pipelines")
 
 
-def decode() -> dict[str, Any]:
-    """JPEG/PNG bytes to an RGB image (must be the first op)."""
-    return {"op": "decode"}
+ON_ERROR = ("raise", "skip")
+
+
+def decode(
+    *,
+    formats: Optional[Sequence[str]] = None,
+    max_pixels: Optional[int] = None,
+    max_aspect_ratio: Optional[float] = None,
+    on_error: Optional[str] = None,
+) -> dict[str, Any]:
+    """Image bytes to an RGB image (must be the first op).
+
+    The sidecar reads each header before decoding and refuses what breaks these rules (docs/ARCHITECTURE.md,
+    "Hardened decoding"): ``formats`` the pipeline accepts, by magic bytes (default ``("jpeg", "png")``;
+    ``"webp"`` too), ``max_pixels`` (default: the sidecar's ``--max-decode-pixels``, 89,478,485 like PIL's
+    ``Image.MAX_IMAGE_PIXELS``), ``max_aspect_ratio`` (longer side / shorter side; default the sidecar's
+    ``--max-decode-aspect-ratio``, 100). ``on_error``: ``"raise"`` (default; the batch fails with an error
+    naming the sample) or ``"skip"`` (the sample is left out of its batch and counted).
+    """
+    op: dict[str, Any] = {"op": "decode"}
+    if formats is not None:
+        op["formats"] = [str(f) for f in formats]
+    if max_pixels is not None:
+        op["max_pixels"] = int(max_pixels)
+    if max_aspect_ratio is not None:
+        op["max_aspect_ratio"] = float(max_aspect_ratio)
+    if on_error is not None:
+        op["on_error"] = _check_on_error(on_error)
+    return op
+
+
+def _check_on_error(on_error: str) -> str:
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    return on_error
 
 
 def random_resized_crop(
@@ -126,17 +160,35 @@ class Pipeline:
         return {"ops": [dict(o) for o in self.ops], "layout": self.layout, "dtype": self.dtype}
 
 
-def imagenet_train(size: int = 224, *, layout: str = "NCHW", dtype: str = "float32") -> Pipeline:
+def imagenet_train(size: int = 224, *, layout: str = "NCHW", dtype: str = "float32",
+                   on_error: Optional[str] = None) -> Pipeline:
     """The common training recipe: decode, random-resized-crop, flip, normalize."""
-    ops = [decode(), random_resized_crop(size), hflip()]
+    ops = [decode(on_error=on_error), random_resized_crop(size), hflip()]
     if dtype == "float32":
         ops.append(normalize())
     return Pipeline(tuple(ops), layout=layout, dtype=dtype)
 
 
-def imagenet_eval(size: int = 224, resize_to: int = 256, *, layout: str = "NCHW") -> Pipeline:
+def imagenet_eval(size: int = 224, resize_to: int = 256, *, layout: str = "NCHW",
+                  on_error: Optional[str] = None) -> Pipeline:
     """The evaluation recipe: decode, resize the shorter side, center-crop, normalize."""
-    return Pipeline((decode(), resize(resize_to), center_crop(size), normalize()), layout=layout)
+    return Pipeline((decode(on_error=on_error), resize(resize_to), center_crop(size), normalize()), layout=layout)
+
+
+def with_on_error(pipeline: Union[Pipeline, Mapping[str, Any], None], on_error: str) -> dict[str, Any]:
+    """The pipeline's JSON with its decode op's ``on_error`` set (``join(..., on_error=)`` uses it)."""
+    _check_on_error(on_error)
+    doc = pipeline.to_json() if isinstance(pipeline, Pipeline) else dict(pipeline) if pipeline is not None else None
+    ops = doc.get("ops") if doc is not None else None
+    if not isinstance(ops, (list, tuple)) or not ops or not isinstance(ops[0], Mapping) or ops[0].get("op") != "decode":
+        raise ValueError("on_error applies to a sidecar pipeline's decode op (its first); this pipeline has none: "
+                         f"{pipeline!r}")
+    first = dict(ops[0])
+    if first.get("on_error", on_error) != on_error:
+        raise ValueError(f"on_error={on_error!r} contradicts the pipeline's decode op, which says "
+                         f"{first['on_error']!r}")
+    first["on_error"] = on_error
+    return dict(doc, ops=[first, *[dict(o) for o in ops[1:]]])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,10 +210,19 @@ def batch_to_numpy(batch: pa.RecordBatch) -> Tuple[np.ndarray, np.ndarray, np.nd
     if width != int(np.prod(shape)) * dtype.itemsize:
         raise ProtocolMismatchError(f"tensor width {width} bytes does not match shape {shape} {dtype}")
     buf = col.buffers()[1]
-    tensors = np.frombuffer(buf, dtype=dtype, count=n * width // dtype.itemsize, offset=col.offset * width)
+    if n == 0:  # every sample of the batch was skipped (decode on_error="skip")
+        tensors = np.empty((0,), dtype=dtype)
+    else:
+        tensors = np.frombuffer(buf, dtype=dtype, count=n * width // dtype.itemsize, offset=col.offset * width)
     labels = pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False)
     ids = batch.column("id").to_numpy(zero_copy_only=False)
     return tensors.reshape((n,) + shape), labels, ids
+
+
+def skipped_of(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The samples a prepared batch left out (decode ``on_error="skip"``): ``{"id", "key", "reason"}`` each."""
+    raw = (batch.schema.metadata or {}).get(b"unstall.prep.skipped")
+    return list(json.loads(raw)) if raw else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +248,10 @@ class Membership:
     # prep.join's body, to join again at the batch in hand after the sidecar restarted (its groups died with it)
     _join_body: Optional[dict[str, Any]] = field(default=None, repr=False)
     rejoins: int = 0  # times this member joined a restarted sidecar's new group
+    # Samples the group left out of the batches this member read (decode on_error="skip"), in reading order:
+    # {"epoch", "batch", "id", "key", "reason"} each.
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    _warned: set[int] = field(default_factory=set, repr=False)
 
     @property
     def group(self) -> str:
@@ -271,8 +336,20 @@ class Membership:
         self.rejoins += 1
 
     def batch(self, epoch: int, index: int) -> pa.RecordBatch:
-        """One DoGet: waits until the group has prepared the batch, then receives it."""
-        return self._at(epoch, index, lambda: self._batch(epoch, index))
+        """One DoGet: waits until the group has prepared the batch, then receives it. Samples the group skipped
+        (decode ``on_error="skip"``) are not rows of it: they are added to :attr:`skipped`."""
+        rb = self._at(epoch, index, lambda: self._batch(epoch, index))
+        self._note_skipped(epoch, index, skipped_of(rb))
+        return rb
+
+    def _note_skipped(self, epoch: int, index: int, skipped: Sequence[Mapping[str, Any]]) -> None:
+        for s in skipped:
+            entry = {"epoch": epoch, "batch": index, **s}
+            self.skipped.append(entry)
+            if int(s["id"]) not in self._warned:  # every epoch skips it again: warn once
+                self._warned.add(int(s["id"]))
+                log.warning("unstall: prep skipped sample %s (%r) of dataset %r (on_error='skip'): %s",
+                            s["id"], s.get("key"), self.dataset, s.get("reason"))
 
     def _batch(self, epoch: int, index: int) -> pa.RecordBatch:
         ticket = fl.Ticket(encode_prep_ticket(self.group, self.member, epoch, index))
@@ -295,8 +372,13 @@ class Membership:
             return batch_to_numpy(self.batch(epoch, index))
         r = self._at(epoch, index, lambda: json.loads(self.client.do_action("prep.next", self._at_body(epoch, index),
                                                                           recover=False)[0]))
+        self._note_skipped(epoch, index, r.get("skipped", ()))
         shape = (int(r["rows"]),) + tuple(int(v) for v in r["shape"])
-        tensors = np.memmap(r["path"], dtype=np.dtype(r["dtype"]).newbyteorder("<"), mode="r", shape=shape)
+        dtype = np.dtype(r["dtype"]).newbyteorder("<")
+        if shape[0] == 0:  # every sample of the batch was skipped
+            tensors: np.ndarray = np.empty(shape, dtype=dtype)
+        else:
+            tensors = np.memmap(r["path"], dtype=dtype, mode="r", shape=shape)
         return tensors, np.asarray(r["labels"], dtype=np.int64), np.asarray(r["ids"], dtype=np.int64)
 
     def epoch_arrays(self, epoch: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -361,6 +443,7 @@ def join(
     start_batch: int = 0,
     name: Optional[str] = None,
     transport: str = "auto",
+    on_error: Optional[str] = None,
     client: Optional[FlightClient] = None,
     sidecar: Any = None,
 ) -> Membership:
@@ -378,6 +461,11 @@ def join(
     batch of that epoch, and the group never prepares the batches before it for this member; a group
     that has already freed that batch refuses, saying so. ``epochs`` then counts from ``start_epoch``.
     Without, a member of a running group starts at its next whole epoch (``membership.start_epoch``).
+
+    ``on_error``: what a sample that is not a decodable image within the pipeline's rules (formats, pixel and
+    aspect caps) does: ``"raise"`` (the batch fails, naming the sample) or ``"skip"`` (the sample is left out of
+    its batch, which is then smaller; ``membership.skipped`` and the group's stats say which). It sets the
+    pipeline's decode op (:func:`decode`), so it is part of the group's key.
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
@@ -385,6 +473,8 @@ def join(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if transport not in ("auto", "shm", "flight"):
         raise ValueError(f"transport must be 'auto', 'shm' or 'flight', got {transport!r}")
+    if on_error is not None:
+        pipeline = with_on_error(pipeline, on_error)
     if client is None:
         if sidecar is None:
             from .sidecar import default_sidecar
@@ -564,6 +654,8 @@ class PrepLoader(_GroupLoader):
     ``pipeline=None`` the batches are raw: ``(list of payload bytes, labels)``.
     ``with_ids=True`` adds the sample ids as a third element. The group is joined on first use
     (``membership``, ``len``, ``epoch``, a ``for``); ``state_dict``/``load_state_dict``: see ``_GroupLoader``.
+    With ``on_error="skip"`` a bad image is left out of its batch (which is then smaller; a batch of bad images
+    only is not yielded) and listed in :attr:`skipped`.
     """
 
     def __init__(
@@ -580,11 +672,21 @@ class PrepLoader(_GroupLoader):
         self.copy = copy
         self.with_ids = with_ids
 
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """The samples the group left out of the batches this loader read (decode ``on_error="skip"``):
+        ``{"epoch", "batch", "id", "key", "reason"}`` each."""
+        return self.membership.skipped
+
     def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
         import torch
 
+        progress = self._progress
         if self.membership.shape is not None:
             for arr, labels, ids in self.membership.epoch_arrays(epoch):
+                if len(ids) == 0 and progress is not None:
+                    progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
+                    continue
                 if self.copy:
                     images = torch.from_numpy(arr.copy())
                 else:

@@ -42,6 +42,13 @@ __all__ = [
     "parse_description",
     "parse_descriptions",
     "parse_stats",
+    "ManifestExport",
+    "parse_manifest_export",
+    "TenantToken",
+    "IssuedToken",
+    "parse_tenant_token",
+    "parse_tenant_tokens",
+    "parse_issued_token",
     "check_batch",
     "SessionStats",
     "SampleBatch",
@@ -339,6 +346,51 @@ def parse_descriptions(doc: str | bytes) -> list[DatasetInfo]:
 
 
 @dataclass(frozen=True)
+class TenantToken:
+    """A tenant token the owner issued (``listTokens``): its id, who it is for, the datasets it grants."""
+
+    id: str
+    name: str
+    datasets: tuple[str, ...]
+    created: str
+
+
+@dataclass(frozen=True)
+class IssuedToken(TenantToken):
+    """A token just issued (``issueToken``): the only time the sidecar hands out the token itself."""
+
+    token: str = field(default="", repr=False)  # never in a repr, a log line or a traceback
+
+
+def parse_tenant_token(doc: str | bytes | Mapping[str, Any]) -> TenantToken:
+    d = _loads(doc, "tenant token") if isinstance(doc, (str, bytes)) else doc
+    if not isinstance(d, Mapping):
+        raise ValueError(f"tenant token: expected a JSON object, got {type(d).__name__}")
+    _check_version(d, "tenant token")
+    try:
+        return TenantToken(id=str(d["id"]), name=str(d.get("name", "")),
+                           datasets=tuple(str(x) for x in d["datasets"]), created=str(d.get("created", "")))
+    except KeyError as e:
+        raise ValueError(f"tenant token: missing field {e.args[0]!r}") from None
+
+
+def parse_tenant_tokens(doc: str | bytes) -> list[TenantToken]:
+    items = _loads(doc, "tenant token list")
+    if not isinstance(items, list):
+        raise ValueError(f"tenant token list: expected a JSON array, got {type(items).__name__}")
+    return [parse_tenant_token(i) for i in items]
+
+
+def parse_issued_token(doc: str | bytes) -> IssuedToken:
+    d = _loads(doc, "issued token")
+    t = parse_tenant_token(d)
+    token = d.get("token")
+    if not isinstance(token, str) or len(token) < 16:
+        raise ValueError("issued token: the reply carries no token")
+    return IssuedToken(id=t.id, name=t.name, datasets=t.datasets, created=t.created, token=token)
+
+
+@dataclass(frozen=True)
 class EpochStats:
     samples: int = 0
     hits: int = 0
@@ -348,6 +400,10 @@ class EpochStats:
     disk_hits: int = 0
     disk_bytes: int = 0
     prefetch_hits: int = 0
+    # Digests an imported manifest claimed, checked against the dataset's own bytes on first read:
+    # confirmed, and refused (the claimed entry is never served; the sample's own bytes are).
+    verified: int = 0
+    verify_mismatches: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpochStats:
@@ -433,6 +489,27 @@ def parse_stats(doc: str | bytes | Mapping[str, Any]) -> Stats:
     except (TypeError, AttributeError, ValueError, OverflowError) as e:  # a field of the wrong type, e.g. a list
         raise ValueError(f"stats: a field has the wrong type ({e})") from None
     return Stats(cache=cache, datasets=datasets, sessions=sessions)
+
+
+@dataclass(frozen=True)
+class ManifestExport:
+    """What ``exportManifest`` wrote: the file, how many sample digests it holds (each computed from the
+    dataset's own bytes), and the dataset's sample count."""
+
+    path: str
+    known: int
+    num_samples: int
+
+
+def parse_manifest_export(doc: str | bytes) -> ManifestExport:
+    """Parses the reply of the control plane's ``exportManifest``."""
+    d = _loads(doc, "manifest export")
+    if not isinstance(d, Mapping):
+        raise ValueError(f"manifest export: expected a JSON object, got {type(d).__name__}")
+    try:
+        return ManifestExport(path=str(d["path"]), known=int(d["known"]), num_samples=int(d["num_samples"]))
+    except KeyError as e:
+        raise ValueError(f"manifest export: missing field {e.args[0]!r}") from None
 
 
 def check_batch(batch: pa.RecordBatch) -> None:

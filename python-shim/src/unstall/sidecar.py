@@ -4,7 +4,9 @@ Resolution order (first that applies wins):
 
 1. an explicit ``address`` argument, else ``$UNSTALL_SIDECAR`` (e.g. ``grpc+tcp://127.0.0.1:8815``);
    the token comes from ``token=``, ``$UNSTALL_TOKEN`` or the token file, the control port from
-   ``control_port=``, ``$UNSTALL_CONTROL_PORT`` or the state file;
+   ``control_port=``, ``$UNSTALL_CONTROL_PORT`` or the state file when it names that very address. A
+   tenant (a user the sidecar's owner issued a token to) attaches this way with its token and no control
+   port: it reads the datasets granted to it over Flight, and registers nothing;
 2. the state file ``$UNSTALL_HOME/sidecar.json`` (default ``~/.unstall``) if its pid is alive and the
    sidecar answers;
 3. otherwise start the embedded sidecar jar and own its lifetime: it is stopped when this object is
@@ -227,7 +229,8 @@ class _NoNetworkTraceback(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
         return not (msg.startswith("An error occurred while trying to connect to the Java server")
-                    or msg in ("Error while receiving.", "Error while sending."))
+                    or msg in ("Error while receiving.", "Error while sending.",
+                               "Cannot authenticate with gateway server."))
 
 
 logging.getLogger("py4j.java_gateway").addFilter(_NoNetworkTraceback())
@@ -340,8 +343,8 @@ class Sidecar:
         state = read_state(self.state_file)
         if control_port is None and os.environ.get("UNSTALL_CONTROL_PORT"):
             control_port = int(os.environ["UNSTALL_CONTROL_PORT"])
-        if control_port is None and state is not None:
-            control_port = state.control_port
+        if control_port is None and state is not None and state.flight == address:
+            control_port = state.control_port  # this home's sidecar is that very one
         self.control_port = control_port
         self._token = token or os.environ.get("UNSTALL_TOKEN") or self._read_token(state)
         self.pid = state.pid if state is not None and state.flight == address else None
@@ -455,7 +458,9 @@ class Sidecar:
         self._gateway(self.deadlines.health)
 
     def _gateway(self, timeout: float) -> JavaGateway:
-        """The control-plane gateway whose calls wait at most ``timeout`` seconds for an answer."""
+        """The control-plane gateway whose calls wait at most ``timeout`` seconds for an answer. A new one is
+        checked with a ``protocolVersion`` call (py4j's eager load would use reflection, which the control
+        plane refuses)."""
         from py4j.java_gateway import GatewayParameters
         from py4j.protocol import Py4JAuthenticationError, Py4JError
 
@@ -466,14 +471,16 @@ class Sidecar:
             if self._control is None:
                 raise self._no_control_port()
             host, port = self._control
+            gateway = _Gateway(
+                gateway_parameters=GatewayParameters(address=host, port=port, auth_token=self._token,
+                                                     auto_convert=False, eager_load=False, read_timeout=timeout)
+            )
             try:
-                gateway = _Gateway(
-                    gateway_parameters=GatewayParameters(address=host, port=port, auth_token=self._token,
-                                                         auto_convert=True, eager_load=True, read_timeout=timeout)
-                )
-            except Py4JAuthenticationError as e:
-                raise AuthenticationError(f"the sidecar control port {host}:{port} rejected the token: {e}") from None
+                gateway.entry_point.protocolVersion()
             except Py4JError as e:
+                gateway.close()
+                if isinstance(e, Py4JAuthenticationError):
+                    raise AuthenticationError(f"the sidecar control port {host}:{port} rejected the token: {e}") from None
                 raise SidecarUnavailableError(
                     f"no sidecar control plane answers at {host}:{port} within {timeout:.0f}s: {_network_cause(e)}"
                 ) from None
@@ -553,7 +560,7 @@ class Sidecar:
 
     # -- control plane -------------------------------------------------------------------------
     def _call_once(self, method: str, *args: Any, timeout: Optional[float] = None) -> Any:
-        from py4j.protocol import Py4JError, Py4JJavaError
+        from py4j.protocol import Py4JAuthenticationError, Py4JError, Py4JJavaError
 
         try:
             return getattr(self._gateway(timeout or self.deadlines.call).entry_point, method)(*args)
@@ -563,6 +570,9 @@ class Sidecar:
             raise SidecarUnavailableError(
                 f"lost the sidecar control plane at {self._control_address()} ({method}): {_network_cause(e)}"
             ) from None
+        except Py4JAuthenticationError as e:
+            raise AuthenticationError(
+                f"the sidecar control port {self._control_address()} rejected the token ({method}): {e}") from None
         except Py4JError as e:
             raise SidecarError(f"{method} failed: {e}") from None
 
@@ -601,6 +611,15 @@ class Sidecar:
         self._registered[name] = args[1:]
         return protocol.parse_description(doc)
 
+    def export_manifest(self, name: str, path: Union[str, Path]) -> protocol.ManifestExport:
+        """Writes dataset ``name``'s digest manifest to ``path`` (mode 0600; on the sidecar's host, under its
+        home or an ``--allow-root``). Another
+        dataset registered with ``options={"manifest": path}`` takes its digests as claims: each is checked
+        against that dataset's own bytes when it first reads the sample (``verified`` and
+        ``verify_mismatches`` in its stats), so a manifest never gets a dataset served bytes not its own."""
+        target = os.path.abspath(os.path.expanduser(str(path)))
+        return protocol.parse_manifest_export(self._call("exportManifest", name, target))
+
     def describe(self, name: str) -> protocol.DatasetInfo:
         if self._control is None:
             return self._data_plane().describe(name)
@@ -618,6 +637,23 @@ class Sidecar:
 
     def protocol_version(self) -> int:
         return int(self._call("protocolVersion"))
+
+    # -- tenants (the owner's control plane) ------------------------------------------------------
+    def issue_token(self, datasets: Sequence[str], name: str = "") -> protocol.IssuedToken:
+        """Issues a tenant token: Flight only, ``datasets`` only (names, registered now or later). Give
+        ``.token`` to the tenant with ``flight_location``; the sidecar keeps only its hash, so this is the one
+        time it can be read."""
+        if isinstance(datasets, str) or not datasets:
+            raise ValueError("datasets must be a non-empty list of dataset names")
+        return protocol.parse_issued_token(self._call("issueToken", json.dumps(list(datasets)), name))
+
+    def revoke_token(self, token_id: str) -> None:
+        """Revokes the tenant token ``token_id``: its next call is refused."""
+        self._call("revokeToken", token_id)
+
+    def list_tokens(self) -> list[protocol.TenantToken]:
+        """The tenant tokens issued and not revoked (ids, names, grants; never the tokens)."""
+        return protocol.parse_tenant_tokens(self._call("listTokens"))
 
     # -- supervision ---------------------------------------------------------------------------
     def problem(self) -> Optional[str]:

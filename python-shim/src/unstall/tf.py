@@ -10,7 +10,8 @@ group's next epoch. Elements are ``(images, labels)`` (plus ``ids`` with ``with_
 ``images`` has the pipeline's shape and dtype, ``labels`` is int64 (-1 without labels). Without a
 pipeline, ``images`` is the batch's raw payloads (``tf.string``), to decode with ``tf.io``.
 The dataset is batched already (the group's batch size); the batch dimension is ``None`` unless
-``drop_last=True``. Auto-sharding is off: under a distribution strategy each replica gets its slice
+``drop_last=True`` (and no ``on_error="skip"``, which makes batches smaller where it left bad images out;
+a batch of bad images only is not yielded). Auto-sharding is off: under a distribution strategy each replica gets its slice
 of every global batch (``strategy.experimental_distribute_dataset``).
 """
 
@@ -47,7 +48,8 @@ def dataset(
     import tensorflow as tf
 
     m = _prep.join(name, pipeline, batch_size=batch_size, **join_kwargs)
-    batch_dim = batch_size if join_kwargs.get("drop_last") else None
+    skip = m.info.get("on_error") == "skip"
+    batch_dim = batch_size if join_kwargs.get("drop_last") and not skip else None
     if m.shape is not None:
         images = tf.TensorSpec((batch_dim, *m.shape), tf.as_dtype(np.dtype(m.dtype)))
     else:
@@ -65,6 +67,8 @@ def dataset(
             state["next"] = epoch + 1
         if m.shape is not None:
             for arr, labels, ids in m.epoch_arrays(epoch):  # TF copies the view into its own tensor
+                if len(ids) == 0:
+                    continue  # every sample of the batch was skipped (m.skipped says which)
                 out: Tuple[Any, ...] = (arr, labels.astype(np.int64, copy=False))
                 yield out + ((ids.astype(np.int64, copy=False),) if with_ids else ())
             return

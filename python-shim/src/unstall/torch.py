@@ -426,7 +426,10 @@ class Dataset(tud.Dataset):
 
     def plan(self, ids: Sequence[int], epoch: int, session: int = 0) -> int:
         """Tells the sidecar the epoch's whole order so it reads upcoming misses ahead: a PLAN for
-        ``session`` on the local socket, the ``prefetch`` action over Flight. Returns the planned count."""
+        ``session`` on the local socket, the ``prefetch`` action over Flight. Returns the planned count.
+        A plan names at most one id per sample (the sidecar refuses longer ones): of a sampler that draws
+        more (with replacement), the first ``len(self)`` ids are planned."""
+        ids = ids[: len(self)]
         if self._local is not None:
             return self._local.plan(self._session(session), ids, epoch, dataset=self.name)
         return self._client.prefetch(self.name, ids, epoch)

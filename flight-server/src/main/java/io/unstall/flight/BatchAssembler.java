@@ -30,7 +30,9 @@ import org.apache.arrow.vector.VectorSchemaRoot;
 /**
  * Builds the record batch for a fetch ticket. Each sample comes from the first tier that has it: the
  * prefetcher's staging, the memory cache (by content digest), the disk tier, or storage, read straight into
- * the batch's payload buffer and then offered to the caches. The whole batch is assembled before anything is sent, so a failure
+ * the batch's payload buffer and then offered to the caches. A cache entry is looked up only under a digest
+ * the dataset computed from its own bytes ({@link Dataset#digest}); an imported claim is checked by the
+ * sample's first read ({@link #admit}). The whole batch is assembled before anything is sent, so a failure
  * never yields a partial batch. A cache tier's error (disk full, EIO, memory that cannot be allocated) never
  * fails a batch: the sample is read from storage, and each tier sits behind a {@link TierBreaker}.
  */
@@ -307,7 +309,7 @@ public final class BatchAssembler {
       for (Miss m : run) {
         d.extract(m.id(), bytes, start, data.nioBuffer(m.off(), m.len()));
         stats.miss(m.len());
-        admit(d, m.id(), data, m.off(), m.len());
+        admit(d, m.id(), data, m.off(), m.len(), stats);
       }
     } catch (IOException e) {
       throw new UncheckedIOException(e);
@@ -356,7 +358,7 @@ public final class BatchAssembler {
     try {
       readFromStorage(d, id, data, off, len);
       stats.miss(len);
-      admit(d, id, data, off, len);
+      admit(d, id, data, off, len, stats);
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
@@ -425,16 +427,17 @@ public final class BatchAssembler {
   }
 
   /**
-   * Learns the digest of bytes just read from storage and offers them to both tiers. Without any tier (a
-   * cache of capacity 0 and no disk tier) there is nothing to key, share or admit: no hashing. A tier that
-   * fails to admit is skipped (behind its breaker): the bytes are already where the batch needs them.
+   * Learns the digest of bytes just read from this dataset's storage (checking an imported claim on the sample:
+   * counted in {@code stats}) and offers them to both tiers. Without any tier (a cache of capacity 0 and no disk
+   * tier) there is nothing to key, share or admit: no hashing. A tier that fails to admit is skipped (behind its
+   * breaker): the bytes are already where the batch needs them.
    */
-  void admit(Dataset d, int id, ArrowBuf data, long off, int len) {
+  void admit(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) {
     if (disk == null && cache.capacityBytes() == 0) {
       return;
     }
     Digest digest = Digest.of(data.nioBuffer(off, len));
-    d.recordDigest(id, digest);
+    stats.claim(d.learn(id, digest));
     admitToCache(d, id, digest, data, off, len);
     if (disk != null) {
       diskBreaker.run(() -> "writing " + sample(d, id), () -> disk.admit(digest, data.nioBuffer(off, len)));

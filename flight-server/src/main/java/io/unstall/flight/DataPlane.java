@@ -1,5 +1,7 @@
 package io.unstall.flight;
 
+import io.unstall.flight.auth.BearerTokenAuthenticator;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.LruCache;
 import io.unstall.flight.cache.MinioCache;
@@ -7,6 +9,7 @@ import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.DatasetRegistry;
 import io.unstall.flight.local.LocalServer;
 import io.unstall.flight.local.LocalService;
+import io.unstall.flight.prep.PrepPipeline;
 import io.unstall.flight.prep.PrepService;
 import io.unstall.flight.session.Sessions;
 import io.unstall.flight.shm.SharedMemory;
@@ -29,7 +32,9 @@ import org.slf4j.LoggerFactory;
  * reverse. It takes a parent allocator (the process's root, owned by main) and creates its children:
  * "cache" (the cache's capacity), "prefetch" (the prefetch window) and "streams" (batches in flight, local
  * staging and prep staging: the rest of the budget). Clients reach it over Flight (any host) and, on this
- * host, over the local socket that hands out shared-memory references ({@code SharedMemory}).
+ * host, over the local socket that hands out shared-memory references ({@code SharedMemory}). Flight accepts
+ * the owner's token and the tenant tokens of {@link TenantTokens} (each tenant limited to its datasets); the
+ * local socket only the owner, by its uid (in a 0700 directory, checked with SO_PEERCRED) and its token.
  */
 public final class DataPlane implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(DataPlane.class);
@@ -46,8 +51,10 @@ public final class DataPlane implements AutoCloseable {
   private final BatchAssembler assembler;
   private final BufferAllocator streams;
   private final UnstallProducer producer;
+  private final FlightCalls calls;
   private final FlightServer server;
   private final boolean tls;
+  private final TenantTokens tenants;
 
   private DataPlane(Builder b) throws IOException {
     long budget = b.parent.getLimit();
@@ -62,7 +69,11 @@ public final class DataPlane implements AutoCloseable {
           "--cache-capacity plus --prefetch-window-bytes (" + (cacheReserve + b.prefetchWindowBytes)
               + " bytes) must be below --memory-budget (" + budget + " bytes)");
     }
+    Bounds bounds = new Bounds(b.flightThreads, b.flightQueue, b.localConnections, b.waitTimeout, b.maxPlanIds,
+        b.statsEpochs, b.prepGroups, b.prepThreads, b.prepClaimTimeout);
     this.tls = b.tls;
+    registry.keepStatsEpochs(bounds.statsEpochs());
+    this.tenants = b.tenants;
     this.shm = b.sharedMemory && SharedMemory.available() ? SharedMemory.create(SHM_PREFIX) : null;
     this.cache = switch (b.cachePolicy) {
       case "minio" -> new MinioCache(b.parent, b.cacheCapacity, shm);
@@ -77,21 +88,30 @@ public final class DataPlane implements AutoCloseable {
     }
     this.disk = diskTier;
     if (b.storageBandwidth > 0) {
-      registry.throttleStorage(new Throttle(b.storageBandwidth));
+      registry.throttleStorage(new Throttle(b.storageBandwidth, bounds.waitTimeout()));
     }
     this.assembler = new BatchAssembler(
         cache, disk, b.parent, b.prefetchWindowBytes, b.prefetchWindowSamples, b.prefetchThreads);
     this.streams = b.parent.newChildAllocator("streams", 0, budget - cacheReserve - b.prefetchWindowBytes);
     StreamBudget streamBudget = new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS);
     this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
+    this.calls = new FlightCalls(bounds);
     this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
-        new PrepService(registry, assembler, streams), sessions);
+        new PrepService(registry, assembler, streams, bounds, b.decodeLimits,
+            b.decodeMemory > 0 ? b.decodeMemory : PrepService.defaultDecodeMemory(streams.getLimit()),
+            b.budgetTimeoutSeconds), sessions, calls, bounds, tenants);
     this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
-        new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm));
+        new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds),
+        bounds.localConnections());
     Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
+    // A message no call could use is refused by gRPC before it is buffered: the longest is a PLAN at the bound or
+    // an upload of a prepared batch (at most the prep staging, half the streams budget).
+    long maxMessage = Math.max(64L * 1024 + 8L * bounds.maxPlanIds(), streams.getLimit() / 2 + (1 << 20));
     FlightServer.Builder sb =
         FlightServer.builder(streams, location, producer)
-            .headerAuthenticator(new BearerTokenAuthenticator(b.token));
+            .executor(calls.executor())
+            .maxInboundMessageSize((int) Math.min(Integer.MAX_VALUE, maxMessage))
+            .headerAuthenticator(new BearerTokenAuthenticator(b.token, tenants));
     if (b.tls) {
       sb.useTls(b.certChain, b.privateKey);
     }
@@ -144,6 +164,11 @@ public final class DataPlane implements AutoCloseable {
     return local == null ? null : local.path();
   }
 
+  /** The tenant tokens Flight accepts besides the owner's. */
+  public TenantTokens tenants() {
+    return tenants;
+  }
+
   public Sessions sessions() {
     return sessions;
   }
@@ -169,6 +194,16 @@ public final class DataPlane implements AutoCloseable {
     return assembler.prefetcher();
   }
 
+  /** The Flight executor and its admission of calls that wait. */
+  public FlightCalls flightCalls() {
+    return calls;
+  }
+
+  /** The same-host socket server, or null when there is no shared-memory plane. */
+  public LocalServer localServer() {
+    return local;
+  }
+
   /** Stops serving (waiting for calls in progress), logs final stats, frees memory. */
   @Override
   public void close() throws Exception {
@@ -181,7 +216,7 @@ public final class DataPlane implements AutoCloseable {
     } finally {
       producer.logStats();
       try {
-        AutoCloseables.close(local, producer.prep(), assembler::close, registry, cache, disk, streams);
+        AutoCloseables.close(calls, local, producer.prep(), assembler::close, registry, cache, disk, streams);
       } finally {
         if (shm != null) {
           shm.remove();
@@ -198,6 +233,8 @@ public final class DataPlane implements AutoCloseable {
     private int port;
     private long cacheCapacity;
     private long budgetTimeoutSeconds = 60;
+    private PrepPipeline.DecodeLimits decodeLimits = PrepPipeline.DecodeLimits.DEFAULT;
+    private long decodeMemory; // 0: PrepService's default
     private String cachePolicy = "minio";
     private Path diskDir;
     private long diskCapacity;
@@ -208,8 +245,18 @@ public final class DataPlane implements AutoCloseable {
     private long storageBandwidth;
     private boolean tls;
     private boolean sharedMemory = true;
+    private TenantTokens tenants = TenantTokens.none();
     private File certChain;
     private File privateKey;
+    private int flightThreads = Bounds.FLIGHT_THREADS;
+    private int flightQueue = Bounds.FLIGHT_QUEUE;
+    private int localConnections = Bounds.LOCAL_CONNECTIONS;
+    private java.time.Duration waitTimeout = Bounds.WAIT_TIMEOUT;
+    private int maxPlanIds = Bounds.MAX_PLAN_IDS;
+    private int statsEpochs = Bounds.STATS_EPOCHS;
+    private int prepGroups = Bounds.PREP_GROUPS;
+    private int prepThreads = Bounds.defaultPrepThreads();
+    private java.time.Duration prepClaimTimeout = Bounds.PREP_CLAIM_TIMEOUT;
 
     private Builder(BufferAllocator parent, String token) {
       this.parent = parent;
@@ -267,13 +314,82 @@ public final class DataPlane implements AutoCloseable {
     }
 
     /** Whether clients on this host get the shared-memory plane (the local socket); on by default. */
+    /**
+     * Prep decoding: the caps of pipelines that name none ({@code --max-decode-pixels},
+     * {@code --max-decode-aspect-ratio}) and the native memory decodes may hold at once ({@code --decode-memory};
+     * 0: a quarter of the streams budget).
+     */
+    public Builder decode(long maxPixels, double maxAspectRatio, long memoryBytes) {
+      this.decodeLimits = new PrepPipeline.DecodeLimits(maxPixels, maxAspectRatio);
+      this.decodeMemory = memoryBytes;
+      return this;
+    }
+
     public Builder sharedMemory(boolean on) {
       this.sharedMemory = on;
       return this;
     }
 
+    /** Tokens the owner issued to tenants (data plane only, granted datasets only); none by default. */
+    public Builder tenants(TenantTokens tenants) {
+      this.tenants = tenants;
+      return this;
+    }
+
     public Builder budgetTimeoutSeconds(long seconds) {
       this.budgetTimeoutSeconds = seconds;
+      return this;
+    }
+
+    /** Every bound at once (the sidecar's {@code serve} options); the setters below set one each. */
+    public Builder bounds(Bounds bounds) {
+      flightThreads(bounds.flightThreads(), bounds.flightQueue());
+      localConnections(bounds.localConnections());
+      waitTimeout(bounds.waitTimeout());
+      maxPlanIds(bounds.maxPlanIds());
+      statsEpochs(bounds.statsEpochs());
+      return prep(bounds.prepGroups(), bounds.prepThreads(), bounds.prepClaimTimeout());
+    }
+
+    /** The Flight executor's threads and queue ({@code --flight-threads}, {@code --flight-queue}); see {@link FlightCalls}. */
+    public Builder flightThreads(int threads, int queue) {
+      this.flightThreads = threads;
+      this.flightQueue = queue;
+      return this;
+    }
+
+    /** Same-host socket connections, one thread each ({@code --local-connections}). */
+    public Builder localConnections(int connections) {
+      this.localConnections = connections;
+      return this;
+    }
+
+    /** How long a call waits inside the sidecar for a prep batch, staging, storage or its client ({@code --wait-timeout}). */
+    public Builder waitTimeout(java.time.Duration timeout) {
+      this.waitTimeout = timeout;
+      return this;
+    }
+
+    /** Ids in one prefetch plan ({@code --max-plan-ids}). */
+    public Builder maxPlanIds(int ids) {
+      this.maxPlanIds = ids;
+      return this;
+    }
+
+    /** Epochs whose counters each dataset keeps in stats ({@code --stats-epochs}). */
+    public Builder statsEpochs(int epochs) {
+      this.statsEpochs = epochs;
+      return this;
+    }
+
+    /**
+     * Open prep groups ({@code --prep-groups}), the prep pool's threads ({@code --prep-threads}) and how long an
+     * external group's member may hold a claim ({@code --prep-claim-timeout}).
+     */
+    public Builder prep(int groups, int threads, java.time.Duration claimTimeout) {
+      this.prepGroups = groups;
+      this.prepThreads = threads;
+      this.prepClaimTimeout = claimTimeout;
       return this;
     }
 

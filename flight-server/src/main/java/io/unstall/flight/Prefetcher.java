@@ -36,9 +36,9 @@ public final class Prefetcher implements AutoCloseable {
   /** How long a batch waits, in all, for its prefetched samples; then it reads the rest from storage. */
   public static final java.time.Duration TAKE_DEADLINE = java.time.Duration.ofSeconds(30);
 
-  /** Offers bytes just read from storage to the caches (and records their digest). */
+  /** Offers bytes just read from storage to the caches (and learns their digest, counting into {@code stats}). */
   interface Admitter {
-    void admit(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException;
+    void admit(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) throws IOException;
   }
 
   /** Whether a sample is already held by a cache tier. */
@@ -96,6 +96,38 @@ public final class Prefetcher implements AutoCloseable {
       t.setDaemon(true);
       return t;
     };
+  }
+
+  /** Refuses a plan of {@code n} ids over {@code maxIds} ({@code --max-plan-ids}), before its ids are read. */
+  public static void checkPlanSize(long n, int maxIds) {
+    if (n > maxIds) {
+      throw new PlanTooLargeException("a prefetch plan of " + n + " ids exceeds the sidecar's --max-plan-ids "
+          + maxIds + "; send a shorter plan (one epoch's order) or raise --max-plan-ids");
+    }
+  }
+
+  /**
+   * A plan's ids checked against its dataset: at most {@code maxIds} ({@code --max-plan-ids}), at most as many as
+   * the dataset has samples (a plan is one epoch's order), each in range.
+   */
+  public static int[] checkedPlan(Dataset d, long[] requested, int maxIds) {
+    checkPlanSize(requested.length, maxIds);
+    if (requested.length > d.size()) {
+      throw new IllegalArgumentException("a prefetch plan of " + requested.length + " ids for dataset '" + d.name()
+          + "', which has " + d.size() + " samples: a plan is one epoch's order, at most one id per sample");
+    }
+    int[] ids = new int[requested.length];
+    for (int i = 0; i < ids.length; i++) {
+      ids[i] = d.checkId(requested[i]);
+    }
+    return ids;
+  }
+
+  /** A plan over {@code --max-plan-ids}: RESOURCE_EXHAUSTED. */
+  public static final class PlanTooLargeException extends RuntimeException {
+    PlanTooLargeException(String message) {
+      super(message);
+    }
   }
 
   public boolean enabled() {
@@ -231,7 +263,7 @@ public final class Prefetcher implements AutoCloseable {
       try {
         BatchAssembler.readFromStorage(d, id, buf, 0, len);
         stats.prefetched(len);
-        admitter.admit(d, id, buf, 0, len);
+        admitter.admit(d, id, buf, 0, len, stats);
         handedOff = future.complete(buf);
       } catch (Throwable e) {
         future.completeExceptionally(e);

@@ -1,6 +1,8 @@
 package io.unstall.flight;
 
 import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
+import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.memory.BufferAllocator;
 
 /**
@@ -41,6 +43,11 @@ public final class StreamBudget {
    * streams keep the budget full.
    */
   public Reservation acquire(long bytes) throws InterruptedException {
+    return acquire(bytes, () -> false);
+  }
+
+  /** {@link #acquire(long)}, giving up (CANCELLED) as soon as {@code cancelled} says the client went away. */
+  public Reservation acquire(long bytes, BooleanSupplier cancelled) throws InterruptedException {
     if (bytes > limit()) {
       throw new BudgetExceededException(
           "a batch needs " + bytes + " bytes but the sidecar's stream budget is " + limit()
@@ -49,11 +56,16 @@ public final class StreamBudget {
     long deadline = System.nanoTime() + timeoutNanos;
     synchronized (this) {
       while (reserved + allocator.getAllocatedMemory() + bytes > limit()) {
+        if (cancelled.getAsBoolean()) {
+          throw CallStatus.CANCELLED.withDescription("the client went away while its batch waited for memory")
+              .toRuntimeException();
+        }
         long left = deadline - System.nanoTime();
         if (left <= 0) {
           throw new BudgetExceededException(
               "timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos) + " s waiting for " + bytes
-                  + " bytes of the sidecar's stream budget (" + limit() + " bytes) while other streams hold it");
+                  + " bytes of the sidecar's stream budget (" + limit() + " bytes) while other streams hold it"
+                  + " (--batch-timeout; --memory-budget sets the budget)");
         }
         // Memory is also released by gRPC after sends, which does not notify us: wake up now and then.
         wait(Math.max(1, Math.min(TimeUnit.NANOSECONDS.toMillis(left), 5)));

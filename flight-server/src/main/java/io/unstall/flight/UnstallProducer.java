@@ -3,6 +3,9 @@ package io.unstall.flight;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.auth.PermissionDeniedException;
+import io.unstall.flight.auth.Principal;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.dataset.Dataset;
@@ -21,6 +24,8 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Predicate;
 import java.util.concurrent.locks.LockSupport;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.ActionType;
@@ -39,7 +44,11 @@ import org.apache.arrow.vector.VectorSchemaRoot;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
-/** The Flight producer: list and describe datasets, fetch batches of samples, report stats. */
+/**
+ * The Flight producer: list and describe datasets, fetch batches of samples, report stats. Every call names
+ * its caller ({@link Principal}, from the bearer token): the owner may use every dataset; a tenant only those
+ * granted to it, and sees no other dataset's name, session or prep group.
+ */
 public final class UnstallProducer extends NoOpFlightProducer {
   private static final Logger LOG = LoggerFactory.getLogger(UnstallProducer.class);
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -54,11 +63,20 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private final StreamBudget budget;
   private final PrepService prep; // coordinated prep: prep.* actions and PREP tickets
   private final Sessions sessions;
+  private final FlightCalls calls; // admission of calls that may wait
+  private final Bounds bounds;
+  private final TenantTokens tenants;
 
-  /** {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. */
+  /**
+   * {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. Calls that may wait
+   * are admitted by {@code calls}.
+   */
   public UnstallProducer(
       DatasetRegistry registry, SampleCache cache, DiskTier disk, BatchAssembler assembler, BufferAllocator streams,
-      StreamBudget budget, PrepService prep, Sessions sessions) {
+      StreamBudget budget, PrepService prep, Sessions sessions, FlightCalls calls, Bounds bounds,
+      TenantTokens tenants) {
+    this.calls = calls;
+    this.bounds = bounds;
     this.registry = registry;
     this.cache = cache;
     this.disk = disk;
@@ -67,25 +85,41 @@ public final class UnstallProducer extends NoOpFlightProducer {
     this.budget = budget;
     this.prep = prep;
     this.sessions = sessions;
+    this.tenants = tenants;
+  }
+
+  private Principal principal(CallContext context) {
+    return tenants.principal(context.peerIdentity());
+  }
+
+  /** The dataset {@code name} if {@code p} may read it (PERMISSION_DENIED otherwise, whether it exists or not). */
+  private Dataset dataset(Principal p, String name) {
+    p.checkRead(name);
+    return registry.get(name, p::mayRead);
   }
 
   @Override
   public void getStream(CallContext context, Ticket ticket, ServerStreamListener listener) {
     VectorSchemaRoot root = null;
+    FlightCalls.Permit permit = null;
     try {
+      Principal p = principal(context);
       if (PrepTicket.isPrep(ticket.getBytes())) {
-        prep.getStream(ticket, listener);
+        permit = calls.admit("a prep read (DoGet)");
+        prep.getStream(ticket, listener, p);
         return;
       }
       FetchTicket t = FetchTicket.from(ticket);
-      Dataset d = registry.get(t.dataset());
+      Dataset d = dataset(p, t.dataset());
       BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t);
+      permit = calls.admit("a fetch of dataset '" + d.name() + "'");
       d.stats().startEpoch(d.name(), t.epoch());
-      try (StreamBudget.Reservation r = budget.acquire(budget.cost(batch.payloadBytes(), batch.ids().length))) {
+      long cost = budget.cost(batch.payloadBytes(), batch.ids().length);
+      try (StreamBudget.Reservation r = budget.acquire(cost, listener::isCancelled)) {
         root = assembler.assemble(d, BatchAssembler.Requester.of(d), t.epoch(), batch.ids(), streams);
       }
       listener.start(root);
-      awaitReady(listener);
+      awaitReady(listener, bounds.waitTimeout().toNanos());
       if (!listener.isCancelled()) {
         listener.putNext();
         listener.completed();
@@ -106,12 +140,23 @@ public final class UnstallProducer extends NoOpFlightProducer {
       if (root != null) {
         root.close();
       }
+      if (permit != null) {
+        permit.close();
+      }
     }
   }
 
-  /** Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. */
-  private static void awaitReady(ServerStreamListener listener) {
+  /**
+   * Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. A client
+   * that takes nothing for {@code timeoutNanos} ({@code --wait-timeout}) gets TIMED_OUT and frees the thread.
+   */
+  private static void awaitReady(ServerStreamListener listener, long timeoutNanos) {
+    long deadline = System.nanoTime() + timeoutNanos;
     while (!listener.isReady() && !listener.isCancelled()) {
+      if (System.nanoTime() - deadline > 0) {
+        throw new WaitTimeoutException("the client did not take its batch within "
+            + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos) + " s (--wait-timeout)");
+      }
       LockSupport.parkNanos(20_000);
     }
   }
@@ -119,8 +164,11 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public void listFlights(CallContext context, Criteria criteria, StreamListener<FlightInfo> listener) {
     try {
+      Principal p = principal(context);
       for (Dataset d : registry.all()) {
-        listener.onNext(info(d));
+        if (p.mayRead(d.name())) {
+          listener.onNext(info(d));
+        }
       }
       listener.onCompleted();
     } catch (Throwable e) {
@@ -135,7 +183,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
         throw new IllegalArgumentException(
             "describe a dataset with FlightDescriptor.path(<dataset name>), got " + descriptor);
       }
-      return info(registry.get(descriptor.getPath().get(0)));
+      return info(dataset(principal(context), descriptor.getPath().get(0)));
     } catch (Throwable e) {
       throw toStatus(e);
     }
@@ -151,21 +199,25 @@ public final class UnstallProducer extends NoOpFlightProducer {
 
   @Override
   public void doAction(CallContext context, Action action, StreamListener<Result> listener) {
+    FlightCalls.Permit permit = null;
     try {
+      Principal p = principal(context);
       if (PrepService.handles(action.getType())) {
-        listener.onNext(new Result(prep.doAction(action, context::isCancelled)));
+        if (PrepService.waits(action.getType())) {
+          permit = calls.admit("action " + action.getType());
+        }
+        listener.onNext(new Result(prep.doAction(action, context::isCancelled, p)));
         listener.onCompleted();
         return;
       }
       switch (action.getType()) {
-        case ACTION_STATS -> listener.onNext(new Result(statsJson().getBytes(StandardCharsets.UTF_8)));
+        case ACTION_STATS -> listener.onNext(new Result(statsJson(p::mayRead).getBytes(StandardCharsets.UTF_8)));
         case ACTION_PREFETCH -> {
+          Prefetcher.checkPlanSize(Plan.declaredSize(action.getBody()), bounds.maxPlanIds());
+          permit = calls.admit("a prefetch plan");
           Plan plan = Plan.parse(action.getBody());
-          Dataset d = registry.get(plan.dataset());
-          int[] ids = new int[plan.size()];
-          for (int i = 0; i < ids.length; i++) {
-            ids[i] = d.checkId(plan.id(i));
-          }
+          Dataset d = dataset(p, plan.dataset());
+          int[] ids = Prefetcher.checkedPlan(d, plan.ids(), bounds.maxPlanIds());
           assembler.prefetcher().plan(d, d.name(), d.stats(), plan.epoch(), ids);
           listener.onNext(new Result(("{\"v\":1,\"planned\":" + ids.length + "}").getBytes(StandardCharsets.UTF_8)));
         }
@@ -177,6 +229,10 @@ public final class UnstallProducer extends NoOpFlightProducer {
       listener.onCompleted();
     } catch (Throwable e) {
       listener.onError(toStatus(e));
+    } finally {
+      if (permit != null) {
+        permit.close();
+      }
     }
   }
 
@@ -196,11 +252,12 @@ public final class UnstallProducer extends NoOpFlightProducer {
   @Override
   public Runnable acceptPut(CallContext context, FlightStream flightStream, StreamListener<PutResult> ackStream) {
     return () -> {
-      try {
+      // Flight runs this on its executor: the upload is admitted there (where a refusal cannot block a transport).
+      try (FlightCalls.Permit p = calls.admit("an upload (DoPut)")) {
         if (!PrepService.handlesPut(flightStream.getDescriptor())) {
           throw CallStatus.UNIMPLEMENTED.withDescription("DoPut is only for prep.put uploads").toRuntimeException();
         }
-        prep.acceptPut(flightStream, context::isCancelled);
+        prep.acceptPut(flightStream, context::isCancelled, principal(context));
         ackStream.onCompleted();
       } catch (Throwable e) {
         ackStream.onError(toStatus(e));
@@ -208,8 +265,16 @@ public final class UnstallProducer extends NoOpFlightProducer {
     };
   }
 
-  /** The stats document (protocol/README.md), shared by the stats action and the control plane. */
+  /** The stats document (protocol/README.md) of the control plane: every dataset. */
   public String statsJson() {
+    return statsJson(name -> true);
+  }
+
+  /**
+   * The stats document (protocol/README.md) as the stats action answers it: the datasets, and their sessions,
+   * that the caller may see; cache and disk totals are the sidecar's.
+   */
+  public String statsJson(Predicate<String> visible) {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("v", 1);
     ObjectNode c = o.putObject("cache");
@@ -229,9 +294,17 @@ public final class UnstallProducer extends NoOpFlightProducer {
     }
     ObjectNode ds = o.putObject("datasets");
     for (Dataset d : registry.all()) {
-      ds.set(d.name(), d.stats().toJson());
+      if (visible.test(d.name())) {
+        ds.set(d.name(), d.stats().toJson());
+      }
     }
-    o.set("sessions", sessions.toJson());
+    ObjectNode all = sessions.toJson();
+    ObjectNode seen = o.putObject("sessions");
+    all.fields().forEachRemaining(e -> {
+      if (visible.test(e.getValue().path("dataset").asText())) {
+        seen.set(e.getKey(), e.getValue());
+      }
+    });
     return o.toString();
   }
 
@@ -254,8 +327,12 @@ public final class UnstallProducer extends NoOpFlightProducer {
     } else if (e instanceof MalformedTicketException || e instanceof IllegalArgumentException) {
       status = CallStatus.INVALID_ARGUMENT;
     } else if (e instanceof StreamBudget.BudgetExceededException || e instanceof Sessions.TooManySessionsException
-        || e instanceof org.apache.arrow.memory.OutOfMemoryException) {
+        || e instanceof org.apache.arrow.memory.OutOfMemoryException || e instanceof Prefetcher.PlanTooLargeException) {
       status = CallStatus.RESOURCE_EXHAUSTED;
+    } else if (e instanceof WaitTimeoutException) {
+      status = CallStatus.TIMED_OUT;
+    } else if (e instanceof PermissionDeniedException) {
+      status = CallStatus.UNAUTHORIZED;
     } else if (e instanceof CorruptRecordException) {
       status = CallStatus.INTERNAL;
     } else if (e instanceof InterruptedException) {

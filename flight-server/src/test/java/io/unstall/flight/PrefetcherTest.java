@@ -50,7 +50,7 @@ class PrefetcherTest {
     CountDownLatch admitting = new CountDownLatch(1);
     CountDownLatch release = new CountDownLatch(1);
     // The first read's admission hangs (a disk that stopped answering): its staged future does not complete.
-    Prefetcher.Admitter stuck = (d, id, buf, off, len) -> {
+    Prefetcher.Admitter stuck = (d, id, buf, off, len, stats) -> {
       admitting.countDown();
       try {
         release.await();
@@ -99,7 +99,7 @@ class PrefetcherTest {
         DatasetRegistry registry = new DatasetRegistry()) {
       Dataset d = dataset(registry);
       Prefetcher p =
-          new Prefetcher(root, 1L << 20, N, 4, (ds, id, buf, off, len) -> read.incrementAndGet(), (ds, id) -> false);
+          new Prefetcher(root, 1L << 20, N, 4, (ds, id, buf, off, len, stats) -> read.incrementAndGet(), (ds, id) -> false);
       int[] order = IntStream.range(0, N).toArray();
       try (ArrowBuf dst = root.buffer((long) N * SAMPLE)) {
         for (int round = 0; round < 300; round++) {

@@ -4,12 +4,16 @@ import static io.unstall.flight.FlightTestClient.TOKEN;
 import static io.unstall.flight.FlightTestClient.range;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import io.unstall.flight.cache.DiskTier;
+import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.Manifests;
+import io.unstall.flight.format.ImageFolders;
 import io.unstall.flight.protocol.Plan;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
@@ -67,7 +71,7 @@ class TiersTest {
   }
 
   @Test
-  void datasetsOfTheSameContentShareEntriesOnlyThroughTheManifest() throws Exception {
+  void datasetsOfTheSameContentShareEntriesAndAnImportedManifestIsOnlyAClaim() throws Exception {
     try (BufferAllocator root = new RootAllocator(64L << 20);
         DataPlane plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(5L * SAMPLE).build().start();
         FlightTestClient c = new FlightTestClient(root, plane)) {
@@ -83,21 +87,78 @@ class TiersTest {
       assertAllBytes("b", c.fetch("b", 1, range(N)), range(N));
       assertEquals(5, epoch(c.stats(), "b", 1).get("hits").asLong());
 
-      // The manifest is the capability: a new dataset registered with it hits a's entries at once.
+      // An imported manifest is a claim: c's first read of each sample is the proof, then it shares a's entries.
       Path manifest = dir.resolve("a.manifest");
       assertEquals(N, Manifests.write(plane.registry().get("a"), manifest));
-      plane.registry().register("c", "imagefolder", folder("c"), manifest);
+      Dataset cd = plane.registry().register("c", "imagefolder", folder("c"), manifest);
+      assertNull(cd.digest(0), "a claim does not key a lookup");
+      assertNotNull(cd.claimed(0));
       assertAllBytes("c", c.fetch("c", 0, range(N)), range(N));
-      JsonNode sc = epoch(c.stats(), "c", 0);
-      assertEquals(5, sc.get("hits").asLong());
-      assertEquals((long) (N - 5) * SAMPLE, sc.get("storage_bytes").asLong());
+      JsonNode c0 = epoch(c.stats(), "c", 0);
+      assertEquals(0, c0.get("hits").asLong());
+      assertEquals((long) N * SAMPLE, c0.get("storage_bytes").asLong());
+      assertEquals(N, c0.get("verified").asLong());
+      assertEquals(0, c0.get("verify_mismatches").asLong());
+      assertAllBytes("c", c.fetch("c", 1, range(N)), range(N));
+      assertEquals(5, epoch(c.stats(), "c", 1).get("hits").asLong());
 
-      // A manifest of other content is refused, naming the first difference.
+      // A manifest of another sample count is refused, naming the first difference.
       Files.createDirectories(dir.resolve("other/c0"));
       Files.write(dir.resolve("other/c0/x.jpg"), new byte[10]);
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
           () -> plane.registry().register("other", "imagefolder", dir.resolve("other").toString(), manifest));
       assertTrue(e.getMessage().contains("describes " + N + " samples but dataset 'other' has 1"), e.getMessage());
+    }
+  }
+
+  /**
+   * The defect of issue 11: a dataset whose files have the sizes of another's but other bytes, given that one's
+   * manifest, was served its cached bytes as hits. Now every claim is refused on first read, and counted.
+   */
+  @Test
+  void aManifestOfOtherContentOfTheSameSizesGrantsNoHitAndEachMismatchIsCounted() throws Exception {
+    try (BufferAllocator root = new RootAllocator(64L << 20);
+        DataPlane plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(4L * N * SAMPLE)
+            .prefetch(4L * 8192, 6, 2).build().start();
+        FlightTestClient c = new FlightTestClient(root, plane)) {
+      plane.registry().register("a", "imagefolder", folder("a"));
+      c.fetch("a", 0, range(N)); // every sample of a is cached
+      Path manifest = dir.resolve("a.manifest");
+      assertEquals(N, Manifests.write(plane.registry().get("a"), manifest));
+
+      List<byte[]> own = ImageFolders.write(dir.resolve("x"), 2, N / 2, i -> SAMPLE, 99); // same sizes, other bytes
+      Dataset x = plane.registry().register("x", "imagefolder", dir.resolve("x").toString(), manifest);
+      long[] order = {11, 3, 7, 0, 5, 9, 1, 10, 2, 8, 4, 6};
+      c.action("prefetch", new Plan("x", 0, order).toBytes()); // claims are checked by prefetch reads as well
+      for (int e = 0; e < 2; e++) {
+        List<byte[]> got = new ArrayList<>();
+        for (int i = 0; i < N; i += 4) {
+          got.addAll(c.fetch("x", e, java.util.Arrays.copyOfRange(order, i, i + 4)));
+        }
+        for (int i = 0; i < N; i++) {
+          assertArrayEquals(own.get((int) order[i]), got.get(i), "x sample " + order[i] + " in epoch " + e);
+        }
+      }
+      JsonNode s = c.stats();
+      JsonNode x0 = epoch(s, "x", 0);
+      assertEquals(0, x0.get("hits").asLong(), "a's entries are never served to x");
+      assertEquals(N, x0.get("verify_mismatches").asLong(), x0.toString());
+      assertEquals(0, x0.get("verified").asLong());
+      assertEquals((long) N * SAMPLE, x0.get("storage_bytes").asLong());
+      JsonNode x1 = epoch(s, "x", 1);
+      assertEquals(N, x1.get("hits").asLong(), "x's own entries, learned from its own bytes, are hits");
+      assertEquals(0, x1.get("verify_mismatches").asLong(), "a claim is checked once");
+      assertEquals(0, s.at("/cache/shared_bytes").asLong(), "nothing is shared between a and x");
+      for (int i = 0; i < N; i++) {
+        assertNull(x.claimed(i), "no claim is left pending on sample " + i);
+      }
+      // x's manifest holds only digests of its own bytes: exported and imported elsewhere, they verify.
+      Path xm = dir.resolve("x.manifest");
+      assertEquals(N, Manifests.write(x, xm));
+      ImageFolders.write(dir.resolve("y"), 2, N / 2, i -> SAMPLE, 99);
+      plane.registry().register("y", "imagefolder", dir.resolve("y").toString(), xm);
+      c.fetch("y", 0, range(N));
+      assertEquals(N, epoch(c.stats(), "y", 0).get("verified").asLong());
     }
   }
 

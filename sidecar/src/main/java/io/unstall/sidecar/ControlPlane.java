@@ -1,26 +1,33 @@
 package io.unstall.sidecar;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.DataPlane;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.Manifests;
-import com.fasterxml.jackson.databind.JsonNode;
-import java.nio.file.Path;
 import java.io.IOException;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 
 /**
- * The Py4J entry point: what the Python shim calls to register datasets and read stats. Every method returns
- * JSON text (protocol/README.md) so the Python side needs no Java object proxies. Errors carry messages that
- * name the dataset, file or option.
+ * The Py4J entry point: what the owner's shim calls to register datasets, read stats and manage tenant tokens.
+ * Only the owner's token opens it, and {@link ControlGateway} lets callers reach these methods and nothing
+ * else. Every method returns JSON text (protocol/README.md) so the Python side needs no Java object proxies.
+ * Errors carry messages that name the dataset, file, option or token id (never a token).
  */
 public final class ControlPlane {
   private static final ObjectMapper JSON = new ObjectMapper();
   private final DataPlane dataPlane;
+  private final PathPolicy paths;
   private final Runnable shutdown;
 
-  ControlPlane(DataPlane dataPlane, Runnable shutdown) {
+  ControlPlane(DataPlane dataPlane, PathPolicy paths, Runnable shutdown) {
     this.dataPlane = dataPlane;
+    this.paths = paths;
     this.shutdown = shutdown;
   }
 
@@ -29,8 +36,10 @@ public final class ControlPlane {
   }
 
   /**
-   * Registers a dataset. Options (JSON object): {@code manifest}, the path of a digest manifest exported from a
-   * dataset of the same content, to use the cache entries it holds.
+   * Registers a dataset. Its location must be the sidecar user's own or under an {@code --allow-root}. Options
+   * (JSON object): {@code manifest}, the path of a digest manifest exported from a dataset of the same content
+   * (under the sidecar home or an allowed root); its digests are claims, each checked against this dataset's own
+   * bytes on the sample's first read before an entry is served under it.
    */
   public String registerDataset(String name, String format, String uri, String optionsJson) throws IOException {
     JsonNode options = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
@@ -41,15 +50,20 @@ public final class ControlPlane {
         throw new IllegalArgumentException(
             "dataset '" + name + "': unknown option '" + key + "' (supported: manifest)");
       }
-      manifest = Path.of(options.get(key).asText());
+      manifest = paths.checkManifest("dataset '" + name + "': manifest", options.get(key).asText(), true);
     }
+    paths.checkDatasetRoot(name, uri);
     return JSON.writeValueAsString(dataPlane.registry().register(name, format, uri, manifest).describe());
   }
 
-  /** Writes the dataset's digest manifest to {@code path} (mode 0600): give it to share cache entries. */
+  /**
+   * Writes the digests the dataset computed from its own bytes to {@code path} (mode 0600), under the sidecar
+   * home or an allowed root, for an import.
+   */
   public String exportManifest(String name, String path) throws IOException {
     Dataset d = dataPlane.registry().get(name);
-    int known = Manifests.write(d, Path.of(path));
+    Path target = paths.checkManifest("exportManifest of dataset '" + name + "'", path, false);
+    int known = Manifests.write(d, target);
     return JSON.writeValueAsString(
         JSON.createObjectNode().put("path", path).put("known", known).put("num_samples", d.size()));
   }
@@ -78,6 +92,39 @@ public final class ControlPlane {
   public String localEndpoint() {
     java.nio.file.Path p = dataPlane.localEndpoint();
     return p == null ? "" : p.toString();
+  }
+
+  /**
+   * Issues a tenant token for the datasets of {@code datasetsJson} (a JSON array of names): Flight only, those
+   * datasets only. The reply is the one place the token appears; the sidecar keeps its SHA-256.
+   */
+  public String issueToken(String datasetsJson, String name) throws IOException {
+    JsonNode arr = datasetsJson == null || datasetsJson.isBlank() ? null : JSON.readTree(datasetsJson);
+    if (arr == null || !arr.isArray()) {
+      throw new IllegalArgumentException("issueToken: datasets must be a JSON array of dataset names");
+    }
+    List<String> datasets = new ArrayList<>();
+    arr.forEach(d -> datasets.add(d.asText()));
+    TenantTokens.Issued issued = dataPlane.tenants().issue(datasets, name);
+    return describe(issued.tenant()).put("token", issued.token()).toString();
+  }
+
+  /** Revokes the tenant token {@code id}: refused from its next call on. */
+  public String revokeToken(String id) throws IOException {
+    return describe(dataPlane.tenants().revoke(id)).put("revoked", true).toString();
+  }
+
+  /** The tenant tokens issued and not revoked: ids, names, grants (never the tokens or their hashes). */
+  public String listTokens() {
+    ArrayNode out = JSON.createArrayNode();
+    dataPlane.tenants().list().forEach(t -> out.add(describe(t)));
+    return out.toString();
+  }
+
+  static ObjectNode describe(TenantTokens.Tenant t) {
+    ObjectNode o = JSON.createObjectNode().put("v", 1).put("id", t.id()).put("name", t.name());
+    t.datasets().forEach(o.putArray("datasets")::add);
+    return o.put("created", t.created());
   }
 
   /** Stops the sidecar shortly after this call returns. */

@@ -17,7 +17,7 @@ import picocli.CommandLine.Model.OptionSpec;
     mixinStandardHelpOptions = true,
     versionProvider = Main.Version.class,
     description = "Serves training datasets over Arrow Flight through a never-evict cache.",
-    subcommands = {ServeCommand.class})
+    subcommands = {ServeCommand.class, TokenCommand.class})
 public final class Main implements Runnable {
   static {
     // Before any logger exists: concise logs on stderr, quiet libraries.

@@ -1,7 +1,12 @@
 package io.unstall.sidecar;
 
+import io.unstall.flight.Bounds;
+import io.unstall.flight.prep.PrepPipeline;
 import java.net.InetAddress;
 import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.Callable;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
@@ -85,9 +90,68 @@ public final class ServeCommand implements Callable<Integer> {
       description = "How long a fetch may wait for memory under load before RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
   long batchTimeoutSeconds;
 
+  @Option(names = "--max-decode-pixels", defaultValue = "89478485", paramLabel = "PIXELS",
+      description = "Prep: refuse images whose header declares more pixels, before decoding (default ${DEFAULT-VALUE},"
+          + " PIL's MAX_IMAGE_PIXELS; a pipeline's decode max_pixels overrides it).")
+  long maxDecodePixels;
+
+  @Option(names = "--max-decode-aspect-ratio", defaultValue = "100", paramLabel = "RATIO",
+      description = "Prep: refuse images whose longer side exceeds RATIO times the shorter, before decoding"
+          + " (default ${DEFAULT-VALUE}; a pipeline's decode max_aspect_ratio overrides it).")
+  double maxDecodeAspectRatio;
+
+  @Option(names = "--decode-memory", defaultValue = "auto", paramLabel = "SIZE",
+      description = "Prep: native memory that decodes in progress may hold at once, within --memory-budget"
+          + " (default ${DEFAULT-VALUE}: a quarter of what the cache and prefetch leave); decodes wait for it.")
+  String decodeMemory;
+  @Option(names = "--flight-threads", defaultValue = "" + Bounds.FLIGHT_THREADS,
+      description = "Flight executor threads; a quarter of them serve only calls that never wait, and a call that"
+          + " would wait beyond the rest is refused with RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
+  int flightThreads;
+
+  @Option(names = "--flight-queue", defaultValue = "" + Bounds.FLIGHT_QUEUE,
+      description = "Flight tasks that may wait for a thread (default ${DEFAULT-VALUE}).")
+  int flightQueue;
+
+  @Option(names = "--local-connections", defaultValue = "" + Bounds.LOCAL_CONNECTIONS,
+      description = "Same-host socket connections, one thread each; more are refused with RESOURCE_EXHAUSTED"
+          + " (default ${DEFAULT-VALUE}).")
+  int localConnections;
+
+  @Option(names = "--wait-timeout", defaultValue = "120", paramLabel = "SECONDS",
+      description = "How long a call waits inside the sidecar for a prep batch or claim, staging room, storage"
+          + " bandwidth or its client before it fails with TIMED_OUT (default ${DEFAULT-VALUE}).")
+  long waitTimeoutSeconds;
+
+  @Option(names = "--max-plan-ids", defaultValue = "" + Bounds.MAX_PLAN_IDS,
+      description = "Ids in one prefetch plan (also at most the dataset's sample count) (default ${DEFAULT-VALUE}).")
+  int maxPlanIds;
+
+  @Option(names = "--stats-epochs", defaultValue = "" + Bounds.STATS_EPOCHS,
+      description = "Epochs whose counters each dataset keeps in stats, the latest begun (default ${DEFAULT-VALUE}).")
+  int statsEpochs;
+
+  @Option(names = "--prep-groups", defaultValue = "" + Bounds.PREP_GROUPS,
+      description = "Open coordinated-prep groups, two producer threads each (default ${DEFAULT-VALUE}).")
+  int prepGroups;
+
+  @Option(names = "--prep-threads", defaultValue = "auto",
+      description = "Decode threads of the prep pool, shared by all groups (default ${DEFAULT-VALUE}: one per core).")
+  String prepThreads;
+
+  @Option(names = "--prep-claim-timeout", defaultValue = "120", paramLabel = "SECONDS",
+      description = "How long a member of a Python-side prep group may take to upload a batch it claimed before the"
+          + " claim goes to another member (default ${DEFAULT-VALUE}).")
+  long prepClaimTimeoutSeconds;
+
   @Option(names = "--no-shm", defaultValue = "${env:UNSTALL_NO_SHM:-false}",
       description = "No shared-memory data plane: clients on this host fetch over Flight too (default: on where /dev/shm is writable).")
   boolean noShm;
+
+  @Option(names = "--allow-root", paramLabel = "DIR",
+      description = "A directory whose datasets may be registered although the sidecar's user does not own them"
+          + " (a shared data directory), and where manifests may be read and written; repeatable.")
+  List<Path> allowRoots = new ArrayList<>();
 
   @Override
   public Integer call() throws Exception {
@@ -120,7 +184,26 @@ public final class ServeCommand implements Callable<Integer> {
     if (prefetchWindowSamples < 0 || prefetchThreads < 1) {
       throw new IllegalArgumentException("--prefetch-window must be >= 0 and --prefetch-threads >= 1");
     }
+    if (maxDecodePixels < 1 || maxDecodePixels > PrepPipeline.DecodeLimits.MAX_PIXELS) {
+      throw new IllegalArgumentException("invalid value for option '--max-decode-pixels': " + maxDecodePixels
+          + " not in 1.." + PrepPipeline.DecodeLimits.MAX_PIXELS + " (OpenCV's own limit)");
+    }
+    if (!(maxDecodeAspectRatio >= 1) || Double.isInfinite(maxDecodeAspectRatio)) {
+      throw new IllegalArgumentException("invalid value for option '--max-decode-aspect-ratio': " + maxDecodeAspectRatio
+          + " (the longer side over the shorter: a number >= 1)");
+    }
+    long decodeBytes = decodeMemory.equals("auto") ? 0 : size("--decode-memory", decodeMemory);
+    if (!decodeMemory.equals("auto") && decodeBytes < 1) {
+      throw new IllegalArgumentException("invalid value for option '--decode-memory': it must be above 0 (or auto)");
+    }
+    Bounds bounds = new Bounds(flightThreads, flightQueue, localConnections, seconds("--wait-timeout",
+        waitTimeoutSeconds), maxPlanIds, statsEpochs, prepGroups, prepThreads(), seconds("--prep-claim-timeout",
+        prepClaimTimeoutSeconds));
     Path h = home.toAbsolutePath();
+    List<Path> roots = new ArrayList<>();
+    for (Path r : allowRoots) {
+      roots.add(PathPolicy.realDirectory("--allow-root", r));
+    }
     return new SidecarSettings(
         bind, port, controlPort, capacity, budget,
         stateFile != null ? stateFile : h.resolve("sidecar.json"),
@@ -129,7 +212,27 @@ public final class ServeCommand implements Callable<Integer> {
         diskCacheDir == null ? null : diskCacheDir.toAbsolutePath(), size("--disk-cache-capacity", diskCacheCapacity),
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
-        size("--storage-bandwidth", storageBandwidth), !noShm);
+        size("--storage-bandwidth", storageBandwidth), !noShm,
+        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds, h, List.copyOf(roots));
+  }
+
+  private int prepThreads() {
+    if (prepThreads.equals("auto")) {
+      return Bounds.defaultPrepThreads();
+    }
+    try {
+      return Integer.parseInt(prepThreads);
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(
+          "invalid value for option '--prep-threads': '" + prepThreads + "' (a number of threads, or auto)");
+    }
+  }
+
+  private static Duration seconds(String option, long s) {
+    if (s < 1) {
+      throw new IllegalArgumentException("invalid value for option '" + option + "': " + s + " (must be at least 1 second)");
+    }
+    return Duration.ofSeconds(s);
   }
 
   private static long size(String option, String value) {

@@ -3,11 +3,12 @@ package io.unstall.sidecar;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.DataPlane;
+import io.unstall.flight.auth.FileOwners;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.fs.LockFile;
 import io.unstall.flight.shm.SharedMemory;
 import java.io.IOException;
 import java.net.BindException;
-import java.net.InetAddress;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.concurrent.CountDownLatch;
@@ -56,6 +57,9 @@ public final class Sidecar implements AutoCloseable {
     GatewayServer gw = null;
     try {
       String token = Secrets.readOrCreateToken(s.tokenFile());
+      Path home = Secrets.privateDirectory(s.home());
+      TenantTokens tenants = TenantTokens.open(home.resolve(TenantTokens.FILE_NAME));
+      PathPolicy paths = new PathPolicy(home, s.allowRoots(), FileOwners.processUid());
       root = new RootAllocator(s.memoryBudget());
       DataPlane.Builder b =
           DataPlane.builder(root, token).host(s.bind()).port(s.port()).cacheCapacity(s.cacheCapacity())
@@ -63,7 +67,10 @@ public final class Sidecar implements AutoCloseable {
               .cachePolicy(s.cachePolicy())
               .prefetch(s.prefetchWindowBytes(), s.prefetchWindowSamples(), s.prefetchThreads())
               .storageBandwidth(s.storageBandwidth())
-              .sharedMemory(s.sharedMemory());
+              .sharedMemory(s.sharedMemory())
+              .decode(s.maxDecodePixels(), s.maxDecodeAspectRatio(), s.decodeMemory())
+              .bounds(s.bounds())
+              .tenants(tenants);
       if (s.diskCacheDir() != null) {
         b.diskTier(s.diskCacheDir(), s.diskCacheCapacity());
       }
@@ -72,12 +79,8 @@ public final class Sidecar implements AutoCloseable {
       }
       dp = b.build().start();
       Sidecar[] self = new Sidecar[1];
-      ControlPlane control = new ControlPlane(dp, () -> self[0].closeQuietly());
-      gw = new GatewayServer.GatewayServerBuilder(control)
-          .javaAddress(InetAddress.getLoopbackAddress())
-          .javaPort(s.controlPort())
-          .authToken(token)
-          .build();
+      ControlPlane control = new ControlPlane(dp, paths, () -> self[0].closeQuietly());
+      gw = ControlGateway.build(control, token, s.controlPort());
       try {
         gw.start();
       } catch (py4j.Py4JNetworkException e) {
@@ -88,10 +91,11 @@ public final class Sidecar implements AutoCloseable {
       sidecar.writeStateFile();
       Runtime.getRuntime().addShutdownHook(sidecar.hook);
       LOG.info(
-          "unstall sidecar listening: flight={} local={} control=127.0.0.1:{} cache={} capacity={} memory-budget={} state={}",
+          "unstall sidecar listening: flight={} local={} control=127.0.0.1:{} cache={} capacity={} memory-budget={} state={}"
+              + " tenants={} allow-roots={}",
           dp.location().getUri(), dp.localEndpoint() == null ? "off" : dp.localEndpoint(), gw.getListeningPort(),
           s.cachePolicy(), Sizes.format(s.cacheCapacity()),
-          Sizes.format(s.memoryBudget()), s.stateFile());
+          Sizes.format(s.memoryBudget()), s.stateFile(), tenants.list().size(), paths.allowRoots());
       return sidecar;
     } catch (Exception e) {
       if (gw != null) {

@@ -1,8 +1,10 @@
 package io.unstall.sidecar;
 
+import io.unstall.flight.Bounds;
 import java.nio.file.Path;
+import java.util.List;
 
-/** Validated settings of a sidecar. */
+/** Validated settings of a sidecar. {@code decodeMemory} 0: the default (a quarter of the streams budget). */
 public record SidecarSettings(
     String bind,
     int port,
@@ -21,4 +23,10 @@ public record SidecarSettings(
     int prefetchWindowSamples,
     int prefetchThreads,
     long storageBandwidth,
-    boolean sharedMemory) {}
+    boolean sharedMemory,
+    long maxDecodePixels,
+    double maxDecodeAspectRatio,
+    long decodeMemory,
+    Bounds bounds,
+    Path home,
+    List<Path> allowRoots) {}

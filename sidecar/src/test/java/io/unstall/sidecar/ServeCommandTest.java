@@ -7,7 +7,10 @@ import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
+import io.unstall.flight.Bounds;
 import org.junit.jupiter.api.Test;
+import picocli.CommandLine;
 import org.junit.jupiter.api.io.TempDir;
 
 /** Bad configuration is refused before anything starts, with a message naming the option. */
@@ -60,5 +63,42 @@ class ServeCommandTest {
     Files.writeString(cfg, "memory-budget=big\nhome=" + home + "\n");
     String err = runExpecting(2, "serve", "--config", cfg.toString());
     assertTrue(err.contains("invalid value for option '--memory-budget': 'big' is not a size"), err);
+  }
+
+  @Test
+  void decodeCapsAndMemoryNameTheOption() {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--max-decode-pixels", "0");
+    assertTrue(err.contains("invalid value for option '--max-decode-pixels': 0 not in 1..1073741824"), err);
+    err = runExpecting(2, "serve", "--home", home.toString(), "--max-decode-aspect-ratio", "0.5");
+    assertTrue(err.contains("invalid value for option '--max-decode-aspect-ratio': 0.5"), err);
+    err = runExpecting(2, "serve", "--home", home.toString(), "--port", "0", "--memory-budget", "256MiB",
+        "--cache-capacity", "64MiB", "--decode-memory", "1GiB");
+    assertTrue(err.contains("--decode-memory (1073741824 bytes) must be in 1..") && err.contains("the memory left for"
+        + " batches in flight"), err);
+    assertTrue(Files.notExists(home.resolve("sidecar.json")), "nothing is left behind");
+  }
+
+  @Test
+  void boundsHaveDefaultsAndEachIsAnOption() throws Exception {
+    ServeCommand cmd = new ServeCommand();
+    new CommandLine(cmd).parseArgs("--home", home.toString());
+    Bounds d = cmd.settings().bounds();
+    assertEquals(Bounds.defaults(), d);
+    cmd = new ServeCommand();
+    new CommandLine(cmd).parseArgs("--home", home.toString(), "--flight-threads", "32", "--flight-queue", "64",
+        "--local-connections", "8", "--wait-timeout", "5", "--max-plan-ids", "1000", "--stats-epochs", "4",
+        "--prep-groups", "2", "--prep-threads", "3", "--prep-claim-timeout", "7");
+    assertEquals(new Bounds(32, 64, 8, Duration.ofSeconds(5), 1000, 4, 2, 3, Duration.ofSeconds(7)),
+        cmd.settings().bounds());
+  }
+
+  @Test
+  void aBadBoundNamesItsOption() {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--port", "0", "--flight-threads", "2");
+    assertTrue(err.contains("invalid value for option '--flight-threads': 2 (must be at least 4)"), err);
+    err = runExpecting(2, "serve", "--home", home.toString(), "--port", "0", "--prep-claim-timeout", "0");
+    assertTrue(err.contains("invalid value for option '--prep-claim-timeout': 0"), err);
+    err = runExpecting(2, "serve", "--home", home.toString(), "--port", "0", "--prep-threads", "many");
+    assertTrue(err.contains("invalid value for option '--prep-threads': 'many'"), err);
   }
 }

@@ -9,24 +9,40 @@ import io.unstall.flight.storage.Storage;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReferenceArray;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /** A registered dataset: a named storage location plus a format, indexed into stable sample ids. */
 public final class Dataset {
+  private static final Logger LOG = LoggerFactory.getLogger(Dataset.class);
   private final String name;
   private final Format format;
   private final Storage storage;
   private final SampleIndex index;
   private final List<String> classes;
-  private final DatasetStats stats = new DatasetStats();
-  /** The digest manifest: sample id -> content digest, learned from reads or loaded from a manifest file. */
+  private final DatasetStats stats;
+  /**
+   * The digest manifest: sample id -> content digest, each computed from this dataset's own bytes (a read from
+   * its storage, or a persisted manifest of the same fingerprint). Only these key cache lookups.
+   */
   private final AtomicReferenceArray<Digest> digests;
   /** How many digests were learned or changed: the registry checkpoints the manifest when this moved. */
   private final AtomicLong learned = new AtomicLong();
+  /**
+   * Digests an imported manifest claims, not yet checked against this dataset's bytes (null: none imported).
+   * A claim never keys a lookup: the sample's first read from storage checks it ({@link #learn}) and removes it.
+   */
+  private volatile AtomicReferenceArray<Digest> claims;
+  /** Where the claims came from, for the mismatch warning. */
+  private volatile String claimsFrom;
+  private final AtomicBoolean warnedMismatch = new AtomicBoolean();
   private volatile byte[] fingerprint;
 
-  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes) {
+  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes, int statsEpochs) {
+    this.stats = new DatasetStats(statsEpochs);
     this.name = name;
     this.format = format;
     this.storage = storage;
@@ -35,15 +51,72 @@ public final class Dataset {
     this.digests = new AtomicReferenceArray<>(index.size());
   }
 
-  /** The content digest of sample {@code id}, or null if not known yet. */
+  /** The content digest of sample {@code id} computed from this dataset's own bytes, or null if not known yet. */
   public Digest digest(int id) {
     return digests.get(id);
   }
 
-  public void recordDigest(int id, Digest digest) {
+  /** What {@link #learn} made of an imported claim on the sample. */
+  public enum Claim {
+    /** No claim was pending on the sample. */
+    NONE,
+    /** The sample's bytes hash to the claimed digest. */
+    VERIFIED,
+    /** They do not: the claim is dropped, and the entry it named is never served to this dataset. */
+    MISMATCH
+  }
+
+  /**
+   * Records the digest of sample {@code id}'s bytes just read from this dataset's storage (the only way a
+   * digest is learned while the sidecar runs), and checks a pending imported claim against it.
+   */
+  public Claim learn(int id, Digest digest) {
     if (!digest.equals(digests.getAndSet(id, digest))) {
       learned.incrementAndGet();
     }
+    AtomicReferenceArray<Digest> c = claims;
+    Digest claimed = c == null ? null : c.getAndSet(id, null);
+    if (claimed == null) {
+      return Claim.NONE;
+    }
+    if (claimed.equals(digest)) {
+      return Claim.VERIFIED;
+    }
+    if (warnedMismatch.compareAndSet(false, true)) {
+      LOG.warn("dataset '{}' sample {} (file '{}'): its bytes do not hash to the digest that manifest {} claims;"
+          + " the claimed cache entry is refused and its own bytes served (further mismatches of this dataset are"
+          + " counted as verify_mismatches in stats, not logged)", name, id, fileOf(id), claimsFrom);
+    }
+    return Claim.MISMATCH;
+  }
+
+  /** Trusts a digest computed from this dataset's bytes by an earlier sidecar (a persisted manifest). */
+  void restore(int id, Digest digest) {
+    digests.set(id, digest);
+  }
+
+  /**
+   * Notes the digests an imported manifest ({@code from}) claims, for samples whose digest is not known: each is
+   * checked on the sample's first read. Returns how many claims are pending.
+   */
+  int claim(Digest[] claimed, String from) {
+    AtomicReferenceArray<Digest> c = new AtomicReferenceArray<>(claimed.length);
+    int n = 0;
+    for (int i = 0; i < claimed.length; i++) {
+      if (claimed[i] != null && digests.get(i) == null) {
+        c.set(i, claimed[i]);
+        n++;
+      }
+    }
+    claimsFrom = from;
+    claims = c;
+    return n;
+  }
+
+  /** The digest an imported manifest claims for sample {@code id} and no read checked yet, or null. */
+  public Digest claimed(int id) {
+    AtomicReferenceArray<Digest> c = claims;
+    return c == null ? null : c.get(id);
   }
 
   /** Digests learned so far (a counter that moves whenever the manifest changes). */

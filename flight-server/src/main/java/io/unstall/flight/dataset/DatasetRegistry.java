@@ -43,6 +43,15 @@ public final class DatasetRegistry implements AutoCloseable {
   private volatile DiskTier tier;
   private ScheduledExecutorService checkpointer;
   private volatile io.unstall.flight.storage.Throttle throttle;
+  private volatile int statsEpochs = io.unstall.flight.Bounds.STATS_EPOCHS;
+
+  /** How many epochs' counters each dataset registered from now on keeps ({@code --stats-epochs}). */
+  public void keepStatsEpochs(int epochs) {
+    if (epochs < 1) {
+      throw new IllegalArgumentException("--stats-epochs must be at least 1, got " + epochs);
+    }
+    this.statsEpochs = epochs;
+  }
 
   /** Throttle every dataset's storage reads (a stand-in for a slow link to remote storage). */
   public void throttleStorage(io.unstall.flight.storage.Throttle t) {
@@ -106,16 +115,12 @@ public final class DatasetRegistry implements AutoCloseable {
   /**
    * Registers {@code name} as {@code format} data at {@code uri}. Registering the same name with the same
    * format and location again returns the existing dataset; with another one it is an error. A
-   * {@code manifest} (exported from a dataset of the same content) lets this dataset use cache entries that
-   * one already holds.
+   * {@code manifest} exported from a dataset of the same content is imported as claims ({@link
+   * Manifests#importClaims}): checked, sample by sample, against this dataset's bytes on first read.
    */
   public synchronized Dataset register(String name, String formatName, String uri, Path manifest)
       throws IOException {
-    if (name == null || !NAME.matcher(name).matches()) {
-      throw new IllegalArgumentException(
-          "invalid dataset name '" + name + "': use 1-128 letters, digits, '.', '_' or '-', starting with a"
-              + " letter or digit");
-    }
+    checkName(name);
     Format format = Formats.byName(formatName);
     Storage storage = openStorage(uri);
     if (throttle != null) {
@@ -141,14 +146,15 @@ public final class DatasetRegistry implements AutoCloseable {
                 LOG.info("indexing dataset '{}': {} samples so far", name, n);
               }
             });
-    Dataset d = new Dataset(name, format, storage, index, format.classes(storage));
+    Dataset d = new Dataset(name, format, storage, index, format.classes(storage), statsEpochs);
     Path persisted = persistedManifest(d);
     if (persisted != null && Files.exists(persisted)) {
       restore(d, persisted);
     }
     if (manifest != null) {
-      int n = Manifests.load(d, manifest, false);
-      LOG.info("dataset '{}': {} sample digests imported from {}", name, n, manifest);
+      int n = Manifests.importClaims(d, manifest);
+      LOG.info("dataset '{}': {} sample digests claimed by {}, each checked against the sample's bytes on its first"
+          + " read", name, n, manifest);
     }
     datasets.put(name, d);
     LOG.info(
@@ -164,7 +170,7 @@ public final class DatasetRegistry implements AutoCloseable {
    */
   private void restore(Dataset d, Path persisted) {
     try {
-      int n = Manifests.load(d, persisted, true);
+      int n = Manifests.restore(d, persisted);
       if (n < 0) {
         LOG.info("dataset '{}' changed since its manifest was saved: digests will be relearned", d.name());
       } else {
@@ -177,11 +183,28 @@ public final class DatasetRegistry implements AutoCloseable {
     }
   }
 
+  /** Refuses a name that is not a dataset name, saying what one is. */
+  public static void checkName(String name) {
+    if (name == null || !NAME.matcher(name).matches()) {
+      throw new IllegalArgumentException(
+          "invalid dataset name '" + name + "': use 1-128 letters, digits, '.', '_' or '-', starting with a"
+              + " letter or digit");
+    }
+  }
+
   /** The dataset called {@code name}; unknown names are an error listing the registered ones. */
   public Dataset get(String name) {
+    return get(name, n -> true);
+  }
+
+  /**
+   * The dataset called {@code name}; an unknown name is an error that lists only the registered datasets the
+   * caller may see (a tenant learns nothing of the others).
+   */
+  public Dataset get(String name, java.util.function.Predicate<String> visible) {
     Dataset d = datasets.get(name);
     if (d == null) {
-      throw new UnknownDatasetException(name, new ArrayList<>(datasets.keySet()));
+      throw new UnknownDatasetException(name, datasets.keySet().stream().filter(visible).toList());
     }
     return d;
   }

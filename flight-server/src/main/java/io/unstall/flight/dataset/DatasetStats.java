@@ -3,10 +3,15 @@ package io.unstall.flight.dataset;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.Map;
+import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ConcurrentSkipListMap;
 import java.util.concurrent.atomic.LongAdder;
 
-/** Per-epoch counters of one dataset: samples served, cache hits and misses, bytes from storage and cache. */
+/**
+ * Per-epoch counters of one dataset: samples served, cache hits and misses, bytes from storage and cache. Only the
+ * counters of the latest {@code keep} epochs begun are kept ({@code --stats-epochs}): a client names any epoch it
+ * likes, and an epoch's counters must not outlive their use.
+ */
 public final class DatasetStats {
   private static final org.slf4j.Logger LOG = org.slf4j.LoggerFactory.getLogger(DatasetStats.class);
 
@@ -22,6 +27,8 @@ public final class DatasetStats {
     final LongAdder diskHits = new LongAdder();
     final LongAdder diskBytes = new LongAdder();
     final LongAdder prefetchHits = new LongAdder();
+    final LongAdder verified = new LongAdder();
+    final LongAdder verifyMismatches = new LongAdder();
 
     Epoch(Epoch parent) {
       this.parent = parent;
@@ -73,6 +80,20 @@ public final class DatasetStats {
       }
     }
 
+    /** What a storage read made of an imported claim on its sample ({@link Dataset#learn}). */
+    public void claim(Dataset.Claim c) {
+      if (c == Dataset.Claim.VERIFIED) {
+        verified.increment();
+      } else if (c == Dataset.Claim.MISMATCH) {
+        verifyMismatches.increment();
+      } else {
+        return;
+      }
+      if (parent != null) {
+        parent.claim(c);
+      }
+    }
+
     /** Samples served to clients this epoch. */
     public long servedSamples() {
       return samples.sum();
@@ -90,6 +111,15 @@ public final class DatasetStats {
       return storageBytes.sum();
     }
 
+    /** Imported claims that a read confirmed, and that it refused. */
+    public long verified() {
+      return verified.sum();
+    }
+
+    public long verifyMismatches() {
+      return verifyMismatches.sum();
+    }
+
     void add(Epoch other) {
       samples.add(other.samples.sum());
       hits.add(other.hits.sum());
@@ -99,6 +129,8 @@ public final class DatasetStats {
       diskHits.add(other.diskHits.sum());
       diskBytes.add(other.diskBytes.sum());
       prefetchHits.add(other.prefetchHits.sum());
+      verified.add(other.verified.sum());
+      verifyMismatches.add(other.verifyMismatches.sum());
     }
 
     ObjectNode toJson() {
@@ -111,25 +143,60 @@ public final class DatasetStats {
       o.put("disk_hits", diskHits.sum());
       o.put("disk_bytes", diskBytes.sum());
       o.put("prefetch_hits", prefetchHits.sum());
+      o.put("verified", verified.sum());
+      o.put("verify_mismatches", verifyMismatches.sum());
       return o;
     }
   }
 
   private final ConcurrentSkipListMap<Long, Epoch> epochs = new ConcurrentSkipListMap<>();
+  private final ConcurrentLinkedQueue<Long> begun = new ConcurrentLinkedQueue<>(); // epochs, in the order begun
   private final DatasetStats parent;
+  private final int keep;
 
-  public DatasetStats() {
-    this(null);
+  /** A dataset's counters, keeping the latest {@code keep} epochs. */
+  public DatasetStats(int keep) {
+    this(null, keep);
   }
 
-  /** Counters whose every count also goes to {@code parent} (a session's, under its dataset's). */
+  /** Counters whose every count also goes to {@code parent} (a session's, under its dataset's), kept as long. */
   public DatasetStats(DatasetStats parent) {
+    this(parent, parent.keep);
+  }
+
+  private DatasetStats(DatasetStats parent, int keep) {
+    if (keep < 1) {
+      throw new IllegalArgumentException("--stats-epochs must be at least 1, got " + keep);
+    }
     this.parent = parent;
+    this.keep = keep;
   }
 
   /** The counters of {@code epoch}, created on first use. */
   public Epoch epoch(long epoch) {
-    return epochs.computeIfAbsent(epoch, e -> new Epoch(parent == null ? null : parent.epoch(e)));
+    Epoch e = epochs.get(epoch);
+    if (e != null) {
+      return e;
+    }
+    Epoch fresh = new Epoch(parent == null ? null : parent.epoch(epoch));
+    Epoch prior = epochs.putIfAbsent(epoch, fresh);
+    if (prior != null) {
+      return prior;
+    }
+    begun(epoch);
+    return fresh;
+  }
+
+  /** Records a new epoch; drops the counters of the earliest begun beyond {@code keep}. */
+  private void begun(long epoch) {
+    begun.add(epoch);
+    while (epochs.size() > keep) {
+      Long oldest = begun.poll();
+      if (oldest == null) {
+        break;
+      }
+      epochs.remove(oldest);
+    }
   }
 
   /**
@@ -142,8 +209,11 @@ public final class DatasetStats {
     }
     Map.Entry<Long, Epoch> prev = previous(epoch);
     Epoch fresh = new Epoch(parent == null ? null : parent.epoch(epoch));
-    if (epochs.putIfAbsent(epoch, fresh) == null && prev != null) { // else another batch got here first and logs
-      LOG.info(summary(dataset, prev.getKey(), prev.getValue()));
+    if (epochs.putIfAbsent(epoch, fresh) == null) { // else another batch got here first and logs
+      if (prev != null) {
+        LOG.info(summary(dataset, prev.getKey(), prev.getValue()));
+      }
+      begun(epoch);
     }
   }
 

@@ -14,12 +14,14 @@ import java.security.NoSuchAlgorithmException;
 import java.util.zip.CRC32C;
 
 /**
- * Digest manifests: a dataset's sample id -> content digest map, as a file. The sidecar persists them next to
- * the disk tier so a restarted sidecar finds its cached entries without rereading storage (only while the
- * dataset's fingerprint - files, sizes, versions - is unchanged); users export them to share cache entries
- * with another dataset of the same content (holding the manifest is the capability to read those entries).
- * Files are replaced atomically and durably ({@link DurableFiles}) and end with a CRC32C of what precedes it, so
- * a torn or corrupt one is recognised ({@link CorruptManifestException}); version 1 files (no CRC) still load.
+ * Digest manifests: a dataset's sample id -> content digest map, as a file. A manifest holds only digests the
+ * dataset computed from its own bytes. The sidecar persists them next to the disk tier so a restarted sidecar
+ * finds its cached entries without rereading storage (only while the dataset's fingerprint - files, sizes,
+ * versions - is unchanged: {@link #restore}); users export them for another dataset of the same content, which
+ * imports them as claims, each checked against that dataset's own bytes on first read ({@link #importClaims}):
+ * a manifest alone never lets a dataset be served an entry. Files are replaced atomically and durably
+ * ({@link DurableFiles}) and end with a CRC32C of what precedes it, so a torn or corrupt one is recognised
+ * ({@link CorruptManifestException}); version 1 files (no CRC) still load.
  *
  * <pre>"UNSM" u8 version=2 | fingerprint[32] | u32 n | n x (u8 known | u32 length | digest[32]) | u32 crc32c</pre>
  */
@@ -59,7 +61,10 @@ public final class Manifests {
     return md.digest();
   }
 
-  /** Writes the known digests of {@code d} (mode 0600, atomically); returns how many were known. */
+  /**
+   * Writes the digests {@code d} computed from its own bytes (mode 0600, atomically; pending imported claims are
+   * not written); returns how many it wrote.
+   */
   public static int write(Dataset d, Path file) throws IOException {
     int n = d.size();
     ByteBuffer b = ByteBuffer.allocate(HEAD + n * ROW + 4).order(ByteOrder.LITTLE_ENDIAN);
@@ -96,11 +101,37 @@ public final class Manifests {
   }
 
   /**
-   * Loads digests from {@code file} into {@code d}. With {@code requireSameFingerprint} (a persisted manifest)
-   * a changed dataset makes this return -1 and load nothing; otherwise (an imported manifest) the sample count
-   * and every sample length must match, or it is an error naming the first difference.
+   * Loads a persisted manifest of {@code d} (one this sidecar wrote for it): its digests are trusted, being
+   * computed from the dataset's own bytes, but only while its fingerprint is unchanged; a changed dataset makes
+   * this return -1 and load nothing. Returns how many digests were restored.
    */
-  public static int load(Dataset d, Path file, boolean requireSameFingerprint) throws IOException {
+  public static int restore(Dataset d, Path file) throws IOException {
+    Digest[] loaded = read(d, file, true);
+    if (loaded == null) {
+      return -1;
+    }
+    int count = 0;
+    for (int i = 0; i < loaded.length; i++) {
+      if (loaded[i] != null) {
+        d.restore(i, loaded[i]);
+        count++;
+      }
+    }
+    return count;
+  }
+
+  /**
+   * Imports a manifest exported from another dataset as claims: the sample count and every sample length must
+   * match (else an error naming the first difference), and each digest is checked against {@code d}'s own bytes
+   * on the sample's first read before any cache entry is served under it ({@link Dataset#learn}). Returns how
+   * many claims are pending.
+   */
+  public static int importClaims(Dataset d, Path file) throws IOException {
+    return d.claim(read(d, file, false), file.toString());
+  }
+
+  /** The digests of {@code file} by sample id (null where unknown), or null when a fingerprint must match and does not. */
+  private static Digest[] read(Dataset d, Path file, boolean requireSameFingerprint) throws IOException {
     byte[] bytes = Files.readAllBytes(file);
     ByteBuffer b = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
     byte[] magic = new byte[4];
@@ -120,7 +151,7 @@ public final class Manifests {
     }
     byte[] fp = get(b, new byte[32]);
     if (requireSameFingerprint && !java.util.Arrays.equals(fp, d.fingerprint())) {
-      return -1;
+      return null;
     }
     int n = b.getInt();
     if (rows - HEAD != (long) n * ROW) {
@@ -142,14 +173,7 @@ public final class Manifests {
       Digest dg = Digest.fromBytes(b);
       loaded[i] = known ? dg : null;
     }
-    int count = 0;
-    for (int i = 0; i < n; i++) {
-      if (loaded[i] != null) {
-        d.recordDigest(i, loaded[i]);
-        count++;
-      }
-    }
-    return count;
+    return loaded;
   }
 
   private static byte[] get(ByteBuffer b, byte[] into) {

@@ -51,10 +51,13 @@ final class LocalConnection implements Runnable {
     this.onEnd = onEnd;
   }
 
-  /** Answers a connection that cannot be served with one UNAVAILABLE error, then closes it. */
-  static void refuse(SocketChannel ch, String why) {
+  /**
+   * Answers a connection that cannot be served with one error ({@code code}: a LocalFrames status), then closes it. The client reads it
+   * in reply to its HELLO (or after its HELLO failed to send: the reply is already in its socket's buffer).
+   */
+  static void refuse(SocketChannel ch, int code, String why) {
     try (ch) {
-      write(ch, ByteBuffer.wrap(LocalFrames.error(UNAVAILABLE, why)));
+      write(ch, ByteBuffer.wrap(LocalFrames.error(code, why)));
     } catch (IOException e) {
       LOG.debug("refusing a local connection: {}", e.toString());
     }
@@ -182,7 +185,7 @@ final class LocalConnection implements Runnable {
       case NOT_FOUND -> NOT_FOUND;
       case RESOURCE_EXHAUSTED -> RESOURCE_EXHAUSTED;
       case UNAUTHENTICATED, UNAUTHORIZED -> UNAUTHENTICATED;
-      case UNAVAILABLE, CANCELLED -> UNAVAILABLE;
+      case UNAVAILABLE, CANCELLED, TIMED_OUT -> UNAVAILABLE; // the shim asks again, as after its own deadline
       default -> INTERNAL;
     };
     if (local == INTERNAL && !(e instanceof IOException)) {
@@ -193,19 +196,33 @@ final class LocalConnection implements Runnable {
     return LocalFrames.error(local, status.getMessage());
   }
 
+  /** The longest HELLO: kind, magic, version, token length and a token of up to 64 KiB. */
+  private static final int MAX_HELLO = 1 + 7 + 0xFFFF;
+
   private ByteBuffer readFrame() throws IOException {
     header.clear();
     if (!readFully(header, true)) {
       return null;
     }
-    int len;
-    try {
-      len = LocalFrames.bodyLength(Integer.toUnsignedLong(header.flip().getInt()), authenticated);
-    } catch (IllegalArgumentException e) {
-      write(ch, ByteBuffer.wrap(LocalFrames.error(INVALID_ARGUMENT, e.getMessage())));
-      throw new EOFException(e.getMessage());
+    long len = Integer.toUnsignedLong(header.flip().getInt());
+    if (len < 1 || len > MAX_FRAME) {
+      write(ch, ByteBuffer.wrap(LocalFrames.error(INVALID_ARGUMENT,
+          "malformed local request: frame length " + len + " not in 1.." + MAX_FRAME)));
+      throw new EOFException("bad frame length " + len);
     }
-    ByteBuffer body = ByteBuffer.allocate(len).order(ByteOrder.LITTLE_ENDIAN);
+    // Nothing is allocated for a frame longer than any request this connection may send: before HELLO, a HELLO;
+    // after it, a PLAN of --max-plan-ids ids (FETCHes are shorter).
+    int maxPlanIds = Math.min(service.bounds().maxPlanIds(), LocalFrames.MAX_PLAN_IDS);
+    long allowed = authenticated ? Math.max(17 + 8L * maxPlanIds, 17 + 8L * LocalFrames.MAX_FETCH_IDS) : MAX_HELLO;
+    if (len > allowed) {
+      write(ch, ByteBuffer.wrap(authenticated
+          ? LocalFrames.error(RESOURCE_EXHAUSTED, "a local request of " + len + " bytes is longer than a plan of"
+              + " --max-plan-ids " + maxPlanIds + " ids; send a shorter plan or raise --max-plan-ids")
+          : LocalFrames.error(INVALID_ARGUMENT, "malformed local request: a " + len + "-byte frame before HELLO"
+              + " (send HELLO with the sidecar's token first)")));
+      throw new EOFException("frame of " + len + " bytes over " + allowed);
+    }
+    ByteBuffer body = ByteBuffer.allocate((int) len).order(ByteOrder.LITTLE_ENDIAN);
     readFully(body, false);
     return body.flip();
   }

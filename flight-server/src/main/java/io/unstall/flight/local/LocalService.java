@@ -1,6 +1,8 @@
 package io.unstall.flight.local;
 
 import io.unstall.flight.BatchAssembler;
+import io.unstall.flight.Bounds;
+import io.unstall.flight.Prefetcher;
 import io.unstall.flight.StreamBudget;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
@@ -25,11 +27,13 @@ public final class LocalService {
   private final BufferAllocator streams;
   private final StreamBudget budget;
   private final SharedMemory shm;
+  private final Bounds bounds;
   private final AtomicLong stagingFiles = new AtomicLong();
 
   public LocalService(
       String token, DatasetRegistry registry, Sessions sessions, BatchAssembler assembler, BufferAllocator streams,
-      StreamBudget budget, SharedMemory shm) {
+      StreamBudget budget, SharedMemory shm, Bounds bounds) {
+    this.bounds = bounds;
     this.token = token.getBytes(StandardCharsets.UTF_8);
     this.registry = registry;
     this.sessions = sessions;
@@ -60,12 +64,13 @@ public final class LocalService {
     sessions.close(session);
   }
 
+  Bounds bounds() {
+    return bounds;
+  }
+
   int plan(FetchSession s, long epoch, long[] requested) {
     Dataset d = s.dataset();
-    int[] ids = new int[requested.length];
-    for (int i = 0; i < ids.length; i++) {
-      ids[i] = d.checkId(requested[i]);
-    }
+    int[] ids = Prefetcher.checkedPlan(d, requested, bounds.maxPlanIds());
     assembler.prefetcher().plan(d, s.owner(), s.stats(), epoch, ids);
     return ids.length;
   }

@@ -20,6 +20,7 @@ import static org.bytedeco.opencv.global.opencv_imgproc.resize;
 
 import io.unstall.flight.prep.PrepPipeline.CenterCrop;
 import io.unstall.flight.prep.PrepPipeline.DType;
+import io.unstall.flight.prep.PrepPipeline.Decode;
 import io.unstall.flight.prep.PrepPipeline.HFlip;
 import io.unstall.flight.prep.PrepPipeline.Layout;
 import io.unstall.flight.prep.PrepPipeline.Normalize;
@@ -40,16 +41,31 @@ import org.bytedeco.opencv.opencv_core.Size;
  * resizes on the BGR image, then one pass that writes RGB into the output tensor in its layout and dtype.
  * The random choices come from a generator seeded by (seed, epoch, sample id) alone, so a sample gets the same
  * crop and flip whichever thread, group member or run prepares it.
+ *
+ * <p>The bytes are untrusted. Before the native decoder sees them, the header is read ({@link ImageHeader}): the
+ * format must be one the pipeline names (OpenCV would pick any decoder it has by the magic bytes), the declared
+ * size within the pipeline's pixel and aspect-ratio caps, and the memory the sample needs while it is decoded and
+ * transformed ({@link #workingBytes}) is reserved in the {@link DecodeBudget} first, so prep threads wait for
+ * each other instead of decoding several huge images at once.
  */
 public final class ImagePrep {
   static {
     opencv_core.setNumThreads(0); // the prep pool parallelizes across samples; OpenCV's own threads would oversubscribe
   }
 
-  private final PrepPipeline pipeline;
+  /** OpenCV decodes to 8-bit BGR (IMREAD_COLOR). */
+  static final int DECODED_CHANNELS = 3;
+  /** libjpeg/libpng row buffers and tables, per image, on top of the pixels. */
+  static final long DECODER_OVERHEAD = 256 << 10;
 
-  public ImagePrep(PrepPipeline pipeline) {
+  private final PrepPipeline pipeline;
+  private final Decode decode;
+  private final DecodeBudget budget;
+
+  public ImagePrep(PrepPipeline pipeline, DecodeBudget budget) {
     this.pipeline = pipeline;
+    this.decode = pipeline.decode();
+    this.budget = budget;
   }
 
   /** The generator for one sample: a SplitMix64 hash of (seed, epoch, id). */
@@ -66,37 +82,120 @@ public final class ImagePrep {
     return z ^ (z >>> 31);
   }
 
-  /** Thrown for bytes that are not a JPEG/PNG (or another format OpenCV decodes). */
-  public static final class UndecodableImageException extends java.io.IOException {
-    public UndecodableImageException(String message) {
+  /**
+   * A sample this pipeline will not decode: a format it does not accept, a header that is malformed or cut short,
+   * a size beyond its caps or the decode memory, or bytes the decoder rejects. The message says which, without
+   * naming the sample (the caller does).
+   */
+  public static final class BadImageException extends java.io.IOException {
+    public BadImageException(String message) {
       super(message);
     }
   }
 
   /**
-   * Decodes and transforms {@code encoded} (a direct buffer, position..limit) and writes the sample's tensor
-   * into {@code out} at its position ({@link PrepPipeline#sampleBytes()} bytes, little-endian).
+   * Checks the header of {@code encoded} against the pipeline's formats and caps; returns it. Nothing is decoded.
    */
-  public void run(ByteBuffer encoded, SplittableRandom rng, ByteBuffer out) throws UndecodableImageException {
-    Mat img;
-    try (BytePointer p = new BytePointer(encoded); Mat buf = new Mat(1, encoded.remaining(), CV_8UC1, p)) {
-      img = imdecode(buf, IMREAD_COLOR);
+  public ImageHeader check(ByteBuffer encoded) throws BadImageException {
+    ImageHeader.Format f = ImageHeader.sniff(encoded);
+    if (f == null || !decode.formats().contains(f)) {
+      String what = ImageHeader.describe(encoded);
+      throw new BadImageException(what == null ? ImageHeader.notAnImage(encoded)
+          : what + ", not one of the formats the pipeline decodes: " + decode.formatNames() + " (decode \"formats\")");
     }
-    if (img == null || img.empty()) {
-      throw new UndecodableImageException("not a decodable image (JPEG/PNG expected), " + encoded.remaining() + " bytes");
+    ImageHeader h = ImageHeader.read(encoded);
+    if (h.pixels() > decode.maxPixels()) {
+      throw new BadImageException("decompression bomb? the " + f.name() + " header declares " + h.width() + "x"
+          + h.height() + " pixels (" + h.pixels() + "), above the cap of " + decode.maxPixels()
+          + " (--max-decode-pixels / decode max_pixels)");
     }
-    try {
-      for (Op op : pipeline.ops()) {
-        Mat next = apply(op, img, rng);
-        if (next != img) {
-          img.close();
-          img = next;
-        }
+    if (h.aspectRatio() > decode.maxAspectRatio()) {
+      throw new BadImageException("the " + f.name() + " header declares " + h.width() + "x" + h.height()
+          + " pixels, an aspect ratio of " + String.format("%.1f", h.aspectRatio()) + ", above the cap of "
+          + decode.maxAspectRatio() + " (--max-decode-aspect-ratio / decode max_aspect_ratio)");
+    }
+    return h;
+  }
+
+  /**
+   * Decodes and transforms {@code encoded} (a direct buffer, position..limit) and writes the sample's tensor
+   * into {@code out} at its position ({@link PrepPipeline#sampleBytes()} bytes, little-endian). Waits in the
+   * decode budget for the memory the sample needs.
+   */
+  public void run(ByteBuffer encoded, SplittableRandom rng, ByteBuffer out)
+      throws BadImageException, InterruptedException {
+    ImageHeader h = check(encoded);
+    try (DecodeBudget.Reservation r = budget.acquire(workingBytes(h), h)) {
+      Mat img;
+      try (BytePointer p = new BytePointer(encoded); Mat buf = new Mat(1, encoded.remaining(), CV_8UC1, p)) {
+        img = imdecode(buf, IMREAD_COLOR);
       }
-      write(img, out);
-    } finally {
-      img.close();
+      if (img == null || img.empty()) {
+        throw new BadImageException("the " + h.format().name() + " decoder rejected it (corrupt data), "
+            + encoded.remaining() + " bytes declaring " + h.width() + "x" + h.height() + " pixels");
+      }
+      try {
+        for (Op op : pipeline.ops()) {
+          Mat next = apply(op, img, rng);
+          if (next != img) {
+            img.close();
+            img = next;
+          }
+        }
+        write(img, out);
+      } finally {
+        img.close();
+      }
     }
+  }
+
+  /**
+   * An upper bound of the native memory one sample holds at once while it is decoded and transformed: the
+   * decoder's (the image, a rotated copy, libjpeg's coefficients), then at each op its input and output image,
+   * then the output pass's temporaries. The output tensor itself is staging memory, counted elsewhere.
+   */
+  long workingBytes(ImageHeader header) {
+    long h = header.height();
+    long w = header.width();
+    long cur = h * w * DECODED_CHANNELS;
+    long peak = header.decoderBytes();
+    for (Op op : pipeline.ops()) {
+      long extra = 0;
+      if (op instanceof RandomResizedCrop c) {
+        h = c.height();
+        w = c.width();
+      } else if (op instanceof Resize r) {
+        long[] hw = resizedSize(r, h, w);
+        h = hw[0];
+        w = hw[1];
+      } else if (op instanceof CenterCrop c) {
+        if (h < c.height() || w < c.width()) {
+          extra = Math.max(h, c.height()) * Math.max(w, c.width()) * DECODED_CHANNELS; // the zero-padded copy
+        }
+        h = c.height();
+        w = c.width();
+      } else if (!(op instanceof HFlip)) {
+        continue; // decode (counted above), normalize (in the output pass)
+      }
+      long next = h * w * DECODED_CHANNELS;
+      peak = Math.max(peak, cur + extra + next);
+      cur = next;
+    }
+    long px = h * w;
+    long out = pipeline.layout() == Layout.NCHW
+        ? px // one uint8 plane at a time
+        : px * DECODED_CHANNELS * (pipeline.dtype() == DType.UINT8 ? 1 : 1 + 3 * 4); // RGB, then float image, scale, shift
+    return Math.max(peak, cur + out) + DECODER_OVERHEAD;
+  }
+
+  /** The size a resize gives an h x w image (torchvision's rounding down for the longer side). */
+  static long[] resizedSize(Resize r, long h, long w) {
+    if (r.shorter() <= 0) {
+      return new long[] {r.height(), r.width()};
+    }
+    return h <= w
+        ? new long[] {r.shorter(), r.shorter() * w / h}
+        : new long[] {r.shorter() * h / w, r.shorter()};
   }
 
   private Mat apply(Op op, Mat img, SplittableRandom rng) {
@@ -107,20 +206,8 @@ public final class ImagePrep {
       }
     }
     if (op instanceof Resize r) {
-      int h = r.height();
-      int w = r.width();
-      if (r.shorter() > 0) {
-        int ih = img.rows();
-        int iw = img.cols();
-        if (ih <= iw) {
-          h = r.shorter();
-          w = (int) ((long) r.shorter() * iw / ih);
-        } else {
-          w = r.shorter();
-          h = (int) ((long) r.shorter() * ih / iw);
-        }
-      }
-      return resized(img, h, w);
+      long[] hw = resizedSize(r, img.rows(), img.cols()); // within int: workingBytes was reserved for it
+      return resized(img, Math.toIntExact(hw[0]), Math.toIntExact(hw[1]));
     }
     if (op instanceof CenterCrop c) {
       Mat src = img;
@@ -212,7 +299,7 @@ public final class ImagePrep {
       throw new IllegalStateException("prep produced " + img.rows() + "x" + img.cols() + "x" + img.channels()
           + ", expected " + h + "x" + w + "x3"); // parse() guarantees the last spatial op fixes the size
     }
-    int n = h * w;
+    long n = (long) h * w;
     boolean nchw = pipeline.layout() == Layout.NCHW;
     float[] scale = new float[3];
     float[] shift = new float[3];
@@ -230,14 +317,14 @@ public final class ImagePrep {
       shift[c] = u8 ? 0f : (float) (-mean / std);
     }
     int type = u8 ? CV_8UC1 : CV_32FC1;
-    int planeBytes = n * pipeline.dtype().bytes;
+    long planeBytes = n * pipeline.dtype().bytes;
     // OpenCV writes straight into the output buffer through Mats that wrap it (no Java-side pixel loop).
     try (BytePointer dst = new BytePointer(out.slice())) {
       if (nchw) {
         try (Mat plane = new Mat(h, w, CV_8UC1)) {
           for (int c = 0; c < 3; c++) {
             extractChannel(img, plane, 2 - c); // BGR -> RGB
-            try (BytePointer at = new BytePointer(dst).position((long) c * planeBytes);
+            try (BytePointer at = new BytePointer(dst).position(c * planeBytes);
                 Mat o = new Mat(h, w, type, at)) {
               plane.convertTo(o, type, scale[c], shift[c]);
             }

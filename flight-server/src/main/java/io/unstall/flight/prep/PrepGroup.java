@@ -3,6 +3,7 @@ package io.unstall.flight.prep;
 import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.shm.SharedMemory;
 import io.unstall.flight.shm.ShmBuffer;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -13,12 +14,15 @@ import java.io.IOException;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.nio.file.Path;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.SplittableRandom;
 import java.util.TreeMap;
 import java.util.concurrent.Callable;
@@ -59,6 +63,7 @@ import org.slf4j.LoggerFactory;
  */
 final class PrepGroup {
   private static final Logger LOG = LoggerFactory.getLogger(PrepGroup.class);
+  private static final ObjectMapper JSON = new ObjectMapper();
   /** Ids, labels, validity bits per row, on top of the tensor (a generous bound, as StreamBudget's). */
   static final long ROW_OVERHEAD = 512;
   /** Minimum allocations of a batch's small vectors (keys, ids, labels, validity), whatever its rows. */
@@ -69,6 +74,16 @@ final class PrepGroup {
   /** The group's settings, fixed by the first joiner. */
   record Settings(int window, long stagingBytes, long memberTimeoutNanos, int groupSize, long joinTimeoutNanos,
       boolean shm) {}
+
+  /**
+   * The sidecar's bounds on a group: how long a member may hold a claim ({@code --prep-claim-timeout}), how long
+   * a call waits for a batch, a claim or staging room ({@code --wait-timeout}), how many epochs' counts are kept
+   * ({@code --stats-epochs}).
+   */
+  record Limits(long claimTimeoutNanos, long waitTimeoutNanos, int statsEpochs) {}
+
+  /** An external group's claim: the member making a batch, since when. */
+  private record Claim(long member, long since) {}
 
   private static final class Member {
     final long id;
@@ -107,12 +122,16 @@ final class PrepGroup {
   private final long rawCost;
   private final long outCost;
   private final Settings settings;
+  private final Limits limits;
   private final long created = System.nanoTime();
   /** Batches prepared concurrently: one's serial fetch overlaps another's parallel decode. */
   static final int PRODUCERS = 2;
   private final List<Thread> producers = new ArrayList<>();
   private final Object orderLock = new Object();
   private final Path shmDir; // null: prepared tensors live in ordinary Arrow memory
+  private final boolean skip; // on_error "skip": a bad image is left out of its batch instead of failing it
+  /** The last skipped samples kept for stats. */
+  static final int SKIPPED_HISTORY = 64;
 
   // Guarded by this.
   private final Map<Long, Member> members = new LinkedHashMap<>();
@@ -121,7 +140,9 @@ final class PrepGroup {
   private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
   private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
   private final Map<Long, String> shmPaths = new HashMap<>();
-  private final Map<Long, Long> claimedBy = new HashMap<>(); // external groups: position -> producing member
+  private final Map<Long, Claim> claimedBy = new HashMap<>(); // external groups: position -> producing member
+  private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
+  private long claimsExpired;
   private final Map<Long, Long> producedBy = new HashMap<>(); // external groups: member -> batches uploaded
   private final TreeMap<Long, Long> preparedPerEpoch = new TreeMap<>();
   private long nextToProduce;
@@ -134,6 +155,9 @@ final class PrepGroup {
   private long batchesPrepared;
   private long samplesPrepared;
   private long batchesServed;
+  private long samplesSkipped;
+  private final ArrayDeque<ObjectNode> skippedRecent = new ArrayDeque<>();
+  private final Set<Integer> skippedLogged = new HashSet<>(); // samples warned about once
   private long prepNanos;
   private final AtomicLong fetchNanos = new AtomicLong();
   private final AtomicLong prepCpuNanos = new AtomicLong();
@@ -143,13 +167,15 @@ final class PrepGroup {
   private int[] order;
 
   PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
-      int threads, BufferAllocator parent, Settings requested) {
+      int threads, BufferAllocator parent, DecodeBudget decodeBudget, Settings requested, Limits limits) {
     this.id = id;
+    this.limits = limits;
     this.key = key;
     this.dataset = dataset;
     this.pipeline = pipeline;
     this.external = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX);
-    this.imagePrep = pipeline == null ? null : new ImagePrep(pipeline);
+    this.imagePrep = pipeline == null ? null : new ImagePrep(pipeline, decodeBudget);
+    this.skip = pipeline != null && pipeline.decode().onError() == PrepPipeline.OnError.SKIP;
     this.assembler = assembler;
     this.pool = pool;
     this.threads = threads;
@@ -276,6 +302,7 @@ final class PrepGroup {
       }
       o.put("dtype", pipeline.dtype().wire());
       o.put("layout", pipeline.layout().name());
+      o.put("on_error", pipeline.decode().onError().wire());
     }
     o.put("window", window);
     o.put("staging_limit_bytes", stagingLimit);
@@ -294,12 +321,28 @@ final class PrepGroup {
     left++;
   }
 
-  /** Drops members that neither wait in a DoGet nor heartbeat; opens the join barrier on its timeout. */
+  /**
+   * Drops members that neither wait in a DoGet nor heartbeat; opens the join barrier on its timeout; gives back
+   * claims held past the claim timeout (a member whose transform raised may live on, heartbeating).
+   */
   synchronized void reap(long now) {
     if (closed) {
       return;
     }
     maybeStart(now);
+    for (var it = claimedBy.entrySet().iterator(); it.hasNext(); ) {
+      var e = it.next();
+      if (now - e.getValue().since() > limits.claimTimeoutNanos()) {
+        long pos = e.getKey();
+        it.remove();
+        expiredClaims.put(pos, e.getValue().member());
+        claimsExpired++;
+        LOG.warn("prep group {}: member {} did not upload epoch {} batch {} within {} s of claiming it"
+            + " (--prep-claim-timeout); another member may claim it", id, e.getValue().member(), pos / numBatches,
+            pos % numBatches, seconds(limits.claimTimeoutNanos()));
+        notifyAll();
+      }
+    }
     for (Member m : List.copyOf(members.values())) {
       long silent = now - m.lastSeen;
       if (m.waiting == 0 && silent > settings.memberTimeoutNanos()) {
@@ -341,7 +384,7 @@ final class PrepGroup {
     members.remove(m.id);
     gone.put(m.id, why);
     releaseConsumed();
-    claimedBy.values().removeIf(c -> c == m.id); // another member prepares what it had claimed
+    claimedBy.values().removeIf(c -> c.member() == m.id); // another member prepares what it had claimed
     if (members.isEmpty() && started) {
       closed = true; // the producers free everything on their way out
       if (external) {
@@ -377,6 +420,38 @@ final class PrepGroup {
       staged.pollFirstEntry().getValue().close();
     }
     failed.keySet().removeIf(p -> p < min);
+    expiredClaims.keySet().removeIf(p -> p < min);
+  }
+
+  /** The deadline of a wait that starts now ({@code --wait-timeout}). */
+  private long waitDeadline() {
+    return System.nanoTime() + limits.waitTimeoutNanos();
+  }
+
+  /** A wait past its deadline: TIMED_OUT, naming what it waited for. */
+  private void checkDeadline(long deadline, String waitedFor) {
+    if (System.nanoTime() - deadline > 0) {
+      throw CallStatus.TIMED_OUT.withDescription("prep group " + id + ": gave up after "
+          + seconds(limits.waitTimeoutNanos()) + " s waiting for " + waitedFor + " (--wait-timeout)")
+          .toRuntimeException();
+    }
+  }
+
+  /** Seconds for a message: "120", or "0.3" for a bound under a second (tests). */
+  static String seconds(long nanos) {
+    return nanos % 1_000_000_000L == 0 ? Long.toString(nanos / 1_000_000_000L) : String.format("%.1f", nanos / 1e9);
+  }
+
+  private String at(long pos) {
+    return "epoch " + pos / numBatches + " batch " + pos % numBatches;
+  }
+
+  /** Counts a batch prepared in its epoch, keeping the latest epochs' counts. */
+  private void countPrepared(long epoch) {
+    preparedPerEpoch.merge(epoch, 1L, Long::sum);
+    while (preparedPerEpoch.size() > limits.statsEpochs()) {
+      preparedPerEpoch.pollFirstEntry();
+    }
   }
 
   // -- production ---------------------------------------------------------------------------------------
@@ -427,7 +502,7 @@ final class PrepGroup {
             prepNanos += System.nanoTime() - t0;
             batchesPrepared++;
             samplesPrepared += root.getRowCount();
-            preparedPerEpoch.merge(pos / numBatches, 1L, Long::sum);
+            countPrepared(pos / numBatches);
             if (closed || pos < minCursor()) {
               root.close();
             } else {
@@ -547,7 +622,11 @@ final class PrepGroup {
     }
   }
 
-  /** Runs the pipeline on every row of {@code raw}, spread over the prep pool. */
+  /**
+   * Runs the pipeline on every row of {@code raw}, spread over the prep pool. A sample that is not a decodable image
+   * within the pipeline's rules fails the batch, naming it, or (on_error "skip") is left out: the kept rows close
+   * up, and the batch's schema lists the skipped ones ({@link PrepSchema#SKIPPED}).
+   */
   private VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Map<Long, String> paths)
       throws Exception {
     long epoch = pos / numBatches;
@@ -575,17 +654,10 @@ final class PrepGroup {
           paths.put(pos, shm.path().toString());
         }
       }
-      for (int i = 0; i < n; i++) {
-        idOut.set(i, ids[i]);
-        if (labelIn.isNull(i)) {
-          labelOut.setNull(i);
-        } else {
-          labelOut.set(i, labelIn.get(i));
-        }
-      }
-      int sb = pipeline.sampleBytes();
+      int sb = (int) pipeline.sampleBytes(); // at most Integer.MAX_VALUE (PrepPipeline.parse)
       ArrowBuf in = payload.getDataBuffer();
       ArrowBuf dst = tensor.getDataBuffer();
+      String[] bad = new String[n]; // why each skipped sample was skipped
       int chunks = Math.min(n, threads * 4); // small chunks even out the threads' finishing times
       List<Callable<Void>> tasks = new ArrayList<>(chunks);
       for (int c = 0; c < chunks; c++) {
@@ -599,9 +671,15 @@ final class PrepGroup {
             try {
               imagePrep.run(in.nioBuffer(start, len), ImagePrep.rng(key.seed(), epoch, ids[i]),
                   dst.nioBuffer((long) i * sb, sb));
-            } catch (ImagePrep.UndecodableImageException e) {
-              throw CallStatus.INTERNAL.withDescription("dataset '" + dataset.name() + "' sample " + ids[i] + " ('"
-                  + dataset.key(ids[i]) + "'): " + e.getMessage()).toRuntimeException();
+            } catch (ImagePrep.BadImageException e) {
+              if (!skip) {
+                throw CallStatus.INTERNAL.withDescription(sample(ids[i]) + ": " + e.getMessage()
+                    + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();
+              }
+              bad[i] = e.getMessage();
+            } catch (DecodeBudget.ExhaustedException e) {
+              throw CallStatus.RESOURCE_EXHAUSTED.withDescription(sample(ids[i]) + ": " + e.getMessage())
+                  .toRuntimeException();
             }
           }
           prepCpuNanos.addAndGet(CPU.getCurrentThreadCpuTime() - cpu0);
@@ -618,15 +696,60 @@ final class PrepGroup {
           throw e;
         }
       }
+      // The kept rows, in order, close up over the skipped ones: row k is the k-th kept sample.
       ArrowBuf validity = tensor.getValidityBuffer();
+      int kept = 0;
+      ArrayNode skipped = JsonNodeFactory.instance.arrayNode();
       for (int i = 0; i < n; i++) {
-        BitVectorHelper.setBit(validity, i);
+        if (bad[i] != null) {
+          skipped.addObject().put("id", ids[i]).put("key", dataset.key(ids[i])).put("reason", bad[i]);
+          continue;
+        }
+        if (kept != i) {
+          dst.setBytes((long) kept * sb, dst, (long) i * sb, sb);
+        }
+        idOut.set(kept, ids[i]);
+        if (labelIn.isNull(i)) {
+          labelOut.setNull(kept);
+        } else {
+          labelOut.set(kept, labelIn.get(i));
+        }
+        BitVectorHelper.setBit(validity, kept);
+        kept++;
       }
-      out.setRowCount(n);
-      return out;
+      out.setRowCount(kept);
+      if (skipped.isEmpty()) {
+        return out;
+      }
+      noteSkipped(epoch, pos % numBatches, skipped);
+      Map<String, String> meta = new HashMap<>(schema.getCustomMetadata());
+      meta.put(PrepSchema.SKIPPED, skipped.toString());
+      return new VectorSchemaRoot(new Schema(schema.getFields(), meta), out.getFieldVectors(), kept);
     } catch (Exception | Error e) {
       out.close();
       throw e;
+    }
+  }
+
+  /** "dataset 'imgs' sample 12 ('c0/x.jpg')": how errors name a sample. */
+  private String sample(int sampleId) {
+    return "dataset '" + dataset.name() + "' sample " + sampleId + " ('" + dataset.key(sampleId) + "')";
+  }
+
+  private synchronized void noteSkipped(long epoch, long batch, ArrayNode skipped) {
+    for (var it = skipped.elements(); it.hasNext(); ) {
+      ObjectNode s = ((ObjectNode) it.next()).deepCopy();
+      samplesSkipped++;
+      int sampleId = s.get("id").asInt();
+      if (skippedLogged.add(sampleId)) { // each epoch skips it again: warn once
+        LOG.warn("prep group {}: skipped {} (on_error skip): {}", id, sample(sampleId), s.get("reason").asText());
+      }
+      s.put("epoch", epoch);
+      s.put("batch", batch);
+      skippedRecent.addLast(s);
+      if (skippedRecent.size() > SKIPPED_HISTORY) {
+        skippedRecent.removeFirst();
+      }
     }
   }
 
@@ -656,7 +779,9 @@ final class PrepGroup {
     boolean sent = false;
     try {
       listener.start(view);
+      long deadline = waitDeadline();
       while (!listener.isReady() && !listener.isCancelled()) {
+        checkDeadline(deadline, "member " + t.member() + " to take " + at(pos));
         LockSupport.parkNanos(20_000);
       }
       if (!listener.isCancelled()) {
@@ -723,6 +848,14 @@ final class PrepGroup {
         idArr.add(ids.get(i));
         labelArr.add(labels.isNull(i) ? -1 : labels.get(i));
       }
+      String skipped = r.getSchema().getCustomMetadata().get(PrepSchema.SKIPPED);
+      if (skipped != null) {
+        try {
+          o.set("skipped", JSON.readTree(skipped));
+        } catch (IOException e) {
+          throw new IllegalStateException(e); // written by decode() above
+        }
+      }
       batchesServed++;
       m.lastSeen = System.nanoTime();
       return o;
@@ -761,6 +894,7 @@ final class PrepGroup {
 
   private void awaitStaged(Member m, long pos, BooleanSupplier cancelled)
       throws InterruptedException {
+    long deadline = waitDeadline();
     while (!staged.containsKey(pos)) {
       FlightRuntimeException f = failed.get(pos);
       if (f != null) {
@@ -776,9 +910,15 @@ final class PrepGroup {
         throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed (sidecar stopping)")
             .toRuntimeException();
       }
+      checkDeadline(deadline, at(pos) + " to be prepared" + (external ? claimer(pos) : ""));
       m.lastSeen = System.nanoTime();
       wait(10);
     }
+  }
+
+  private String claimer(long pos) {
+    Claim c = claimedBy.get(pos);
+    return c == null ? " (nobody has claimed it)" : " (member " + c.member() + " claimed it)";
   }
 
   /**
@@ -786,7 +926,8 @@ final class PrepGroup {
    * ({@code "ready"}: read it with a PREP DoGet) or nobody alive prepares it and it is within the window
    * ({@code "produce"}: this member fetches the returned ids, transforms them and uploads the batch with DoPut).
    * A claimer that is dropped or leaves gives its claim back, so a dead job never blocks the others for longer
-   * than the member timeout.
+   * than the member timeout, and a claim not uploaded within the claim timeout is given back too (its member
+   * gets an error if it uploads late).
    */
   ObjectNode claim(long memberId, long epoch, long batch, BooleanSupplier cancelled)
       throws InterruptedException {
@@ -798,6 +939,7 @@ final class PrepGroup {
     synchronized (this) {
       Member m = member(memberId);
       long pos = checkedPosition(m, epoch, batch);
+      long deadline = waitDeadline();
       m.waiting++;
       try {
         while (true) {
@@ -808,7 +950,8 @@ final class PrepGroup {
           }
           maybeStart(System.nanoTime());
           if (started && !claimedBy.containsKey(pos) && pos < minCursor() + window) {
-            claimedBy.put(pos, m.id);
+            claimedBy.put(pos, new Claim(m.id, System.nanoTime()));
+            expiredClaims.remove(pos, m.id);
             o.put("state", "produce");
             ArrayNode ids = o.putArray("ids");
             int from = (int) (pos % numBatches) * key.batchSize();
@@ -828,6 +971,8 @@ final class PrepGroup {
           if (closed) {
             throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed").toRuntimeException();
           }
+          checkDeadline(deadline, at(pos) + (!started ? " (the group has not started: group_size not reached)"
+              : claimedBy.containsKey(pos) ? claimer(pos) : " to come within the window of the slowest member"));
           m.lastSeen = System.nanoTime();
           wait(10);
         }
@@ -847,8 +992,15 @@ final class PrepGroup {
     }
     synchronized (this) {
       Member m = member(memberId);
-      Long claimer = claimedBy.get(pos);
-      if (claimer == null || claimer != m.id) {
+      Claim claim = claimedBy.get(pos);
+      if (claim == null || claim.member() != m.id) {
+        Long expired = expiredClaims.get(pos);
+        if (expired != null && expired == m.id) {
+          throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + "'s claim on"
+              + " epoch " + epoch + " batch " + batch + " expired: it was not uploaded within "
+              + seconds(limits.claimTimeoutNanos()) + " s (--prep-claim-timeout), so the batch went back to"
+              + " the group; ask prep.claim again").toRuntimeException();
+        }
         throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id
             + " did not claim epoch " + epoch + " batch " + batch + " (prep.claim first)").toRuntimeException();
       }
@@ -868,11 +1020,14 @@ final class PrepGroup {
         throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group " + id + ": an uploaded batch of " + bytes
             + " bytes exceeds staging_bytes " + stagingLimit).toRuntimeException();
       }
+      long deadline = waitDeadline();
       while (alloc.getAllocatedMemory() + bytes > stagingLimit) { // bounded staging: wait for readers to free
         if (cancelled.getAsBoolean() || closed) {
           throw CallStatus.CANCELLED.withDescription("upload cancelled").toRuntimeException();
         }
+        checkDeadline(deadline, "staging room for " + at(pos) + " (staging_bytes " + stagingLimit + ")");
         m.lastSeen = System.nanoTime();
+        claimedBy.put(pos, new Claim(m.id, m.lastSeen)); // it has come back: the upload, not the claim, waits
         wait(10);
       }
       VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
@@ -883,7 +1038,7 @@ final class PrepGroup {
       claimedBy.remove(pos);
       batchesPrepared++;
       samplesPrepared += copy.getRowCount();
-      preparedPerEpoch.merge(epoch, 1L, Long::sum);
+      countPrepared(epoch);
       producedBy.merge(m.id, 1L, Long::sum);
       if (pos < minCursor()) {
         copy.close();
@@ -926,11 +1081,20 @@ final class PrepGroup {
     o.put("staged_batches_peak", stagedPeak);
     o.put("batches_prepared", batchesPrepared);
     o.put("samples_prepared", samplesPrepared);
+    if (pipeline != null) {
+      o.put("on_error", pipeline.decode().onError().wire());
+      o.put("samples_skipped", samplesSkipped);
+      ArrayNode sk = o.putArray("skipped");
+      skippedRecent.forEach(sk::add);
+    }
     o.put("batches_served", batchesServed);
     o.put("prep_seconds", prepNanos / 1e9); // wall time of fetch + decode + augment, summed over batches
     o.put("fetch_seconds", fetchNanos.get() / 1e9); // of which: assembling the raw batch (cache or storage)
     o.put("decode_cpu_seconds", prepCpuNanos.get() / 1e9); // CPU time of decode + augment on the prep threads
     o.put("threads", threads);
+    if (external) {
+      o.put("claims_expired", claimsExpired);
+    }
     ObjectNode per = o.putObject("batches_prepared_per_epoch");
     preparedPerEpoch.forEach((e, c) -> per.put(Long.toString(e), c));
     ArrayNode ms = o.putArray("members");

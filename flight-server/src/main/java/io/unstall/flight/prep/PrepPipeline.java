@@ -8,11 +8,15 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
+import io.unstall.flight.prep.ImageHeader.Format;
 import java.util.ArrayList;
+import java.util.EnumSet;
 import java.util.HexFormat;
 import java.util.Iterator;
 import java.util.List;
+import java.util.Locale;
 import java.util.Set;
+import java.util.stream.Collectors;
 
 /**
  * A declarative image pipeline (protocol/README.md, "Prep pipelines"): decode, then spatial ops, then the
@@ -26,7 +30,53 @@ public final class PrepPipeline {
   /** One op, already validated. */
   public sealed interface Op permits Decode, RandomResizedCrop, Resize, CenterCrop, HFlip, Normalize {}
 
-  public record Decode() implements Op {}
+  /**
+   * Decode (always the first op): only the named {@code formats} (by magic bytes), at most {@code maxPixels}
+   * pixels and an aspect ratio of {@code maxAspectRatio}, both read from the header before decoding; a sample
+   * that breaks a rule or does not decode fails its batch ({@code RAISE}) or is left out of it ({@code SKIP}).
+   */
+  public record Decode(Set<Format> formats, long maxPixels, double maxAspectRatio, OnError onError) implements Op {
+    public Decode {
+      formats = Set.copyOf(formats);
+    }
+
+    /** The accepted formats, in a fixed order, as the pipeline names them. */
+    public String formatNames() {
+      return formats.stream().sorted().map(Format::wire).collect(Collectors.joining(", "));
+    }
+  }
+
+  /** What a sample that cannot be decoded does to its batch. */
+  public enum OnError {
+    RAISE, SKIP;
+
+    public String wire() {
+      return name().toLowerCase(Locale.ROOT);
+    }
+  }
+
+  /**
+   * The sidecar's defaults for a decode op that does not name its caps ({@code --max-decode-pixels},
+   * {@code --max-decode-aspect-ratio}). {@link #DEFAULT}: PIL's {@code Image.MAX_IMAGE_PIXELS} (89,478,485
+   * pixels, a 0.25 GiB RGBA image) and an aspect ratio of 100.
+   */
+  public record DecodeLimits(long maxPixels, double maxAspectRatio) {
+    public static final DecodeLimits DEFAULT = new DecodeLimits(89_478_485L, 100);
+    /** OpenCV refuses larger images itself (CV_IO_MAX_IMAGE_PIXELS). */
+    public static final long MAX_PIXELS = 1L << 30;
+
+    public DecodeLimits {
+      if (maxPixels < 1 || maxPixels > MAX_PIXELS) {
+        throw new IllegalArgumentException("max-decode-pixels must be in 1.." + MAX_PIXELS + ", got " + maxPixels);
+      }
+      if (!(maxAspectRatio >= 1)) {
+        throw new IllegalArgumentException("max-decode-aspect-ratio must be >= 1, got " + maxAspectRatio);
+      }
+    }
+  }
+
+  /** An output tensor is one Arrow FixedSizeBinary value, whose width is an int. */
+  static final long MAX_SAMPLE_BYTES = Integer.MAX_VALUE;
 
   /** torchvision's RandomResizedCrop: area fraction in scale, aspect ratio in ratio (log-uniform). */
   public record RandomResizedCrop(int height, int width, double scaleMin, double scaleMax, double ratioMin,
@@ -103,8 +153,14 @@ public final class PrepPipeline {
     return layout == Layout.NCHW ? new int[] {CHANNELS, height, width} : new int[] {height, width, CHANNELS};
   }
 
-  public int sampleBytes() {
-    return CHANNELS * height * width * dtype.bytes;
+  /** Bytes of one output tensor (at most {@link #MAX_SAMPLE_BYTES}, checked by parse). */
+  public long sampleBytes() {
+    return (long) CHANNELS * height * width * dtype.bytes;
+  }
+
+  /** The decode op (always the first). */
+  public Decode decode() {
+    return (Decode) ops.get(0);
   }
 
   public String fingerprint() {
@@ -116,17 +172,28 @@ public final class PrepPipeline {
   }
 
   public static PrepPipeline parse(String json) {
+    return parse(json, DecodeLimits.DEFAULT);
+  }
+
+  public static PrepPipeline parse(String json, DecodeLimits limits) {
     JsonNode root;
     try {
       root = JSON.readTree(json);
     } catch (Exception e) {
       throw new IllegalArgumentException("prep pipeline: not valid JSON (" + e.getMessage() + ")");
     }
-    return parse(root);
+    return parse(root, limits);
   }
 
-  /** Validates a pipeline document; every problem is an IllegalArgumentException naming the op and field. */
   public static PrepPipeline parse(JsonNode root) {
+    return parse(root, DecodeLimits.DEFAULT);
+  }
+
+  /**
+   * Validates a pipeline document; every problem is an IllegalArgumentException naming the op and field. A decode
+   * op without caps gets {@code limits}, the sidecar's defaults (they are part of the fingerprint).
+   */
+  public static PrepPipeline parse(JsonNode root, DecodeLimits limits) {
     if (root == null || !root.isObject()) {
       throw new IllegalArgumentException("prep pipeline: expected a JSON object with \"ops\", got " + root);
     }
@@ -150,7 +217,7 @@ public final class PrepPipeline {
         throw new IllegalArgumentException(where + ": each op is an object with an \"op\" name, got " + o);
       }
       if (i == 0 && !name.equals("decode")) {
-        throw new IllegalArgumentException(where + ": the first op must be 'decode' (JPEG/PNG bytes to RGB)");
+        throw new IllegalArgumentException(where + ": the first op must be 'decode' (image bytes to RGB)");
       }
       if (normalized) {
         throw new IllegalArgumentException(where + ": 'normalize' must be the last op");
@@ -159,11 +226,17 @@ public final class PrepPipeline {
       c.put("op", name);
       switch (name) {
         case "decode" -> {
-          checkKeys(o, where, Set.of("op"));
+          checkKeys(o, where, Set.of("op", "formats", "max_pixels", "max_aspect_ratio", "on_error"));
           if (i != 0) {
             throw new IllegalArgumentException(where + ": 'decode' may only be the first op");
           }
-          ops.add(new Decode());
+          Decode d = decodeOp(o, where, limits);
+          ops.add(d);
+          ArrayNode f = c.putArray("formats");
+          d.formats().stream().sorted().forEach(x -> f.add(x.wire()));
+          c.put("max_pixels", d.maxPixels());
+          c.put("max_aspect_ratio", d.maxAspectRatio());
+          c.put("on_error", d.onError().wire());
         }
         case "random_resized_crop" -> {
           checkKeys(o, where, Set.of("op", "size", "scale", "ratio"));
@@ -247,11 +320,58 @@ public final class PrepPipeline {
           "prep pipeline: the output size is not fixed; end the spatial ops with random_resized_crop, center_crop"
               + " or resize to [height, width] so that every sample has the same shape");
     }
+    long sampleBytes = (long) CHANNELS * h * w * dtype.bytes;
+    if (sampleBytes > MAX_SAMPLE_BYTES) {
+      throw new IllegalArgumentException("prep pipeline: an output of " + h + "x" + w + "x" + CHANNELS + " "
+          + dtype.wire() + " is " + sampleBytes + " bytes per sample, above the " + MAX_SAMPLE_BYTES
+          + " bytes a prepared sample may hold");
+    }
     ObjectNode canonical = JsonNodeFactory.instance.objectNode();
     canonical.set("ops", canonOps);
     canonical.put("layout", layout.name());
     canonical.put("dtype", dtype.wire());
     return new PrepPipeline(ops, layout, dtype, h, w, canonical);
+  }
+
+  private static Decode decodeOp(JsonNode o, String where, DecodeLimits limits) {
+    Set<Format> formats = EnumSet.noneOf(Format.class);
+    JsonNode f = o.get("formats");
+    if (f == null) {
+      formats.add(Format.JPEG);
+      formats.add(Format.PNG);
+    } else {
+      if (!f.isArray() || f.isEmpty()) {
+        throw new IllegalArgumentException(where + ": \"formats\" must be a non-empty list of format names, got " + f);
+      }
+      for (JsonNode n : f) {
+        Format x = n.isTextual() ? Format.of(n.asText()) : null;
+        if (x == null) {
+          throw new IllegalArgumentException(where + ": \"formats\" may name jpeg, png and webp (the formats whose"
+              + " header the sidecar reads to check the caps before decoding), got " + n);
+        }
+        formats.add(x);
+      }
+    }
+    long maxPixels = limits.maxPixels();
+    JsonNode mp = o.get("max_pixels");
+    if (mp != null) {
+      if (!mp.isIntegralNumber() || mp.asLong() < 1 || mp.asLong() > DecodeLimits.MAX_PIXELS) {
+        throw new IllegalArgumentException(where + ": \"max_pixels\" must be an integer in 1.." + DecodeLimits.MAX_PIXELS
+            + " (OpenCV's own limit), got " + mp);
+      }
+      maxPixels = mp.asLong();
+    }
+    double maxAspect = limits.maxAspectRatio();
+    JsonNode ma = o.get("max_aspect_ratio");
+    if (ma != null) {
+      maxAspect = number(ma, where + ": \"max_aspect_ratio\"");
+      if (!(maxAspect >= 1) || Double.isInfinite(maxAspect)) {
+        throw new IllegalArgumentException(where + ": \"max_aspect_ratio\" (longer side / shorter side) must be a"
+            + " number >= 1, got " + ma);
+      }
+    }
+    OnError onError = parseEnum(OnError.class, text(o, "on_error", "raise"), where + ": \"on_error\"");
+    return new Decode(formats, maxPixels, maxAspect, onError);
   }
 
   private static void checkKeys(JsonNode o, String where, Set<String> allowed) {
@@ -276,7 +396,7 @@ public final class PrepPipeline {
     }
     List<String> names = new ArrayList<>();
     for (E e : type.getEnumConstants()) {
-      names.add(type == DType.class ? ((DType) e).wire() : e.name());
+      names.add(type == DType.class ? ((DType) e).wire() : type == OnError.class ? ((OnError) e).wire() : e.name());
     }
     throw new IllegalArgumentException(where + " must be one of " + names + ", got '" + value + "'");
   }

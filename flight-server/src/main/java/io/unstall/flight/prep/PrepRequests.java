@@ -69,7 +69,8 @@ final class PrepRequests {
     return at("prep.put", c);
   }
 
-  static Join join(JsonNode b) {
+  /** A {@code prep.join} body; its pipeline's decode fields default to, and are capped by, {@code limits}. */
+  static Join join(JsonNode b, PrepPipeline.DecodeLimits limits) {
     String dataset = b.path("dataset").asText("");
     if (dataset.isEmpty()) {
       throw new IllegalArgumentException("prep.join: \"dataset\" (a registered dataset's name) is required");
@@ -84,7 +85,7 @@ final class PrepRequests {
             "prep.join: a Python-side pipeline is {\"python\": \"<fingerprint of the transforms>\"}, got " + p);
       }
     }
-    PrepPipeline pipeline = p == null || p.isNull() || external != null ? null : PrepPipeline.parse(p);
+    PrepPipeline pipeline = p == null || p.isNull() || external != null ? null : PrepPipeline.parse(p, limits);
     int batchSize = intIn(b, "batch_size", 1, 65536, -1);
     if (b.has("seed") && !b.get("seed").canConvertToLong()) {
       throw new IllegalArgumentException("prep.join: \"seed\" must be an integer, got " + b.get("seed"));

@@ -23,6 +23,11 @@ public final class PrepSchema {
   public static final String DTYPE = "unstall.prep.dtype";
   public static final String LAYOUT = "unstall.prep.layout";
   public static final String FINGERPRINT = "unstall.prep.fingerprint";
+  /**
+   * On a batch that left samples out (decode on_error "skip"): a JSON list of {@code {"id","key","reason"}}, one
+   * per sample skipped; the batch's rows are the other samples, in order.
+   */
+  public static final String SKIPPED = "unstall.prep.skipped";
 
   private PrepSchema() {}
 
@@ -32,7 +37,7 @@ public final class PrepSchema {
         List.of(
             new Field(ID, FieldType.notNullable(new ArrowType.Int(64, true)), null),
             new Field(LABEL, FieldType.nullable(new ArrowType.Int(64, true)), null),
-            new Field(TENSOR, FieldType.notNullable(new ArrowType.FixedSizeBinary(p.sampleBytes())), null)),
+            new Field(TENSOR, FieldType.notNullable(new ArrowType.FixedSizeBinary(Math.toIntExact(p.sampleBytes()))), null)),
         Map.of(
             "unstall.schema", "1",
             SHAPE, shape,

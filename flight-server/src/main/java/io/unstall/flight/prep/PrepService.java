@@ -5,6 +5,9 @@ import io.unstall.flight.shm.SharedMemory;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
+import io.unstall.flight.Bounds;
+import io.unstall.flight.auth.PermissionDeniedException;
+import io.unstall.flight.auth.Principal;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
 import java.nio.charset.StandardCharsets;
@@ -29,13 +32,17 @@ import org.apache.arrow.flight.FlightProducer.StreamListener;
 import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.Ticket;
 import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.util.AutoCloseables;
 
 /**
  * Coordinated prep (docs/PREP.md): the {@code prep.*} actions and PREP tickets. Jobs that join with the same
  * dataset, pipeline fingerprint, seed, batch size, shuffle and drop_last share one {@link PrepGroup}; every
  * batch is fetched and prepared once, by a pool of prep threads sized to the cores, and served to all members.
  * All staging memory comes from the "prep" child of the data plane's streams allocator (half its limit), one
- * child per group bounded by the group's staging limit.
+ * child per group bounded by the group's staging limit; the native memory of decodes in progress is reserved in
+ * the {@link DecodeBudget}, another child of the streams allocator. At most {@code --prep-groups} groups are open
+ * at once (each has two producer threads), the pool has {@code --prep-threads} threads, a claim of an external
+ * group expires after {@code --prep-claim-timeout}, and a call waits at most {@code --wait-timeout} for its batch.
  */
 public final class PrepService implements AutoCloseable {
   public static final String ACTION_JOIN = "prep.join";
@@ -51,7 +58,11 @@ public final class PrepService implements AutoCloseable {
   private final DatasetRegistry registry;
   private final BatchAssembler assembler;
   private final BufferAllocator allocator;
+  private final DecodeBudget decodeBudget;
+  private final PrepPipeline.DecodeLimits decodeLimits;
   private final int threads;
+  private final int maxGroups;
+  private final PrepGroup.Limits limits;
   private final ExecutorService pool;
   private final ScheduledExecutorService reaper;
   private final AtomicLong memberIds = new AtomicLong();
@@ -62,11 +73,31 @@ public final class PrepService implements AutoCloseable {
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
   static final String SHM_PREFIX = "unstall-prep-";
 
-  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams) {
+  /** Decode memory when {@code --decode-memory} is not given: a quarter of the streams budget. */
+  public static long defaultDecodeMemory(long streamsLimit) {
+    return streamsLimit / 4;
+  }
+
+  /**
+   * {@code bounds}: the prep bounds (threads, groups, claim and wait timeouts, stats epochs);
+   * {@code decodeLimits}: the caps of pipelines that name none; {@code decodeMemory}: the decode budget's bytes;
+   * {@code timeoutSeconds}: how long a decode waits for memory before its batch fails.
+   */
+  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams, Bounds bounds,
+      PrepPipeline.DecodeLimits decodeLimits, long decodeMemory, long timeoutSeconds) {
+    if (decodeMemory < 1 || decodeMemory > streams.getLimit()) {
+      throw new IllegalArgumentException("--decode-memory (" + decodeMemory + " bytes) must be in 1.."
+          + streams.getLimit() + ", the memory left for batches in flight");
+    }
     this.registry = registry;
     this.assembler = assembler;
+    this.decodeLimits = decodeLimits;
     this.allocator = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
-    this.threads = Math.max(1, Integer.getInteger("unstall.prep.threads", Runtime.getRuntime().availableProcessors()));
+    this.decodeBudget = new DecodeBudget(streams, decodeMemory, timeoutSeconds, TimeUnit.SECONDS);
+    this.threads = bounds.prepThreads();
+    this.maxGroups = bounds.prepGroups();
+    this.limits = new PrepGroup.Limits(bounds.prepClaimTimeout().toNanos(), bounds.waitTimeout().toNanos(),
+        bounds.statsEpochs());
     AtomicInteger n = new AtomicInteger();
     this.pool = Executors.newFixedThreadPool(threads, r -> {
       Thread t = new Thread(r, "unstall-prep-worker-" + n.incrementAndGet());
@@ -85,12 +116,21 @@ public final class PrepService implements AutoCloseable {
     return actionType.startsWith("prep.");
   }
 
+  /** Whether a {@code prep.*} action may wait (for a batch, or a member's turn): it needs admission. */
+  public static boolean waits(String actionType) {
+    return actionType.equals(ACTION_CLAIM) || actionType.equals(ACTION_NEXT);
+  }
+
   public int threads() {
     return threads;
   }
 
   public BufferAllocator allocator() {
     return allocator;
+  }
+
+  public DecodeBudget decodeBudget() {
+    return decodeBudget;
   }
 
   public static void listActions(StreamListener<ActionType> listener) {
@@ -102,29 +142,38 @@ public final class PrepService implements AutoCloseable {
     listener.onNext(new ActionType(ACTION_STATS, "prep groups, staging memory and prepared/served counts as JSON"));
   }
 
-  /** Runs a {@code prep.*} action; the result is one UTF-8 JSON document. */
-  public byte[] doAction(Action action, BooleanSupplier cancelled) throws Exception {
+  /**
+   * Runs a {@code prep.*} action for {@code caller}; the result is one UTF-8 JSON document. A tenant may use only
+   * groups of the datasets granted to it, and reads batches over Flight, never from the owner's shared memory.
+   */
+  public byte[] doAction(Action action, BooleanSupplier cancelled, Principal caller) throws Exception {
     String type = action.getType();
     String out = switch (type) {
-      case ACTION_JOIN -> join(PrepRequests.join(PrepRequests.body(type, action.getBody()))).toString();
+      case ACTION_JOIN -> join(PrepRequests.join(PrepRequests.body(type, action.getBody()), decodeLimits), caller)
+          .toString();
       case ACTION_HEARTBEAT -> {
         PrepRequests.Member m = PrepRequests.member(PrepRequests.body(type, action.getBody()));
-        group(m.group()).heartbeat(m.member());
+        group(m.group(), caller).heartbeat(m.member());
         yield "{\"v\":1,\"ok\":true}";
       }
       case ACTION_LEAVE -> {
         PrepRequests.Member m = PrepRequests.member(PrepRequests.body(type, action.getBody()));
-        group(m.group()).leave(m.member());
+        group(m.group(), caller).leave(m.member());
         yield "{\"v\":1,\"left\":true}";
       }
-      case ACTION_STATS -> statsJson();
+      case ACTION_STATS -> statsJson(caller);
       case ACTION_CLAIM -> {
         PrepRequests.At at = PrepRequests.at(type, PrepRequests.body(type, action.getBody()));
-        yield group(at.group()).claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
+        yield group(at.group(), caller).claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
       }
       case ACTION_NEXT -> {
         PrepRequests.At at = PrepRequests.at(type, PrepRequests.body(type, action.getBody()));
-        yield group(at.group()).next(at.member(), at.epoch(), at.batch(), cancelled).toString();
+        PrepGroup g = group(at.group(), caller);
+        if (!caller.owner()) {
+          throw new PermissionDeniedException(ACTION_NEXT + " hands out the sidecar owner's shared-memory files; "
+              + caller + " reads prepared batches with PREP DoGet tickets");
+        }
+        yield g.next(at.member(), at.epoch(), at.batch(), cancelled).toString();
       }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
           + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_STATS))
@@ -141,20 +190,20 @@ public final class PrepService implements AutoCloseable {
     return d.isCommand() && new String(d.getCommand(), StandardCharsets.UTF_8).startsWith("{\"prep.put\"");
   }
 
-  public void acceptPut(FlightStream stream, BooleanSupplier cancelled)
+  public void acceptPut(FlightStream stream, BooleanSupplier cancelled, Principal caller)
       throws Exception {
     PrepRequests.At at = PrepRequests.put(stream.getDescriptor().getCommand());
     if (!stream.next()) {
       throw new IllegalArgumentException("prep.put: the stream carries no record batch");
     }
-    group(at.group()).upload(at.member(), at.epoch(), at.batch(), stream.getRoot(), cancelled);
+    group(at.group(), caller).upload(at.member(), at.epoch(), at.batch(), stream.getRoot(), cancelled);
     while (stream.next()) {
       // one batch per upload; drain anything else
     }
   }
 
   /** Serves a PREP ticket. */
-  public void getStream(Ticket ticket, ServerStreamListener listener) throws InterruptedException {
+  public void getStream(Ticket ticket, ServerStreamListener listener, Principal caller) throws InterruptedException {
     PrepTicket t = PrepTicket.from(ticket);
     PrepGroup g;
     synchronized (this) {
@@ -164,29 +213,52 @@ public final class PrepService implements AutoCloseable {
       throw CallStatus.NOT_FOUND.withDescription("prep group " + t.group() + " is unknown (join first)")
           .toRuntimeException();
     }
+    checkMay(caller, g);
     g.serve(t, listener);
   }
 
-  private PrepGroup group(String id) {
+  private PrepGroup group(String id, Principal caller) {
+    PrepGroup g;
     synchronized (this) {
-      PrepGroup g = byId.get(id);
-      if (g == null) {
-        throw CallStatus.NOT_FOUND.withDescription("prep group '" + id + "' is unknown").toRuntimeException();
-      }
-      return g;
+      g = byId.get(id);
+    }
+    if (g == null) {
+      throw CallStatus.NOT_FOUND.withDescription("prep group '" + id + "' is unknown").toRuntimeException();
+    }
+    checkMay(caller, g);
+    return g;
+  }
+
+  /** A group of a dataset the caller was not granted is refused without naming that dataset. */
+  private static void checkMay(Principal caller, PrepGroup g) {
+    if (!caller.mayRead(g.key.dataset())) {
+      throw new PermissionDeniedException(caller + " may not use prep group '" + g.id + "'");
     }
   }
 
-  ObjectNode join(PrepRequests.Join j) throws Exception {
-    Dataset d = registry.get(j.dataset());
+  ObjectNode join(PrepRequests.Join j, Principal caller) throws Exception {
+    caller.checkRead(j.dataset());
+    Dataset d = registry.get(j.dataset(), caller::mayRead);
+    PrepGroup.Settings s = j.settings();
+    if (!caller.owner()) { // a tenant cannot open the owner's /dev/shm files
+      s = new PrepGroup.Settings(s.window(), s.stagingBytes(), s.memberTimeoutNanos(), s.groupSize(),
+          s.joinTimeoutNanos(), false);
+    }
     PrepGroup.Key key = new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
     long member = memberIds.incrementAndGet();
     synchronized (this) {
       PrepGroup g = open.get(key);
       ObjectNode r = g == null ? null : g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
       if (r == null) {
+        long running = open.values().stream().filter(o -> !o.isClosed()).count();
+        if (running >= maxGroups) {
+          throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep.join: the sidecar already runs " + running
+              + " prep groups (--prep-groups " + maxGroups + "); a new group needs another dataset, pipeline, seed,"
+              + " batch_size, shuffle or drop_last than those: join one of them, wait for one to end, or raise"
+              + " --prep-groups").toRuntimeException();
+        }
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, j.settings());
+        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, decodeBudget, s, limits);
         try {
           r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
         } catch (RuntimeException e) {
@@ -196,6 +268,9 @@ public final class PrepService implements AutoCloseable {
         open.put(key, g);
         byId.put(id, g);
         trimHistory();
+      }
+      if (!caller.owner()) {
+        r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets
       }
       return r;
     }
@@ -228,16 +303,34 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
-  public synchronized String statsJson() {
+  public String statsJson() {
+    return statsJson(Principal.OWNER);
+  }
+
+  /** Prep stats with the groups of the datasets {@code caller} may read. */
+  public synchronized String statsJson(Principal caller) {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("v", 1);
     o.put("threads", threads);
+    o.put("max_groups", maxGroups);
     ObjectNode st = o.putObject("staging");
     st.put("limit_bytes", allocator.getLimit());
     st.put("allocated_bytes", allocator.getAllocatedMemory());
     st.put("peak_bytes", allocator.getPeakMemoryAllocation());
+    ObjectNode dc = o.putObject("decode");
+    dc.put("max_pixels", decodeLimits.maxPixels());
+    dc.put("max_aspect_ratio", decodeLimits.maxAspectRatio());
+    dc.put("memory_limit_bytes", decodeBudget.limit());
+    dc.put("memory_reserved_bytes", decodeBudget.reservedBytes());
+    dc.put("memory_peak_bytes", decodeBudget.peakBytes());
+    dc.put("largest_request_bytes", decodeBudget.largestRequest());
+    dc.put("waits", decodeBudget.waits());
     ObjectNode gs = o.putObject("groups");
-    byId.forEach((id, g) -> gs.set(id, g.statsJson()));
+    byId.forEach((id, g) -> {
+      if (caller.mayRead(g.key.dataset())) {
+        gs.set(id, g.statsJson());
+      }
+    });
     return o.toString();
   }
 
@@ -255,6 +348,6 @@ public final class PrepService implements AutoCloseable {
     pool.shutdownNow();
     pool.awaitTermination(10, TimeUnit.SECONDS);
     SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
-    allocator.close();
+    AutoCloseables.close(allocator, decodeBudget); // throws if staging or a decode still holds memory
   }
 }

@@ -19,11 +19,6 @@ public final class LocalFrames {
   public static final int VERSION = 1;
   /** Frames carry at most this many body bytes (a PLAN of 2^25 ids fits). */
   public static final int MAX_FRAME = 16 + 8 * (1 << 25);
-  /**
-   * Frames before HELLO carry at most this many body bytes (a HELLO with the longest token): a connection
-   * that has not shown the token cannot make the sidecar allocate a {@link #MAX_FRAME} buffer.
-   */
-  public static final int MAX_HELLO_FRAME = 1 + 7 + 0xFFFF;
   public static final int MAX_FETCH_IDS = FetchTicket.MAX_IDS;
   public static final int MAX_PLAN_IDS = 1 << 25;
 
@@ -47,19 +42,6 @@ public final class LocalFrames {
   private static final ObjectMapper JSON = new ObjectMapper();
 
   private LocalFrames() {}
-
-  /**
-   * Checks a frame's declared body length before its buffer is allocated; {@code authenticated} is whether the
-   * connection's HELLO was accepted. A bad length is an IllegalArgumentException.
-   */
-  public static int bodyLength(long declared, boolean authenticated) {
-    int max = authenticated ? MAX_FRAME : MAX_HELLO_FRAME;
-    if (declared < 1 || declared > max) {
-      throw malformed("frame length " + declared + " not in 1.." + max
-          + (authenticated ? "" : " (before HELLO)"));
-    }
-    return (int) declared;
-  }
 
   /** A FETCH or PLAN request: the session, the epoch and the ids. */
   public record IdList(long session, long epoch, long[] ids) {}

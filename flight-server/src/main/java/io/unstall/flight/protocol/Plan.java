@@ -31,6 +31,14 @@ public record Plan(String dataset, long epoch, long[] ids) {
     return Wire.encodeIds(Wire.KIND_PLAN, dataset, epoch, ids);
   }
 
+  /**
+   * The id count a PLAN message declares, read from its header alone (so a bound can refuse it before the ids
+   * are parsed), or -1 when the header is malformed ({@link #parse} then says how).
+   */
+  public static long declaredSize(byte[] bytes) {
+    return Wire.declaredCount(bytes, Wire.KIND_PLAN);
+  }
+
   /** Parses a PLAN message; every defect is a {@link MalformedTicketException} saying what is wrong. */
   public static Plan parse(byte[] bytes) {
     Wire.IdList m = Wire.parseIds(bytes, Wire.KIND_PLAN, MAX_IDS);

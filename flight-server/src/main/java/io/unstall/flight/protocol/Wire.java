@@ -139,6 +139,16 @@ public final class Wire {
     }
   }
 
+  /** The id count an id-list message of {@code kind} declares in its header, or -1 if the header is malformed. */
+  static long declaredCount(byte[] bytes, int kind) {
+    if (!isKind(bytes, kind) || bytes.length < HEADER) {
+      return -1;
+    }
+    ByteBuffer b = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
+    int at = HEADER + Short.toUnsignedInt(b.getShort(HEADER - 2)) + 4;
+    return at + 4 <= bytes.length ? Integer.toUnsignedLong(b.getInt(at)) : -1;
+  }
+
   /** True when {@code bytes} start with the magic, version 1 and {@code kind}. */
   static boolean isKind(byte[] bytes, int kind) {
     return bytes.length >= 6 && Arrays.equals(bytes, 0, 4, MAGIC, 0, 4) && bytes[4] == VERSION && bytes[5] == kind;

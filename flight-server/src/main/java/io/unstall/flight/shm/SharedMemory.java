@@ -5,9 +5,13 @@ import java.lang.reflect.Field;
 import java.lang.reflect.Method;
 import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
+import io.unstall.flight.auth.FileOwners;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
+import java.nio.file.attribute.PosixFilePermission;
 import java.nio.file.attribute.PosixFilePermissions;
+import java.util.Set;
 import java.util.Comparator;
 import java.util.stream.Stream;
 import org.slf4j.Logger;
@@ -21,6 +25,7 @@ import org.slf4j.LoggerFactory;
 public final class SharedMemory {
   private static final Logger LOG = LoggerFactory.getLogger(SharedMemory.class);
   public static final Path ROOT = Path.of("/dev/shm");
+  private static final Set<PosixFilePermission> OWNER_ONLY = PosixFilePermissions.fromString("rwx------");
 
   private final Path dir;
 
@@ -33,14 +38,24 @@ public final class SharedMemory {
     return Files.isDirectory(ROOT) && Files.isWritable(ROOT);
   }
 
-  /** Creates (or reuses) this process's directory {@code /dev/shm/<prefix><pid>}, removing stale ones. */
+  /**
+   * Creates (or reuses) this process's directory {@code /dev/shm/<prefix><pid>}, removing stale ones. It is the
+   * sidecar user's alone: mode 0700, and one that another user made beforehand (guessing the pid) is refused.
+   */
   public static synchronized SharedMemory create(String prefix) throws IOException {
     Path d = ROOT.resolve(prefix + ProcessHandle.current().pid());
-    if (!Files.isDirectory(d)) {
+    if (!Files.isDirectory(d, LinkOption.NOFOLLOW_LINKS)) {
       try (Stream<Path> s = Files.list(ROOT)) {
         s.filter(p -> p.getFileName().toString().startsWith(prefix)).forEach(p -> removeIfStale(p, prefix));
       }
-      Files.createDirectories(d, PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rwx------")));
+      Files.createDirectory(d, PosixFilePermissions.asFileAttribute(OWNER_ONLY));
+    }
+    if (FileOwners.uidOf(d) != FileOwners.processUid()) {
+      throw new IOException("shared-memory directory " + d + " belongs to user " + FileOwners.userOf(d)
+          + ", not to the sidecar's user " + FileOwners.processUser() + "; remove it, or start with --no-shm");
+    }
+    if (!Files.getPosixFilePermissions(d, LinkOption.NOFOLLOW_LINKS).equals(OWNER_ONLY)) {
+      Files.setPosixFilePermissions(d, OWNER_ONLY); // only the sidecar's user may reach the socket and the files
     }
     return new SharedMemory(d);
   }

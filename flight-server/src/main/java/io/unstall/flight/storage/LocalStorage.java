@@ -24,7 +24,10 @@ import java.util.stream.Stream;
  * {@link #EDGE} bytes. A read checks the size on the channel it opens (an fstat), and the edges' CRCs from
  * the bytes it read when it reads them whole (an image: the whole file); other reads (records inside a shard)
  * also stat the file and read its edges, at most once per {@link #RECHECK_NANOS} per file. A change fails the
- * read, and every later one of that file, with {@link SourceChangedException}.
+ * read, and every later one of that file, with {@link SourceChangedException}. The pin's {@linkplain #version
+ * version} also carries the inode number and ctime, which a rewrite changes even when it restores the size and
+ * mtime (reads do not check them: a chmod changes the ctime too, and must not fail training); it decides whether
+ * a persisted digest manifest still describes the file.
  */
 public final class LocalStorage implements Storage {
   /** Bytes at each end of a file whose CRC32C pins its content. */
@@ -43,16 +46,22 @@ public final class LocalStorage implements Storage {
     final long mtimeNs;
     final int head;
     final int tail;
+    /**
+     * The inode's identity and change time ("ino:ctime ns"; "" where the file system has no unix view): unlike
+     * the mtime, no user can set the ctime back, so a rewrite that restores size and mtime still changes it.
+     */
+    final String inode;
     /** When a read in parts last checked it in full; "long ago" until the first such read. */
     volatile long checkedAt = System.nanoTime() - RECHECK_NANOS;
     /** Why the file no longer matches, once a read saw it; then every read of it fails at once. */
     volatile String changed;
 
-    Pin(long size, long mtimeNs, int head, int tail) {
+    Pin(long size, long mtimeNs, int head, int tail, String inode) {
       this.size = size;
       this.mtimeNs = mtimeNs;
       this.head = head;
       this.tail = tail;
+      this.inode = inode;
     }
 
     boolean due(long now) {
@@ -116,8 +125,18 @@ public final class LocalStorage implements Storage {
       BasicFileAttributes a = Files.readAttributes(p, BasicFileAttributes.class);
       long size = a.size();
       pins.put(path, new Pin(size, a.lastModifiedTime().to(TimeUnit.NANOSECONDS),
-          edgeCrc(ch, 0, Math.min(EDGE, size)), edgeCrc(ch, Math.max(0, size - EDGE), size)));
+          edgeCrc(ch, 0, Math.min(EDGE, size)), edgeCrc(ch, Math.max(0, size - EDGE), size), inode(p)));
       return size;
+    }
+  }
+
+  /** "inode:ctime ns" of {@code p}, or "" without a unix attribute view. */
+  private static String inode(Path p) throws IOException {
+    try {
+      Map<String, Object> u = Files.readAttributes(p, "unix:ino,ctime");
+      return u.get("ino") + ":" + ((java.nio.file.attribute.FileTime) u.get("ctime")).to(TimeUnit.NANOSECONDS);
+    } catch (UnsupportedOperationException | IllegalArgumentException e) {
+      return "";
     }
   }
 
@@ -204,9 +223,11 @@ public final class LocalStorage implements Storage {
   public String version(String path) throws IOException {
     Pin pin = pins.get(path);
     if (pin != null) {
-      return pin.mtimeNs + ":" + pin.size + ":" + Integer.toHexString(pin.head) + ":" + Integer.toHexString(pin.tail);
+      return pin.mtimeNs + ":" + pin.size + ":" + Integer.toHexString(pin.head) + ":" + Integer.toHexString(pin.tail)
+          + ":" + pin.inode;
     }
-    return Files.getLastModifiedTime(resolve(path)).toMillis() + ":" + Files.size(resolve(path));
+    Path p = resolve(path);
+    return Files.getLastModifiedTime(p).toMillis() + ":" + Files.size(p) + ":" + inode(p);
   }
 
   @Override

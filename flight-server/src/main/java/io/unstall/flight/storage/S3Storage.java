@@ -3,6 +3,7 @@ package io.unstall.flight.storage;
 import java.io.EOFException;
 import java.io.FileNotFoundException;
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.InterruptedIOException;
 import java.net.URI;
 import java.nio.ByteBuffer;
@@ -20,7 +21,6 @@ import java.util.concurrent.ConcurrentHashMap;
 import software.amazon.awssdk.auth.credentials.AwsCredentialsProvider;
 import software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider;
 import software.amazon.awssdk.awscore.retry.AwsRetryStrategy;
-import software.amazon.awssdk.core.ResponseInputStream;
 import software.amazon.awssdk.core.exception.SdkClientException;
 import software.amazon.awssdk.core.exception.SdkException;
 import software.amazon.awssdk.http.apache5.Apache5HttpClient;
@@ -36,7 +36,6 @@ import software.amazon.awssdk.regions.providers.SystemSettingsRegionProvider;
 import software.amazon.awssdk.services.s3.S3Client;
 import software.amazon.awssdk.services.s3.model.CommonPrefix;
 import software.amazon.awssdk.services.s3.model.GetObjectRequest;
-import software.amazon.awssdk.services.s3.model.GetObjectResponse;
 import software.amazon.awssdk.services.s3.model.HeadObjectResponse;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Request;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Response;
@@ -60,12 +59,19 @@ import software.amazon.awssdk.services.s3.model.S3Object;
 public final class S3Storage implements Storage {
   /** Attempts per request, the first included (the SDK's standard strategy: exponential backoff, jitter). */
   static final int MAX_ATTEMPTS = 5;
+  private static final int MAX_CONNECTIONS = 64;
   /** Extra attempts when a response body breaks off mid-read (the SDK retries only until the headers). */
   private static final int BODY_RETRIES = 3;
 
   private static final Map<Config, S3Client> CLIENTS = new ConcurrentHashMap<>();
+  /** The lean GET path per configuration (see {@link S3Get}); absent without explicit credentials. */
+  private static final Map<Config, S3Get> LEAN = new ConcurrentHashMap<>();
 
   private final S3Client s3;
+  /** Ranged GETs go through this unless it is null or turned off ({@link #leanBase} null). */
+  private final S3Get lean;
+  /** The bucket's URL with a trailing '/' (path-style or virtual-hosted, as the SDK resolves it), or null. */
+  private volatile String leanBase;
   private final String endpoint;
   private final String bucket;
   /** The root's key prefix: "" (the bucket), "dir/", or the single object's key. */
@@ -208,6 +214,9 @@ public final class S3Storage implements Storage {
       }
     }
     this.s3 = CLIENTS.computeIfAbsent(config, S3Storage::client);
+    this.lean = config.credentials() == null ? null
+        : LEAN.computeIfAbsent(config, c -> new S3Get(c.credentials(), c.region().id(), MAX_CONNECTIONS));
+    this.leanBase = lean == null ? null : bucketUrl(s3, bucket);
 
     String dir = prefix.isEmpty() || prefix.endsWith("/") ? prefix : prefix + "/";
     if (!listPage(dir, 1).contents().isEmpty()) {
@@ -227,7 +236,7 @@ public final class S3Storage implements Storage {
             .region(c.region())
             .forcePathStyle(c.forcePathStyle())
             .httpClientBuilder(
-                Apache5HttpClient.builder().maxConnections(64).connectionTimeout(Duration.ofSeconds(5)))
+                Apache5HttpClient.builder().maxConnections(MAX_CONNECTIONS).connectionTimeout(Duration.ofSeconds(5)))
             .overrideConfiguration(
                 o -> o.retryStrategy(AwsRetryStrategy.standardRetryStrategy().toBuilder().maxAttempts(MAX_ATTEMPTS).build()));
     if (c.credentials() != null) {
@@ -327,27 +336,11 @@ public final class S3Storage implements Storage {
     }
     String key = key(path);
     Listed pin = pins.get(path);
+    String eTag = pin == null ? null : pin.eTag();
     long end = offset + want; // exclusive
     for (int attempt = 0; ; attempt++) {
       long pos = end - dst.remaining();
-      GetObjectRequest.Builder req =
-          GetObjectRequest.builder().bucket(bucket).key(key).range("bytes=" + pos + "-" + (end - 1));
-      if (pin != null && pin.eTag() != null) {
-        req.ifMatch(pin.eTag());
-      }
-      ResponseInputStream<GetObjectResponse> in;
-      try {
-        in = s3.getObject(req.build());
-      } catch (SdkException e) {
-        if (e instanceof S3Exception s && s.statusCode() == 416) {
-          throw truncated(path, pos, end);
-        }
-        if (e instanceof S3Exception s && s.statusCode() == 412) {
-          throw new SourceChangedException("object '" + describe(path) + "'",
-              "its ETag is no longer " + pin.eTag() + ": " + endpoint + " answered HTTP 412 to If-Match");
-        }
-        throw translate(e, describe(path));
-      }
+      InputStream in = open(path, key, pos, end, eTag); // errors here are final: the SDK has retried them
       try (in; ReadableByteChannel ch = Channels.newChannel(in)) {
         while (dst.hasRemaining()) {
           if (ch.read(dst) < 0) {
@@ -366,6 +359,76 @@ public final class S3Storage implements Storage {
         backoff(attempt);
       }
     }
+  }
+
+  /**
+   * The body of bytes [pos, end) of {@code key}: through {@link S3Get} when it answers 206, else through the
+   * SDK (its retries, redirects and error translation). A 412 or 416 means the same on either path.
+   */
+  private InputStream open(String path, String key, long pos, long end, String eTag) throws IOException {
+    String base = leanBase;
+    if (base != null) {
+      Object r;
+      try {
+        r = lean.open(URI.create(base + S3Get.encodeKey(key)), pos, end - 1, eTag);
+      } catch (InterruptedIOException e) {
+        throw e;
+      } catch (IOException e) {
+        r = null; // the connection failed before an answer: the SDK retries with its backoff
+      }
+      if (r instanceof S3Get.Body body) {
+        return new java.io.FilterInputStream(body.in()) {
+          @Override
+          public void close() throws IOException {
+            body.close();
+          }
+        };
+      }
+      if (r instanceof S3Get.Status st) {
+        if (st.code() == 412) {
+          throw changed(path, eTag);
+        }
+        if (st.code() == 416) {
+          throw truncated(path, pos, end);
+        }
+        int c = st.code();
+        if (c == 200 || c == 400 || c == 501 || (c >= 300 && c < 400)) {
+          leanBase = null; // a redirect, a region mismatch, a server without ranges: this bucket stays on the SDK
+        }
+      }
+    }
+    GetObjectRequest.Builder req =
+        GetObjectRequest.builder().bucket(bucket).key(key).range("bytes=" + pos + "-" + (end - 1));
+    if (eTag != null) {
+      req.ifMatch(eTag);
+    }
+    try {
+      return s3.getObject(req.build());
+    } catch (SdkException e) {
+      if (e instanceof S3Exception s && s.statusCode() == 416) {
+        throw truncated(path, pos, end);
+      }
+      if (e instanceof S3Exception s && s.statusCode() == 412) {
+        throw changed(path, eTag);
+      }
+      throw translate(e, describe(path));
+    }
+  }
+
+  /** Whether ranged GETs still take the lean path (tests: a bad signature would silently fall back). */
+  boolean leanActive() {
+    return leanBase != null;
+  }
+
+  private SourceChangedException changed(String path, String eTag) {
+    return new SourceChangedException("object '" + describe(path) + "'",
+        "its ETag is no longer " + eTag + ": " + endpoint + " answered HTTP 412 to If-Match");
+  }
+
+  /** The bucket's base URL as the SDK would address it, with a trailing '/'. */
+  private static String bucketUrl(S3Client s3, String bucket) {
+    String url = s3.utilities().getUrl(b -> b.bucket(bucket).key("k")).toExternalForm();
+    return url.substring(0, url.length() - 1);
   }
 
   /**

@@ -39,8 +39,9 @@ public interface Storage extends AutoCloseable {
   void readFully(String path, long offset, ByteBuffer dst) throws IOException;
 
   /**
-   * A version of the object that changes when its content does (mtime, ETag), or "" if unknown: the pinned
-   * one for a pinned object. Used to decide whether a persisted digest manifest still describes the dataset.
+   * A version of the object that changes when its content does (locally the mtime, edge CRCs, inode and ctime;
+   * the ETag on S3), or "" if unknown: the pinned one for a pinned object. Used to decide whether a persisted
+   * digest manifest still describes the dataset, so it must change even where a user restored size and mtime.
    */
   default String version(String path) throws IOException {
     return "";

@@ -9,18 +9,14 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.DataPlane;
+import io.unstall.flight.auth.FileOwners;
+import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.protocol.LocalFrames;
-import java.io.IOException;
-import java.net.StandardProtocolFamily;
-import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
-import java.nio.channels.FileChannel;
-import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.List;
@@ -65,134 +61,17 @@ class LocalPlaneTest {
     }
   }
 
-  /** A minimal client of the UNSL frames: enough to check the server's side of the protocol. */
-  static final class Client implements AutoCloseable {
-    final SocketChannel ch;
-    String shm;
-
-    Client(Path socket) throws IOException {
-      ch = SocketChannel.open(StandardProtocolFamily.UNIX);
-      ch.connect(UnixDomainSocketAddress.of(socket));
-    }
-
-    ByteBuffer call(byte[] body) throws IOException {
-      ByteBuffer len = ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN).putInt(body.length).flip();
-      ch.write(new ByteBuffer[] {len, ByteBuffer.wrap(body)});
-      return reply();
-    }
-
-    ByteBuffer reply() throws IOException {
-      ByteBuffer h = ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN);
-      while (h.hasRemaining()) {
-        if (ch.read(h) < 0) {
-          throw new IOException("closed");
-        }
-      }
-      ByteBuffer reply = ByteBuffer.allocate(h.flip().getInt()).order(ByteOrder.LITTLE_ENDIAN);
-      while (reply.hasRemaining()) {
-        if (ch.read(reply) < 0) {
-          throw new IOException("closed");
-        }
-      }
-      return reply.flip();
-    }
-
-    JsonNode ok(byte[] body) throws IOException {
-      ByteBuffer r = call(body);
-      int kind = r.get();
-      if (kind == LocalFrames.REPLY_ERROR) {
-        r.get(); // the code
-      }
-      String text = StandardCharsets.UTF_8.decode(r).toString();
-      assertEquals(LocalFrames.REPLY_OK, kind, "expected OK, got: " + text);
-      return JSON.readTree(text);
-    }
-
-    static byte[] hello(String token) {
-      byte[] t = token.getBytes(StandardCharsets.UTF_8);
-      ByteBuffer b = ByteBuffer.allocate(8 + t.length).order(ByteOrder.LITTLE_ENDIAN);
-      b.put((byte) LocalFrames.HELLO).put(LocalFrames.MAGIC).put((byte) 1).putShort((short) t.length).put(t);
-      return b.array();
-    }
-
-    long open(String dataset) throws IOException {
-      shm = ok(hello(TOKEN)).get("shm").asText();
-      byte[] json = ("{\"dataset\":\"" + dataset + "\",\"name\":\"test\"}").getBytes(StandardCharsets.UTF_8);
-      byte[] body = new byte[1 + json.length];
-      body[0] = LocalFrames.OPEN;
-      System.arraycopy(json, 0, body, 1, json.length);
-      return ok(body).get("session").asLong();
-    }
-
-    @Override
-    public void close() throws IOException {
-      ch.close();
-    }
-  }
-
-  /** A decoded BATCH reply; payloads read by mapping the named files, as a client does. */
-  record Rows(long[] ids, long[] labels, List<String> files, List<byte[]> payloads) {}
-
-  static Rows batch(ByteBuffer r, String shm) throws IOException {
-    assertEquals(LocalFrames.REPLY_BATCH, r.get(), () -> "expected a BATCH: "
-        + StandardCharsets.UTF_8.decode(r.position(2)).toString());
-    r.position(4);
-    int n = r.getInt();
-    int nseg = r.getInt();
-    int keyBytes = r.getInt();
-    long[] ids = new long[n];
-    long[] labels = new long[n];
-    long[] offsets = new long[n];
-    int[] lengths = new int[n];
-    int[] segs = new int[n];
-    for (int i = 0; i < n; i++) {
-      ids[i] = r.getLong();
-    }
-    for (int i = 0; i < n; i++) {
-      labels[i] = r.getLong();
-    }
-    for (int i = 0; i < n; i++) {
-      offsets[i] = r.getLong();
-    }
-    for (int i = 0; i < n; i++) {
-      lengths[i] = r.getInt();
-    }
-    for (int i = 0; i < n; i++) {
-      segs[i] = r.getInt();
-    }
-    r.position(r.position() + 4 * n + n + keyBytes); // key ends, label validity, keys
-    List<String> names = new ArrayList<>();
-    for (int s = 0; s < nseg; s++) {
-      byte[] name = new byte[Short.toUnsignedInt(r.getShort())];
-      r.get(name);
-      names.add(new String(name, StandardCharsets.UTF_8));
-    }
-    List<String> files = new ArrayList<>();
-    List<byte[]> payloads = new ArrayList<>();
-    for (int i = 0; i < n; i++) {
-      String f = names.get(segs[i]);
-      files.add(f);
-      try (FileChannel fc = FileChannel.open(Path.of(shm, f), StandardOpenOption.READ)) {
-        ByteBuffer m = fc.map(FileChannel.MapMode.READ_ONLY, offsets[i], lengths[i]);
-        byte[] p = new byte[lengths[i]];
-        m.get(p);
-        payloads.add(p);
-      }
-    }
-    return new Rows(ids, labels, files, payloads);
-  }
-
   @Test
   void minioHitsAreReferencedInPlaceAndMissesStaged() throws Exception {
     start("minio", 4 * SAMPLE);
     Path socket = plane.localEndpoint();
     assertEquals("rw-------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket)));
     assertEquals("rwx------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket.getParent())));
-    try (Client c = new Client(socket)) {
+    try (LocalTestClient c = new LocalTestClient(socket, TOKEN)) {
       long session = c.open("imgs");
       long[] ids = {0, 3, 7, 9, 3};
       for (int epoch = 0; epoch < 3; epoch++) {
-        Rows rows = batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
+        LocalTestClient.Rows rows = LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
         assertArrayEquals(ids, rows.ids());
         for (int i = 0; i < ids.length; i++) {
           assertArrayEquals(images.get((int) ids[i]), rows.payloads().get(i), "epoch " + epoch + " row " + i);
@@ -221,11 +100,11 @@ class LocalPlaneTest {
   @Test
   void lruIsCopiedNeverReferenced() throws Exception {
     start("lru", 64 * 1024);
-    try (Client c = new Client(plane.localEndpoint())) {
+    try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
       long session = c.open("imgs");
       long[] ids = {1, 2, 1};
       for (int epoch = 0; epoch < 2; epoch++) {
-        Rows rows = batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
+        LocalTestClient.Rows rows = LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
         for (int i = 0; i < ids.length; i++) {
           assertArrayEquals(images.get((int) ids[i]), rows.payloads().get(i));
           assertTrue(rows.files().get(i).startsWith("stage-"), "an evicting cache never hands out its pages");
@@ -239,12 +118,12 @@ class LocalPlaneTest {
   @Test
   void errorsNameTheThingAndTheConnectionGoesOn() throws Exception {
     start("minio", 4 * SAMPLE);
-    try (Client bad = new Client(plane.localEndpoint())) {
-      ByteBuffer r = bad.call(Client.hello("wrong"));
+    try (LocalTestClient bad = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
+      ByteBuffer r = bad.call(LocalTestClient.hello("wrong"));
       assertEquals(LocalFrames.REPLY_ERROR, r.get());
       assertEquals(LocalFrames.UNAUTHENTICATED, r.get());
     }
-    try (Client c = new Client(plane.localEndpoint())) {
+    try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
       long session = c.open("imgs");
       ByteBuffer r = c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, 0, new long[] {0, 10}));
       assertEquals(LocalFrames.REPLY_ERROR, r.get());
@@ -255,26 +134,49 @@ class LocalPlaneTest {
       assertEquals(LocalFrames.REPLY_ERROR, r.get());
       assertEquals(LocalFrames.NOT_FOUND, r.get());
       assertTrue(StandardCharsets.UTF_8.decode(r).toString().contains("unknown session"));
-      Rows rows = batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, 0, new long[] {4})), c.shm);
+      LocalTestClient.Rows rows = LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, 0, new long[] {4})), c.shm);
       assertArrayEquals(images.get(4), rows.payloads().get(0), "still serving after errors");
+    }
+  }
+
+  @Test
+  void theSocketIsTheOwnersAloneAndATenantTokenIsRefused() throws Exception {
+    Assumptions.assumeTrue(Files.isWritable(Path.of("/dev/shm")), "needs /dev/shm");
+    images.addAll(io.unstall.flight.format.ImageFolders.write(dir.resolve("imgs"), 1, 2, i -> SAMPLE, 3));
+    Files.createDirectories(dir.resolve("home"));
+    TenantTokens tenants = TenantTokens.open(dir.resolve("home").resolve(TenantTokens.FILE_NAME));
+    root = new RootAllocator(64L << 20);
+    plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(4 * SAMPLE).tenants(tenants).build().start();
+    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
+    String tenantToken = tenants.issue(List.of("imgs"), "").token();
+    Path socket = plane.localEndpoint();
+    assertEquals("rwx------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket.getParent())));
+    assertEquals("rw-------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket)));
+    assertEquals(FileOwners.processUid(), FileOwners.uidOf(socket.getParent()), "the sidecar's user owns the directory");
+    try (LocalTestClient c = new LocalTestClient(socket, tenantToken)) {
+      ByteBuffer r = c.call(LocalTestClient.hello(tenantToken));
+      assertEquals(LocalFrames.REPLY_ERROR, r.get());
+      assertEquals(LocalFrames.UNAUTHENTICATED, r.get(), "tenants use Flight: the socket takes the owner's token only");
+    }
+    try (LocalTestClient c = new LocalTestClient(socket, TOKEN)) {
+      assertTrue(c.open("imgs") != 0, "the owner (same uid, its token) is served");
     }
   }
 
   @Test
   void malformedRequestsAreInvalidArgumentsAndBigFramesWaitForHello() throws Exception {
     start("minio", 4 * SAMPLE);
-    try (Client c = new Client(plane.localEndpoint())) {
+    try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
       // Longer than any HELLO, before HELLO: refused before a buffer of that size is allocated.
-      c.ch.write(ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN).putInt(LocalFrames.MAX_HELLO_FRAME + 1).flip());
+      c.ch.write(ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN).putInt(1 << 20).flip());
       ByteBuffer r = c.reply();
       assertEquals(LocalFrames.REPLY_ERROR, r.get());
       assertEquals(LocalFrames.INVALID_ARGUMENT, r.get());
       String msg = StandardCharsets.UTF_8.decode(r).toString();
-      assertTrue(msg.startsWith("malformed local request: frame length " + (LocalFrames.MAX_HELLO_FRAME + 1)), msg);
-      assertTrue(msg.endsWith("(before HELLO)"), msg);
+      assertTrue(msg.startsWith("malformed local request: a 1048576-byte frame before HELLO"), msg);
     }
-    try (Client c = new Client(plane.localEndpoint())) {
-      c.ok(Client.hello(TOKEN));
+    try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
+      c.open("imgs");
       byte[][] bodies = {
         "{\"dataset\":".getBytes(StandardCharsets.UTF_8), // not JSON (was INTERNAL)
         {'{', '"', 'd', 'a', 't', 'a', 's', 'e', 't', '"', ':', '"', 'i', (byte) 0xff, '"', '}'}, // not UTF-8
@@ -297,7 +199,7 @@ class LocalPlaneTest {
   @Test
   void twoSessionsOnOneDatasetKeepTheirOwnPlans() throws Exception {
     start("minio", 0); // nothing cached: every sample comes from storage or from a session's prefetch
-    try (Client a = new Client(plane.localEndpoint()); Client b = new Client(plane.localEndpoint())) {
+    try (LocalTestClient a = new LocalTestClient(plane.localEndpoint(), TOKEN); LocalTestClient b = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
       long sa = a.open("imgs");
       long sb = b.open("imgs");
       long[] orderA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -307,8 +209,8 @@ class LocalPlaneTest {
       org.awaitility.Awaitility.await().atMost(java.time.Duration.ofSeconds(30))
           .until(() -> plane.prefetcher().stagedBytes() >= 2L * images.stream().mapToLong(x -> x.length).sum());
       for (int i = 0; i < 10; i += 5) {
-        batch(a.call(LocalFrames.encodeIds(LocalFrames.FETCH, sa, 0, java.util.Arrays.copyOfRange(orderA, i, i + 5))), a.shm);
-        batch(b.call(LocalFrames.encodeIds(LocalFrames.FETCH, sb, 0, java.util.Arrays.copyOfRange(orderB, i, i + 5))), b.shm);
+        LocalTestClient.batch(a.call(LocalFrames.encodeIds(LocalFrames.FETCH, sa, 0, java.util.Arrays.copyOfRange(orderA, i, i + 5))), a.shm);
+        LocalTestClient.batch(b.call(LocalFrames.encodeIds(LocalFrames.FETCH, sb, 0, java.util.Arrays.copyOfRange(orderB, i, i + 5))), b.shm);
       }
       JsonNode sessions = JSON.readTree(plane.producer().statsJson()).get("sessions");
       assertEquals(10, sessions.get(Long.toUnsignedString(sa)).get("total").get("prefetch_hits").asLong());

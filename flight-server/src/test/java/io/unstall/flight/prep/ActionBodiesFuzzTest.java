@@ -35,12 +35,18 @@ class ActionBodiesFuzzTest {
     byte[] body = Arrays.copyOfRange(input, 1, input.length);
     try {
       switch (action) {
-        case UnstallProducer.ACTION_PREFETCH -> assertArrayEquals(body, Plan.parse(body).toBytes());
+        case UnstallProducer.ACTION_PREFETCH -> {
+          long declared = Plan.declaredSize(body); // checked against --max-plan-ids before the parse
+          Plan p = Plan.parse(body);
+          assertArrayEquals(body, p.toBytes());
+          assertEquals(p.size(), declared);
+        }
         case PrepService.ACTION_JOIN -> {
-          PrepRequests.Join j = PrepRequests.join(PrepRequests.body(action, body));
+          PrepRequests.Join j = PrepRequests.join(PrepRequests.body(action, body), PrepPipeline.DecodeLimits.DEFAULT);
           assertTrue(j.batchSize() >= 1 && j.batchSize() <= 65536);
           if (j.pipeline() != null) {
-            assertEquals(j.pipeline().fingerprint(), PrepPipeline.parse(j.pipeline().canonical()).fingerprint());
+            assertEquals(j.pipeline().fingerprint(), PrepPipeline.parse(j.pipeline().canonical(), PrepPipeline.DecodeLimits.DEFAULT)
+                .fingerprint());
           }
           assertNotNull(j.fingerprint());
         }

@@ -17,7 +17,8 @@ class PrepRequestsTest {
   void integersOutOfRangeAreRefusedNotWrapped() {
     // 2^64 + 5: a BigInteger whose asLong() is 5
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> PrepRequests.join(
-        PrepRequests.body("prep.join", json("{\"dataset\":\"imgs\",\"batch_size\":18446744073709551621}"))));
+        PrepRequests.body("prep.join", json("{\"dataset\":\"imgs\",\"batch_size\":18446744073709551621}")),
+        PrepPipeline.DecodeLimits.DEFAULT));
     assertTrue(e.getMessage().startsWith("prep.join: \"batch_size\" must be an integer in 1..65536"), e.getMessage());
     e = assertThrows(IllegalArgumentException.class, () -> PrepRequests.at("prep.claim",
         PrepRequests.body("prep.claim", json("{\"group\":\"g\",\"member\":1,\"epoch\":4294967296,\"batch\":0}"))));

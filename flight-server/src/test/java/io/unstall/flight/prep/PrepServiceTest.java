@@ -31,6 +31,7 @@ import java.util.Random;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.function.UnaryOperator;
 import javax.imageio.ImageIO;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.CallHeaders;
@@ -83,13 +84,24 @@ class PrepServiceTest {
     Files.createDirectories(dir.resolve("bad/c0"));
     Files.writeString(dir.resolve("bad/c0/not-an-image.jpg"), "hello");
     root = new RootAllocator(256L << 20);
-    plane = DataPlane.builder(root, TOKEN).port(0).cacheCapacity(1 << 20).build().start();
-    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
-    plane.registry().register("bad", "imagefolder", dir.resolve("bad").toString());
-    client = FlightClient.builder(root, plane.location()).build();
+    serve(b -> b);
     CallHeaders h = new FlightCallHeaders();
     h.insert("authorization", "Bearer " + TOKEN);
     auth = new HeaderCallOption(h);
+  }
+
+  /** A data plane with these settings (after closing the current one), its datasets and a client. */
+  void serve(UnaryOperator<DataPlane.Builder> settings) throws Exception {
+    if (client != null) {
+      client.close();
+    }
+    if (plane != null) {
+      plane.close();
+    }
+    plane = settings.apply(DataPlane.builder(root, TOKEN).port(0).cacheCapacity(1 << 20)).build().start();
+    plane.registry().register("imgs", "imagefolder", dir.resolve("imgs").toString());
+    plane.registry().register("bad", "imagefolder", dir.resolve("bad").toString());
+    client = FlightClient.builder(root, plane.location()).build();
   }
 
   @AfterEach
@@ -253,7 +265,7 @@ class PrepServiceTest {
     JsonNode j = action("prep.join", "{\"dataset\":\"bad\",\"batch_size\":1,\"pipeline\":" + PIPELINE + "}");
     e = assertThrows(FlightRuntimeException.class, () -> get(j, 0, 0));
     assertEquals(FlightStatusCode.INTERNAL, e.status().code());
-    assertTrue(e.getMessage().contains("not-an-image.jpg") && e.getMessage().contains("not a decodable image"),
+    assertTrue(e.getMessage().contains("not-an-image.jpg") && e.getMessage().contains("not an image: no image format starts with the bytes 68 65 6c 6c 6f"),
         e.getMessage());
   }
 
@@ -400,6 +412,78 @@ class PrepServiceTest {
 
 
   @Test
+  void anExpiredClaimGoesToAnotherMemberAndItsLateUploadIsRefusedNamingTheOption() throws Exception {
+    serve(b -> b.prep(16, 2, Duration.ofMillis(300)));
+    String body = "{\"dataset\":\"imgs\",\"pipeline\":{\"python\":\"torchvision-v1\"},\"batch_size\":5,"
+        + "\"group_size\":2}";
+    JsonNode a = action("prep.join", body);
+    JsonNode b = action("prep.join", body);
+    JsonNode ca = claim(a, 0, 0);
+    assertEquals("produce", ca.get("state").asText());
+    // a's transform raised: it lives on (heartbeats) but never uploads. b waits, then gets the batch to make.
+    action("prep.heartbeat", "{\"group\":\"" + a.get("group").asText() + "\",\"member\":" + a.get("member") + "}");
+    JsonNode cb = claim(b, 0, 0);
+    assertEquals("produce", cb.get("state").asText());
+    assertArrayEquals(ids(ca), ids(cb));
+    FlightRuntimeException late = assertThrows(FlightRuntimeException.class, () -> upload(a, 0, 0, ids(ca)));
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, late.status().code());
+    assertTrue(late.getMessage().contains("claim on epoch 0 batch 0 expired")
+        && late.getMessage().contains("--prep-claim-timeout"), late.getMessage());
+    upload(b, 0, 0, ids(cb));
+    assertEquals("ready", claim(a, 0, 0).get("state").asText());
+    assertArrayEquals(ids(cb), get2(a, 0, 0));
+    JsonNode s = groupStats(a);
+    assertEquals(1, s.get("claims_expired").asInt());
+    assertEquals(2, s.get("members").size(), "the member whose claim expired is still a member");
+  }
+
+  /** The ids of a member-made batch (its own schema, not a sidecar-prepared one). */
+  long[] get2(JsonNode j, long epoch, long batch) throws Exception {
+    PrepTicket t = new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch);
+    try (FlightStream st = client.getStream(t.toTicket(), auth)) {
+      assertTrue(st.next());
+      BigIntVector id = (BigIntVector) st.getRoot().getVector("id");
+      long[] out = new long[st.getRoot().getRowCount()];
+      for (int i = 0; i < out.length; i++) {
+        out[i] = id.get(i);
+      }
+      return out;
+    }
+  }
+
+  @Test
+  void aCallThatWaitsPastTheWaitTimeoutIsToldWhatItWaitedFor() throws Exception {
+    serve(b -> b.waitTimeout(Duration.ofMillis(300)));
+    // group_size 2 with one member: nothing starts within the join timeout, so its calls wait.
+    JsonNode a = join(",\"group_size\":2,\"join_timeout_s\":600");
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> get(a, 0, 0));
+    assertEquals(FlightStatusCode.TIMED_OUT, e.status().code(), e.toString());
+    assertTrue(e.getMessage().contains("epoch 0 batch 0 to be prepared") && e.getMessage().contains("--wait-timeout"),
+        e.getMessage());
+    JsonNode x = action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":{\"python\":\"f\"},\"batch_size\":5,"
+        + "\"group_size\":2,\"join_timeout_s\":600}");
+    FlightRuntimeException c = assertThrows(FlightRuntimeException.class, () -> claim(x, 0, 0));
+    assertEquals(FlightStatusCode.TIMED_OUT, c.status().code(), c.toString());
+    assertTrue(c.getMessage().contains("the group has not started") && c.getMessage().contains("--wait-timeout"),
+        c.getMessage());
+  }
+
+  @Test
+  void prepGroupsAreBoundedByTheOption() throws Exception {
+    serve(b -> b.prep(2, 1, Duration.ofSeconds(60)));
+    JsonNode first = join(",\"seed\":1");
+    join(",\"seed\":2");
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> join(",\"seed\":3"));
+    assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, e.status().code(), e.toString());
+    assertTrue(e.getMessage().contains("--prep-groups 2"), e.getMessage());
+    assertEquals(first.get("group"), join(",\"seed\":1").get("group"), "joining a running group is no new group");
+    action("prep.leave", "{\"group\":\"" + first.get("group").asText() + "\",\"member\":" + first.get("member") + "}");
+    JsonNode stats = action("prep.stats", "");
+    assertEquals(1, stats.get("threads").asInt());
+    assertEquals(2, stats.get("max_groups").asInt());
+  }
+
+  @Test
   void aLateJoinerStartsAtTheNextWholeEpoch() throws Exception {
     JsonNode early = join(",\"seed\":31,\"window\":2");
     assertEquals(0, early.get("start_epoch").asInt());
@@ -490,5 +574,181 @@ class PrepServiceTest {
     } finally {
       pool.shutdownNow();
     }
+  }
+
+  // -- hardened decoding ----------------------------------------------------------------------------------
+
+  /** Files of the "mixed" dataset, in sample order: 6 good JPEGs, then the bad ones. */
+  static final List<String> MIXED = List.of("a0.jpg", "a1.jpg", "a2.jpg", "a3.jpg", "a4.jpg", "a5.jpg",
+      "bomb.jpg", "bomb30k.jpg", "garbage.jpg", "tiff.jpg", "truncated.jpg");
+  static final int GOOD = 6;
+
+  /** Registers "mixed": real JPEGs, a decompression bomb (65535x65535 and the issue's 30000x30000 in a tiny
+   * JPEG), garbage, a TIFF renamed .jpg and a JPEG cut short. */
+  void registerMixed() throws Exception {
+    Path c0 = dir.resolve("mixed/c0");
+    Files.createDirectories(c0);
+    for (int i = 0; i < GOOD; i++) {
+      Files.write(c0.resolve("a" + i + ".jpg"), ImageHeaderTest.encode("jpg", 50 + 7 * i, 40 + 3 * i));
+    }
+    byte[] small = ImageHeaderTest.encode("jpg", 40, 30);
+    Files.write(c0.resolve("bomb.jpg"), ImageHeaderTest.bomb(small, 65535, 65535));
+    Files.write(c0.resolve("bomb30k.jpg"), ImageHeaderTest.bomb(small, 30000, 30000));
+    Files.writeString(c0.resolve("garbage.jpg"), "this is not an image at all");
+    Files.write(c0.resolve("tiff.jpg"), ImageHeaderTest.encode("tiff", 30, 30));
+    byte[] jpeg = ImageHeaderTest.encode("jpg", 64, 48);
+    Files.write(c0.resolve("truncated.jpg"), Arrays.copyOf(jpeg, jpeg.length - 40));
+    plane.registry().register("mixed", "imagefolder", dir.resolve("mixed").toString());
+  }
+
+  static final Map<String, String> REASONS = Map.of(
+      "bomb.jpg", "declares 65535x65535 pixels (4294836225), above the cap of 89478485 (--max-decode-pixels / decode max_pixels)",
+      "bomb30k.jpg", "declares 30000x30000 pixels (900000000), above the cap of 89478485",
+      "garbage.jpg", "not an image: no image format starts with the bytes 74 68 69 73",
+      "tiff.jpg", "a TIFF file (first bytes",
+      "truncated.jpg", "truncated JPEG: no end-of-image marker (FF D9)");
+
+  @Test
+  void eachBadImageFailsItsBatchNamingItAndTheSidecarKeepsServing() throws Exception {
+    registerMixed();
+    JsonNode j = action("prep.join", "{\"dataset\":\"mixed\",\"pipeline\":" + PIPELINE
+        + ",\"batch_size\":1,\"shuffle\":false,\"epochs\":1}");
+    assertEquals("raise", j.get("on_error").asText());
+    for (int b = 0; b < MIXED.size(); b++) { // without shuffle, batch b is sample b
+      String file = MIXED.get(b);
+      if (b < GOOD) {
+        assertArrayEquals(new long[] {b}, get(j, 0, b).ids(), file);
+        continue;
+      }
+      int id = b;
+      FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> get(j, 0, id), file);
+      assertEquals(FlightStatusCode.INTERNAL, e.status().code());
+      assertTrue(e.getMessage().contains("dataset 'mixed' sample " + b + " ('c0/" + file + "'): "), e.getMessage());
+      assertTrue(e.getMessage().contains(REASONS.get(file)), e.getMessage());
+      assertTrue(e.getMessage().endsWith("prep with on_error=\"skip\" leaves such samples out"), e.getMessage());
+    }
+    // The same sidecar still serves: a plain fetch of the good samples, and another group.
+    try (FlightStream s = client.getStream(
+        new io.unstall.flight.protocol.FetchTicket("mixed", 0, new long[] {0, 5}).toTicket(), auth)) {
+      assertTrue(s.next());
+      assertEquals(2, s.getRoot().getRowCount());
+    }
+    assertEquals(N, sortedIds(epoch(join(",\"seed\":61,\"epochs\":1"), 0)).length);
+    JsonNode decode = action("prep.stats", "").get("decode");
+    assertEquals(0, decode.get("memory_reserved_bytes").asLong(), decode.toString());
+    assertTrue(decode.get("memory_peak_bytes").asLong() <= decode.get("memory_limit_bytes").asLong(), decode.toString());
+    assertTrue(decode.get("largest_request_bytes").asLong() < 1 << 20, "no bomb got as far as reserving memory");
+  }
+
+  /** A prepared batch as a member sees it: ids, and the samples left out with their reasons. */
+  record Prepared(long[] ids, JsonNode skipped) {}
+
+  Prepared prepared(JsonNode j, long epoch, long batch) throws Exception {
+    PrepTicket t = new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch);
+    try (FlightStream s = client.getStream(t.toTicket(), auth)) {
+      assertTrue(s.next());
+      VectorSchemaRoot r = s.getRoot();
+      BigIntVector ids = (BigIntVector) r.getVector("id");
+      long[] out = new long[r.getRowCount()];
+      for (int i = 0; i < out.length; i++) {
+        out[i] = ids.get(i);
+      }
+      String sk = r.getSchema().getCustomMetadata().get(PrepSchema.SKIPPED);
+      return new Prepared(out, sk == null ? JSON.createArrayNode() : JSON.readTree(sk));
+    }
+  }
+
+  @Test
+  void onErrorSkipLeavesBadImagesOutSaysWhichAndCountsThem() throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeTrue(io.unstall.flight.shm.SharedMemory.available(), "no /dev/shm");
+    registerMixed();
+    String skip = PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"on_error\":\"skip\"}");
+    String body = "{\"dataset\":\"mixed\",\"pipeline\":" + skip + ",\"batch_size\":4,\"seed\":3,\"epochs\":2,"
+        + "\"group_size\":2,\"shm\":true}";
+    JsonNode viaFlight = action("prep.join", body);
+    JsonNode viaShm = action("prep.join", body);
+    assertEquals(viaFlight.get("group"), viaShm.get("group"));
+    assertEquals("skip", viaFlight.get("on_error").asText());
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try {
+      Future<List<Prepared>> flightSide = pool.submit(() -> {
+        List<Prepared> got = new ArrayList<>();
+        for (int e = 0; e < 2; e++) {
+          for (int b = 0; b < 3; b++) {
+            got.add(prepared(viaFlight, e, b));
+          }
+        }
+        return got;
+      });
+      List<JsonNode> shmSide = new ArrayList<>();
+      for (int e = 0; e < 2; e++) {
+        for (int b = 0; b < 3; b++) {
+          shmSide.add(action("prep.next", "{\"group\":\"" + viaShm.get("group").asText() + "\",\"member\":"
+              + viaShm.get("member") + ",\"epoch\":" + e + ",\"batch\":" + b + "}"));
+        }
+      }
+      action("prep.leave", "{\"group\":\"" + viaShm.get("group").asText() + "\",\"member\":" + viaShm.get("member") + "}");
+      List<Prepared> got = flightSide.get();
+      for (int e = 0; e < 2; e++) {
+        List<Long> ids = new ArrayList<>();
+        Map<Long, String> skipped = new HashMap<>();
+        for (int b = 0; b < 3; b++) {
+          Prepared p = got.get(e * 3 + b);
+          JsonNode shm = shmSide.get(e * 3 + b);
+          assertEquals(p.ids().length, shm.get("rows").asInt(), "both transports: the same rows");
+          assertEquals(p.skipped(), shm.has("skipped") ? shm.get("skipped") : JSON.createArrayNode());
+          assertEquals(p.ids().length + p.skipped().size(), b < 2 ? 4 : 3, "every position is a row or a skip");
+          Arrays.stream(p.ids()).forEach(ids::add);
+          for (JsonNode sk : p.skipped()) {
+            skipped.put(sk.get("id").asLong(), sk.get("key").asText() + " " + sk.get("reason").asText());
+          }
+        }
+        assertEquals(List.of(0L, 1L, 2L, 3L, 4L, 5L), ids.stream().sorted().toList(),
+            "epoch " + e + ": every good sample once, never a bad one in its place");
+        assertEquals(MIXED.size() - GOOD, skipped.size());
+        for (int id = GOOD; id < MIXED.size(); id++) {
+          String file = MIXED.get(id);
+          assertTrue(skipped.get((long) id).startsWith("c0/" + file + " "), skipped.toString());
+          assertTrue(skipped.get((long) id).contains(REASONS.get(file)), skipped.get((long) id));
+        }
+      }
+    } finally {
+      pool.shutdownNow();
+    }
+    JsonNode s = groupStats(viaFlight);
+    assertEquals(2 * (MIXED.size() - GOOD), s.get("samples_skipped").asInt(), s.toString());
+    assertEquals(2 * GOOD, s.get("samples_prepared").asInt());
+    assertEquals(2 * (MIXED.size() - GOOD), s.get("skipped").size());
+    assertEquals("skip", s.get("on_error").asText());
+    JsonNode last = s.get("skipped").get(s.get("skipped").size() - 1);
+    assertEquals(1, last.get("epoch").asInt());
+    assertTrue(last.has("batch") && last.has("key") && last.has("reason"), last.toString());
+  }
+
+  @Test
+  void decodeFieldsAreValidatedAndPartOfTheFingerprint() {
+    PrepPipeline plain = PrepPipeline.parse(PIPELINE);
+    PrepPipeline spelled = PrepPipeline.parse(PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\","
+        + "\"formats\":[\"png\",\"jpg\"],\"max_pixels\":89478485,\"max_aspect_ratio\":100,\"on_error\":\"raise\"}"));
+    assertEquals(plain.fingerprint(), spelled.fingerprint(), "defaults spelled out: the same group");
+    assertNotEquals(plain.fingerprint(), PrepPipeline.parse(PIPELINE.replace("{\"op\":\"decode\"}",
+        "{\"op\":\"decode\",\"on_error\":\"skip\"}")).fingerprint());
+    assertNotEquals(plain.fingerprint(), PrepPipeline.parse(PIPELINE, new PrepPipeline.DecodeLimits(1000, 100))
+        .fingerprint(), "the sidecar's default caps are part of it");
+    for (String[] bad : new String[][] {
+        {"\"on_error\":\"ignore\"", "\"on_error\" must be one of [raise, skip], got 'ignore'"},
+        {"\"max_pixels\":0", "\"max_pixels\" must be an integer in 1..1073741824"},
+        {"\"max_aspect_ratio\":0.5", "\"max_aspect_ratio\" (longer side / shorter side) must be a number >= 1"},
+        {"\"formats\":[]", "\"formats\" must be a non-empty list"}}) {
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> PrepPipeline.parse(
+          PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\"," + bad[0] + "}")));
+      assertTrue(e.getMessage().startsWith("prep op #0 'decode': ") && e.getMessage().contains(bad[1]), e.getMessage());
+    }
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> PrepPipeline.parse(
+        "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"center_crop\",\"size\":16384}]}"));
+    assertTrue(e.getMessage().contains("is 3221225472 bytes per sample, above the 2147483647 bytes"), e.getMessage());
+    assertEquals(3L * 16384 * 16000 * 4, PrepPipeline.parse(
+        "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"center_crop\",\"size\":[16384,16000]}],\"dtype\":\"uint8\"}")
+        .sampleBytes() * 4, "long arithmetic for sizes");
   }
 }

@@ -116,17 +116,10 @@ class ProtocolFixturesTest {
   }
 
   @Test
-  void localFramesAreBoundedBeforeTheyAreAllocated() {
-    assertEquals(LocalFrames.MAX_HELLO_FRAME, LocalFrames.bodyLength(LocalFrames.MAX_HELLO_FRAME, false));
-    assertEquals(LocalFrames.MAX_FRAME, LocalFrames.bodyLength(LocalFrames.MAX_FRAME, true));
-    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
-        () -> LocalFrames.bodyLength(LocalFrames.MAX_HELLO_FRAME + 1, false));
-    assertTrue(e.getMessage().endsWith("(before HELLO)"), e.getMessage());
-    assertThrows(IllegalArgumentException.class, () -> LocalFrames.bodyLength(0, true));
-    assertThrows(IllegalArgumentException.class, () -> LocalFrames.bodyLength(0xFFFFFFFFL, true));
+  void openBodiesAreUtf8JsonObjects() {
     java.nio.ByteBuffer open = java.nio.ByteBuffer.wrap("{\"dataset\":\"imgs\"}".getBytes(StandardCharsets.UTF_8));
     assertEquals(new LocalFrames.Open("imgs", "pid ?"), LocalFrames.parseOpen(open));
-    e = assertThrows(IllegalArgumentException.class,
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
         () -> LocalFrames.parseOpen(java.nio.ByteBuffer.wrap(new byte[] {'"', (byte) 0xff, '"'})));
     assertTrue(e.getMessage().startsWith("malformed local request: OPEN body is not UTF-8 JSON"), e.getMessage());
   }

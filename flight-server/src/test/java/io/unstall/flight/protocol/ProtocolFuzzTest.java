@@ -41,8 +41,10 @@ class ProtocolFuzzTest {
     assertArrayEquals(bytes, t.toBytes());
   }
 
+  /** A {@code prefetch} body: its declared size is read first (to refuse a plan over the bound unparsed). */
   @FuzzTest
   void plan(byte[] bytes) {
+    long declared = Plan.declaredSize(bytes);
     Plan p;
     try {
       p = Plan.parse(bytes);
@@ -50,6 +52,7 @@ class ProtocolFuzzTest {
       return;
     }
     assertArrayEquals(bytes, p.toBytes());
+    assertEquals(p.size(), declared);
   }
 
   @FuzzTest

@@ -327,6 +327,23 @@ class S3StorageTest {
   }
 
   @Test
+  void keysThatNeedPercentEncodingAreReadOnTheSignedLeanPath() throws Exception {
+    String[] names = {"a b.jpg", "plus+eq=amp&.jpg", "caf\u00e9 \u732b.jpg", "tilde~(1)[2]*'!.jpg", "pct%20lit.jpg"};
+    for (String n : names) {
+      put("odd/c/" + n, ("bytes of " + n).getBytes(StandardCharsets.UTF_8));
+    }
+    try (S3Storage s = S3Storage.open("s3://data/odd")) {
+      for (String n : names) {
+        byte[] want = ("bytes of " + n).getBytes(StandardCharsets.UTF_8);
+        ByteBuffer dst = ByteBuffer.allocate(want.length - 2);
+        s.readFully("c/" + n, 2, dst);
+        assertArrayEquals(java.util.Arrays.copyOfRange(want, 2, want.length), dst.array(), n);
+      }
+      assertTrue(s.leanActive(), "every key was signed and answered on the lean path");
+    }
+  }
+
+  @Test
   void rangedReadsLandInADirectBufferAndAShortObjectIsNamed() throws Exception {
     try (S3Storage s = S3Storage.open("s3://data/imgs")) {
       byte[] img = images.get("imgs/cat/img3.jpg");
@@ -339,6 +356,7 @@ class S3StorageTest {
         buf.getBytes(16, got);
         assertArrayEquals(java.util.Arrays.copyOfRange(img, 200, 300), got);
       }
+      assertTrue(s.leanActive(), "the signed lean GET was answered (a refused signature would fall back to the SDK)");
       assertEquals(img.length, s.size("cat/img3.jpg")); // not listed by this storage: a HEAD
       EOFException eof =
           assertThrows(EOFException.class, () -> s.readFully("cat/img3.jpg", img.length - 10, ByteBuffer.allocate(20)));

@@ -1,4 +1,4 @@
-package io.unstall.flight;
+package io.unstall.flight.auth;
 
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
@@ -6,16 +6,23 @@ import org.apache.arrow.flight.CallHeaders;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.auth2.CallHeaderAuthenticator;
 
-/** Accepts calls whose {@code authorization} header is {@code Bearer <the sidecar's token>}. */
+/**
+ * Authenticates every Flight call by its {@code authorization: Bearer <token>} header: the sidecar's own token
+ * makes the owner, a token the owner issued (and has not revoked) makes that tenant. The peer identity handed
+ * to the producer ({@link Principal#identity()}) says which; {@link TenantTokens#principal} turns it back.
+ */
 public final class BearerTokenAuthenticator implements CallHeaderAuthenticator {
   private static final String PREFIX = "Bearer ";
+  private static final AuthResult OWNER = () -> Principal.OWNER_ID;
   private final byte[] token;
+  private final TenantTokens tenants;
 
-  public BearerTokenAuthenticator(String token) {
+  public BearerTokenAuthenticator(String token, TenantTokens tenants) {
     if (token == null || token.length() < 16) {
       throw new IllegalArgumentException("the sidecar token must be at least 16 characters");
     }
     this.token = token.getBytes(StandardCharsets.UTF_8);
+    this.tenants = tenants;
   }
 
   @Override
@@ -27,9 +34,16 @@ public final class BearerTokenAuthenticator implements CallHeaderAuthenticator {
           .toRuntimeException();
     }
     byte[] given = h.substring(PREFIX.length()).getBytes(StandardCharsets.UTF_8);
-    if (!MessageDigest.isEqual(given, token)) {
-      throw CallStatus.UNAUTHENTICATED.withDescription("wrong bearer token").toRuntimeException();
+    if (MessageDigest.isEqual(given, token)) {
+      return OWNER;
     }
-    return () -> "unstall-client";
+    Principal tenant = tenants.authenticate(given);
+    if (tenant == null) {
+      throw CallStatus.UNAUTHENTICATED
+          .withDescription("wrong bearer token: neither the sidecar's token nor a tenant token it issued and has not revoked")
+          .toRuntimeException();
+    }
+    String identity = tenant.identity();
+    return () -> identity;
   }
 }

@@ -1,0 +1,139 @@
+package io.unstall.flight.prep;
+
+import io.unstall.flight.prep.ImagePrep.BadImageException;
+import java.util.ArrayDeque;
+import java.util.concurrent.TimeUnit;
+import org.apache.arrow.memory.AllocationReservation;
+import org.apache.arrow.memory.BufferAllocator;
+
+/**
+ * The native memory of decodes in progress, counted in the sidecar's memory budget: a "decode" child of the
+ * streams allocator ({@code --decode-memory}) in which every decode reserves its working bytes before OpenCV
+ * allocates them (an Arrow reservation: accounted up the allocator tree, nothing allocated). When the reservation
+ * does not fit (other decodes, or batches in flight, hold the memory) the prep thread waits, first come first
+ * served, so N prep threads never decode N huge images at once beyond the budget. A sample that could never fit is
+ * refused at once; one that waits longer than the timeout fails its batch with RESOURCE_EXHAUSTED.
+ */
+public final class DecodeBudget implements AutoCloseable {
+  /** Reservations are made in whole pages. */
+  private static final long PAGE = 4096;
+
+  private final BufferAllocator alloc;
+  private final long timeoutNanos;
+  private final ArrayDeque<Object> queue = new ArrayDeque<>(); // guarded by this: waiters, first come first served
+  private long waits; // guarded by this: decodes that had to wait
+  private long maxRequest; // guarded by this
+
+  public DecodeBudget(BufferAllocator parent, long limit, long timeout, TimeUnit unit) {
+    this.alloc = parent.newChildAllocator("decode", 0, limit);
+    this.timeoutNanos = unit.toNanos(timeout);
+  }
+
+  public long limit() {
+    return alloc.getLimit();
+  }
+
+  /** A decode's memory, given back on close. */
+  public interface Reservation extends AutoCloseable {
+    @Override
+    void close();
+  }
+
+  /** Waited longer than the timeout for decode memory that other decodes or batches hold. */
+  public static final class ExhaustedException extends RuntimeException {
+    ExhaustedException(String message) {
+      super(message);
+    }
+  }
+
+  /**
+   * Reserves {@code bytes} for the decode of the image {@code h} declares, waiting while other decodes or batches
+   * in flight hold the memory.
+   */
+  public Reservation acquire(long bytes, ImageHeader h) throws BadImageException, InterruptedException {
+    long need = (bytes + PAGE - 1) / PAGE * PAGE;
+    if (need > alloc.getLimit()) {
+      throw new BadImageException("decoding the " + h.describe() + " image takes about " + need
+          + " bytes of native memory, more than the sidecar's decode memory of " + alloc.getLimit()
+          + " bytes (--decode-memory)");
+    }
+    long deadline = System.nanoTime() + timeoutNanos;
+    Object me = new Object();
+    synchronized (this) {
+      maxRequest = Math.max(maxRequest, need);
+      queue.addLast(me);
+      boolean waited = false;
+      try {
+        while (true) {
+          if (queue.peekFirst() == me) {
+            AllocationReservation r = tryReserve(need);
+            if (r != null) {
+              return () -> release(r);
+            }
+          }
+          long left = deadline - System.nanoTime();
+          if (left <= 0) {
+            throw new ExhaustedException("timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos)
+                + " s waiting for " + need + " bytes of decode memory (" + alloc.getLimit() + " bytes,"
+                + " --decode-memory) to decode a " + h.describe() + " image while other decodes or batches hold it");
+          }
+          if (!waited) {
+            waited = true;
+            waits++;
+          }
+          // Batches in flight free memory of the same budget without telling us: look again soon.
+          wait(Math.max(1, Math.min(TimeUnit.NANOSECONDS.toMillis(left), 5)));
+        }
+      } finally {
+        queue.remove(me);
+        notifyAll(); // the next in line may try
+      }
+    }
+  }
+
+  /**
+   * A reservation of exactly {@code need} bytes, or null if it does not fit now. Arrow rounds each addition up to
+   * a power of two, so the bytes are added one set bit at a time.
+   */
+  private AllocationReservation tryReserve(long need) {
+    if (alloc.getHeadroom() < need) {
+      return null; // (up the tree too) no partial reservation that others would see for a moment
+    }
+    AllocationReservation r = alloc.newReservation();
+    for (long rest = need; rest != 0; rest &= rest - 1) {
+      if (!r.add(Long.lowestOneBit(rest))) {
+        r.close();
+        return null;
+      }
+    }
+    return r;
+  }
+
+  private synchronized void release(AllocationReservation r) {
+    r.close();
+    notifyAll();
+  }
+
+  /** Bytes reserved by decodes in progress. */
+  public long reservedBytes() {
+    return alloc.getAllocatedMemory();
+  }
+
+  public long peakBytes() {
+    return alloc.getPeakMemoryAllocation();
+  }
+
+  public synchronized long waits() {
+    return waits;
+  }
+
+  public synchronized long largestRequest() {
+    return maxRequest;
+  }
+
+  /** Throws if a decode still holds memory (a leak). */
+  @Override
+  public void close() {
+    alloc.close();
+  }
+}

@@ -1,0 +1,400 @@
+package io.unstall.flight.prep;
+
+import io.unstall.flight.prep.ImagePrep.BadImageException;
+import java.nio.ByteBuffer;
+import java.util.Locale;
+
+/**
+ * What an encoded image declares before any pixel is decoded: its format (from the magic bytes), size and color
+ * components, read from the JPEG frame header (SOF), the PNG IHDR chunk or the WebP VP8/VP8L/VP8X header. The
+ * sidecar checks these against the pipeline's formats and caps, and reserves the decode memory they imply, before
+ * it hands the bytes to the native decoder. A header that is cut short, malformed, or followed by no end marker
+ * (a truncated file, which libjpeg would otherwise decode with a gray bottom) is a {@link BadImageException}.
+ *
+ * @param exif the file carries EXIF metadata, so the decoder may rotate the image (one more copy of it)
+ * @param multiScan a progressive, lossless or non-interleaved JPEG: libjpeg keeps every coefficient of the image
+ */
+public record ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan) {
+
+  /** The formats whose header the sidecar parses; a pipeline accepts a subset ({@code "formats"} of decode). */
+  public enum Format {
+    JPEG, PNG, WEBP;
+
+    public String wire() {
+      return name().toLowerCase(Locale.ROOT);
+    }
+
+    /** A format by its pipeline name ({@code jpg} is {@code jpeg}); null if unknown. */
+    static Format of(String name) {
+      String n = name.toLowerCase(Locale.ROOT);
+      for (Format f : values()) {
+        if (f.wire().equals(n)) {
+          return f;
+        }
+      }
+      return n.equals("jpg") ? JPEG : null;
+    }
+  }
+
+  public long pixels() {
+    return (long) width * height;
+  }
+
+  /** max(w, h) / min(w, h). */
+  public double aspectRatio() {
+    return (double) Math.max(width, height) / Math.min(width, height);
+  }
+
+  /**
+   * An upper bound of the decoder's native memory, the decoded 8-bit BGR image included: the image, a rotated
+   * copy when EXIF may ask for one, and libjpeg's whole-image coefficient buffer (2 bytes per pixel and
+   * component) for multi-scan JPEGs.
+   */
+  public long decoderBytes() {
+    long image = pixels() * ImagePrep.DECODED_CHANNELS;
+    long bytes = image * (exif ? 2 : 1);
+    if (format == Format.JPEG && multiScan) {
+      bytes += pixels() * components * 2;
+    }
+    if (format == Format.WEBP) {
+      bytes += pixels(); // the decoder may produce BGRA before dropping alpha
+    }
+    return bytes;
+  }
+
+  public String describe() {
+    return format.name() + " " + width + "x" + height;
+  }
+
+  /** The format {@code b} starts like, from its magic bytes; null for any other. */
+  public static Format sniff(ByteBuffer b) {
+    Bytes in = new Bytes(b);
+    if (in.startsWith(0xFF, 0xD8, 0xFF)) {
+      return Format.JPEG;
+    }
+    if (in.startsWith(0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A)) {
+      return Format.PNG;
+    }
+    if (in.startsWith('R', 'I', 'F', 'F') && in.at(8, 'W', 'E', 'B', 'P')) {
+      return Format.WEBP;
+    }
+    return null;
+  }
+
+  /**
+   * Names what {@code b} is by its magic bytes, with its first bytes ("a TIFF file (first bytes 49 49 2a 00 ...)"),
+   * so that a TIFF renamed .jpg says it is a TIFF; null when no image format starts so.
+   */
+  public static String describe(ByteBuffer b) {
+    Bytes in = new Bytes(b);
+    String kind = kind(in);
+    return kind == null ? null : kind + " (first bytes " + in.hex(8) + ")";
+  }
+
+  /** Bytes no image format starts with. */
+  static String notAnImage(ByteBuffer b) {
+    Bytes in = new Bytes(b);
+    return in.n == 0 ? "an empty file (0 bytes)"
+        : "not an image: no image format starts with the bytes " + in.hex(8) + " (" + in.n + " bytes in all)";
+  }
+
+  /** Reads the header of {@code b} (position..limit; the buffer is not moved). */
+  public static ImageHeader read(ByteBuffer b) throws BadImageException {
+    Bytes in = new Bytes(b);
+    Format f = sniff(b);
+    if (f == null) {
+      String what = describe(b);
+      throw new BadImageException(what == null ? notAnImage(b) : what + ", not JPEG, PNG or WebP");
+    }
+    return switch (f) {
+      case JPEG -> jpeg(in);
+      case PNG -> png(in);
+      case WEBP -> webp(in);
+    };
+  }
+
+  private static String kind(Bytes in) {
+    if (in.startsWith('I', 'I', 0x2A, 0x00) || in.startsWith('M', 'M', 0x00, 0x2A)
+        || in.startsWith('I', 'I', 0x2B, 0x00) || in.startsWith('M', 'M', 0x00, 0x2B)) {
+      return "a TIFF file";
+    } else if (in.startsWith(0xFF, 0x4F, 0xFF, 0x51)
+        || in.startsWith(0x00, 0x00, 0x00, 0x0C, 'j', 'P', 0x20, 0x20)) {
+      return "a JPEG 2000 file";
+    } else if (in.startsWith('G', 'I', 'F', '8')) {
+      return "a GIF file";
+    } else if (in.startsWith('B', 'M')) {
+      return "a BMP file";
+    } else if (in.startsWith(0x76, 0x2F, 0x31, 0x01)) {
+      return "an OpenEXR file";
+    } else if (in.startsWith('#', '?')) {
+      return "a Radiance HDR file";
+    } else if (in.startsWith(0x59, 0xA6, 0x6A, 0x95)) {
+      return "a Sun raster file";
+    } else if (in.n >= 12 && in.at(4, 'f', 't', 'y', 'p')) {
+      return "an ISO media file (HEIF/AVIF)";
+    } else if (in.n >= 2 && in.u8(0) == 'P' && (in.u8(1) >= '1' && in.u8(1) <= '7' || in.u8(1) == 'F' || in.u8(1) == 'f')) {
+      return "a PNM/PFM file";
+    } else if (in.startsWith('R', 'I', 'F', 'F') && in.at(8, 'W', 'E', 'B', 'P')) {
+      return "a WebP file";
+    } else if (in.startsWith(0xFF, 0xD8, 0xFF)) {
+      return "a JPEG file";
+    } else if (in.startsWith(0x89, 'P', 'N', 'G')) {
+      return "a PNG file";
+    }
+    return null;
+  }
+
+  // -- JPEG ----------------------------------------------------------------------------------------------
+
+  private static ImageHeader jpeg(Bytes in) throws BadImageException {
+    int i = 2;
+    int width = -1;
+    int height = -1;
+    int components = 0;
+    int sof = -1;
+    boolean exif = false;
+    while (true) {
+      if (i >= in.n) {
+        throw new BadImageException("truncated JPEG: the file ends at byte " + in.n + ", inside its header"
+            + (sof < 0 ? " (no frame header yet)" : " (no scan yet)"));
+      }
+      if (in.u8(i) != 0xFF) {
+        throw new BadImageException("corrupt JPEG: byte " + i + " should start a marker (0xFF), it is 0x"
+            + hex2(in.u8(i)));
+      }
+      while (i < in.n && in.u8(i) == 0xFF) {
+        i++; // fill bytes
+      }
+      if (i >= in.n) {
+        continue; // truncated, reported above
+      }
+      int marker = in.u8(i++);
+      if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {
+        continue; // TEM, RSTn: no length
+      }
+      if (marker == 0xD8 || marker == 0xD9 || marker == 0x00) {
+        throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(marker) + " at byte " + (i - 2)
+            + (sof < 0 ? " before the frame header" : " before the first scan"));
+      }
+      if (i + 2 > in.n) {
+        throw new BadImageException("truncated JPEG: the file ends at byte " + in.n + ", inside the length of"
+            + " marker 0xFF" + hex2(marker));
+      }
+      int len = in.u16be(i);
+      if (len < 2) {
+        throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(marker) + " at byte " + (i - 2)
+            + " has length " + len);
+      }
+      int end = i + len;
+      if (end > in.n) {
+        throw new BadImageException("truncated JPEG: the 0xFF" + hex2(marker) + " segment at byte " + (i - 2)
+            + " needs " + len + " bytes, the file ends at byte " + in.n);
+      }
+      if (isSof(marker)) {
+        if (sof >= 0) {
+          throw new BadImageException("corrupt JPEG: a second frame header (0xFF" + hex2(marker) + ") at byte "
+              + (i - 2));
+        }
+        if (len < 8) {
+          throw new BadImageException("corrupt JPEG: a frame header of " + len + " bytes");
+        }
+        sof = marker;
+        height = in.u16be(i + 3);
+        width = in.u16be(i + 5);
+        components = in.u8(i + 7);
+        if (width == 0 || height == 0) {
+          throw new BadImageException("unsupported JPEG: the frame header declares " + width + "x" + height
+              + " pixels (a height of 0 defers it to a DNL marker, which the decoder does not support)");
+        }
+        if (components != 1 && components != 3 && components != 4) {
+          throw new BadImageException("unsupported JPEG: " + components + " color components (1, 3 or 4 expected)");
+        }
+      } else if (marker == 0xE1 && len >= 8 && in.at(i + 2, 'E', 'x', 'i', 'f', 0, 0)) {
+        exif = true;
+      } else if (marker == 0xDA) {
+        if (sof < 0) {
+          throw new BadImageException("corrupt JPEG: a scan (0xFFDA) at byte " + (i - 2) + " before any frame header");
+        }
+        int inScan = len >= 3 ? in.u8(i + 2) : 0;
+        boolean multiScan = sof != 0xC0 && sof != 0xC1 && sof != 0xC9 || inScan < components;
+        // The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
+        if (!in.hasFromEnd(end, 0xFF, 0xD9)) {
+          throw new BadImageException("truncated JPEG: no end-of-image marker (FF D9) after the scan data, "
+              + in.n + " bytes in all");
+        }
+        return new ImageHeader(Format.JPEG, width, height, components, exif, multiScan);
+      }
+      i = end;
+    }
+  }
+
+  /** SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC). */
+  private static boolean isSof(int m) {
+    return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+  }
+
+  // -- PNG -----------------------------------------------------------------------------------------------
+
+  private static ImageHeader png(Bytes in) throws BadImageException {
+    if (in.n < 33) {
+      throw new BadImageException("truncated PNG: " + in.n + " bytes, shorter than a PNG header (33)");
+    }
+    if (in.u32be(8) != 13 || !in.at(12, 'I', 'H', 'D', 'R')) {
+      throw new BadImageException("corrupt PNG: the first chunk is not a 13-byte IHDR");
+    }
+    long w = in.u32be(16);
+    long h = in.u32be(20);
+    int colorType = in.u8(25);
+    if (w == 0 || h == 0 || w > Integer.MAX_VALUE || h > Integer.MAX_VALUE) {
+      throw new BadImageException("corrupt PNG: IHDR declares " + w + "x" + h + " pixels");
+    }
+    int components = switch (colorType) {
+      case 0 -> 1;
+      case 2, 3 -> 3;
+      case 4 -> 2;
+      case 6 -> 4;
+      default -> throw new BadImageException("corrupt PNG: IHDR declares color type " + colorType);
+    };
+    boolean exif = false;
+    long i = 33;
+    while (true) { // walk the chunks up to the image data, for an eXIf chunk (the decoder may rotate)
+      if (i + 8 > in.n) {
+        throw new BadImageException("truncated PNG: the file ends at byte " + in.n + " before any image data (IDAT)");
+      }
+      long len = in.u32be((int) i);
+      if (in.at((int) i + 4, 'I', 'D', 'A', 'T')) {
+        break;
+      }
+      exif |= in.at((int) i + 4, 'e', 'X', 'I', 'f');
+      i += 12 + len;
+    }
+    if (!in.hasFromEnd((int) i, 'I', 'E', 'N', 'D')) {
+      throw new BadImageException("truncated PNG: no IEND chunk after the image data, " + in.n + " bytes in all");
+    }
+    return new ImageHeader(Format.PNG, (int) w, (int) h, components, exif, false);
+  }
+
+  // -- WebP ----------------------------------------------------------------------------------------------
+
+  private static ImageHeader webp(Bytes in) throws BadImageException {
+    long riff = in.u32le(4) + 8;
+    if (riff > in.n) {
+      throw new BadImageException("truncated WebP: the RIFF header declares " + riff + " bytes, the file has " + in.n);
+    }
+    if (in.n < 30) {
+      throw new BadImageException("truncated WebP: " + in.n + " bytes, shorter than a WebP header (30)");
+    }
+    int d = 20; // the first chunk's data
+    int w;
+    int h;
+    boolean exif = false;
+    if (in.at(12, 'V', 'P', '8', ' ')) {
+      if (!in.at(d + 3, 0x9D, 0x01, 0x2A)) {
+        throw new BadImageException("corrupt WebP: no VP8 start code");
+      }
+      w = in.u16le(d + 6) & 0x3FFF;
+      h = in.u16le(d + 8) & 0x3FFF;
+    } else if (in.at(12, 'V', 'P', '8', 'L')) {
+      if (in.u8(d) != 0x2F) {
+        throw new BadImageException("corrupt WebP: no VP8L signature");
+      }
+      long bits = in.u32le(d + 1);
+      w = (int) (bits & 0x3FFF) + 1;
+      h = (int) ((bits >>> 14) & 0x3FFF) + 1;
+    } else if (in.at(12, 'V', 'P', '8', 'X')) {
+      exif = (in.u8(d) & 0x08) != 0;
+      w = in.u24le(d + 4) + 1;
+      h = in.u24le(d + 7) + 1;
+    } else {
+      throw new BadImageException("corrupt WebP: the first chunk is " + in.hex4(12) + ", not VP8, VP8L or VP8X");
+    }
+    if (w == 0 || h == 0) {
+      throw new BadImageException("corrupt WebP: the header declares " + w + "x" + h + " pixels");
+    }
+    return new ImageHeader(Format.WEBP, w, h, 4, exif, false);
+  }
+
+  private static String hex2(int v) {
+    return String.format("%02X", v);
+  }
+
+  /** Absolute reads relative to the buffer's position. */
+  private static final class Bytes {
+    final ByteBuffer b;
+    final int base;
+    final int n;
+
+    Bytes(ByteBuffer b) {
+      this.b = b;
+      this.base = b.position();
+      this.n = b.remaining();
+    }
+
+    int u8(int i) {
+      return b.get(base + i) & 0xFF;
+    }
+
+    int u16be(int i) {
+      return u8(i) << 8 | u8(i + 1);
+    }
+
+    int u16le(int i) {
+      return u8(i) | u8(i + 1) << 8;
+    }
+
+    int u24le(int i) {
+      return u8(i) | u8(i + 1) << 8 | u8(i + 2) << 16;
+    }
+
+    long u32be(int i) {
+      return (long) u16be(i) << 16 | u16be(i + 2);
+    }
+
+    long u32le(int i) {
+      return (long) u16le(i + 2) << 16 | u16le(i);
+    }
+
+    boolean startsWith(int... magic) {
+      return at(0, magic);
+    }
+
+    boolean at(int i, int... bytes) {
+      if (i < 0 || i + bytes.length > n) {
+        return false;
+      }
+      for (int k = 0; k < bytes.length; k++) {
+        if (u8(i + k) != bytes[k]) {
+          return false;
+        }
+      }
+      return true;
+    }
+
+    /** Whether {@code bytes} occur at or after {@code from}, searching from the end (where they usually are). */
+    boolean hasFromEnd(int from, int... bytes) {
+      for (int i = n - bytes.length; i >= from; i--) {
+        if (at(i, bytes)) {
+          return true;
+        }
+      }
+      return false;
+    }
+
+    String hex(int max) {
+      StringBuilder s = new StringBuilder();
+      for (int i = 0; i < Math.min(max, n); i++) {
+        s.append(i == 0 ? "" : " ").append(String.format("%02x", u8(i)));
+      }
+      return s.toString();
+    }
+
+    String hex4(int i) {
+      StringBuilder s = new StringBuilder("'");
+      for (int k = i; k < Math.min(i + 4, n); k++) {
+        int c = u8(k);
+        s.append(c >= 0x20 && c < 0x7F ? (char) c : '?');
+      }
+      return s.append('\'').toString();
+    }
+  }
+}

@@ -1,0 +1,101 @@
+package io.unstall.flight.prep;
+
+import static org.awaitility.Awaitility.await;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.unstall.flight.prep.ImageHeader.Format;
+import io.unstall.flight.prep.ImagePrep.BadImageException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/** Decode memory is reserved in the allocator tree: prep threads wait for it, never exceed it. */
+class DecodeBudgetTest {
+  static final long MIB = 1 << 20;
+  static final ImageHeader IMAGE = new ImageHeader(Format.JPEG, 1000, 1000, 3, false, false);
+
+  BufferAllocator root;
+  BufferAllocator streams;
+  DecodeBudget budget;
+
+  @BeforeEach
+  void start() {
+    root = new RootAllocator(64 * MIB);
+    streams = root.newChildAllocator("streams", 0, 64 * MIB);
+    budget = new DecodeBudget(streams, 10 * MIB, 2, TimeUnit.SECONDS);
+  }
+
+  @AfterEach
+  void stop() {
+    budget.close(); // throws if a reservation was not given back
+    streams.close();
+    root.close();
+  }
+
+  @Test
+  void fourThreadsDecodeOneAtATimeWhenOnlyOneFits() throws Exception {
+    AtomicInteger holders = new AtomicInteger();
+    AtomicInteger most = new AtomicInteger();
+    Semaphore done = new Semaphore(0);
+    ExecutorService pool = Executors.newFixedThreadPool(4);
+    try {
+      List<Future<?>> fs = new ArrayList<>();
+      for (int t = 0; t < 4; t++) {
+        fs.add(pool.submit(() -> {
+          try (DecodeBudget.Reservation r = budget.acquire(6 * MIB, IMAGE)) {
+            most.accumulateAndGet(holders.incrementAndGet(), Math::max);
+            assertEquals(6 * MIB, streams.getAllocatedMemory(), "counted in the parent allocator too");
+            done.acquire();
+            holders.decrementAndGet();
+          }
+          return null;
+        }));
+      }
+      await("three decodes waiting behind the first").atMost(Duration.ofSeconds(10))
+          .until(() -> budget.waits() == 3 && holders.get() == 1);
+      done.release(4);
+      for (Future<?> f : fs) {
+        f.get(10, TimeUnit.SECONDS);
+      }
+    } finally {
+      pool.shutdownNow();
+    }
+    assertEquals(1, most.get(), "never two 6 MiB decodes in a 10 MiB budget");
+    assertTrue(budget.peakBytes() <= 10 * MIB, "peak " + budget.peakBytes());
+    assertEquals(0, budget.reservedBytes());
+  }
+
+  @Test
+  void aDecodeThatCouldNeverFitIsRefusedAtOnce() {
+    BadImageException e = assertThrows(BadImageException.class, () -> budget.acquire(11 * MIB, IMAGE));
+    assertTrue(e.getMessage().contains("decoding the JPEG 1000x1000 image takes about 11534336 bytes of native"
+        + " memory, more than the sidecar's decode memory of 10485760 bytes (--decode-memory)"), e.getMessage());
+  }
+
+  @Test
+  void decodesWaitForBatchesInFlightInTheSameBudget() throws Exception {
+    try (ArrowBuf batches = streams.buffer(60 * MIB)) { // the streams budget is nearly full
+      DecodeBudget.ExhaustedException e = assertThrows(DecodeBudget.ExhaustedException.class,
+          () -> budget.acquire(6 * MIB, IMAGE));
+      assertTrue(e.getMessage().startsWith("timed out after 2 s waiting for 6291456 bytes of decode memory"),
+          e.getMessage());
+    }
+    try (DecodeBudget.Reservation r = budget.acquire(6 * MIB, IMAGE)) {
+      assertEquals(6 * MIB, root.getAllocatedMemory(), "exactly the bytes asked for, not rounded to a power of two");
+    }
+  }
+}

@@ -1,0 +1,171 @@
+package io.unstall.flight.prep;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.unstall.flight.prep.ImageHeader.Format;
+import io.unstall.flight.prep.ImagePrep.BadImageException;
+import java.awt.Color;
+import java.awt.Graphics2D;
+import java.awt.image.BufferedImage;
+import java.io.ByteArrayOutputStream;
+import java.nio.ByteBuffer;
+import java.util.Arrays;
+import javax.imageio.ImageIO;
+import org.junit.jupiter.api.Test;
+
+/** The header checks that run before any native decode: real JPEG/PNG/TIFF bytes from ImageIO, patched or cut. */
+class ImageHeaderTest {
+  static final String PIPELINE = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"random_resized_crop\",\"size\":32}]}";
+
+  static byte[] encode(String format, int w, int h) throws Exception {
+    BufferedImage img = new BufferedImage(w, h, BufferedImage.TYPE_INT_RGB);
+    Graphics2D g = img.createGraphics();
+    g.setColor(Color.ORANGE);
+    g.fillRect(w / 4, h / 4, w / 2, h / 2);
+    g.dispose();
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    assertTrue(ImageIO.write(img, format, out), "ImageIO writes " + format);
+    return out.toByteArray();
+  }
+
+  /** A decompression bomb: a small real JPEG whose frame header (SOF0) now declares {@code w x h}. */
+  static byte[] bomb(byte[] jpeg, int w, int h) {
+    byte[] b = jpeg.clone();
+    for (int i = 2; i + 9 < b.length; i++) {
+      if ((b[i] & 0xFF) == 0xFF && (b[i + 1] & 0xFF) == 0xC0) {
+        b[i + 5] = (byte) (h >> 8);
+        b[i + 6] = (byte) h;
+        b[i + 7] = (byte) (w >> 8);
+        b[i + 8] = (byte) w;
+        return b;
+      }
+    }
+    throw new AssertionError("no SOF0 marker");
+  }
+
+  static ByteBuffer direct(byte[] b) {
+    return ByteBuffer.allocateDirect(b.length).put(b).flip();
+  }
+
+  static ImagePrep prep(String pipeline) {
+    return new ImagePrep(PrepPipeline.parse(pipeline), null); // check() and workingBytes() need no budget
+  }
+
+  static String refusal(ImagePrep p, byte[] bytes) {
+    return assertThrows(BadImageException.class, () -> p.check(direct(bytes))).getMessage();
+  }
+
+  @Test
+  void realJpegAndPngHeadersGiveTheirSize() throws Exception {
+    ImageHeader j = ImageHeader.read(direct(encode("jpg", 123, 45)));
+    assertEquals(new ImageHeader(Format.JPEG, 123, 45, 3, false, false), j);
+    ImageHeader p = ImageHeader.read(direct(encode("png", 67, 89)));
+    assertEquals(Format.PNG, p.format());
+    assertEquals(67, p.width());
+    assertEquals(89, p.height());
+    ByteBuffer b = direct(encode("jpg", 10, 10));
+    int pos = b.position();
+    ImageHeader.read(b);
+    assertEquals(pos, b.position(), "reading the header does not move the buffer");
+  }
+
+  @Test
+  void aDecompressionBombIsRefusedFromItsHeader() throws Exception {
+    byte[] bomb = bomb(encode("jpg", 40, 30), 65535, 65535);
+    assertTrue(bomb.length < 4096, "a tiny file: " + bomb.length);
+    ImageHeader h = ImageHeader.read(direct(bomb));
+    assertEquals(65535, h.width());
+    assertEquals(4294836225L, h.pixels(), "long arithmetic: above 2^31");
+    String m = refusal(prep(PIPELINE), bomb);
+    assertTrue(m.contains("declares 65535x65535 pixels (4294836225), above the cap of 89478485"
+        + " (--max-decode-pixels / decode max_pixels)"), m);
+    // The case: 30000x30000 (9e8 pixels, below OpenCV's own 2^30 limit) is refused too.
+    assertTrue(refusal(prep(PIPELINE), bomb(encode("jpg", 40, 30), 30000, 30000)).contains("30000x30000"));
+    // A pipeline may lower (or raise) the cap.
+    String low = PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"max_pixels\":1000}");
+    assertTrue(refusal(prep(low), encode("jpg", 40, 30)).contains("above the cap of 1000"));
+    prep(low).check(direct(encode("jpg", 40, 25)));
+  }
+
+  @Test
+  void anExtremeAspectRatioIsRefused() throws Exception {
+    String m = refusal(prep(PIPELINE), encode("png", 5000, 10));
+    assertTrue(m.contains("declares 5000x10 pixels, an aspect ratio of 500.0, above the cap of 100.0"
+        + " (--max-decode-aspect-ratio / decode max_aspect_ratio)"), m);
+    prep(PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"max_aspect_ratio\":600}"))
+        .check(direct(encode("png", 5000, 10)));
+  }
+
+  @Test
+  void otherFormatsAreNamedAndRefusedUnlessThePipelineAcceptsThem() throws Exception {
+    byte[] tiff = encode("tiff", 20, 20); // a TIFF renamed .jpg is still a TIFF
+    String m = refusal(prep(PIPELINE), tiff);
+    assertTrue(m.startsWith("a TIFF file (first bytes 4d 4d 00 2a") || m.startsWith("a TIFF file (first bytes 49 49 2a 00"), m);
+    assertTrue(m.endsWith("not one of the formats the pipeline decodes: jpeg, png (decode \"formats\")"), m);
+    assertTrue(refusal(prep(PIPELINE), encode("bmp", 8, 8)).startsWith("a BMP file"));
+    assertTrue(refusal(prep(PIPELINE), encode("gif", 8, 8)).startsWith("a GIF file"));
+    String pngOnly = PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"formats\":[\"png\"]}");
+    assertTrue(refusal(prep(pngOnly), encode("jpg", 8, 8)).startsWith("a JPEG file"));
+    // WebP (a VP8L header: signature 0x2f, then 14 bits width-1 and 14 bits height-1)
+    byte[] webp = webpLossless(300, 200);
+    assertTrue(refusal(prep(PIPELINE), webp).startsWith("a WebP file"));
+    ImageHeader h = prep(PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"formats\":[\"webp\",\"jpg\"]}"))
+        .check(direct(webp));
+    assertEquals(300, h.width());
+    assertEquals(200, h.height());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> PrepPipeline.parse(PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"formats\":[\"tiff\"]}")));
+    assertTrue(e.getMessage().contains("prep op #0 'decode': \"formats\" may name jpeg, png and webp"), e.getMessage());
+  }
+
+  static byte[] webpLossless(int w, int h) {
+    ByteBuffer b = ByteBuffer.allocate(40).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+    b.put("RIFF".getBytes()).putInt(32).put("WEBP".getBytes()).put("VP8L".getBytes()).putInt(20);
+    b.put((byte) 0x2F).putInt((w - 1) | (h - 1) << 14);
+    return b.array();
+  }
+
+  @Test
+  void truncatedAndGarbageFilesSayWhatIsWrong() throws Exception {
+    byte[] jpeg = encode("jpg", 64, 48);
+    String half = refusal(prep(PIPELINE), Arrays.copyOf(jpeg, jpeg.length - 10));
+    assertTrue(half.startsWith("truncated JPEG: no end-of-image marker (FF D9) after the scan data"), half);
+    assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(jpeg, 30)).startsWith("truncated JPEG: "), "cut inside the header");
+    byte[] png = encode("png", 64, 48);
+    assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(png, png.length - 20)).startsWith("truncated PNG: no IEND chunk"));
+    assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(png, 20)).startsWith("truncated PNG"));
+    String garbage = refusal(prep(PIPELINE), "hello, not an image".getBytes());
+    assertEquals("not an image: no image format starts with the bytes 68 65 6c 6c 6f 2c 20 6e (19 bytes in all)", garbage);
+    assertEquals("an empty file (0 bytes)", refusal(prep(PIPELINE), new byte[0]));
+    byte[] magicThenNoise = new byte[200];
+    new java.util.Random(1).nextBytes(magicThenNoise);
+    magicThenNoise[0] = (byte) 0xFF;
+    magicThenNoise[1] = (byte) 0xD8;
+    magicThenNoise[2] = (byte) 0xFF;
+    String noise = refusal(prep(PIPELINE), magicThenNoise);
+    assertTrue(noise.startsWith("corrupt JPEG") || noise.startsWith("truncated JPEG"), noise);
+    // Trailing bytes after the end marker are tolerated (some cameras append data).
+    byte[] padded = Arrays.copyOf(jpeg, jpeg.length + 64);
+    assertEquals(64, prep(PIPELINE).check(direct(padded)).width());
+  }
+
+  @Test
+  void workingBytesBoundTheDecodeAndTheOps() throws Exception {
+    ImagePrep p = prep(PIPELINE);
+    ImageHeader small = new ImageHeader(Format.JPEG, 1000, 1000, 3, false, false);
+    long decoded = 1000L * 1000 * 3;
+    long w = p.workingBytes(small);
+    assertTrue(w >= decoded && w <= decoded + 32 * 32 * 3 * 2 + ImagePrep.DECODER_OVERHEAD, "w=" + w);
+    ImageHeader progressive = new ImageHeader(Format.JPEG, 1000, 1000, 3, true, true);
+    assertEquals(decoded * 2 + 1000L * 1000 * 3 * 2 + ImagePrep.DECODER_OVERHEAD, p.workingBytes(progressive),
+        "rotated copy and coefficients");
+    // resize(256) of a 100:1 image makes a 256 x 25600 intermediate, counted
+    ImagePrep resize = prep("{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":256},{\"op\":\"center_crop\",\"size\":224}]}");
+    ImageHeader wide = new ImageHeader(Format.PNG, 10000, 100, 3, false, false);
+    assertTrue(resize.workingBytes(wide) >= 10000L * 100 * 3 + 256L * 25600 * 3, "" + resize.workingBytes(wide));
+    assertFalse(resize.workingBytes(wide) < 0);
+  }
+}
