@@ -20,6 +20,7 @@ __all__ = [
     "KIND_FETCH",
     "KIND_PLAN",
     "KIND_PREP",
+    "KIND_PEER",
     "MAX_NAME_BYTES",
     "MAX_IDS",
     "MAX_PLAN_IDS",
@@ -66,6 +67,7 @@ TICKET_MAGIC = b"UNST"
 KIND_FETCH = 1
 KIND_PLAN = 2
 KIND_PREP = 3  # coordinated prep's DoGet ticket (unstall.prep)
+KIND_PEER = 4  # sidecar to sidecar only (the partitioned cache); never sent by the shim
 MAX_NAME_BYTES = 1024
 MAX_IDS = 65536
 MAX_PLAN_IDS = 1 << 28
@@ -208,8 +210,8 @@ def _decode_ids(data: bytes, kind: int, max_ids: int) -> tuple[str, int, tuple[i
             f"malformed ticket: unsupported version {version} (this client speaks version {PROTOCOL_VERSION})"
         )
     if got != kind:
-        what = f"kind {got} is not valid here" if got in (KIND_FETCH, KIND_PLAN, KIND_PREP) else f"unknown kind {got}"
-        raise ValueError(f"malformed ticket: {what} (expected {kind}; 1 = FETCH, 2 = PLAN, 3 = PREP)")
+        what = f"kind {got} is not valid here" if got in (KIND_FETCH, KIND_PLAN, KIND_PREP, KIND_PEER) else f"unknown kind {got}"
+        raise ValueError(f"malformed ticket: {what} (expected {kind}; 1 = FETCH, 2 = PLAN, 3 = PREP, 4 = PEER)")
     if not 1 <= name_len <= MAX_NAME_BYTES:
         raise ValueError(f"malformed ticket: dataset name length {name_len} is outside 1..{MAX_NAME_BYTES}")
     if size < 16 + name_len:

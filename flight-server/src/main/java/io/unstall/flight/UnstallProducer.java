@@ -22,6 +22,8 @@ import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.locks.LockSupport;
+import java.util.function.Supplier;
+import io.unstall.flight.cluster.HazelcastCluster;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.ActionType;
 import org.apache.arrow.flight.CallStatus;
@@ -54,6 +56,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private final StreamBudget budget;
   private final PrepService prep; // coordinated prep: prep.* actions and PREP tickets
   private final Sessions sessions;
+  private Supplier<HazelcastCluster> cluster; // null: not in a cluster
 
   /** {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. */
   public UnstallProducer(
@@ -110,7 +113,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   }
 
   /** Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. */
-  private static void awaitReady(ServerStreamListener listener) {
+  static void awaitReady(ServerStreamListener listener) {
     while (!listener.isReady() && !listener.isCancelled()) {
       LockSupport.parkNanos(20_000);
     }
@@ -188,6 +191,11 @@ public final class UnstallProducer extends NoOpFlightProducer {
     listener.onCompleted();
   }
 
+  /** Adds the cluster's view (members, served to peers) to the stats. */
+  void reportCluster(Supplier<HazelcastCluster> cluster) {
+    this.cluster = cluster;
+  }
+
   public PrepService prep() {
     return prep;
   }
@@ -229,7 +237,17 @@ public final class UnstallProducer extends NoOpFlightProducer {
     }
     ObjectNode ds = o.putObject("datasets");
     for (Dataset d : registry.all()) {
-      ds.set(d.name(), d.stats().toJson());
+      ObjectNode j = d.stats().toJson();
+      if (cluster != null) {
+        j.set("served_to_peers", d.servedToPeers().toJson());
+      }
+      ds.set(d.name(), j);
+    }
+    HazelcastCluster joined = cluster == null ? null : cluster.get();
+    if (joined != null) {
+      ObjectNode k = o.putObject("cluster");
+      k.put("members", joined.members());
+      k.put("settled", joined.settled());
     }
     o.set("sessions", sessions.toJson());
     return o.toString();

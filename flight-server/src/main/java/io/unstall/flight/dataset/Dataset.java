@@ -20,6 +20,8 @@ public final class Dataset {
   private final SampleIndex index;
   private final List<String> classes;
   private final DatasetStats stats = new DatasetStats();
+  /** What this sidecar served to other sidecars of its cluster (partitioned cache): not its clients' epochs. */
+  private final DatasetStats servedToPeers = new DatasetStats();
   /** The digest manifest: sample id -> content digest, learned from reads or loaded from a manifest file. */
   private final AtomicReferenceArray<Digest> digests;
   /** How many digests were learned or changed: the registry checkpoints the manifest when this moved. */
@@ -102,6 +104,11 @@ public final class Dataset {
 
   public DatasetStats stats() {
     return stats;
+  }
+
+  /** The counters of samples this sidecar served to peers that asked it as their owner. */
+  public DatasetStats servedToPeers() {
+    return servedToPeers;
   }
 
   /** Checks that {@code id} is a sample of this dataset. */

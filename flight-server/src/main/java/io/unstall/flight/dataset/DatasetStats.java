@@ -22,6 +22,9 @@ public final class DatasetStats {
     final LongAdder diskHits = new LongAdder();
     final LongAdder diskBytes = new LongAdder();
     final LongAdder prefetchHits = new LongAdder();
+    final LongAdder peerHits = new LongAdder();
+    final LongAdder peerBytes = new LongAdder();
+    final LongAdder peerFallbacks = new LongAdder();
 
     Epoch(Epoch parent) {
       this.parent = parent;
@@ -43,6 +46,24 @@ public final class DatasetStats {
       diskBytes.add(bytes);
       if (parent != null) {
         parent.diskHit(bytes);
+      }
+    }
+
+    /** Served from the memory cache of the sidecar that owns the sample (the partitioned cache). */
+    public void peerHit(long bytes) {
+      samples.increment();
+      peerHits.increment();
+      peerBytes.add(bytes);
+      if (parent != null) {
+        parent.peerHit(bytes);
+      }
+    }
+
+    /** Samples whose owner failed or left: they are read from storage instead (and counted as misses then). */
+    public void peerFallback(long samples) {
+      peerFallbacks.add(samples);
+      if (parent != null) {
+        parent.peerFallback(samples);
       }
     }
 
@@ -90,6 +111,14 @@ public final class DatasetStats {
       return storageBytes.sum();
     }
 
+    public long peerHits() {
+      return peerHits.sum();
+    }
+
+    public long peerFallbacks() {
+      return peerFallbacks.sum();
+    }
+
     void add(Epoch other) {
       samples.add(other.samples.sum());
       hits.add(other.hits.sum());
@@ -99,6 +128,9 @@ public final class DatasetStats {
       diskHits.add(other.diskHits.sum());
       diskBytes.add(other.diskBytes.sum());
       prefetchHits.add(other.prefetchHits.sum());
+      peerHits.add(other.peerHits.sum());
+      peerBytes.add(other.peerBytes.sum());
+      peerFallbacks.add(other.peerFallbacks.sum());
     }
 
     ObjectNode toJson() {
@@ -111,6 +143,9 @@ public final class DatasetStats {
       o.put("disk_hits", diskHits.sum());
       o.put("disk_bytes", diskBytes.sum());
       o.put("prefetch_hits", prefetchHits.sum());
+      o.put("peer_hits", peerHits.sum());
+      o.put("peer_bytes", peerBytes.sum());
+      o.put("peer_fallbacks", peerFallbacks.sum());
       return o;
     }
   }
@@ -178,8 +213,10 @@ public final class DatasetStats {
     long h = e.hits.sum();
     return String.format(
         "dataset '%s' epoch %d: %d samples, cache hits %d (%.1f%%), disk hits %d, misses %d, %d bytes from storage,"
-            + " %d from cache",
+            + " %d from cache%s",
         dataset, epoch, s, h, s == 0 ? 0.0 : 100.0 * h / s, e.diskHits.sum(), e.misses.sum(), e.storageBytes.sum(),
-        e.cacheBytes.sum());
+        e.cacheBytes.sum(), e.peerHits.sum() + e.peerFallbacks.sum() == 0 ? ""
+            : String.format(", peer hits %d (%d bytes), peer fallbacks %d", e.peerHits.sum(), e.peerBytes.sum(),
+                e.peerFallbacks.sum()));
   }
 }
