@@ -1,5 +1,6 @@
 package io.unstall.sidecar;
 
+import io.unstall.flight.cluster.ClusterSettings;
 import java.nio.file.Path;
 
 /** Validated settings of a sidecar. */
@@ -21,4 +22,5 @@ public record SidecarSettings(
     int prefetchWindowSamples,
     int prefetchThreads,
     long storageBandwidth,
-    boolean sharedMemory) {}
+    boolean sharedMemory,
+    ClusterSettings cluster) {} // null: a sidecar on its own
