@@ -38,6 +38,7 @@ __all__ = [
     "DatasetStats",
     "CacheStats",
     "Stats",
+    "ClusterStats",
     "parse_description",
     "parse_descriptions",
     "parse_stats",
@@ -303,6 +304,9 @@ class EpochStats:
     disk_hits: int = 0
     disk_bytes: int = 0
     prefetch_hits: int = 0
+    peer_hits: int = 0  # served from the cache of the sidecar that owns the sample (a cluster)
+    peer_bytes: int = 0
+    peer_fallbacks: int = 0  # samples whose owner failed or left: read from storage (counted in misses too)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpochStats:
@@ -313,6 +317,8 @@ class EpochStats:
 class DatasetStats:
     epochs: dict[int, EpochStats] = field(default_factory=dict)
     total: EpochStats = field(default_factory=EpochStats)
+    # In a cluster: what this sidecar served to peers as the samples' owner (not its own clients' epochs).
+    served_to_peers: Optional[DatasetStats] = None
 
     def epoch(self, epoch: int) -> EpochStats:
         """The counters of one epoch (zeros when the sidecar saw none of it)."""
@@ -330,11 +336,21 @@ class SessionStats(DatasetStats):
 
 
 def _dataset_stats(d: Mapping[str, Any], cls: type = DatasetStats, **extra: Any) -> Any:
+    peers = d.get("served_to_peers")
     return cls(
         epochs={int(e): EpochStats.from_json(v) for e, v in d.get("epochs", {}).items()},
         total=EpochStats.from_json(d.get("total", {})),
+        served_to_peers=None if peers is None else _dataset_stats(peers),
         **extra,
     )
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    """The partitioned cache's view from this sidecar: members it sees, and whether ownership is settled."""
+
+    members: int
+    settled: bool
 
 
 @dataclass(frozen=True)
@@ -351,6 +367,7 @@ class Stats:
     cache: CacheStats
     datasets: dict[str, DatasetStats]
     sessions: dict[int, SessionStats] = field(default_factory=dict)
+    cluster: Optional[ClusterStats] = None  # None: a sidecar on its own
 
     def dataset(self, name: str) -> DatasetStats:
         return self.datasets.get(name, DatasetStats())
@@ -383,9 +400,11 @@ def parse_stats(doc: str | bytes | Mapping[str, Any]) -> Stats:
             )
             for sid, ss in d.get("sessions", {}).items()
         }
+        k = d.get("cluster")
+        cluster = None if k is None else ClusterStats(members=int(k["members"]), settled=bool(k["settled"]))
     except KeyError as e:
         raise ValueError(f"stats: missing field {e.args[0]!r}") from None
-    return Stats(cache=cache, datasets=datasets, sessions=sessions)
+    return Stats(cache=cache, datasets=datasets, sessions=sessions, cluster=cluster)
 
 
 def check_batch(batch: pa.RecordBatch) -> None:

@@ -82,7 +82,9 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
     c.getMemberAttributeConfig().setAttribute(PEER_ATTRIBUTE, peerAddress);
     NetworkConfig n = c.getNetworkConfig();
     n.setPort(s.port()).setPortAutoIncrement(false);
-    n.getInterfaces().setEnabled(true).addInterface(s.bind());
+    // Exactly the cluster address (not an interface match: 127.0.0.x beside 127.0.0.1 is no interface's address).
+    // Hazelcast reads it as a JVM property: one member per sidecar process.
+    System.setProperty("hazelcast.local.localAddress", s.bind());
     JoinConfig j = n.getJoin();
     j.getMulticastConfig().setEnabled(false);
     j.getAutoDetectionConfig().setEnabled(false);
