@@ -9,26 +9,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
 
 from cluster_hosts import Hosts, make_cluster_certificate, netns_permitted
+from cluster_rank import LINE_TIMEOUT, Rank, rank_argv
 
 RANKS = 3
 SAMPLES = 120  # 40 per rank, 5 batches of 8
 BATCH = 8
 EPOCHS = 5
 KILL_EPOCH = 3  # rank 2's sidecar is SIGKILLed after 2 batches of this epoch
-LINE_TIMEOUT = 240.0  # a bound on a hang, not a timing assertion
 
 
 def make_dataset(root: Path) -> list[bytes]:
@@ -42,44 +38,6 @@ def make_dataset(root: Path) -> list[bytes]:
         p.write_bytes(data)
         out.append(data)
     return out
-
-
-class Rank:
-    """A rank's process and its stdout lines, read by a thread so that waits are bounded queue reads."""
-
-    def __init__(self, k: int, argv: list[str], log: Path) -> None:
-        self.k = k
-        self.log = log
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"),
-                                     text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)))
-        self.lines: queue.Queue[Optional[str]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def expect(self, prefix: str) -> str:
-        """The rest of the next line that starts with ``prefix`` (other lines are skipped)."""
-        while True:
-            try:
-                line = self.lines.get(timeout=LINE_TIMEOUT)
-            except queue.Empty:
-                pytest.fail(f"rank {self.k}: no '{prefix}' within {LINE_TIMEOUT:.0f}s; log {self.log}:\n{self.tail()}")
-            if line is None:
-                pytest.fail(f"rank {self.k} exited ({self.proc.wait()}) before '{prefix}'; log {self.log}:\n{self.tail()}")
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
-
-    def go(self, word: str = "go") -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(word + "\n")
-        self.proc.stdin.flush()
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
 
 
 def storage_bytes(stats: list[dict[str, Any]], epoch: int) -> int:
@@ -123,8 +81,7 @@ def test_three_hosts_share_one_partitioned_cache_and_survive_a_dead_sidecar(
                                "--cluster-name", f"unstall-test-{os.getpid()}", "--cluster-token", str(token),
                                "--peer-tls-cert", str(cert), "--peer-tls-key", str(key), "--peer-tls-ca", str(cert)],
             }
-            argv = hosts.command(k, [sys.executable, str(Path(__file__).with_name("cluster_rank.py")), json.dumps(spec)])
-            ranks.append(Rank(k, argv, tmp_path / f"rank{k}.log"))
+            ranks.append(Rank(k, hosts.command(k, rank_argv(spec)), tmp_path / f"rank{k}.log"))
         try:
             for r in ranks:
                 r.expect("READY")
@@ -160,9 +117,7 @@ def test_three_hosts_share_one_partitioned_cache_and_survive_a_dead_sidecar(
                 assert r.proc.wait(timeout=LINE_TIMEOUT) == 0, f"rank {r.k} failed; log:\n{r.tail()}"
         finally:
             for r in ranks:
-                if r.proc.poll() is None:
-                    r.proc.kill()
-                    r.proc.wait()
+                r.stop()
 
     # Every epoch, the kill's included: each rank got its shard, all shards together are the dataset exactly
     # once, and every payload equals its file's bytes (the sha256 of what the loader yielded).
@@ -170,6 +125,7 @@ def test_three_hosts_share_one_partitioned_cache_and_survive_a_dead_sidecar(
         got = Counter(h for d in done for h in d["epochs"][e])
         assert [len(d["epochs"][e]) for d in done] == [SAMPLES // RANKS] * RANKS
         assert got == expected, f"epoch {e}: not every sample exactly once with its file's bytes"
+    assert sum(d["peer_hits"][1] for d in done) > 0, "loader.stats() shows the peer hits"
 
     # The first epoch reads the dataset once; later ones read only what no node caches.
     assert storage_bytes(before[1], 0) == dataset_bytes
