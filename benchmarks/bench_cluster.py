@@ -95,7 +95,10 @@ def run(n: int, args: argparse.Namespace, work: Path, data: Path, dataset_bytes:
         seconds = max(d["seconds"][e] for d in done)
         epochs.append({"epoch": e, "storage_bytes": storage, "seconds": seconds,
                        "samples_per_s": args.samples / seconds if seconds > 0 else 0.0,
-                       "peer_hits": sum(d["peer_hits"][e] for d in done)})
+                       "cached_bytes": sum(s["used_bytes"] for s in counters[e]),
+                       "peer_hits": sum(d["peer_hits"][e] for d in done),
+                       "peer_fallbacks": sum(s["epochs"].get(str(e), {}).get("peer_fallbacks", 0)
+                                             for s in counters[e + 1])})
     return {"n": n, "hosts": where, "capacity": capacity, "epochs": epochs}
 
 
@@ -122,16 +125,19 @@ def main() -> None:
     print(f"dataset {args.samples} samples, {dataset_bytes / 1e6:.1f} MB; cache per sidecar "
           f"{args.capacity_fraction:.0%} of it; storage {args.storage_rate}/s per node")
     print(f"hosts: {results[-1]['hosts']}")
-    print(f"{'N':>2} {'epoch':>5} {'storage MB':>10} {'(x N=1)':>8} {'expected MB':>11} {'epoch s':>8} {'(x N=1)':>8}"
-          f" {'samples/s':>9} {'(x N=1)':>8} {'peer hits':>9}")
+    print("storage MB: what the cluster read from storage; dataset - N x cap: CoorDL's expectation, which needs every"
+          " node to own at least its capacity; dataset - cached: what the caches held when the epoch began")
+    print(f"{'N':>2} {'epoch':>5} {'storage MB':>10} {'(x N=1)':>8} {'dataset - N x cap':>17} {'dataset - cached':>16}"
+          f" {'epoch s':>8} {'(x N=1)':>8} {'samples/s':>9} {'(x N=1)':>8} {'peer hits':>9} {'fallbacks':>9}")
     for r in results:
         for e in r["epochs"]:
             b = base[e["epoch"]]
             expected = dataset_bytes if e["epoch"] == 0 else max(0, dataset_bytes - r["n"] * r["capacity"])
             print(f"{r['n']:>2} {e['epoch']:>5} {e['storage_bytes'] / 1e6:>10.2f} "
-                  f"{e['storage_bytes'] / max(1, b['storage_bytes']):>8.2f} {expected / 1e6:>11.2f} "
+                  f"{e['storage_bytes'] / max(1, b['storage_bytes']):>8.2f} {expected / 1e6:>17.2f} "
+                  f"{(dataset_bytes - e['cached_bytes']) / 1e6:>16.2f} "
                   f"{e['seconds']:>8.2f} {e['seconds'] / b['seconds']:>8.2f} {e['samples_per_s']:>9.0f} "
-                  f"{e['samples_per_s'] / b['samples_per_s']:>8.2f} {e['peer_hits']:>9}")
+                  f"{e['samples_per_s'] / b['samples_per_s']:>8.2f} {e['peer_hits']:>9} {e['peer_fallbacks']:>9}")
     if args.out:
         args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1))
 

@@ -6,6 +6,7 @@ forces one (``netns`` or ``loopback``). A module of its own (never ``from confte
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -17,7 +18,13 @@ __all__ = ["Hosts", "netns_permitted", "make_cluster_certificate"]
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"'ip {' '.join(args)}' failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+_instances = itertools.count()
 
 
 def netns_permitted() -> bool:
@@ -46,7 +53,7 @@ class Hosts:
         self.mode = wanted
         self.rate = rate
         self.delay = delay
-        tag = os.getpid() % 100000
+        tag = (os.getpid() * 10 + next(_instances)) % 100000  # unique per instance: names are global
         self._bridge = f"ubr{tag}"
         self._ns = [f"unstall-{tag}-{k}" for k in range(n)]
         self._veth = [(f"uh{tag}x{k}", f"un{tag}x{k}") for k in range(n)]
@@ -77,6 +84,7 @@ class Hosts:
             _ip("netns", "add", ns)
             self._created.append(("netns", "del", ns))  # deleting the namespace deletes its veth pair
             _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+            self._created.append(("link", "del", host_end))  # else it lingers while the namespace goes
             _ip("link", "set", ns_end, "netns", ns)
             _ip("link", "set", host_end, "master", self._bridge, "up")
             _ip("-n", ns, "addr", "add", f"{self.addresses[k]}/24", "dev", ns_end)
