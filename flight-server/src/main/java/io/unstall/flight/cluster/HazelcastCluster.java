@@ -9,6 +9,8 @@ import com.hazelcast.config.NetworkConfig;
 import com.hazelcast.core.Hazelcast;
 import com.hazelcast.core.HazelcastInstance;
 import com.hazelcast.partition.Partition;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -27,6 +29,8 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
   public static final String PEER_ATTRIBUTE = "unstall.peer";
 
   private final HazelcastInstance hz;
+  /** Each member's peer, parsed once (ownerOf runs per sample); a departed member's entry is dropped. */
+  private final ConcurrentHashMap<UUID, Peer> peers = new ConcurrentHashMap<>();
 
   private HazelcastCluster(HazelcastInstance hz) {
     this.hz = hz;
@@ -49,6 +53,7 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
       public void memberRemoved(MembershipEvent e) {
         LOG.warn("cluster '{}': {} left; its partitions go to the {} remaining members, which read them from storage",
             s.name(), describe(e.getMember()), e.getMembers().size());
+        c.peers.remove(e.getMember().getUuid());
         Peer p = peerOf(e.getMember());
         if (p != null) {
           departed.accept(p);
@@ -102,8 +107,15 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
     if (owner.localMember()) {
       return Peer.SELF;
     }
-    Peer peer = peerOf(owner);
-    return peer == null ? Peer.UNDECIDED : peer;
+    Peer peer = peers.get(owner.getUuid());
+    if (peer == null) {
+      peer = peerOf(owner);
+      if (peer == null) {
+        return Peer.UNDECIDED;
+      }
+      peers.put(owner.getUuid(), peer);
+    }
+    return peer;
   }
 
   private static Peer peerOf(Member m) {
