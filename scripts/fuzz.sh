@@ -21,11 +21,12 @@ declare -A TARGETS=(
   [fetchTicket]=io.unstall.flight.protocol.ProtocolFuzzTest#fetchTicket
   [plan]=io.unstall.flight.protocol.ProtocolFuzzTest#plan
   [prepTicket]=io.unstall.flight.protocol.ProtocolFuzzTest#prepTicket
+  [peerTicket]=io.unstall.flight.protocol.ProtocolFuzzTest#peerTicket
   [localRequest]=io.unstall.flight.protocol.ProtocolFuzzTest#localRequest
   [actionBody]=io.unstall.flight.prep.ActionBodiesFuzzTest#actionBody
   [indexAndRead]=io.unstall.flight.format.TfRecordFuzzTest#indexAndRead
 )
-ORDER=(fetchTicket plan prepTicket localRequest actionBody indexAndRead)
+ORDER=(fetchTicket plan prepTicket peerTicket localRequest actionBody indexAndRead)
 
 usage() {
   sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'

@@ -23,6 +23,19 @@ def test_encode_matches_golden_fixture(fixtures_dir: Path) -> None:
     assert ticket.encode() == expected
 
 
+def test_peer_ticket_fixture_is_refused_as_a_fetch_ticket(fixtures_dir: Path) -> None:
+    """The sidecars' PEER ticket (Java only) shares the id-list layout; the shim never takes it for a FETCH."""
+    doc = json.loads((fixtures_dir / "peer-ticket-v1.json").read_text())
+    golden = (fixtures_dir / "peer-ticket-v1.bin").read_bytes()
+    name = doc["dataset"].encode()
+    assert golden == (
+        b"UNST" + struct.pack("<BBH", doc["version"], protocol.KIND_PEER, len(name)) + name
+        + struct.pack("<II", doc["epoch"], len(doc["ids"])) + b"".join(struct.pack("<Q", i) for i in doc["ids"])
+    )
+    with pytest.raises(ValueError, match="malformed ticket: kind 4 is not valid here"):
+        decode_ticket(golden)
+
+
 def test_decode_matches_golden_fixture(fixtures_dir: Path) -> None:
     doc = json.loads((fixtures_dir / "ticket-fetch-v1.json").read_text())
     t = decode_ticket((fixtures_dir / "ticket-fetch-v1.bin").read_bytes())

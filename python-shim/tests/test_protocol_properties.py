@@ -249,6 +249,7 @@ GOLDEN: dict[str, list[Callable[[bytes], object]]] = {
     "plan-v1.bin": TICKET_DECODERS,
     "prep-ticket-v1.bin": TICKET_DECODERS,
     "bad-utf8-name.bin": TICKET_DECODERS,
+    "peer-ticket-v1.bin": TICKET_DECODERS,  # sidecar to sidecar: every shim decoder refuses it
     "local-fetch-v1.bin": [_check_local_request],
     "local-batch-v1.bin": [_check_local_reply],
 }
@@ -292,7 +293,7 @@ JSON_VALUES = st.recursive(
     max_leaves=12,
 )
 STATS_FIELDS = ("v", "cache", "datasets", "sessions", "policy", "capacity_bytes", "used_bytes", "entries", "epochs",
-                "total", "samples", "hits", "0")
+                "total", "samples", "hits", "0", "served_to_peers", "peer_hits", "cluster", "members", "settled")
 DESCRIPTION_FIELDS = ("v", "name", "format", "uri", "num_samples", "total_bytes", "classes")
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "KIND_FETCH",
     "KIND_PLAN",
     "KIND_PREP",
+    "KIND_PEER",
     "MAX_NAME_BYTES",
     "MAX_IDS",
     "MAX_PLAN_IDS",
@@ -39,6 +40,7 @@ __all__ = [
     "DatasetStats",
     "CacheStats",
     "Stats",
+    "ClusterStats",
     "parse_description",
     "parse_descriptions",
     "parse_stats",
@@ -75,6 +77,7 @@ TICKET_MAGIC = b"UNST"
 KIND_FETCH = 1
 KIND_PLAN = 2
 KIND_PREP = 3  # coordinated prep's DoGet ticket (unstall.prep)
+KIND_PEER = 4  # sidecar to sidecar only (the partitioned cache); never sent by the shim
 MAX_NAME_BYTES = 1024
 MAX_IDS = 65536
 MAX_PLAN_IDS = 1 << 28
@@ -258,8 +261,8 @@ def _decode_ids(data: bytes, kind: int, max_ids: int) -> tuple[str, int, tuple[i
             f"malformed ticket: unsupported version {version} (this client speaks version {PROTOCOL_VERSION})"
         )
     if got != kind:
-        what = f"kind {got} is not valid here" if got in (KIND_FETCH, KIND_PLAN, KIND_PREP) else f"unknown kind {got}"
-        raise ValueError(f"malformed ticket: {what} (expected {kind}; 1 = FETCH, 2 = PLAN, 3 = PREP)")
+        what = f"kind {got} is not valid here" if got in (KIND_FETCH, KIND_PLAN, KIND_PREP, KIND_PEER) else f"unknown kind {got}"
+        raise ValueError(f"malformed ticket: {what} (expected {kind}; 1 = FETCH, 2 = PLAN, 3 = PREP, 4 = PEER)")
     if not 1 <= name_len <= MAX_NAME_BYTES:
         raise ValueError(f"malformed ticket: dataset name length {name_len} is outside 1..{MAX_NAME_BYTES}")
     if size < 16 + name_len:
@@ -404,6 +407,9 @@ class EpochStats:
     # confirmed, and refused (the claimed entry is never served; the sample's own bytes are).
     verified: int = 0
     verify_mismatches: int = 0
+    peer_hits: int = 0  # served from the cache of the sidecar that owns the sample (a cluster)
+    peer_bytes: int = 0
+    peer_fallbacks: int = 0  # samples whose owner failed or left: read from storage (counted in misses too)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpochStats:
@@ -414,6 +420,8 @@ class EpochStats:
 class DatasetStats:
     epochs: dict[int, EpochStats] = field(default_factory=dict)
     total: EpochStats = field(default_factory=EpochStats)
+    # In a cluster: what this sidecar served to peers as the samples' owner (not its own clients' epochs).
+    served_to_peers: Optional[DatasetStats] = None
 
     def epoch(self, epoch: int) -> EpochStats:
         """The counters of one epoch (zeros when the sidecar saw none of it)."""
@@ -431,11 +439,21 @@ class SessionStats(DatasetStats):
 
 
 def _dataset_stats(d: Mapping[str, Any], cls: type = DatasetStats, **extra: Any) -> Any:
+    peers = d.get("served_to_peers")
     return cls(
         epochs={int(e): EpochStats.from_json(v) for e, v in d.get("epochs", {}).items()},
         total=EpochStats.from_json(d.get("total", {})),
+        served_to_peers=None if peers is None else _dataset_stats(peers),
         **extra,
     )
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    """The partitioned cache's view from this sidecar: members it sees, and whether ownership is settled."""
+
+    members: int
+    settled: bool
 
 
 @dataclass(frozen=True)
@@ -452,6 +470,7 @@ class Stats:
     cache: CacheStats
     datasets: dict[str, DatasetStats]
     sessions: dict[int, SessionStats] = field(default_factory=dict)
+    cluster: Optional[ClusterStats] = None  # None: a sidecar on its own
 
     def dataset(self, name: str) -> DatasetStats:
         return self.datasets.get(name, DatasetStats())
@@ -484,11 +503,15 @@ def parse_stats(doc: str | bytes | Mapping[str, Any]) -> Stats:
             )
             for sid, ss in d.get("sessions", {}).items()
         }
+        k = d.get("cluster")
+        cluster = None if k is None else ClusterStats(members=int(k["members"]), settled=bool(k["settled"]))
     except KeyError as e:
         raise ValueError(f"stats: missing field {e.args[0]!r}") from None
     except (TypeError, AttributeError, ValueError, OverflowError) as e:  # a field of the wrong type, e.g. a list
         raise ValueError(f"stats: a field has the wrong type ({e})") from None
-    return Stats(cache=cache, datasets=datasets, sessions=sessions)
+    except RecursionError:  # served_to_peers nested past the stack
+        raise ValueError("stats: nested too deeply") from None
+    return Stats(cache=cache, datasets=datasets, sessions=sessions, cluster=cluster)
 
 
 @dataclass(frozen=True)

@@ -374,6 +374,8 @@ class LoaderStats:
     cache_misses: Optional[int] = None
     storage_bytes: Optional[int] = None
     cache_bytes: Optional[int] = None
+    peer_hits: Optional[int] = None  # a cluster: served from the cache of the sidecar that owns the sample
+    peer_bytes: Optional[int] = None
     transport: Optional[str] = None
     total: Optional["LoaderStats"] = field(default=None, repr=False)
 
@@ -397,6 +399,8 @@ class LoaderStats:
             pct = f" ({100 * self.cache_hits / n:.0f}%)" if n else ""
             s += (f", cache {self.cache_hits}/{n} hits{pct}, {_mb(self.storage_bytes)} from storage, "
                   f"{_mb(self.cache_bytes)} from cache")
+            if self.peer_hits:
+                s += f", {self.peer_hits} peer hits ({_mb(self.peer_bytes)})"
         else:
             s += f", {_mb(self.bytes_fetched)} fetched"
         return s
@@ -493,6 +497,8 @@ class LoaderObserver:
             st.cache_misses = sum(e.misses for e in epochs)
             st.storage_bytes = sum(e.storage_bytes for e in epochs)
             st.cache_bytes = sum(e.cache_bytes for e in epochs)
+            st.peer_hits = sum(e.peer_hits for e in epochs)
+            st.peer_bytes = sum(e.peer_bytes for e in epochs)
         return st
 
     def begin_epoch(self, epoch: int) -> None:

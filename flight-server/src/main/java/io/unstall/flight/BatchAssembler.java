@@ -4,6 +4,9 @@ import io.unstall.flight.cache.Digest;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.cache.TierBreaker;
+import io.unstall.flight.cluster.Ownership;
+import io.unstall.flight.cluster.Peer;
+import io.unstall.flight.cluster.PeerClients;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.protocol.BatchSchema;
@@ -13,7 +16,9 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -35,6 +40,10 @@ import org.apache.arrow.vector.VectorSchemaRoot;
  * sample's first read ({@link #admit}). The whole batch is assembled before anything is sent, so a failure
  * never yields a partial batch. A cache tier's error (disk full, EIO, memory that cannot be allocated) never
  * fails a batch: the sample is read from storage, and each tier sits behind a {@link TierBreaker}.
+ *
+ * <p>In a cluster (the partitioned cache, {@link #joinCluster}) the memory cache admits only the samples this
+ * sidecar owns, and a sample owned by another sidecar is asked of its owner over Flight after the local tiers
+ * (prefetch, memory cache) and before the disk tier and storage; a peer that fails or left is read from storage.
  */
 public final class BatchAssembler {
   private final SampleCache cache;
@@ -42,7 +51,9 @@ public final class BatchAssembler {
   private final TierBreaker cacheBreaker; // the memory cache's admission
   private final TierBreaker diskBreaker; // null when there is no disk tier
   private final Prefetcher prefetcher;
-  private final ExecutorService io; // parallel storage reads of a batch's misses
+  private final ExecutorService io; // parallel storage reads of a batch's misses, and its peer fetches
+  private volatile Ownership ownership = Ownership.SOLO;
+  private volatile PeerClients peers; // null: no cluster
 
   /** The prefetcher's staging memory is a child of {@code parent} limited to {@code prefetchWindowBytes}. */
   public BatchAssembler(
@@ -80,7 +91,20 @@ public final class BatchAssembler {
     return diskBreaker;
   }
 
+  /**
+   * From now on, the memory cache admits only what {@code ownership} says this sidecar owns, and samples owned
+   * elsewhere are asked of their owner through {@code peers}.
+   */
+  public void joinCluster(Ownership ownership, PeerClients peers) {
+    this.ownership = ownership;
+    this.peers = peers;
+  }
+
+  /** Whether the prefetcher need not read {@code id}: cached here, or owned by a peer (asked at batch time). */
   private boolean isCached(Dataset d, int id) {
+    if (peers != null && ownership.ownerOf(d.name(), id).remote()) {
+      return true;
+    }
     Digest digest = d.digest(id);
     return digest != null && (cache.contains(digest) || onDisk(digest));
   }
@@ -98,6 +122,11 @@ public final class BatchAssembler {
     /** A Flight client without a session: the dataset's own plan and counters. */
     public static Requester of(Dataset d) {
       return new Requester(d.name(), d.stats());
+    }
+
+    /** Another sidecar asking this one as the owner: no plan, its own counters. */
+    public static Requester peerOf(Dataset d) {
+      return new Requester("peer:" + d.name(), d.servedToPeers());
     }
   }
 
@@ -135,6 +164,21 @@ public final class BatchAssembler {
   /** Assembles the batch for Flight, every payload copied into it; the caller owns (and closes) the root. */
   public VectorSchemaRoot assemble(Dataset d, Requester r, long epoch, int[] ids, BufferAllocator allocator)
       throws IOException {
+    return assemble(d, r, epoch, ids, allocator, true);
+  }
+
+  /**
+   * Assembles the batch a peer asked this sidecar for, as the owner: from the local tiers or storage, never from
+   * another peer (an owner that is asked does not pass the question on), counted in the dataset's
+   * {@code servedToPeers}.
+   */
+  public VectorSchemaRoot assembleForPeer(Dataset d, long epoch, int[] ids, BufferAllocator allocator)
+      throws IOException {
+    return assemble(d, Requester.peerOf(d), epoch, ids, allocator, false);
+  }
+
+  private VectorSchemaRoot assemble(
+      Dataset d, Requester r, long epoch, int[] ids, BufferAllocator allocator, boolean askPeers) throws IOException {
     int n = ids.length;
     VectorSchemaRoot root = VectorSchemaRoot.create(BatchSchema.SCHEMA, allocator);
     try {
@@ -166,7 +210,7 @@ public final class BatchAssembler {
         }
         keyVec.setSafe(i, d.key(id).getBytes(StandardCharsets.UTF_8));
       }
-      fill(d, r, epoch, ids, null, data, at);
+      fill(d, r, epoch, ids, null, data, at, askPeers);
       payload.setLastSet(n - 1);
       root.setRowCount(n);
       return root;
@@ -213,7 +257,7 @@ public final class BatchAssembler {
     }
     ArrowBuf buf = staging.allocate(staged);
     try {
-      fill(d, r, epoch, ids, refs, buf, stagedAt);
+      fill(d, r, epoch, ids, refs, buf, stagedAt, true);
       return buf;
     } catch (IOException | RuntimeException e) {
       buf.close();
@@ -222,13 +266,17 @@ public final class BatchAssembler {
   }
 
   /**
-   * Fills every row not in {@code refs} into {@code data} at {@code at[i]} from the first tier that has it,
-   * then reads the rest from storage in parallel.
+   * Fills every row not in {@code refs} into {@code data} at {@code at[i]} from the first tier that has it:
+   * prefetch staging and the memory cache, then (with {@code askPeers}, in a cluster) the owners of samples owned
+   * elsewhere, one request per owner, then the disk tier; the rest is read from storage in parallel.
    */
-  private void fill(Dataset d, Requester r, long epoch, int[] ids, ShmRef[] refs, ArrowBuf data, long[] at)
+  private void fill(
+      Dataset d, Requester r, long epoch, int[] ids, ShmRef[] refs, ArrowBuf data, long[] at, boolean askPeers)
       throws IOException {
     DatasetStats.Epoch stats = r.stats().epoch(epoch);
     List<Miss> misses = new ArrayList<>();
+    PeerClients peerClients = askPeers ? peers : null;
+    Map<Peer, List<Miss>> remote = peerClients == null ? Map.of() : new LinkedHashMap<>();
     long prefetchDeadline = System.nanoTime() + Prefetcher.TAKE_DEADLINE.toNanos();
     for (int i = 0; i < ids.length; i++) {
       if (refs != null && refs[i] != null) {
@@ -237,11 +285,75 @@ public final class BatchAssembler {
       int id = ids[i];
       int len = d.length(id);
       long off = at[i];
-      if (!fillFromTiers(d, r.owner(), epoch, id, data, off, len, stats, prefetchDeadline)) {
+      if (fillFromMemory(d, r.owner(), epoch, id, data, off, len, stats, prefetchDeadline)) {
+        continue;
+      }
+      if (peerClients != null) {
+        Peer owner = ownership.ownerOf(d.name(), id);
+        if (owner.remote()) {
+          remote.computeIfAbsent(owner, o -> new ArrayList<>()).add(new Miss(id, off, len));
+          continue;
+        }
+      }
+      if (!fillFromDisk(d, id, data, off, len, stats)) {
         misses.add(new Miss(id, off, len));
       }
     }
+    if (!remote.isEmpty()) {
+      for (Miss m : fetchFromPeers(peerClients, d, epoch, remote, data, stats)) {
+        if (!fillFromDisk(d, m.id(), data, m.off(), m.len(), stats)) {
+          misses.add(m);
+        }
+      }
+    }
     readAll(readTasks(d, misses, data, stats));
+  }
+
+  /**
+   * Asks each owner for its samples of the batch, owners in parallel; returns the samples whose owner failed
+   * (gone, hung past the deadline, a reply that does not match), to be read here.
+   */
+  private List<Miss> fetchFromPeers(
+      PeerClients peerClients, Dataset d, long epoch, Map<Peer, List<Miss>> remote, ArrowBuf data,
+      DatasetStats.Epoch stats) throws IOException {
+    List<Peer> owners = new ArrayList<>(remote.keySet());
+    List<Future<Boolean>> answers = new ArrayList<>(owners.size());
+    for (Peer owner : owners) {
+      List<Miss> ms = remote.get(owner);
+      int[] ids = new int[ms.size()];
+      long[] at = new long[ms.size()];
+      for (int k = 0; k < ids.length; k++) {
+        ids[k] = ms.get(k).id();
+        at[k] = ms.get(k).off();
+      }
+      answers.add(io.submit(() -> peerClients.fetch(owner, d, epoch, ids, data, at)));
+    }
+    List<Miss> failed = new ArrayList<>();
+    Throwable interrupted = null;
+    for (int k = 0; k < owners.size(); k++) {
+      boolean ok = false;
+      try {
+        ok = answers.get(k).get(); // every fetch is awaited: none writes into the buffer after it is released
+      } catch (ExecutionException e) {
+        ok = false;
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        interrupted = e;
+      }
+      List<Miss> ms = remote.get(owners.get(k));
+      if (ok) {
+        for (Miss m : ms) {
+          stats.peerHit(m.len());
+        }
+      } else {
+        stats.peerFallback(ms.size());
+        failed.addAll(ms);
+      }
+    }
+    if (interrupted != null) {
+      throw new IOException("interrupted waiting for peers' samples of dataset '" + d.name() + "'", interrupted);
+    }
+    return failed;
   }
 
   /** A sample to read from storage into the batch buffer at {@code off}. */
@@ -317,11 +429,10 @@ public final class BatchAssembler {
   }
 
   /**
-   * Copies sample {@code id} into {@code data[off..off+len)} from the first tier that has it; false if none
-   * does (or its tier failed) and it must be read from storage. Prefetched samples are waited for until
-   * {@code prefetchDeadline} ({@link System#nanoTime}).
+   * Copies sample {@code id} into {@code data[off..off+len)} from prefetch staging or the memory cache; false if
+   * neither has it. Prefetched samples are waited for until {@code prefetchDeadline} ({@link System#nanoTime}).
    */
-  private boolean fillFromTiers(
+  private boolean fillFromMemory(
       Dataset d, String owner, long epoch, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats,
       long prefetchDeadline) throws IOException {
     if (prefetcher.take(d, owner, epoch, id, data, off, prefetchDeadline)) {
@@ -329,11 +440,17 @@ public final class BatchAssembler {
       return true;
     }
     Digest digest = d.digest(id);
+    if (digest != null && cache.copyTo(digest, data, off, d.name())) {
+      stats.hit(len);
+      return true;
+    }
+    return false;
+  }
+
+  /** Copies sample {@code id} from the disk tier (promoting it to the memory cache); false if it is not there. */
+  private boolean fillFromDisk(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) {
+    Digest digest = d.digest(id);
     if (digest != null) {
-      if (cache.copyTo(digest, data, off, d.name())) {
-        stats.hit(len);
-        return true;
-      }
       if (onDisk(digest)
           && diskBreaker.run(() -> "reading " + sample(d, id), () -> disk.read(digest, data.nioBuffer(off, len)))) {
         stats.diskHit(len);
@@ -349,7 +466,11 @@ public final class BatchAssembler {
     return "dataset '" + d.name() + "' sample " + id + " (file '" + d.fileOf(id) + "')";
   }
 
+  /** Offers a sample to the memory cache, if this sidecar owns it (in a cluster, each caches its own part). */
   private void admitToCache(Dataset d, int id, Digest digest, ArrowBuf data, long off, int len) {
+    if (ownership.ownerOf(d.name(), id) != Peer.SELF) {
+      return;
+    }
     cacheBreaker.run(() -> "admitting " + sample(d, id),
         () -> cache.admit(digest, data, off, len, d.name()) == SampleCache.Admission.ADMITTED);
   }

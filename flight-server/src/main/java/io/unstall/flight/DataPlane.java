@@ -6,6 +6,9 @@ import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.LruCache;
 import io.unstall.flight.cache.MinioCache;
 import io.unstall.flight.cache.SampleCache;
+import io.unstall.flight.cluster.ClusterSettings;
+import io.unstall.flight.cluster.HazelcastCluster;
+import io.unstall.flight.cluster.PeerClients;
 import io.unstall.flight.dataset.DatasetRegistry;
 import io.unstall.flight.local.LocalServer;
 import io.unstall.flight.local.LocalService;
@@ -35,6 +38,8 @@ import org.slf4j.LoggerFactory;
  * host, over the local socket that hands out shared-memory references ({@code SharedMemory}). Flight accepts
  * the owner's token and the tenant tokens of {@link TenantTokens} (each tenant limited to its datasets); the
  * local socket only the owner, by its uid (in a 0700 directory, checked with SO_PEERCRED) and its token.
+ * In a cluster (the partitioned cache) it also serves a peer port to the other sidecars and joins their
+ * Hazelcast cluster.
  */
 public final class DataPlane implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(DataPlane.class);
@@ -55,6 +60,11 @@ public final class DataPlane implements AutoCloseable {
   private final FlightServer server;
   private final boolean tls;
   private final TenantTokens tenants;
+  private final ClusterSettings clusterSettings; // null: a sidecar on its own
+  private final FlightServer peerServer; // null without a cluster
+  private final FlightCalls peerCalls; // the peer server's bounded executor; null without a cluster
+  private final PeerClients peerClients; // null without a cluster
+  private volatile HazelcastCluster cluster; // joined in start()
 
   private DataPlane(Builder b) throws IOException {
     long budget = b.parent.getLimit();
@@ -116,6 +126,26 @@ public final class DataPlane implements AutoCloseable {
       sb.useTls(b.certChain, b.privateKey);
     }
     this.server = sb.build();
+    this.clusterSettings = b.cluster;
+    this.peerCalls = b.cluster == null ? null : new FlightCalls(bounds);
+    if (b.cluster != null) {
+      producer.reportCluster(() -> cluster);
+      ClusterSettings c = b.cluster;
+      Location peerLocation =
+          c.tls() ? Location.forGrpcTls(c.bind(), c.peerPort()) : Location.forGrpcInsecure(c.bind(), c.peerPort());
+      FlightServer.Builder pb = FlightServer.builder(streams, peerLocation,
+              new PeerProducer(registry, assembler, streams, streamBudget, bounds.waitTimeout()))
+          .executor(peerCalls.executor()) // its own bounded pool: peers never take the clients' threads
+          .headerAuthenticator(new BearerTokenAuthenticator(c.token(), "the cluster token file, --cluster-token"));
+      if (c.tls()) {
+        pb.useTls(c.tlsCert().toFile(), c.tlsKey().toFile());
+      }
+      this.peerServer = pb.build();
+      this.peerClients = new PeerClients(streams.newChildAllocator("peer-clients", 0, Long.MAX_VALUE), c);
+    } else {
+      this.peerServer = null;
+      this.peerClients = null;
+    }
   }
 
   public static Builder builder(BufferAllocator parent, String token) {
@@ -129,6 +159,9 @@ public final class DataPlane implements AutoCloseable {
       if (local != null) {
         local.start();
       }
+      if (clusterSettings != null) {
+        startCluster();
+      }
     } catch (IOException e) {
       if (isBindFailure(e)) {
         BindException be = new BindException("Flight port " + server.getLocation().getUri().getPort() + " on "
@@ -139,6 +172,35 @@ public final class DataPlane implements AutoCloseable {
       throw e;
     }
     return this;
+  }
+
+  /** Opens the peer port, then joins the cluster publishing it; until then every sample is this sidecar's. */
+  private void startCluster() throws IOException {
+    try {
+      peerServer.start();
+    } catch (IOException e) {
+      if (isBindFailure(e)) {
+        BindException be = new BindException("peer port " + clusterSettings.peerPort() + " on "
+            + clusterSettings.bind() + " is already in use (pick --peer-port)");
+        be.initCause(e);
+        throw be;
+      }
+      throw e;
+    }
+    String host = clusterSettings.bind().contains(":") ? "[" + clusterSettings.bind() + "]" : clusterSettings.bind();
+    HazelcastCluster c = HazelcastCluster.join(clusterSettings, host + ":" + peerServer.getPort(), peerClients::drop);
+    cluster = c;
+    assembler.joinCluster(c, peerClients);
+  }
+
+  /** The cluster this sidecar joined, or null. */
+  public HazelcastCluster cluster() {
+    return cluster;
+  }
+
+  /** The peer port, or -1 without a cluster. */
+  public int peerPort() {
+    return peerServer == null ? -1 : peerServer.getPort();
   }
 
   private static boolean isBindFailure(Throwable e) {
@@ -208,6 +270,16 @@ public final class DataPlane implements AutoCloseable {
   @Override
   public void close() throws Exception {
     try {
+      if (cluster != null) {
+        cluster.close(); // leave first: the others take over this sidecar's partitions while it stops
+      }
+      if (peerServer != null) {
+        peerServer.shutdown();
+        if (!peerServer.awaitTermination(10, TimeUnit.SECONDS)) {
+          LOG.warn("peer calls still running after 10 s; closing anyway");
+        }
+        peerServer.close();
+      }
       server.shutdown();
       if (!server.awaitTermination(10, TimeUnit.SECONDS)) {
         LOG.warn("Flight calls still running after 10 s; closing anyway");
@@ -216,7 +288,7 @@ public final class DataPlane implements AutoCloseable {
     } finally {
       producer.logStats();
       try {
-        AutoCloseables.close(calls, local, producer.prep(), assembler::close, registry, cache, disk, streams);
+        AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache, disk, streams);
       } finally {
         if (shm != null) {
           shm.remove();
@@ -257,6 +329,7 @@ public final class DataPlane implements AutoCloseable {
     private int prepGroups = Bounds.PREP_GROUPS;
     private int prepThreads = Bounds.defaultPrepThreads();
     private java.time.Duration prepClaimTimeout = Bounds.PREP_CLAIM_TIMEOUT;
+    private ClusterSettings cluster;
 
     private Builder(BufferAllocator parent, String token) {
       this.parent = parent;
@@ -397,6 +470,12 @@ public final class DataPlane implements AutoCloseable {
       this.tls = true;
       this.certChain = certChain;
       this.privateKey = privateKey;
+      return this;
+    }
+
+    /** Joins the cluster of {@code settings} (the partitioned cache); off by default. */
+    public Builder cluster(ClusterSettings settings) {
+      this.cluster = settings;
       return this;
     }
 

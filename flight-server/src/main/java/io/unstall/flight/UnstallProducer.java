@@ -27,6 +27,8 @@ import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Predicate;
 import java.util.concurrent.locks.LockSupport;
+import java.util.function.Supplier;
+import io.unstall.flight.cluster.HazelcastCluster;
 import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.ActionType;
 import org.apache.arrow.flight.CallStatus;
@@ -66,6 +68,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private final FlightCalls calls; // admission of calls that may wait
   private final Bounds bounds;
   private final TenantTokens tenants;
+  private Supplier<HazelcastCluster> cluster; // null: not in a cluster
 
   /**
    * {@code streams} is the allocator batches in flight come from; {@code budget} bounds it. Calls that may wait
@@ -150,7 +153,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
    * Waits for the client to take data: Flight's callback strategy deadlocks inside getStream, so poll. A client
    * that takes nothing for {@code timeoutNanos} ({@code --wait-timeout}) gets TIMED_OUT and frees the thread.
    */
-  private static void awaitReady(ServerStreamListener listener, long timeoutNanos) {
+  static void awaitReady(ServerStreamListener listener, long timeoutNanos) {
     long deadline = System.nanoTime() + timeoutNanos;
     while (!listener.isReady() && !listener.isCancelled()) {
       if (System.nanoTime() - deadline > 0) {
@@ -244,6 +247,11 @@ public final class UnstallProducer extends NoOpFlightProducer {
     listener.onCompleted();
   }
 
+  /** Adds the cluster's view (members, served to peers) to the stats. */
+  void reportCluster(Supplier<HazelcastCluster> cluster) {
+    this.cluster = cluster;
+  }
+
   public PrepService prep() {
     return prep;
   }
@@ -295,8 +303,18 @@ public final class UnstallProducer extends NoOpFlightProducer {
     ObjectNode ds = o.putObject("datasets");
     for (Dataset d : registry.all()) {
       if (visible.test(d.name())) {
-        ds.set(d.name(), d.stats().toJson());
+        ObjectNode j = d.stats().toJson();
+        if (cluster != null) {
+          j.set("served_to_peers", d.servedToPeers().toJson());
+        }
+        ds.set(d.name(), j);
       }
+    }
+    HazelcastCluster joined = cluster == null ? null : cluster.get();
+    if (joined != null) {
+      ObjectNode k = o.putObject("cluster");
+      k.put("members", joined.members());
+      k.put("settled", joined.settled());
     }
     ObjectNode all = sessions.toJson();
     ObjectNode seen = o.putObject("sessions");

@@ -30,6 +30,8 @@ public final class Main implements Runnable {
     setDefault("org.slf4j.simpleLogger.log.org.apache.arrow", "warn");
     setDefault("org.slf4j.simpleLogger.log.io.netty", "warn");
     setDefault("org.slf4j.simpleLogger.log.io.grpc", "warn");
+    // The partitioned cache's Hazelcast member: its banner and chatter stay out; a member's loss is ours to log.
+    setDefault("org.slf4j.simpleLogger.log.com.hazelcast", "error");
     java.util.logging.Logger.getLogger("py4j").setLevel(java.util.logging.Level.WARNING);
   }
 

@@ -20,22 +20,30 @@ public final class Secrets {
   /** Reads the token, creating a random one (mode 0600) if the file does not exist. */
   public static String readOrCreateToken(Path file) throws IOException {
     if (Files.exists(file)) {
-      Set<PosixFilePermission> perms = Files.getPosixFilePermissions(file);
-      if (perms.stream().anyMatch(p -> p.name().startsWith("GROUP") || p.name().startsWith("OTHERS"))) {
-        throw new IllegalArgumentException(
-            "token file " + file + " is readable by others (" + PosixFilePermissions.toString(perms)
-                + "); run: chmod 600 " + file);
-      }
-      String token = Files.readString(file, StandardCharsets.UTF_8).trim();
-      if (token.length() < 16) {
-        throw new IllegalArgumentException("token file " + file + " holds fewer than 16 characters");
-      }
-      return token;
+      return readToken(file, "token file");
     }
     byte[] raw = new byte[32];
     new SecureRandom().nextBytes(raw);
     String token = HexFormat.of().formatHex(raw);
     writePrivate(file, token + "\n");
+    return token;
+  }
+
+  /** Reads a token from a file only its owner may read; {@code what} names the file in errors. */
+  public static String readToken(Path file, String what) throws IOException {
+    if (!Files.isRegularFile(file)) {
+      throw new IllegalArgumentException(what + " " + file + " does not exist");
+    }
+    Set<PosixFilePermission> perms = Files.getPosixFilePermissions(file);
+    if (perms.stream().anyMatch(p -> p.name().startsWith("GROUP") || p.name().startsWith("OTHERS"))) {
+      throw new IllegalArgumentException(
+          what + " " + file + " is readable by others (" + PosixFilePermissions.toString(perms)
+              + "); run: chmod 600 " + file);
+    }
+    String token = Files.readString(file, StandardCharsets.UTF_8).trim();
+    if (token.length() < 16) {
+      throw new IllegalArgumentException(what + " " + file + " holds fewer than 16 characters");
+    }
     return token;
   }
 

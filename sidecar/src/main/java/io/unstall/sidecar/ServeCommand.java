@@ -2,6 +2,7 @@ package io.unstall.sidecar;
 
 import io.unstall.flight.Bounds;
 import io.unstall.flight.prep.PrepPipeline;
+import io.unstall.flight.cluster.ClusterSettings;
 import java.net.InetAddress;
 import java.nio.file.Path;
 import java.time.Duration;
@@ -152,6 +153,38 @@ public final class ServeCommand implements Callable<Integer> {
       description = "A directory whose datasets may be registered although the sidecar's user does not own them"
           + " (a shared data directory), and where manifests may be read and written; repeatable.")
   List<Path> allowRoots = new ArrayList<>();
+  @Option(names = "--cluster-members", defaultValue = "${env:UNSTALL_CLUSTER_MEMBERS:-}", paramLabel = "HOST[:PORT],...",
+      description = "Join the partitioned cache of these sidecars (TCP seeds; 'auto': SLURM_JOB_NODELIST or MASTER_ADDR). Off if unset.")
+  String clusterMembers;
+
+  @Option(names = "--cluster-bind", defaultValue = "${env:UNSTALL_CLUSTER_BIND:-}", paramLabel = "ADDRESS",
+      description = "This node's address on the cluster's private interface: the member and the peer port listen there.")
+  String clusterBind;
+
+  @Option(names = "--cluster-port", defaultValue = "5701",
+      description = "The cluster member's port (default ${DEFAULT-VALUE}), also the default port of --cluster-members.")
+  int clusterPort;
+
+  @Option(names = "--cluster-name", defaultValue = "${env:UNSTALL_CLUSTER_NAME:-unstall}",
+      description = "Only sidecars of the same cluster name join each other (default ${DEFAULT-VALUE}).")
+  String clusterName;
+
+  @Option(names = "--cluster-token", paramLabel = "FILE",
+      description = "A file (mode 0600) holding the cluster token, the same on every node; it authenticates peer fetches.")
+  Path clusterToken;
+
+  @Option(names = "--peer-port", defaultValue = "8816",
+      description = "Port of the peer Flight server on --cluster-bind (default ${DEFAULT-VALUE}; 0 picks a free one).")
+  int peerPort;
+
+  @Option(names = "--peer-tls-cert", description = "PEM certificate chain of the peer port (signed by the cluster's CA).")
+  Path peerTlsCert;
+
+  @Option(names = "--peer-tls-key", description = "PEM private key for --peer-tls-cert.")
+  Path peerTlsKey;
+
+  @Option(names = "--peer-tls-ca", description = "PEM CA certificate(s) peers' certificates must chain to.")
+  Path peerTlsCa;
 
   @Override
   public Integer call() throws Exception {
@@ -213,7 +246,7 @@ public final class ServeCommand implements Callable<Integer> {
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
         size("--storage-bandwidth", storageBandwidth), !noShm,
-        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds, h, List.copyOf(roots));
+        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds, h, List.copyOf(roots), cluster());
   }
 
   private int prepThreads() {
@@ -233,6 +266,37 @@ public final class ServeCommand implements Callable<Integer> {
       throw new IllegalArgumentException("invalid value for option '" + option + "': " + s + " (must be at least 1 second)");
     }
     return Duration.ofSeconds(s);
+  }
+
+  /** The cluster options, or null when --cluster-members is unset (a sidecar on its own, as before). */
+  private ClusterSettings cluster() throws Exception {
+    if (clusterMembers == null || clusterMembers.isBlank()) {
+      return null;
+    }
+    checkPort("--cluster-port", clusterPort);
+    checkPort("--peer-port", peerPort);
+    if (clusterBind == null || clusterBind.isBlank()) {
+      throw new IllegalArgumentException(
+          "--cluster-members needs --cluster-bind: this node's address on the cluster's private interface");
+    }
+    InetAddress addr;
+    try {
+      addr = InetAddress.getByName(clusterBind);
+    } catch (java.net.UnknownHostException e) {
+      throw new IllegalArgumentException("--cluster-bind: cannot resolve '" + clusterBind + "'");
+    }
+    if (clusterToken == null) {
+      throw new IllegalArgumentException(
+          "--cluster-members needs --cluster-token FILE (the same token on every node; it authenticates peer fetches)");
+    }
+    if (!addr.isLoopbackAddress() && peerTlsCert == null) {
+      throw new IllegalArgumentException("--cluster-bind " + clusterBind + " exposes the peer port beyond this machine;"
+          + " that requires TLS (--peer-tls-cert, --peer-tls-key and --peer-tls-ca)");
+    }
+    return new ClusterSettings(clusterName, addr.getHostAddress(), clusterPort,
+        ClusterMembers.resolve(clusterMembers, clusterPort, System.getenv()), peerPort,
+        Secrets.readToken(clusterToken, "cluster token file"), peerTlsCert, peerTlsKey, peerTlsCa,
+        ClusterSettings.PEER_TIMEOUT, ClusterSettings.FAILURE_TIMEOUT);
   }
 
   private static long size(String option, String value) {

@@ -77,6 +77,9 @@ public final class Sidecar implements AutoCloseable {
       if (s.tlsCert() != null) {
         b.tls(s.tlsCert().toFile(), s.tlsKey().toFile());
       }
+      if (s.cluster() != null) {
+        b.cluster(s.cluster());
+      }
       dp = b.build().start();
       Sidecar[] self = new Sidecar[1];
       ControlPlane control = new ControlPlane(dp, paths, () -> self[0].closeQuietly());
@@ -96,6 +99,11 @@ public final class Sidecar implements AutoCloseable {
           dp.location().getUri(), dp.localEndpoint() == null ? "off" : dp.localEndpoint(), gw.getListeningPort(),
           s.cachePolicy(), Sizes.format(s.cacheCapacity()),
           Sizes.format(s.memoryBudget()), s.stateFile(), tenants.list().size(), paths.allowRoots());
+      if (s.cluster() != null) {
+        LOG.info("partitioned cache: cluster '{}' member {}:{}, peer port {}:{} ({}), seeds {}", s.cluster().name(),
+            s.cluster().bind(), s.cluster().port(), s.cluster().bind(), dp.peerPort(),
+            s.cluster().tls() ? "TLS" : "plaintext, loopback", s.cluster().members());
+      }
       return sidecar;
     } catch (Exception e) {
       if (gw != null) {

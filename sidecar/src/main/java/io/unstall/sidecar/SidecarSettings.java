@@ -1,6 +1,7 @@
 package io.unstall.sidecar;
 
 import io.unstall.flight.Bounds;
+import io.unstall.flight.cluster.ClusterSettings;
 import java.nio.file.Path;
 import java.util.List;
 
@@ -29,4 +30,5 @@ public record SidecarSettings(
     long decodeMemory,
     Bounds bounds,
     Path home,
-    List<Path> allowRoots) {}
+    List<Path> allowRoots,
+    ClusterSettings cluster) {} // null: a sidecar on its own

@@ -36,6 +36,28 @@ class ServeCommandTest {
   }
 
   @Test
+  void aClusterNeedsItsBindAndToken() throws Exception {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--cluster-members", "10.0.0.1,10.0.0.2");
+    assertTrue(err.contains("--cluster-members needs --cluster-bind"), err);
+    err = runExpecting(2, "serve", "--home", home.toString(), "--cluster-members", "10.0.0.1",
+        "--cluster-bind", "127.0.0.1");
+    assertTrue(err.contains("--cluster-members needs --cluster-token FILE"), err);
+    Path token = home.resolve("cluster-token");
+    Files.writeString(token, "0123456789abcdef0123");
+    Files.setPosixFilePermissions(token, java.nio.file.attribute.PosixFilePermissions.fromString("rw-r--r--"));
+    err = runExpecting(2, "serve", "--home", home.toString(), "--cluster-members", "10.0.0.1",
+        "--cluster-bind", "127.0.0.1", "--cluster-token", token.toString());
+    assertTrue(err.contains("cluster token file " + token + " is readable by others"), err);
+  }
+
+  @Test
+  void anExposedPeerPortWithoutTlsIsRefused() throws Exception {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--cluster-members", "10.0.0.1",
+        "--cluster-bind", "0.0.0.0", "--cluster-token", home.resolve("t").toString());
+    assertTrue(err.contains("--cluster-bind 0.0.0.0 exposes the peer port beyond this machine; that requires TLS"), err);
+  }
+
+  @Test
   void exposedBindWithoutTlsIsRefused() {
     String err = runExpecting(2, "serve", "--home", home.toString(), "--bind", "0.0.0.0");
     assertTrue(err.contains("--bind 0.0.0.0 exposes the sidecar beyond this machine; that requires TLS"), err);

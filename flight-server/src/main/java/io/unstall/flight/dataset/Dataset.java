@@ -24,6 +24,8 @@ public final class Dataset {
   private final SampleIndex index;
   private final List<String> classes;
   private final DatasetStats stats;
+  /** What this sidecar served to other sidecars of its cluster (partitioned cache): not its clients' epochs. */
+  private final DatasetStats servedToPeers;
   /**
    * The digest manifest: sample id -> content digest, each computed from this dataset's own bytes (a read from
    * its storage, or a persisted manifest of the same fingerprint). Only these key cache lookups.
@@ -43,6 +45,7 @@ public final class Dataset {
 
   Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes, int statsEpochs) {
     this.stats = new DatasetStats(statsEpochs);
+    this.servedToPeers = new DatasetStats(statsEpochs);
     this.name = name;
     this.format = format;
     this.storage = storage;
@@ -175,6 +178,11 @@ public final class Dataset {
 
   public DatasetStats stats() {
     return stats;
+  }
+
+  /** The counters of samples this sidecar served to peers that asked it as their owner. */
+  public DatasetStats servedToPeers() {
+    return servedToPeers;
   }
 
   /** Checks that {@code id} is a sample of this dataset. */

@@ -29,6 +29,9 @@ public final class DatasetStats {
     final LongAdder prefetchHits = new LongAdder();
     final LongAdder verified = new LongAdder();
     final LongAdder verifyMismatches = new LongAdder();
+    final LongAdder peerHits = new LongAdder();
+    final LongAdder peerBytes = new LongAdder();
+    final LongAdder peerFallbacks = new LongAdder();
 
     Epoch(Epoch parent) {
       this.parent = parent;
@@ -50,6 +53,24 @@ public final class DatasetStats {
       diskBytes.add(bytes);
       if (parent != null) {
         parent.diskHit(bytes);
+      }
+    }
+
+    /** Served from the memory cache of the sidecar that owns the sample (the partitioned cache). */
+    public void peerHit(long bytes) {
+      samples.increment();
+      peerHits.increment();
+      peerBytes.add(bytes);
+      if (parent != null) {
+        parent.peerHit(bytes);
+      }
+    }
+
+    /** Samples whose owner failed or left: they are read from storage instead (and counted as misses then). */
+    public void peerFallback(long samples) {
+      peerFallbacks.add(samples);
+      if (parent != null) {
+        parent.peerFallback(samples);
       }
     }
 
@@ -120,6 +141,14 @@ public final class DatasetStats {
       return verifyMismatches.sum();
     }
 
+    public long peerHits() {
+      return peerHits.sum();
+    }
+
+    public long peerFallbacks() {
+      return peerFallbacks.sum();
+    }
+
     void add(Epoch other) {
       samples.add(other.samples.sum());
       hits.add(other.hits.sum());
@@ -131,6 +160,9 @@ public final class DatasetStats {
       prefetchHits.add(other.prefetchHits.sum());
       verified.add(other.verified.sum());
       verifyMismatches.add(other.verifyMismatches.sum());
+      peerHits.add(other.peerHits.sum());
+      peerBytes.add(other.peerBytes.sum());
+      peerFallbacks.add(other.peerFallbacks.sum());
     }
 
     ObjectNode toJson() {
@@ -145,6 +177,9 @@ public final class DatasetStats {
       o.put("prefetch_hits", prefetchHits.sum());
       o.put("verified", verified.sum());
       o.put("verify_mismatches", verifyMismatches.sum());
+      o.put("peer_hits", peerHits.sum());
+      o.put("peer_bytes", peerBytes.sum());
+      o.put("peer_fallbacks", peerFallbacks.sum());
       return o;
     }
   }
@@ -248,8 +283,10 @@ public final class DatasetStats {
     long h = e.hits.sum();
     return String.format(
         "dataset '%s' epoch %d: %d samples, cache hits %d (%.1f%%), disk hits %d, misses %d, %d bytes from storage,"
-            + " %d from cache",
+            + " %d from cache%s",
         dataset, epoch, s, h, s == 0 ? 0.0 : 100.0 * h / s, e.diskHits.sum(), e.misses.sum(), e.storageBytes.sum(),
-        e.cacheBytes.sum());
+        e.cacheBytes.sum(), e.peerHits.sum() + e.peerFallbacks.sum() == 0 ? ""
+            : String.format(", peer hits %d (%d bytes), peer fallbacks %d", e.peerHits.sum(), e.peerBytes.sum(),
+                e.peerFallbacks.sum()));
   }
 }

@@ -16,7 +16,7 @@ import java.util.Arrays;
  *
  * <pre>"UNST" u8 version u8 kind u16 nameLen name[nameLen] u32 epoch u32 n u64 ids[n]</pre>
  *
- * (little-endian). {@link FetchTicket}, {@link Plan} and {@link PrepTicket} are the messages.
+ * (little-endian). {@link FetchTicket}, {@link Plan}, {@link PrepTicket} and {@link PeerTicket} are the messages.
  */
 public final class Wire {
   public static final byte[] MAGIC = {'U', 'N', 'S', 'T'};
@@ -24,6 +24,8 @@ public final class Wire {
   public static final int KIND_FETCH = 1;
   public static final int KIND_PLAN = 2;
   public static final int KIND_PREP = 3;
+  /** A sidecar asking the sidecar that owns samples for them (the partitioned cache, on the peer port). */
+  public static final int KIND_PEER = 4;
   public static final int MAX_NAME_BYTES = 1024;
   static final int HEADER = 8;
 
@@ -74,8 +76,8 @@ public final class Wire {
     int got = Byte.toUnsignedInt(b.get());
     if (got != kind) {
       throw new MalformedTicketException(
-          (got >= KIND_FETCH && got <= KIND_PREP ? "kind " + got + " is not valid here" : "unknown kind " + got)
-              + " (expected " + kind + "; 1 = FETCH, 2 = PLAN, 3 = PREP)");
+          (got >= KIND_FETCH && got <= KIND_PEER ? "kind " + got + " is not valid here" : "unknown kind " + got)
+              + " (expected " + kind + "; 1 = FETCH, 2 = PLAN, 3 = PREP, 4 = PEER)");
     }
     int nameLen = Short.toUnsignedInt(b.getShort());
     if (nameLen < 1 || nameLen > MAX_NAME_BYTES) {

@@ -76,6 +76,27 @@ class ProtocolFixturesTest {
   }
 
   @Test
+  void peerTicketMatchesItsGoldenBytesAndIsNoFetchTicket() throws Exception {
+    JsonNode expected = JSON.readTree(FIXTURES.resolve("peer-ticket-v1.json").toFile());
+    byte[] golden = Files.readAllBytes(FIXTURES.resolve("peer-ticket-v1.bin"));
+    long[] ids = new long[expected.get("ids").size()];
+    for (int i = 0; i < ids.length; i++) {
+      ids[i] = expected.get("ids").get(i).asLong();
+    }
+    PeerTicket t = PeerTicket.parse(golden);
+    assertEquals(expected.get("dataset").asText(), t.dataset());
+    assertEquals(expected.get("epoch").asLong(), t.epoch());
+    assertArrayEquals(ids, t.ids());
+    assertArrayEquals(golden, new PeerTicket(t.dataset(), t.epoch(), ids).toBytes());
+    // A client's FETCH is never served on the peer port, nor a PEER ticket on the client port.
+    MalformedTicketException e = assertThrows(MalformedTicketException.class, () -> FetchTicket.parse(golden));
+    assertTrue(e.getMessage().startsWith("malformed ticket: kind 4 is not valid here (expected 1"), e.getMessage());
+    byte[] fetch = Files.readAllBytes(FIXTURES.resolve("ticket-fetch-v1.bin"));
+    e = assertThrows(MalformedTicketException.class, () -> PeerTicket.parse(fetch));
+    assertTrue(e.getMessage().startsWith("malformed ticket: kind 1 is not valid here (expected 4"), e.getMessage());
+  }
+
+  @Test
   void malformedTicketsAreRejectedWithTheirMessages() throws Exception {
     JsonNode cases = JSON.readTree(FIXTURES.resolve("malformed-tickets.json").toFile());
     assertTrue(cases.size() >= 4);

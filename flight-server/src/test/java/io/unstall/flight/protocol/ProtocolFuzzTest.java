@@ -55,6 +55,18 @@ class ProtocolFuzzTest {
     assertEquals(p.size(), declared);
   }
 
+  /** A sidecar-to-sidecar ticket (the partitioned cache), taken on the peer port. */
+  @FuzzTest
+  void peerTicket(byte[] bytes) {
+    PeerTicket t;
+    try {
+      t = PeerTicket.parse(bytes);
+    } catch (MalformedTicketException e) {
+      return;
+    }
+    assertArrayEquals(bytes, t.toBytes());
+  }
+
   @FuzzTest
   void prepTicket(byte[] bytes) {
     PrepTicket t;

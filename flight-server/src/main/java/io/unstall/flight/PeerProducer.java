@@ -1,0 +1,69 @@
+package io.unstall.flight;
+
+import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.dataset.DatasetRegistry;
+import io.unstall.flight.protocol.PeerTicket;
+import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.flight.FlightRuntimeException;
+import org.apache.arrow.flight.NoOpFlightProducer;
+import org.apache.arrow.flight.Ticket;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The peer port's producer (the partitioned cache): answers PEER tickets of other sidecars of the cluster, as the
+ * owner of the samples asked for, and nothing else. Its server authenticates the cluster token, never a user's,
+ * so a user token opens no peer call and the cluster token opens no client call.
+ */
+final class PeerProducer extends NoOpFlightProducer {
+  private static final Logger LOG = LoggerFactory.getLogger(PeerProducer.class);
+
+  private final DatasetRegistry registry;
+  private final BatchAssembler assembler;
+  private final BufferAllocator streams;
+  private final StreamBudget budget;
+
+  private final long waitTimeoutNanos; // --wait-timeout: a peer that takes nothing frees the thread
+
+  PeerProducer(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams, StreamBudget budget,
+      java.time.Duration waitTimeout) {
+    this.waitTimeoutNanos = waitTimeout.toNanos();
+    this.registry = registry;
+    this.assembler = assembler;
+    this.streams = streams;
+    this.budget = budget;
+  }
+
+  @Override
+  public void getStream(CallContext context, Ticket ticket, ServerStreamListener listener) {
+    VectorSchemaRoot root = null;
+    try {
+      PeerTicket t = PeerTicket.parse(ticket.getBytes());
+      Dataset d = registry.get(t.dataset());
+      BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t.ids());
+      try (StreamBudget.Reservation r = budget.acquire(budget.cost(batch.payloadBytes(), batch.ids().length))) {
+        root = assembler.assembleForPeer(d, t.epoch(), batch.ids(), streams);
+      }
+      listener.start(root);
+      UnstallProducer.awaitReady(listener, waitTimeoutNanos);
+      if (!listener.isCancelled()) {
+        listener.putNext();
+        listener.completed();
+      }
+    } catch (Throwable e) {
+      FlightRuntimeException status = UnstallProducer.toStatus(e);
+      if (status.status().code() == CallStatus.INTERNAL.code()) {
+        LOG.warn("peer fetch failed: {}", status.getMessage());
+      } else {
+        LOG.info("peer fetch rejected: {}", status.getMessage());
+      }
+      listener.error(status);
+    } finally {
+      if (root != null) {
+        root.close();
+      }
+    }
+  }
+}
