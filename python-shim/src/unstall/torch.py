@@ -495,6 +495,25 @@ class Dataset(tud.Dataset):
 _loader_numbers = itertools.count(1)
 
 
+def _rank_prefix() -> str:
+    """``"rank R "`` (and ``"local L "``) in a distributed job, as torch numbers its processes: the rank from an
+    initialized ``torch.distributed`` group, else ``$RANK`` (torchrun, SLURM through it), and ``$LOCAL_RANK``.
+    Ranks sharing one sidecar then tell their sessions apart in ``sidecar.stats()``; "" outside such a job."""
+    rank: Optional[str] = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = str(dist.get_rank())
+    except (ImportError, RuntimeError):
+        pass
+    rank = rank if rank is not None else os.environ.get("RANK", "").strip() or None
+    if rank is None:
+        return ""
+    local = os.environ.get("LOCAL_RANK", "").strip()
+    return f"rank {rank} " + (f"local {local} " if local else "")
+
+
 def _close_session(local: LocalClient, session: int, conn: Optional[Tuple[int, int]]) -> None:
     if local.connection_id == conn:
         try:
@@ -680,7 +699,7 @@ class DataLoader(tud.DataLoader):
             return
         if self._session_closer is not None:
             self._session_closer.detach()
-        self._session = self.dataset.open_session(f"pid {os.getpid()} DataLoader#{self._number}")
+        self._session = self.dataset.open_session(f"{_rank_prefix()}pid {os.getpid()} DataLoader#{self._number}")
         self._session_conn = local.connection_id
         self.epoch_sampler.session = self._session
         self._session_closer = weakref.finalize(self, _close_session, local, self._session, self._session_conn)

@@ -7,10 +7,31 @@ import java.util.Map;
 /**
  * The seed members of the cluster's TCP join, from {@code --cluster-members}: a list {@code host[:port],...}, or
  * {@code auto}: the launcher's environment, SLURM's {@code SLURM_JOB_NODELIST} (every node of the job) or
- * torchrun's {@code MASTER_ADDR} (one seed is enough to join). A host without a port gets {@code port}.
+ * torchrun's {@code MASTER_ADDR} (one seed is enough to join). A host without a port gets {@code port}. Or
+ * {@code k8s:SERVICE}: no list at all, Hazelcast's Kubernetes join finds the members behind that Service.
  */
 final class ClusterMembers {
+  static final String KUBERNETES = "k8s:";
+
   private ClusterMembers() {}
+
+  /**
+   * The Service of {@code k8s:SERVICE} ({@code unstall-cluster}, looked up through the Kubernetes API, or a headless
+   * Service's DNS name such as {@code unstall-cluster.ml.svc.cluster.local}, resolved by DNS), or null for a list
+   * or {@code auto}.
+   */
+  static String kubernetesService(String spec) {
+    String s = spec.trim();
+    if (!s.startsWith(KUBERNETES)) {
+      return null;
+    }
+    String service = s.substring(KUBERNETES.length()).trim();
+    if (service.isEmpty() || !service.matches("[a-z0-9]([-a-z0-9.]*[a-z0-9])?")) {
+      throw new IllegalArgumentException("--cluster-members '" + spec + "': expected k8s:SERVICE, a Service name or its"
+          + " DNS name (lower-case letters, digits, '-' and '.')");
+    }
+    return service;
+  }
 
   static List<String> resolve(String spec, int port, Map<String, String> env) {
     String list = spec.trim();

@@ -154,7 +154,8 @@ public final class ServeCommand implements Callable<Integer> {
           + " (a shared data directory), and where manifests may be read and written; repeatable.")
   List<Path> allowRoots = new ArrayList<>();
   @Option(names = "--cluster-members", defaultValue = "${env:UNSTALL_CLUSTER_MEMBERS:-}", paramLabel = "HOST[:PORT],...",
-      description = "Join the partitioned cache of these sidecars (TCP seeds; 'auto': SLURM_JOB_NODELIST or MASTER_ADDR). Off if unset.")
+      description = "Join the partitioned cache of these sidecars (TCP seeds; 'auto': SLURM_JOB_NODELIST or MASTER_ADDR;"
+          + " 'k8s:SERVICE': the pods behind a Kubernetes Service). Off if unset.")
   String clusterMembers;
 
   @Option(names = "--cluster-bind", defaultValue = "${env:UNSTALL_CLUSTER_BIND:-}", paramLabel = "ADDRESS",
@@ -293,8 +294,10 @@ public final class ServeCommand implements Callable<Integer> {
       throw new IllegalArgumentException("--cluster-bind " + clusterBind + " exposes the peer port beyond this machine;"
           + " that requires TLS (--peer-tls-cert, --peer-tls-key and --peer-tls-ca)");
     }
+    String kubernetes = ClusterMembers.kubernetesService(clusterMembers);
     return new ClusterSettings(clusterName, addr.getHostAddress(), clusterPort,
-        ClusterMembers.resolve(clusterMembers, clusterPort, System.getenv()), peerPort,
+        kubernetes != null ? List.of() : ClusterMembers.resolve(clusterMembers, clusterPort, System.getenv()), kubernetes,
+        peerPort,
         Secrets.readToken(clusterToken, "cluster token file"), peerTlsCert, peerTlsKey, peerTlsCa,
         ClusterSettings.PEER_TIMEOUT, ClusterSettings.FAILURE_TIMEOUT);
   }

@@ -12,7 +12,7 @@ import java.util.List;
  * peers are trusted by {@code tlsCa} (the cluster's CA). {@code peerTimeout} bounds one peer fetch.
  */
 public record ClusterSettings(
-    String name, String bind, int port, List<String> members, int peerPort, String token, Path tlsCert,
+    String name, String bind, int port, List<String> members, String kubernetesService, int peerPort, String token, Path tlsCert,
     Path tlsKey, Path tlsCa, Duration peerTimeout, Duration failureTimeout) {
   public static final String DEFAULT_NAME = "unstall";
   public static final int DEFAULT_PORT = 5701;
@@ -22,7 +22,10 @@ public record ClusterSettings(
 
   public ClusterSettings {
     members = List.copyOf(members);
-    if (members.isEmpty()) {
+    if (kubernetesService != null && (kubernetesService.isBlank() || !members.isEmpty())) {
+      throw new IllegalArgumentException("--cluster-members k8s:SERVICE names one Kubernetes Service and no address");
+    }
+    if (members.isEmpty() && kubernetesService == null) {
       throw new IllegalArgumentException("a cluster needs at least one member address (--cluster-members)");
     }
     if (token == null || token.length() < 16) {
@@ -31,6 +34,13 @@ public record ClusterSettings(
     if ((tlsCert == null) != (tlsKey == null) || (tlsCert != null && tlsCa == null)) {
       throw new IllegalArgumentException("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together");
     }
+  }
+
+  /** A TCP join from {@code members}, without Kubernetes. */
+  public ClusterSettings(
+      String name, String bind, int port, List<String> members, int peerPort, String token, Path tlsCert,
+      Path tlsKey, Path tlsCa, Duration peerTimeout, Duration failureTimeout) {
+    this(name, bind, port, members, null, peerPort, token, tlsCert, tlsKey, tlsCa, peerTimeout, failureTimeout);
   }
 
   public boolean tls() {

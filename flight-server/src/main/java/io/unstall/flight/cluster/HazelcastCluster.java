@@ -93,7 +93,16 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
     JoinConfig j = n.getJoin();
     j.getMulticastConfig().setEnabled(false);
     j.getAutoDetectionConfig().setEnabled(false);
-    j.getTcpIpConfig().setEnabled(true).setMembers(s.members());
+    if (s.kubernetesService() != null) {
+      // Hazelcast's own Kubernetes join: the members are the addresses behind a (headless) Service.
+      String svc = s.kubernetesService();
+      j.getTcpIpConfig().setEnabled(false);
+      j.getKubernetesConfig().setEnabled(true)
+          .setProperty(svc.indexOf('.') >= 0 ? "service-dns" : "service-name", svc)
+          .setProperty("service-port", Integer.toString(s.port()));
+    } else {
+      j.getTcpIpConfig().setEnabled(true).setMembers(s.members());
+    }
     return c;
   }
 
