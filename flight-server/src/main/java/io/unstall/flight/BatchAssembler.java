@@ -55,26 +55,24 @@ public final class BatchAssembler {
   private volatile Ownership ownership = Ownership.SOLO;
   private volatile PeerClients peers; // null: no cluster
 
-  /** The prefetcher's staging memory is a child of {@code parent} limited to {@code prefetchWindowBytes}. */
+  /** The prefetcher stages in {@code prefetch}, the data plane's "prefetch" allocator (its limit is the window). */
   public BatchAssembler(
-      SampleCache cache, DiskTier disk, BufferAllocator parent, long prefetchWindowBytes, int prefetchWindowSamples,
-      int prefetchThreads) {
+      SampleCache cache, DiskTier disk, BufferAllocator prefetch, int prefetchWindowSamples, int prefetchThreads) {
     this(cache, disk, new TierBreaker("memory cache (" + cache.policy() + ")"),
-        disk == null ? null : new TierBreaker("disk tier " + disk.file().getParent()), parent, prefetchWindowBytes,
+        disk == null ? null : new TierBreaker("disk tier " + disk.file().getParent()), prefetch,
         prefetchWindowSamples, prefetchThreads);
   }
 
   /** With the breakers of the memory cache's admission and of the disk tier (null without one) given. */
   BatchAssembler(
-      SampleCache cache, DiskTier disk, TierBreaker cacheBreaker, TierBreaker diskBreaker, BufferAllocator parent,
-      long prefetchWindowBytes, int prefetchWindowSamples, int prefetchThreads) {
+      SampleCache cache, DiskTier disk, TierBreaker cacheBreaker, TierBreaker diskBreaker, BufferAllocator prefetch,
+      int prefetchWindowSamples, int prefetchThreads) {
     this.cache = cache;
     this.disk = disk;
     this.cacheBreaker = cacheBreaker;
     this.diskBreaker = diskBreaker;
     this.io = Executors.newFixedThreadPool(Math.max(1, prefetchThreads), Prefetcher.daemon("unstall-io"));
-    this.prefetcher = new Prefetcher(
-        parent, prefetchWindowBytes, prefetchWindowSamples, prefetchThreads, this::admit, this::isCached);
+    this.prefetcher = new Prefetcher(prefetch, prefetchWindowSamples, prefetchThreads, this::admit, this::isCached);
   }
 
   public Prefetcher prefetcher() {

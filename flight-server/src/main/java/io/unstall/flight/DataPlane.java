@@ -54,7 +54,12 @@ public final class DataPlane implements AutoCloseable {
   private final Sessions sessions;
   private final LocalServer local; // null with shm
   private final BatchAssembler assembler;
-  private final BufferAllocator streams;
+  private final BufferAllocator cacheMemory; // "cache": the memory cache's arena (limit: the capacity)
+  private final BufferAllocator prefetchMemory; // "prefetch": the prefetch window's staging
+  private final BufferAllocator streams; // "streams": batches in flight, same-host staging; parent of the next three
+  private final BufferAllocator prepMemory; // "prep": prep staging (each group opens its child in it)
+  private final BufferAllocator decodeMemory; // "decode": the decode budget (reservations only)
+  private final BufferAllocator peerMemory; // "peer-clients": batches from peers; null without a cluster
   private final UnstallProducer producer;
   private final FlightCalls calls;
   private final FlightServer server;
@@ -79,72 +84,94 @@ public final class DataPlane implements AutoCloseable {
           "--cache-capacity plus --prefetch-window-bytes (" + (cacheReserve + b.prefetchWindowBytes)
               + " bytes) must be below --memory-budget (" + budget + " bytes)");
     }
+    long streamsLimit = budget - cacheReserve - b.prefetchWindowBytes;
+    long decodeBytes = b.decodeMemory > 0 ? b.decodeMemory : PrepService.defaultDecodeMemory(streamsLimit);
+    if (decodeBytes > streamsLimit) {
+      throw new IllegalArgumentException("--decode-memory (" + decodeBytes + " bytes) must be in 1.."
+          + streamsLimit + ", the memory left for batches in flight");
+    }
     Bounds bounds = new Bounds(b.flightThreads, b.flightQueue, b.localConnections, b.waitTimeout, b.maxPlanIds,
         b.statsEpochs, b.prepGroups, b.prepThreads, b.prepClaimTimeout);
-    this.tls = b.tls;
-    registry.keepStatsEpochs(bounds.statsEpochs());
-    this.tenants = b.tenants;
-    this.shm = b.sharedMemory && SharedMemory.available() ? SharedMemory.create(SHM_PREFIX) : null;
-    this.cache = switch (b.cachePolicy) {
-      case "minio" -> new MinioCache(b.parent, b.cacheCapacity, shm);
-      case "lru" -> new LruCache(b.parent, b.cacheCapacity);
-      default -> throw new IllegalArgumentException(
-          "invalid value for option '--cache-policy': '" + b.cachePolicy + "' (choose minio or lru)");
-    };
-    DiskTier diskTier = null;
-    if (b.diskDir != null) {
-      diskTier = new DiskTier(b.diskDir, b.diskCapacity);
-      registry.persistManifestsIn(b.diskDir.resolve("manifests"), diskTier, b.checkpointEvery);
-    }
-    this.disk = diskTier;
-    if (b.storageBandwidth > 0) {
-      registry.throttleStorage(new Throttle(b.storageBandwidth, bounds.waitTimeout()));
-    }
-    this.assembler = new BatchAssembler(
-        cache, disk, b.parent, b.prefetchWindowBytes, b.prefetchWindowSamples, b.prefetchThreads);
-    this.streams = b.parent.newChildAllocator("streams", 0, budget - cacheReserve - b.prefetchWindowBytes);
-    StreamBudget streamBudget = new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS);
-    this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
-    this.calls = new FlightCalls(bounds);
-    this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
-        new PrepService(registry, assembler, streams, bounds, b.decodeLimits,
-            b.decodeMemory > 0 ? b.decodeMemory : PrepService.defaultDecodeMemory(streams.getLimit()),
-            b.budgetTimeoutSeconds), sessions, calls, bounds, tenants);
-    this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
-        new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds),
-        bounds.localConnections());
-    Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
-    // A message no call could use is refused by gRPC before it is buffered: the longest is a PLAN at the bound or
-    // an upload of a prepared batch (at most the prep staging, half the streams budget).
-    long maxMessage = Math.max(64L * 1024 + 8L * bounds.maxPlanIds(), streams.getLimit() / 2 + (1 << 20));
-    FlightServer.Builder sb =
-        FlightServer.builder(streams, location, producer)
-            .executor(calls.executor())
-            .maxInboundMessageSize((int) Math.min(Integer.MAX_VALUE, maxMessage))
-            .headerAuthenticator(new BearerTokenAuthenticator(b.token, tenants));
-    if (b.tls) {
-      sb.useTls(b.certChain, b.privateKey);
-    }
-    this.server = sb.build();
-    this.clusterSettings = b.cluster;
-    this.peerCalls = b.cluster == null ? null : new FlightCalls(bounds);
-    if (b.cluster != null) {
-      producer.reportCluster(() -> cluster);
-      ClusterSettings c = b.cluster;
-      Location peerLocation =
-          c.tls() ? Location.forGrpcTls(c.bind(), c.peerPort()) : Location.forGrpcInsecure(c.bind(), c.peerPort());
-      FlightServer.Builder pb = FlightServer.builder(streams, peerLocation,
-              new PeerProducer(registry, assembler, streams, streamBudget, bounds.waitTimeout()))
-          .executor(peerCalls.executor()) // its own bounded pool: peers never take the clients' threads
-          .headerAuthenticator(new BearerTokenAuthenticator(c.token(), "the cluster token file, --cluster-token"));
-      if (c.tls()) {
-        pb.useTls(c.tlsCert().toFile(), c.tlsKey().toFile());
+    // Every allocator below the root is built here, handed to the one service that draws from it, and closed
+    // here after that service (close()): services never create or close one, except the per-group children a
+    // prep group opens in "prep".
+    this.cacheMemory = b.parent.newChildAllocator("cache", 0, cacheReserve);
+    this.prefetchMemory = b.parent.newChildAllocator("prefetch", 0, Math.max(0, b.prefetchWindowBytes));
+    this.streams = b.parent.newChildAllocator("streams", 0, streamsLimit);
+    this.prepMemory = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
+    this.decodeMemory = streams.newChildAllocator("decode", 0, decodeBytes);
+    this.peerMemory = b.cluster == null ? null : streams.newChildAllocator("peer-clients", 0, Long.MAX_VALUE);
+    try {
+      this.tls = b.tls;
+      registry.keepStatsEpochs(bounds.statsEpochs());
+      this.tenants = b.tenants;
+      this.shm = b.sharedMemory && SharedMemory.available() ? SharedMemory.create(SHM_PREFIX) : null;
+      this.cache = switch (b.cachePolicy) {
+        case "minio" -> new MinioCache(cacheMemory, b.cacheCapacity, shm);
+        case "lru" -> new LruCache(cacheMemory, b.cacheCapacity);
+        default -> throw new IllegalArgumentException(
+            "invalid value for option '--cache-policy': '" + b.cachePolicy + "' (choose minio or lru)");
+      };
+      DiskTier diskTier = null;
+      if (b.diskDir != null) {
+        diskTier = new DiskTier(b.diskDir, b.diskCapacity);
+        registry.persistManifestsIn(b.diskDir.resolve("manifests"), diskTier, b.checkpointEvery);
       }
-      this.peerServer = pb.build();
-      this.peerClients = new PeerClients(streams.newChildAllocator("peer-clients", 0, Long.MAX_VALUE), c);
-    } else {
-      this.peerServer = null;
-      this.peerClients = null;
+      this.disk = diskTier;
+      if (b.storageBandwidth > 0) {
+        registry.throttleStorage(new Throttle(b.storageBandwidth, bounds.waitTimeout()));
+      }
+      this.assembler = new BatchAssembler(cache, disk, prefetchMemory, b.prefetchWindowSamples, b.prefetchThreads);
+      StreamBudget streamBudget = new StreamBudget(streams, b.budgetTimeoutSeconds, TimeUnit.SECONDS);
+      this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
+      this.calls = new FlightCalls(bounds);
+      this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
+          new PrepService(registry, assembler, prepMemory, decodeMemory, bounds, b.decodeLimits, b.budgetTimeoutSeconds),
+          sessions, calls, bounds, tenants);
+      this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
+          new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds),
+          bounds.localConnections());
+      Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
+      // A message no call could use is refused by gRPC before it is buffered: the longest is a PLAN at the bound or
+      // an upload of a prepared batch (at most the prep staging, half the streams budget).
+      long maxMessage = Math.max(64L * 1024 + 8L * bounds.maxPlanIds(), streams.getLimit() / 2 + (1 << 20));
+      FlightServer.Builder sb =
+          FlightServer.builder(streams, location, producer)
+              .executor(calls.executor())
+              .maxInboundMessageSize((int) Math.min(Integer.MAX_VALUE, maxMessage))
+              .headerAuthenticator(new BearerTokenAuthenticator(b.token, tenants));
+      if (b.tls) {
+        sb.useTls(b.certChain, b.privateKey);
+      }
+      this.server = sb.build();
+      this.clusterSettings = b.cluster;
+      this.peerCalls = b.cluster == null ? null : new FlightCalls(bounds);
+      if (b.cluster != null) {
+        producer.reportCluster(() -> cluster);
+        ClusterSettings c = b.cluster;
+        Location peerLocation =
+            c.tls() ? Location.forGrpcTls(c.bind(), c.peerPort()) : Location.forGrpcInsecure(c.bind(), c.peerPort());
+        FlightServer.Builder pb = FlightServer.builder(streams, peerLocation,
+                new PeerProducer(registry, assembler, streams, streamBudget, bounds.waitTimeout()))
+            .executor(peerCalls.executor()) // its own bounded pool: peers never take the clients' threads
+            .headerAuthenticator(new BearerTokenAuthenticator(c.token(), "the cluster token file, --cluster-token"));
+        if (c.tls()) {
+          pb.useTls(c.tlsCert().toFile(), c.tlsKey().toFile());
+        }
+        this.peerServer = pb.build();
+        this.peerClients = new PeerClients(peerMemory, c);
+      } else {
+        this.peerServer = null;
+        this.peerClients = null;
+      }
+    } catch (Throwable t) { // no allocator of a failed start stays open: the root must close cleanly
+      try {
+        AutoCloseables.close(java.util.Arrays.asList(peerMemory, decodeMemory, prepMemory, streams, prefetchMemory,
+            cacheMemory));
+      } catch (Exception e) {
+        t.addSuppressed(e);
+      }
+      throw t;
     }
   }
 
@@ -288,7 +315,8 @@ public final class DataPlane implements AutoCloseable {
     } finally {
       producer.logStats();
       try {
-        AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache, disk, streams);
+        AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache, disk,
+            peerMemory, decodeMemory, prepMemory, streams, prefetchMemory, cacheMemory);
       } finally {
         if (shm != null) {
           shm.remove();

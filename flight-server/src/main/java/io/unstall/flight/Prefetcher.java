@@ -80,8 +80,12 @@ public final class Prefetcher implements AutoCloseable {
   private final Map<Key, CompletableFuture<ArrowBuf>> staged = new ConcurrentHashMap<>();
   private final Map<String, Plan> plans = new ConcurrentHashMap<>();
 
-  Prefetcher(BufferAllocator parent, long windowBytes, int windowSamples, int threads, Admitter admitter, Cached cached) {
-    this.allocator = parent.newChildAllocator("prefetch", 0, Math.max(0, windowBytes));
+  /**
+   * Stages in {@code allocator}: the data plane's "prefetch" child, whose limit is the window's bytes
+   * ({@code --prefetch-window-bytes}; 0 turns prefetch off). The allocator is its builder's to close.
+   */
+  Prefetcher(BufferAllocator allocator, int windowSamples, int threads, Admitter admitter, Cached cached) {
+    this.allocator = allocator;
     this.windowSamples = windowSamples;
     this.readers = Executors.newFixedThreadPool(Math.max(1, threads), daemon("unstall-prefetch-read"));
     this.drivers = Executors.newCachedThreadPool(daemon("unstall-prefetch-plan"));
@@ -387,6 +391,5 @@ public final class Prefetcher implements AutoCloseable {
     for (Key k : staged.keySet()) {
       release(staged.remove(k));
     }
-    allocator.close();
   }
 }

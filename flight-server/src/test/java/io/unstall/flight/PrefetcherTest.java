@@ -59,9 +59,10 @@ class PrefetcherTest {
       }
     };
     try (BufferAllocator root = new RootAllocator(64L << 20);
+        BufferAllocator window = root.newChildAllocator("prefetch", 0, 1L << 20);
         DatasetRegistry registry = new DatasetRegistry()) {
       Dataset d = dataset(registry);
-      Prefetcher p = new Prefetcher(root, 1L << 20, N, 1, stuck, (ds, id) -> false);
+      Prefetcher p = new Prefetcher(window, N, 1, stuck, (ds, id) -> false);
       try (ArrowBuf dst = root.buffer(SAMPLE)) {
         p.plan(d, "s", d.stats(), 0, IntStream.range(0, N).toArray());
         admitting.await();
@@ -96,10 +97,12 @@ class PrefetcherTest {
   void takingAndDroppingStagedSamplesRaceWithoutUseAfterFree() throws Exception {
     AtomicInteger read = new AtomicInteger();
     try (BufferAllocator root = new RootAllocator(64L << 20);
+        BufferAllocator window = root.newChildAllocator("prefetch", 0, 1L << 20);
         DatasetRegistry registry = new DatasetRegistry()) {
       Dataset d = dataset(registry);
       Prefetcher p =
-          new Prefetcher(root, 1L << 20, N, 4, (ds, id, buf, off, len, stats) -> read.incrementAndGet(), (ds, id) -> false);
+          new Prefetcher(window, N, 4, (ds, id, buf, off, len, stats) -> read.incrementAndGet(),
+              (ds, id) -> false);
       int[] order = IntStream.range(0, N).toArray();
       try (ArrowBuf dst = root.buffer((long) N * SAMPLE)) {
         for (int round = 0; round < 300; round++) {

@@ -96,10 +96,11 @@ class TierFaultsTest {
     Path tier = Files.createDirectories(dir.resolve("full"));
     Files.createSymbolicLink(tier.resolve(DiskTier.FILE), Path.of("/dev/full")); // every write: ENOSPC
     try (BufferAllocator root = new RootAllocator(64L << 20);
+        BufferAllocator prefetch = root.newChildAllocator("prefetch", 0, 0); // off
         DatasetRegistry registry = new DatasetRegistry();
         MinioCache cache = new MinioCache(root, 0)) {
       DiskTier disk = new DiskTier(tier, 1 << 20);
-      BatchAssembler assembler = new BatchAssembler(cache, disk, root, 0, 0, 1); // one reader: errors in order
+      BatchAssembler assembler = new BatchAssembler(cache, disk, prefetch, 0, 1); // one reader: errors in order
       try {
         Dataset d = registry.register("d", "imagefolder", folder());
         assertAllBytes(assemble(assembler, d, 0, root), range(N));
@@ -124,12 +125,13 @@ class TierFaultsTest {
     AtomicLong clock = new AtomicLong();
     Duration coolDown = Duration.ofSeconds(30);
     try (BufferAllocator root = new RootAllocator(64L << 20);
+        BufferAllocator prefetch = root.newChildAllocator("prefetch", 0, 0); // off
         DatasetRegistry registry = new DatasetRegistry();
         MinioCache cache = new MinioCache(root, 0)) {
       DiskTier disk = new DiskTier(tier, 1 << 20);
       TierBreaker breaker = new TierBreaker("disk tier " + tier, 3, coolDown, clock::get);
       BatchAssembler assembler =
-          new BatchAssembler(cache, disk, new TierBreaker("memory cache"), breaker, root, 0, 0, 1);
+          new BatchAssembler(cache, disk, new TierBreaker("memory cache"), breaker, prefetch, 0, 1);
       try {
         Dataset d = registry.register("d", "imagefolder", folder());
         assemble(assembler, d, 0, root);

@@ -7,7 +7,8 @@ import org.apache.arrow.memory.BufferAllocator;
 
 /**
  * The off-heap address space a cache keeps its entries in: chunks (pages, or shared-memory segments) allocated
- * lazily from the cache's own allocator, which this arena owns and closes.
+ * lazily from the allocator it is given (the data plane's "cache" child, its limit the capacity). The arena
+ * frees its chunks on close; the allocator is its builder's to close (the data plane's, or a test's).
  */
 abstract class Arena implements AutoCloseable {
   protected final BufferAllocator allocator;
@@ -40,6 +41,5 @@ abstract class Arena implements AutoCloseable {
         b.close();
       }
     }
-    allocator.close();
   }
 }

@@ -30,8 +30,9 @@ public final class LruCache extends ArenaCache {
   private int freeTop;
   private int nextFresh;
 
-  public LruCache(BufferAllocator parent, long capacityBytes) {
-    this(new PagedArena(parent, "cache", capacityBytes), capacityBytes);
+  /** Keeps its entries in memory from {@code allocator} (the data plane's "cache" child; not closed here). */
+  public LruCache(BufferAllocator allocator, long capacityBytes) {
+    this(new PagedArena(allocator, capacityBytes), capacityBytes);
   }
 
   private LruCache(PagedArena pages, long capacityBytes) {

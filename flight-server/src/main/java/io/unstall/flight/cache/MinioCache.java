@@ -32,18 +32,18 @@ public final class MinioCache extends ArenaCache {
   private long end; // guarded by this: next free address
   private volatile long used;
 
-  /** Takes a child allocator of {@code parent} named "cache", limited to the capacity (rounded to a page). */
-  public MinioCache(BufferAllocator parent, long capacityBytes) {
-    this(parent, capacityBytes, null);
+  /** Keeps its entries in memory from {@code allocator} (the data plane's "cache" child; not closed here). */
+  public MinioCache(BufferAllocator allocator, long capacityBytes) {
+    this(allocator, capacityBytes, null);
   }
 
   /**
    * With {@code shm}, the arena lives in shared-memory segments of that directory, which clients on this host
    * map and read entries from in place ({@link #locate}); without, in off-heap pages.
    */
-  public MinioCache(BufferAllocator parent, long capacityBytes, SharedMemory shm) {
-    super("minio", shm == null ? new PagedArena(parent, "cache", capacityBytes)
-        : new ShmArena(parent, shm, capacityBytes), capacityBytes);
+  public MinioCache(BufferAllocator allocator, long capacityBytes, SharedMemory shm) {
+    super("minio", shm == null ? new PagedArena(allocator, capacityBytes)
+        : new ShmArena(allocator, shm, capacityBytes), capacityBytes);
   }
 
   @Override

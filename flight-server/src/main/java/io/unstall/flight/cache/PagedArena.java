@@ -4,19 +4,15 @@ import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 
 /**
- * Off-heap memory of a cache as one address space of 1 MiB pages, allocated lazily from the cache's own child
- * allocator (limit: the capacity rounded up to a page). Pages are powers of two, so Arrow's rounding wastes
+ * Off-heap memory of a cache as one address space of 1 MiB pages, allocated lazily from the cache's allocator
+ * (the data plane gives it a limit of the capacity rounded up to a page). Pages are powers of two, so Arrow's rounding wastes
  * nothing, and a cache never holds more than its capacity plus less than a page.
  */
 final class PagedArena extends Arena {
   static final int PAGE = 1 << 20;
 
-  PagedArena(BufferAllocator parent, String name, long capacityBytes) {
-    this(parent, name, pageCount(capacityBytes));
-  }
-
-  private PagedArena(BufferAllocator parent, String name, int pageCount) {
-    super(parent.newChildAllocator(name, 0, (long) pageCount * PAGE), pageCount);
+  PagedArena(BufferAllocator allocator, long capacityBytes) {
+    super(allocator, pageCount(capacityBytes));
   }
 
   private static int pageCount(long capacityBytes) {

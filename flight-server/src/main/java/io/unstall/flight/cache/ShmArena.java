@@ -24,12 +24,12 @@ final class ShmArena extends Arena {
   private final ShmBuffer[] files;
   private long committed; // guarded by the caller (ensure is serialised): high-water mark of committed bytes
 
-  ShmArena(BufferAllocator parent, SharedMemory shm, long capacityBytes) {
-    this(parent, shm, roundedCapacity(capacityBytes), segmentSize(roundedCapacity(capacityBytes)));
+  ShmArena(BufferAllocator allocator, SharedMemory shm, long capacityBytes) {
+    this(allocator, shm, roundedCapacity(capacityBytes), segmentSize(roundedCapacity(capacityBytes)));
   }
 
-  private ShmArena(BufferAllocator parent, SharedMemory shm, long capacity, long segment) {
-    super(parent.newChildAllocator("cache", 0, capacity), (int) ((capacity + segment - 1) / segment));
+  private ShmArena(BufferAllocator allocator, SharedMemory shm, long capacity, long segment) {
+    super(allocator, (int) ((capacity + segment - 1) / segment));
     this.capacity = capacity;
     this.segment = segment;
     this.shm = shm;

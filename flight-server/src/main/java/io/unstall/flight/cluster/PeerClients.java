@@ -41,7 +41,7 @@ public final class PeerClients implements AutoCloseable {
   private final ConcurrentHashMap<String, FlightClient> clients = new ConcurrentHashMap<>();
   private final Set<String> failing = ConcurrentHashMap.newKeySet(); // warned once until the peer answers again
 
-  /** {@code allocator} receives the peers' batches (a child of the budget); this object closes it. */
+  /** {@code allocator} receives the peers' batches (the data plane's "peer-clients" child, which it closes). */
   public PeerClients(BufferAllocator allocator, ClusterSettings s) throws IOException {
     this.allocator = allocator;
     CallHeaders h = new FlightCallHeaders();
@@ -119,6 +119,5 @@ public final class PeerClients implements AutoCloseable {
   public void close() throws Exception {
     AutoCloseables.close(clients.values());
     clients.clear();
-    allocator.close();
   }
 }

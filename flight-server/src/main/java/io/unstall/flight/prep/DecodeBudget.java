@@ -24,8 +24,9 @@ public final class DecodeBudget implements AutoCloseable {
   private long waits; // guarded by this: decodes that had to wait
   private long maxRequest; // guarded by this
 
-  public DecodeBudget(BufferAllocator parent, long limit, long timeout, TimeUnit unit) {
-    this.alloc = parent.newChildAllocator("decode", 0, limit);
+  /** Reserves in {@code decode} (the data plane's "decode" child of streams; its limit is the budget). */
+  public DecodeBudget(BufferAllocator decode, long timeout, TimeUnit unit) {
+    this.alloc = decode;
     this.timeoutNanos = unit.toNanos(timeout);
   }
 
@@ -134,6 +135,6 @@ public final class DecodeBudget implements AutoCloseable {
   /** Throws if a decode still holds memory (a leak). */
   @Override
   public void close() {
-    alloc.close();
+    // the "decode" allocator is the data plane's to close
   }
 }

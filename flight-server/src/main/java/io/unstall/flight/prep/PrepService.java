@@ -80,20 +80,18 @@ public final class PrepService implements AutoCloseable {
 
   /**
    * {@code bounds}: the prep bounds (threads, groups, claim and wait timeouts, stats epochs);
-   * {@code decodeLimits}: the caps of pipelines that name none; {@code decodeMemory}: the decode budget's bytes;
-   * {@code timeoutSeconds}: how long a decode waits for memory before its batch fails.
+   * {@code decodeLimits}: the caps of pipelines that name none; {@code prep}: the data plane's "prep" allocator
+   * (staging; each group opens its own child of it); {@code decode}: its "decode" allocator (the decode budget);
+   * {@code timeoutSeconds}: how long a decode waits for memory before its batch fails. Neither allocator is
+   * closed here: the data plane closes them after this service.
    */
-  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator streams, Bounds bounds,
-      PrepPipeline.DecodeLimits decodeLimits, long decodeMemory, long timeoutSeconds) {
-    if (decodeMemory < 1 || decodeMemory > streams.getLimit()) {
-      throw new IllegalArgumentException("--decode-memory (" + decodeMemory + " bytes) must be in 1.."
-          + streams.getLimit() + ", the memory left for batches in flight");
-    }
+  public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator prep, BufferAllocator decode,
+      Bounds bounds, PrepPipeline.DecodeLimits decodeLimits, long timeoutSeconds) {
     this.registry = registry;
     this.assembler = assembler;
     this.decodeLimits = decodeLimits;
-    this.allocator = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
-    this.decodeBudget = new DecodeBudget(streams, decodeMemory, timeoutSeconds, TimeUnit.SECONDS);
+    this.allocator = prep;
+    this.decodeBudget = new DecodeBudget(decode, timeoutSeconds, TimeUnit.SECONDS);
     this.threads = bounds.prepThreads();
     this.maxGroups = bounds.prepGroups();
     this.limits = new PrepGroup.Limits(bounds.prepClaimTimeout().toNanos(), bounds.waitTimeout().toNanos(),
@@ -348,6 +346,6 @@ public final class PrepService implements AutoCloseable {
     pool.shutdownNow();
     pool.awaitTermination(10, TimeUnit.SECONDS);
     SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
-    AutoCloseables.close(allocator, decodeBudget); // throws if staging or a decode still holds memory
+    decodeBudget.close(); // the data plane closes the prep and decode allocators next: they throw if memory is held
   }
 }

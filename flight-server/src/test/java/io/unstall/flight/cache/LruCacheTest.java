@@ -15,7 +15,9 @@ class LruCacheTest {
   @Test
   void evictsTheLeastRecentlyUsedAndStaysWithinCapacity() {
     int size = 3 * LruCache.BLOCK; // three blocks a sample
-    try (BufferAllocator root = new RootAllocator(); LruCache cache = new LruCache(root, 9L * LruCache.BLOCK)) {
+    try (BufferAllocator root = new RootAllocator();
+        BufferAllocator memory = root.newChildAllocator("cache", 0, Long.MAX_VALUE); // as the data plane gives it
+        LruCache cache = new LruCache(memory, 9L * LruCache.BLOCK)) {
       byte[][] data = new byte[5][size];
       for (int i = 0; i < 5; i++) {
         new Random(i).nextBytes(data[i]);

@@ -40,7 +40,9 @@ class MinioCacheTest {
 
   @Test
   void admitsUntilFullAndNeverEvicts() {
-    try (BufferAllocator root = new RootAllocator(); MinioCache cache = new MinioCache(root, 3000)) {
+    try (BufferAllocator root = new RootAllocator();
+        BufferAllocator memory = root.newChildAllocator("cache", 0, Long.MAX_VALUE); // as the data plane gives it
+        MinioCache cache = new MinioCache(memory, 3000)) {
       Random rnd = new Random(1);
       List<byte[]> samples = new ArrayList<>();
       for (int i = 0; i < 10; i++) {
@@ -72,7 +74,9 @@ class MinioCacheTest {
 
   @Test
   void aSmallerSampleStillFitsAfterALargerOneDidNot() {
-    try (BufferAllocator root = new RootAllocator(); MinioCache cache = new MinioCache(root, 1500)) {
+    try (BufferAllocator root = new RootAllocator();
+        BufferAllocator memory = root.newChildAllocator("cache", 0, Long.MAX_VALUE); // as the data plane gives it
+        MinioCache cache = new MinioCache(memory, 1500)) {
       try (ArrowBuf b = bytes(root, new byte[1000])) {
         assertTrue(cache.admit(key(0), b, 0, 1000, "d") == SampleCache.Admission.ADMITTED);
         assertFalse(cache.admit(key(1), b, 0, 1000, "d") == SampleCache.Admission.ADMITTED);
@@ -85,7 +89,9 @@ class MinioCacheTest {
   @Test
   void entriesSpanningPagesRoundTrip() {
     int big = MinioCache.PAGE + 12345;
-    try (BufferAllocator root = new RootAllocator(); MinioCache cache = new MinioCache(root, 3L * MinioCache.PAGE)) {
+    try (BufferAllocator root = new RootAllocator();
+        BufferAllocator memory = root.newChildAllocator("cache", 0, Long.MAX_VALUE); // as the data plane gives it
+        MinioCache cache = new MinioCache(memory, 3L * MinioCache.PAGE)) {
       Random rnd = new Random(2);
       byte[] a = new byte[700_000];
       byte[] b = new byte[big];
@@ -104,7 +110,9 @@ class MinioCacheTest {
   @Test
   void concurrentAdmissionNeverExceedsCapacity() throws Exception {
     long capacity = 5L * MinioCache.PAGE + 777;
-    try (BufferAllocator root = new RootAllocator(); MinioCache cache = new MinioCache(root, capacity)) {
+    try (BufferAllocator root = new RootAllocator();
+        BufferAllocator memory = root.newChildAllocator("cache", 0, Long.MAX_VALUE); // as the data plane gives it
+        MinioCache cache = new MinioCache(memory, capacity)) {
       ExecutorService pool = Executors.newFixedThreadPool(4);
       AtomicLong admittedBytes = new AtomicLong();
       List<Future<?>> fs = new ArrayList<>();
@@ -138,7 +146,9 @@ class MinioCacheTest {
 
   @Test
   void zeroCapacityCachesNothing() {
-    try (BufferAllocator root = new RootAllocator(); MinioCache cache = new MinioCache(root, 0)) {
+    try (BufferAllocator root = new RootAllocator();
+        BufferAllocator memory = root.newChildAllocator("cache", 0, Long.MAX_VALUE); // as the data plane gives it
+        MinioCache cache = new MinioCache(memory, 0)) {
       try (ArrowBuf b = bytes(root, new byte[10])) {
         assertFalse(cache.admit(key(0), b, 0, 10, "d") == SampleCache.Admission.ADMITTED);
       }

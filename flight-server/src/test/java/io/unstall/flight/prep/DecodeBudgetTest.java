@@ -30,18 +30,21 @@ class DecodeBudgetTest {
 
   BufferAllocator root;
   BufferAllocator streams;
+  BufferAllocator decode;
   DecodeBudget budget;
 
   @BeforeEach
   void start() {
     root = new RootAllocator(64 * MIB);
     streams = root.newChildAllocator("streams", 0, 64 * MIB);
-    budget = new DecodeBudget(streams, 10 * MIB, 2, TimeUnit.SECONDS);
+    decode = streams.newChildAllocator("decode", 0, 10 * MIB);
+    budget = new DecodeBudget(decode, 2, TimeUnit.SECONDS);
   }
 
   @AfterEach
   void stop() {
-    budget.close(); // throws if a reservation was not given back
+    budget.close();
+    decode.close(); // throws if a reservation was not given back
     streams.close();
     root.close();
   }
