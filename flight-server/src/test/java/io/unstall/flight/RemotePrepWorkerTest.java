@@ -113,7 +113,7 @@ class RemotePrepWorkerTest {
     }
     action(1, "prep.leave", "{\"group\":\"" + ref.get("group").asText() + "\",\"member\":" + ref.get("member") + "}");
 
-    JsonNode j = join(0, ",\"window\":8");
+    JsonNode j = join(0, ",\"window\":8,\"epochs\":" + EPOCHS);
     String group = j.get("group").asText();
     int nb = j.get("num_batches").asInt();
     List<List<Batch>> seen = new ArrayList<>();
@@ -121,8 +121,8 @@ class RemotePrepWorkerTest {
       seen.add(new ArrayList<>());
     }
     seen.get(0).addAll(epoch(0, j, 0, 0, 2));
-    long uploaded;
-    try (PrepWorker w = planes[1].enlistPrepWorker("127.0.0.1:" + planes[0].peerPort(), group)) {
+    PrepWorker w = planes[1].enlistPrepWorker("127.0.0.1:" + planes[0].peerPort(), group);
+    try (w) {
       await().atMost(Duration.ofSeconds(60)).until(() -> groupStats(0, group).get("workers").size() == 1);
       int b = 2;
       // The member reads on; the worker takes part of the window (as the owner's own producers do).
@@ -131,8 +131,8 @@ class RemotePrepWorkerTest {
       }
       seen.get(0).addAll(epoch(0, j, 0, b, nb));
       seen.get(1).addAll(epoch(0, j, 1, 0, nb / 2));
-      uploaded = w.batchesUploaded();
-    } // leaves mid-epoch 1
+    } // leaves mid-epoch 1 (after finishing the batch in hand)
+    long uploaded = w.batchesUploaded();
     assertTrue(uploaded > 0, "the remote worker prepared some batches");
     JsonNode st = groupStats(0, group);
     assertEquals(0, st.get("workers").size(), "the worker left: " + st);
@@ -182,9 +182,6 @@ class RemotePrepWorkerTest {
       long e = claim.get("epoch").asLong();
       long b = claim.get("batch").asLong();
       await().atMost(Duration.ofSeconds(30)).until(() -> groupStats(0, group).get("worker_claims_expired").asLong() == 1);
-      List<Batch> epoch0 = epoch(0, j, 0, 0, nb); // the owner prepared the expired batch itself
-      assertArrayEquals(java.util.stream.LongStream.range(0, SAMPLES).toArray(),
-          epoch0.stream().flatMapToLong(x -> Arrays.stream(x.ids())).sorted().toArray());
       // Its late upload is refused, naming the option.
       try (VectorSchemaRoot r = VectorSchemaRoot.create(PrepSchema.of(io.unstall.flight.prep.PrepPipeline.parse(PIPELINE)),
           roots[1])) {
@@ -200,6 +197,9 @@ class RemotePrepWorkerTest {
         assertEquals(FlightStatusCode.INVALID_ARGUMENT, x.status().code());
         assertTrue(x.getMessage().contains("--prep-claim-timeout"), x.getMessage());
       }
+      List<Batch> epoch0 = epoch(0, j, 0, 0, nb); // the owner prepared the expired batch itself
+      assertArrayEquals(java.util.stream.LongStream.range(0, SAMPLES).toArray(),
+          epoch0.stream().flatMapToLong(x -> Arrays.stream(x.ids())).sorted().toArray());
       peerAction(c, "peer.prep.leave", "{\"group\":\"" + group + "\",\"worker\":" + worker + "}");
       // The client port does not take peer actions, nor the peer port a user's token.
       assertThrows(FlightRuntimeException.class, () -> action(0, "peer.prep.enlist", "{\"group\":\"" + group + "\"}"));
@@ -274,9 +274,19 @@ class RemotePrepWorkerTest {
     }
   }
 
+  /**
+   * A free port below Linux's ephemeral range (32768..), so that the planes' own port-0 servers, started before the
+   * second Hazelcast member binds, cannot be handed it in between.
+   */
   static int freePort() throws Exception {
-    try (ServerSocket s = new ServerSocket(0)) {
-      return s.getLocalPort();
+    Random r = new Random();
+    while (true) {
+      int port = 20000 + r.nextInt(12000);
+      try (ServerSocket s = new ServerSocket(port, 1, java.net.InetAddress.getLoopbackAddress())) {
+        return s.getLocalPort();
+      } catch (java.io.IOException taken) {
+        // try another
+      }
     }
   }
 }
