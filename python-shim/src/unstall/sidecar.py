@@ -655,6 +655,22 @@ class Sidecar:
         """The tenant tokens issued and not revoked (ids, names, grants; never the tokens)."""
         return protocol.parse_tenant_tokens(self._call("listTokens"))
 
+    # -- remote prep workers (the owner's control plane) --------------------------------------------
+    def enlist_prep_worker(self, owner_peer: str, group: str) -> dict[str, Any]:
+        """Makes this sidecar a remote prep worker of prep ``group`` owned by the sidecar whose peer port is
+        ``owner_peer`` (``"host:port"``; same cluster token, the group's dataset registered here under the same
+        name): it prepares some of that group's batches until :meth:`leave_prep_worker` or the group closes.
+        Returns the worker's stats (``prep.stats``' ``workers`` entry)."""
+        if not owner_peer or not group:
+            raise ValueError("owner_peer ('host:port' of the group's sidecar's peer port) and group are required")
+        out: dict[str, Any] = json.loads(self._call("enlistPrepWorker", owner_peer, group))
+        return out
+
+    def leave_prep_worker(self, group: str) -> dict[str, Any]:
+        """Stops preparing batches for ``group``; its claims go back to the group's sidecar."""
+        out: dict[str, Any] = json.loads(self._call("leavePrepWorker", group))
+        return out
+
     # -- supervision ---------------------------------------------------------------------------
     def problem(self) -> Optional[str]:
         """The health check (cheap): None when the sidecar is alive and its control plane answers within

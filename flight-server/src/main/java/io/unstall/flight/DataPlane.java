@@ -14,6 +14,7 @@ import io.unstall.flight.local.LocalServer;
 import io.unstall.flight.local.LocalService;
 import io.unstall.flight.prep.PrepPipeline;
 import io.unstall.flight.prep.PrepService;
+import io.unstall.flight.prep.PrepWorker;
 import io.unstall.flight.session.Sessions;
 import io.unstall.flight.shm.SharedMemory;
 import java.io.File;
@@ -152,8 +153,9 @@ public final class DataPlane implements AutoCloseable {
         Location peerLocation =
             c.tls() ? Location.forGrpcTls(c.bind(), c.peerPort()) : Location.forGrpcInsecure(c.bind(), c.peerPort());
         FlightServer.Builder pb = FlightServer.builder(streams, peerLocation,
-                new PeerProducer(registry, assembler, streams, streamBudget, bounds.waitTimeout()))
+                new PeerProducer(registry, assembler, streams, streamBudget, bounds.waitTimeout(), producer.prep()))
             .executor(peerCalls.executor()) // its own bounded pool: peers never take the clients' threads
+            .maxInboundMessageSize((int) Math.min(Integer.MAX_VALUE, maxMessage)) // a remote worker's batch at most
             .headerAuthenticator(new BearerTokenAuthenticator(c.token(), "the cluster token file, --cluster-token"));
         if (c.tls()) {
           pb.useTls(c.tlsCert().toFile(), c.tlsKey().toFile());
@@ -223,6 +225,19 @@ public final class DataPlane implements AutoCloseable {
   /** The cluster this sidecar joined, or null. */
   public HazelcastCluster cluster() {
     return cluster;
+  }
+
+  /**
+   * Enlists this sidecar as a remote prep worker of prep group {@code group} owned by the sidecar whose peer port is
+   * {@code ownerPeer} ({@code host:port}, same cluster token); it prepares that group's batches until the returned
+   * worker is closed (it leaves) or the group closes. Needs a cluster (the peer port and token).
+   */
+  public PrepWorker enlistPrepWorker(String ownerPeer, String group) throws Exception {
+    if (peerClients == null) {
+      throw new IllegalStateException("a remote prep worker needs a cluster (--cluster-members, --cluster-token)");
+    }
+    String me = clusterSettings.bind() + ":" + peerPort();
+    return producer.prep().enlist(peerClients.client(ownerPeer), ownerPeer, peerClients.callOptions(), group, me);
   }
 
   /** The peer port, or -1 without a cluster. */

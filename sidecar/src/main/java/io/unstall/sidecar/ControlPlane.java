@@ -24,6 +24,7 @@ public final class ControlPlane {
   private final DataPlane dataPlane;
   private final PathPolicy paths;
   private final Runnable shutdown;
+  private final java.util.Map<String, io.unstall.flight.prep.PrepWorker> prepWorkers = new java.util.HashMap<>();
 
   ControlPlane(DataPlane dataPlane, PathPolicy paths, Runnable shutdown) {
     this.dataPlane = dataPlane;
@@ -125,6 +126,36 @@ public final class ControlPlane {
     ObjectNode o = JSON.createObjectNode().put("v", 1).put("id", t.id()).put("name", t.name());
     t.datasets().forEach(o.putArray("datasets")::add);
     return o.put("created", t.created());
+  }
+
+  /**
+   * Enlists this sidecar as a remote prep worker of prep group {@code group} owned by the sidecar whose peer port is
+   * {@code ownerPeer} ({@code host:port}; same cluster and cluster token; the group's dataset registered here under
+   * the same name). It prepares some of that group's batches until {@link #leavePrepWorker} or the group closes.
+   * Returns the worker's stats (as {@code prep.stats}' {@code workers}).
+   */
+  public String enlistPrepWorker(String ownerPeer, String group) throws Exception {
+    synchronized (prepWorkers) {
+      if (prepWorkers.containsKey(group)) {
+        throw new IllegalArgumentException("enlistPrepWorker: this sidecar already works for prep group " + group);
+      }
+      io.unstall.flight.prep.PrepWorker w = dataPlane.enlistPrepWorker(ownerPeer, group);
+      prepWorkers.put(group, w);
+      return w.statsJson().toString();
+    }
+  }
+
+  /** Stops preparing batches for {@code group} (the worker leaves; its claims go back to the group's sidecar). */
+  public String leavePrepWorker(String group) throws InterruptedException {
+    io.unstall.flight.prep.PrepWorker w;
+    synchronized (prepWorkers) {
+      w = prepWorkers.remove(group);
+    }
+    if (w == null) {
+      throw new IllegalArgumentException("leavePrepWorker: this sidecar does not work for prep group " + group);
+    }
+    w.close();
+    return w.statsJson().toString();
   }
 
   /** Stops the sidecar shortly after this call returns. */

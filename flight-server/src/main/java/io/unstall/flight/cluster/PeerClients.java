@@ -102,6 +102,18 @@ public final class PeerClients implements AutoCloseable {
     }
   }
 
+  /**
+   * The client of the peer port at {@code hostPort} and the options of a call to it (the cluster token; no
+   * deadline: the caller's calls bound their own waits), for peer calls other than fetches (remote prep workers).
+   */
+  public FlightClient client(String hostPort) {
+    return client(Peer.parse("peer " + hostPort, hostPort));
+  }
+
+  public org.apache.arrow.flight.CallOption[] callOptions() {
+    return new org.apache.arrow.flight.CallOption[] {auth};
+  }
+
   /** Closes the client of a peer that left the cluster. */
   public void drop(Peer p) {
     FlightClient c = clients.remove(p.address());

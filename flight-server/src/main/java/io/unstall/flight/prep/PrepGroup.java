@@ -82,8 +82,24 @@ final class PrepGroup {
    */
   record Limits(long claimTimeoutNanos, long waitTimeoutNanos, int statsEpochs) {}
 
-  /** An external group's claim: the member making a batch, since when. */
+  /** An external group's claim: the member making a batch, since when. Also a remote prep worker's claim. */
   private record Claim(long member, long since) {}
+
+  /** A remote prep worker: another sidecar of the cluster that prepares some of this group's batches. */
+  private static final class Worker {
+    final long id;
+    final String name;
+    long lastSeen;
+
+    Worker(long id, String name, long now) {
+      this.id = id;
+      this.name = name;
+      this.lastSeen = now;
+    }
+  }
+
+  /** What a remote worker's claim asks of it: prepare {@code (epoch, batch)}, or wait, or stop (group closed). */
+  record WorkerTurn(String state, long epoch, long batch) {}
 
   private static final class Member {
     final long id;
@@ -109,6 +125,7 @@ final class PrepGroup {
   private final Dataset dataset;
   private final PrepPipeline pipeline; // null: raw batches (or, external, member-made batches), no sidecar prep
   private final boolean external; // members prepare batches with their own (Python) transforms and upload them
+  private final boolean replica; // a remote prep worker's copy of another sidecar's group: prepares what it claims
   private final ImagePrep imagePrep;
   private final BatchAssembler assembler;
   private final ExecutorService pool;
@@ -144,6 +161,12 @@ final class PrepGroup {
   private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
   private long claimsExpired;
   private final Map<Long, Long> producedBy = new HashMap<>(); // external groups: member -> batches uploaded
+  private final Map<Long, Worker> workers = new LinkedHashMap<>(); // remote prep workers enlisted now
+  private final Map<Long, Claim> workerClaims = new HashMap<>(); // position -> the remote worker preparing it
+  private final Map<Long, Long> expiredWorkerClaims = new HashMap<>(); // position -> the worker whose claim expired
+  private final java.util.TreeSet<Long> returned = new java.util.TreeSet<>(); // given back by workers: prepare again
+  private final Map<String, Long> preparedBy = new LinkedHashMap<>(); // "local" or "worker <id> (<name>)" -> batches
+  private long workerClaimsExpired;
   private final TreeMap<Long, Long> preparedPerEpoch = new TreeMap<>();
   private long nextToProduce;
   private boolean started;
@@ -168,7 +191,18 @@ final class PrepGroup {
 
   PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
       int threads, BufferAllocator parent, DecodeBudget decodeBudget, Settings requested, Limits limits) {
+    this(id, key, dataset, pipeline, assembler, pool, threads, parent, decodeBudget, requested, limits, false);
+  }
+
+  /**
+   * {@code replica}: this sidecar is a remote prep worker of the group {@code id} owned by another sidecar; the
+   * object runs no producers and has no members, it prepares the batches its worker claims ({@link #prepareClaimed}).
+   */
+  PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
+      int threads, BufferAllocator parent, DecodeBudget decodeBudget, Settings requested, Limits limits,
+      boolean replica) {
     this.id = id;
+    this.replica = replica;
     this.limits = limits;
     this.key = key;
     this.dataset = dataset;
@@ -226,8 +260,8 @@ final class PrepGroup {
     this.settings = new Settings(window, staging, requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null);
     this.schema = pipeline == null ? BatchSchema.SCHEMA : PrepSchema.of(pipeline);
-    this.alloc = parent.newChildAllocator("prep-group-" + id, 0, staging);
-    this.liveProducers = external ? 0 : PRODUCERS;
+    this.alloc = parent.newChildAllocator((replica ? "prep-worker-" : "prep-group-") + id, 0, staging);
+    this.liveProducers = external || replica ? 0 : PRODUCERS;
     for (int i = 0; i < liveProducers; i++) {
       Thread t = new Thread(this::produceLoop, "unstall-prep-" + id + "-" + i);
       t.setDaemon(true);
@@ -343,6 +377,28 @@ final class PrepGroup {
         notifyAll();
       }
     }
+    for (var it = workerClaims.entrySet().iterator(); it.hasNext(); ) {
+      var e = it.next();
+      if (now - e.getValue().since() > limits.claimTimeoutNanos()) {
+        long pos = e.getKey();
+        it.remove();
+        expiredWorkerClaims.put(pos, e.getValue().member());
+        returned.add(pos);
+        workerClaimsExpired++;
+        LOG.warn("prep group {}: remote prep worker {} did not upload epoch {} batch {} within {} s of claiming it"
+            + " (--prep-claim-timeout); it is prepared again", id, e.getValue().member(), pos / numBatches,
+            pos % numBatches, seconds(limits.claimTimeoutNanos()));
+        notifyAll();
+      }
+    }
+    for (Worker w : List.copyOf(workers.values())) {
+      if (now - w.lastSeen > settings.memberTimeoutNanos()
+          && workerClaims.values().stream().noneMatch(c -> c.member() == w.id)) {
+        LOG.warn("prep group {}: remote prep worker {} ({}) silent for {} s; dropped", id, w.id, w.name,
+            String.format("%.1f", (now - w.lastSeen) / 1e9));
+        removeWorker(w.id);
+      }
+    }
     for (Member m : List.copyOf(members.values())) {
       long silent = now - m.lastSeen;
       if (m.waiting == 0 && silent > settings.memberTimeoutNanos()) {
@@ -421,6 +477,7 @@ final class PrepGroup {
     }
     failed.keySet().removeIf(p -> p < min);
     expiredClaims.keySet().removeIf(p -> p < min);
+    expiredWorkerClaims.keySet().removeIf(p -> p < min);
   }
 
   /** The deadline of a wait that starts now ({@code --wait-timeout}). */
@@ -472,13 +529,16 @@ final class PrepGroup {
             }
             // Memory: what is allocated (staged, being sent, partly prepared) plus a whole batch for each one
             // in preparation and this one: conservative, so an allocation never fails.
-            if (started && !members.isEmpty() && nextToProduce < minCursor() + window && nextToProduce < maxEnd()
-                && alloc.getAllocatedMemory() + (preparing + 1) * (outCost + rawCost) <= stagingLimit) {
-              break;
+            if (started && !members.isEmpty() && alloc.getAllocatedMemory() + (preparing + 1) * (outCost + rawCost)
+                + workerClaims.size() * outCost <= stagingLimit) {
+              long p = takePosition();
+              if (p >= 0) {
+                pos = p;
+                break;
+              }
             }
             wait(10); // sends release memory without telling us: look again soon
           }
-          pos = nextToProduce++;
           preparing++;
         }
         long t0 = System.nanoTime();
@@ -500,6 +560,7 @@ final class PrepGroup {
             failed.put(pos, failure);
           } else {
             prepNanos += System.nanoTime() - t0;
+            preparedBy.merge("local", 1L, Long::sum);
             batchesPrepared++;
             samplesPrepared += root.getRowCount();
             countPrepared(pos / numBatches);
@@ -528,6 +589,209 @@ final class PrepGroup {
         free();
       }
     }
+  }
+
+  /**
+   * The next position to prepare (by a local producer or a remote worker), or -1: first a position a worker gave
+   * back (its claim expired, it left, or it failed), then the next new one within the window. Caller holds the lock.
+   */
+  private long takePosition() {
+    long min = minCursor();
+    while (!returned.isEmpty() && returned.first() < min) {
+      returned.pollFirst(); // every member skipped past it
+    }
+    if (!returned.isEmpty()) {
+      return returned.pollFirst();
+    }
+    nextToProduce = Math.max(nextToProduce, min);
+    if (nextToProduce < min + window && nextToProduce < maxEnd()) {
+      return nextToProduce++;
+    }
+    return -1;
+  }
+
+  // -- remote prep workers (docs/ARCHITECTURE.md, "Across nodes": remote prep workers) ------------------------
+
+  /** What a worker needs to prepare this group's batches exactly as this sidecar would. */
+  synchronized ObjectNode enlist(long workerId, String name) {
+    if (pipeline == null || external || replica) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + " is not prepared by its sidecar"
+          + " (raw or external group): remote prep workers run a sidecar pipeline").toRuntimeException();
+    }
+    if (closed) {
+      throw CallStatus.NOT_FOUND.withDescription("prep group " + id + " closed").toRuntimeException();
+    }
+    workers.put(workerId, new Worker(workerId, name, System.nanoTime()));
+    LOG.info("prep group {}: remote prep worker {} ({}) enlisted", id, workerId, name);
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    o.put("v", 1);
+    o.put("group", id);
+    o.put("worker", workerId);
+    o.put("dataset", key.dataset());
+    o.put("num_samples", numSamples);
+    o.set("pipeline", pipeline.canonical());
+    o.put("fingerprint", key.fingerprint());
+    o.put("seed", key.seed());
+    o.put("batch_size", key.batchSize());
+    o.put("shuffle", key.shuffle());
+    o.put("drop_last", key.dropLast());
+    o.put("num_batches", numBatches);
+    return o;
+  }
+
+  private Worker worker(long workerId) {
+    Worker w = workers.get(workerId);
+    if (w == null) {
+      throw CallStatus.NOT_FOUND.withDescription("prep group " + id + ": remote prep worker " + workerId
+          + " is not enlisted (it left, was dropped, or never enlisted)").toRuntimeException();
+    }
+    w.lastSeen = System.nanoTime();
+    return w;
+  }
+
+  /**
+   * A remote worker asks for a batch to prepare: waits up to {@code waitNanos} for a position (one a worker gave
+   * back first, then the next within the window and staging, as a local producer would take it).
+   */
+  synchronized WorkerTurn workerClaim(long workerId, long waitNanos) throws InterruptedException {
+    long deadline = System.nanoTime() + waitNanos;
+    while (true) {
+      if (closed) {
+        return new WorkerTurn("closed", 0, 0);
+      }
+      Worker w = worker(workerId);
+      maybeStart(System.nanoTime());
+      if (started && !members.isEmpty() && alloc.getAllocatedMemory() + preparing * (outCost + rawCost)
+          + (workerClaims.size() + 1) * outCost <= stagingLimit) {
+        long pos = takePosition();
+        if (pos >= 0) {
+          workerClaims.put(pos, new Claim(w.id, System.nanoTime()));
+          expiredWorkerClaims.remove(pos, w.id);
+          notifyAll();
+          return new WorkerTurn("produce", pos / numBatches, pos % numBatches);
+        }
+      }
+      long left = deadline - System.nanoTime();
+      if (left <= 0) {
+        return new WorkerTurn("wait", 0, 0);
+      }
+      wait(Math.max(1, Math.min(10, left / 1_000_000)));
+    }
+  }
+
+  /** The ids of batch {@code (epoch, batch)}, in order (what its uploaded "id" column must be). */
+  int[] batchIds(long epoch, long batch) {
+    int from = (int) batch * key.batchSize();
+    int to = Math.min(from + key.batchSize(), numSamples);
+    return Arrays.copyOfRange(order(epoch), from, to);
+  }
+
+  /**
+   * Stages a batch a remote worker prepared: accepted once, only from the worker whose claim is live; its ids
+   * must be the batch's and its schema this group's (shape, dtype, fingerprint). A late upload is refused.
+   */
+  synchronized void workerUpload(long workerId, long epoch, long batch, VectorSchemaRoot in) {
+    long pos = epoch * numBatches + batch;
+    if (closed) {
+      throw CallStatus.NOT_FOUND.withDescription("prep group " + id + " closed").toRuntimeException();
+    }
+    Worker w = worker(workerId);
+    Claim claim = workerClaims.get(pos);
+    if (claim == null || claim.member() != w.id) {
+      Long expired = expiredWorkerClaims.get(pos);
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": remote prep worker " + w.id
+          + (expired != null && expired == w.id
+              ? "'s claim on epoch " + epoch + " batch " + batch + " expired: it was not uploaded within "
+                  + seconds(limits.claimTimeoutNanos()) + " s (--prep-claim-timeout) and was prepared again"
+              : " holds no claim on epoch " + epoch + " batch " + batch)).toRuntimeException();
+    }
+    Map<String, String> meta = in.getSchema().getCustomMetadata();
+    if (meta == null || !key.fingerprint().equals(meta.get(PrepSchema.FINGERPRINT))
+        || !in.getSchema().getFields().equals(schema.getFields())) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": the uploaded batch's schema is not"
+          + " the group's prepared-batch schema (pipeline " + key.fingerprint() + ")").toRuntimeException();
+    }
+    int[] ids = batchIds(epoch, batch);
+    BigIntVector idv = (BigIntVector) in.getVector(PrepSchema.ID);
+    boolean skippedSome = meta.containsKey(PrepSchema.SKIPPED);
+    boolean idsOk = skippedSome ? in.getRowCount() <= ids.length : in.getRowCount() == ids.length;
+    for (int i = 0, j = 0; idsOk && i < in.getRowCount(); i++, j++) {
+      while (skippedSome && j < ids.length && idv.get(i) != ids[j]) {
+        j++; // skipped samples leave gaps; the kept ones stay in order
+      }
+      idsOk = j < ids.length && idv.get(i) == ids[j];
+    }
+    if (!idsOk) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": the uploaded batch's \"id\" column"
+          + " is not epoch " + epoch + " batch " + batch + "'s ids in order (is the dataset registered differently"
+          + " on the worker?)").toRuntimeException();
+    }
+    VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
+    for (int i = 0; i < in.getFieldVectors().size(); i++) {
+      in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
+    }
+    copy.setRowCount(in.getRowCount());
+    workerClaims.remove(pos);
+    batchesPrepared++;
+    samplesPrepared += copy.getRowCount();
+    countPrepared(epoch);
+    preparedBy.merge("worker " + w.id + " (" + w.name + ")", 1L, Long::sum);
+    if (pos < minCursor()) {
+      copy.close();
+    } else {
+      staged.put(pos, copy);
+      stagedPeak = Math.max(stagedPeak, staged.size());
+    }
+    notifyAll();
+  }
+
+  /** A worker gives a claim back (its prepare failed): this sidecar prepares the batch (and reports any error). */
+  synchronized void workerRelease(long workerId, long epoch, long batch, String why) {
+    long pos = epoch * numBatches + batch;
+    Worker w = worker(workerId);
+    Claim c = workerClaims.get(pos);
+    if (c != null && c.member() == w.id) {
+      workerClaims.remove(pos);
+      returned.add(pos);
+      LOG.info("prep group {}: remote prep worker {} gave back epoch {} batch {}: {}", id, w.id, epoch, batch, why);
+      notifyAll();
+    }
+  }
+
+  synchronized void workerLeave(long workerId) {
+    if (workers.containsKey(workerId)) {
+      removeWorker(workerId);
+      LOG.info("prep group {}: remote prep worker {} left", id, workerId);
+    }
+  }
+
+  /** Removes a worker; its claims go back and are prepared again (an upload after that is refused). */
+  private void removeWorker(long workerId) {
+    workers.remove(workerId);
+    for (var it = workerClaims.entrySet().iterator(); it.hasNext(); ) {
+      var e = it.next();
+      if (e.getValue().member() == workerId) {
+        it.remove();
+        returned.add(e.getKey());
+      }
+    }
+    notifyAll();
+  }
+
+  /** A replica (remote worker side): prepares batch {@code (epoch, batch)} as the owner would, same randomness. */
+  VectorSchemaRoot prepareClaimed(long epoch, long batch) throws Exception {
+    if (!replica) {
+      throw new IllegalStateException("not a remote worker's replica");
+    }
+    long t0 = System.nanoTime();
+    VectorSchemaRoot r = prepare(epoch * numBatches + batch, shmPaths);
+    synchronized (this) {
+      prepNanos += System.nanoTime() - t0;
+      batchesPrepared++;
+      samplesPrepared += r.getRowCount();
+      countPrepared(epoch);
+    }
+    return r;
   }
 
   /** Waits for sends still holding staged buffers, then frees the staging allocator. */
@@ -570,7 +834,7 @@ final class PrepGroup {
     for (Thread t : producers) {
       t.join(TimeUnit.SECONDS.toMillis(40));
     }
-    if (external) {
+    if (external || replica) {
       free();
     }
   }
@@ -1110,6 +1374,16 @@ final class PrepGroup {
     ArrayNode ds = o.putArray("dropped");
     dropped.forEach(ds::add);
     o.put("left", left);
+    if (pipeline != null && !replica) {
+      ObjectNode pw = o.putObject("batches_prepared_by");
+      preparedBy.forEach(pw::put);
+      ArrayNode ws = o.putArray("workers");
+      for (Worker w : workers.values()) {
+        ws.addObject().put("worker", w.id).put("name", w.name)
+            .put("claims", workerClaims.values().stream().filter(c -> c.member() == w.id).count());
+      }
+      o.put("worker_claims_expired", workerClaimsExpired);
+    }
     if (external) {
       ObjectNode pb = o.putObject("batches_uploaded_by_member");
       producedBy.forEach((mem, c) -> pb.put(Long.toString(mem), c));

@@ -115,6 +115,16 @@ final class PrepRequests {
         b.path("drop_last").asBoolean(false), s, epochs, startEpoch, startBatch, b.path("name").asText(""));
   }
 
+  /** A remote prep worker's batch: {@code {"group","worker","epoch","batch"}} (the worker id in {@code member}). */
+  static At workerAt(String action, JsonNode b) {
+    JsonNode w = b.get("worker");
+    if (w == null || !w.isIntegralNumber() || !w.canConvertToLong()) {
+      throw new IllegalArgumentException(action + ": \"worker\" (the id peer.prep.enlist returned) is required, got "
+          + w);
+    }
+    return new At(group(b), w.asLong(), u32(action, b, "epoch"), u32(action, b, "batch"));
+  }
+
   static String group(JsonNode b) {
     return b.path("group").asText("");
   }

@@ -2,6 +2,8 @@ package io.unstall.flight.prep;
 
 import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.shm.SharedMemory;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
@@ -51,6 +53,14 @@ public final class PrepService implements AutoCloseable {
   public static final String ACTION_STATS = "prep.stats";
   public static final String ACTION_NEXT = "prep.next";
   public static final String ACTION_CLAIM = "prep.claim";
+  /** Peer-port actions (cluster token) of remote prep workers: protocol/README.md, "Remote prep workers". */
+  public static final String PEER_ENLIST = "peer.prep.enlist";
+  public static final String PEER_CLAIM = "peer.prep.claim";
+  public static final String PEER_RELEASE = "peer.prep.release";
+  public static final String PEER_LEAVE = "peer.prep.leave";
+  static final String PEER_PUT = "peer.prep.put";
+  /** How long one {@code peer.prep.claim} waits for a batch to prepare before answering "wait". */
+  static final long PEER_CLAIM_WAIT_NANOS = TimeUnit.SECONDS.toNanos(1);
   /** Group key fingerprints of external groups: members prepare batches with their own transforms. */
   static final String EXTERNAL_PREFIX = "python:";
   private static final int HISTORY = 64;
@@ -69,6 +79,7 @@ public final class PrepService implements AutoCloseable {
   // Guarded by this: the open group of each key, and every group by id (closed ones kept for stats).
   private final Map<PrepGroup.Key, PrepGroup> open = new HashMap<>();
   private final LinkedHashMap<String, PrepGroup> byId = new LinkedHashMap<>();
+  private final List<PrepWorker> workers = new ArrayList<>(); // this sidecar enlisted in other sidecars' groups
 
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
   static final String SHM_PREFIX = "unstall-prep-";
@@ -274,6 +285,116 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
+  // -- remote prep workers: the owner's side (peer port) -----------------------------------------------------
+
+  public static boolean handlesPeer(String actionType) {
+    return actionType.startsWith("peer.prep.");
+  }
+
+  /** A {@code peer.prep.*} action of another sidecar (authenticated by the cluster token); one JSON result. */
+  public byte[] peerAction(Action action) throws Exception {
+    String type = action.getType();
+    JsonNode b = PrepRequests.body(type, action.getBody());
+    String out = switch (type) {
+      case PEER_ENLIST -> peerGroup(b).enlist(memberIds.incrementAndGet(), b.path("name").asText("")).toString();
+      case PEER_CLAIM -> {
+        PrepGroup.WorkerTurn t = peerGroup(b).workerClaim(worker(type, b), PEER_CLAIM_WAIT_NANOS);
+        ObjectNode o = JsonNodeFactory.instance.objectNode().put("v", 1).put("state", t.state());
+        if (t.state().equals("produce")) {
+          o.put("epoch", t.epoch()).put("batch", t.batch());
+        }
+        yield o.toString();
+      }
+      case PEER_RELEASE -> {
+        PrepRequests.At at = PrepRequests.workerAt(type, b);
+        peerGroup(b).workerRelease(at.member(), at.epoch(), at.batch(), b.path("reason").asText(""));
+        yield "{\"v\":1,\"released\":true}";
+      }
+      case PEER_LEAVE -> {
+        peerGroup(b).workerLeave(worker(type, b));
+        yield "{\"v\":1,\"left\":true}";
+      }
+      default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown peer action '" + type + "'; peer actions: "
+          + List.of(PEER_ENLIST, PEER_CLAIM, PEER_RELEASE, PEER_LEAVE)).toRuntimeException();
+    };
+    return out.getBytes(StandardCharsets.UTF_8);
+  }
+
+  public static boolean handlesPeerPut(FlightDescriptor d) {
+    return d.isCommand() && new String(d.getCommand(), StandardCharsets.UTF_8).startsWith("{\"" + PEER_PUT + "\"");
+  }
+
+  /** DoPut of a batch a remote worker prepared: descriptor {@code {"peer.prep.put":{"group","worker","epoch","batch"}}}. */
+  public void acceptPeerPut(FlightStream stream) {
+    JsonNode c = PrepRequests.body(PEER_PUT, stream.getDescriptor().getCommand()).get(PEER_PUT);
+    if (c == null || !c.isObject()) {
+      throw new IllegalArgumentException(PEER_PUT + ": expected {\"" + PEER_PUT + "\":{\"group\",\"worker\",\"epoch\",\"batch\"}}");
+    }
+    PrepRequests.At at = PrepRequests.workerAt(PEER_PUT, c);
+    PrepGroup g = peerGroup(c);
+    if (!stream.next()) {
+      throw new IllegalArgumentException(PEER_PUT + ": the stream carries no record batch");
+    }
+    g.workerUpload(at.member(), at.epoch(), at.batch(), stream.getRoot());
+    while (stream.next()) {
+      // one batch per upload; drain anything else
+    }
+  }
+
+  private static long worker(String type, JsonNode b) {
+    return PrepRequests.workerAt(type, ((ObjectNode) b.deepCopy()).put("epoch", 0).put("batch", 0)).member();
+  }
+
+  private PrepGroup peerGroup(JsonNode b) {
+    PrepGroup g;
+    synchronized (this) {
+      g = byId.get(PrepRequests.group(b));
+    }
+    if (g == null) {
+      throw CallStatus.NOT_FOUND.withDescription("prep group '" + PrepRequests.group(b) + "' is unknown here")
+          .toRuntimeException();
+    }
+    return g;
+  }
+
+  // -- remote prep workers: the worker's side ------------------------------------------------------------------
+
+  /**
+   * Enlists this sidecar as a remote prep worker of group {@code group} owned by the sidecar whose peer port
+   * {@code owner} reaches (with the cluster token in {@code options}); returns once enlisted, then prepares the
+   * batches it claims until {@link PrepWorker#close()} or the group closes. The group's dataset must be registered
+   * here under the same name (same samples).
+   */
+  public PrepWorker enlist(org.apache.arrow.flight.FlightClient owner, String ownerAddress,
+      org.apache.arrow.flight.CallOption[] options, String group, String name) throws Exception {
+    PrepWorker w = new PrepWorker(this, owner, ownerAddress, options, group, name);
+    synchronized (this) {
+      workers.removeIf(PrepWorker::finished);
+      workers.add(w);
+    }
+    w.start();
+    return w;
+  }
+
+  /** The worker's copy of an owner's group, from the owner's {@code peer.prep.enlist} answer. */
+  PrepGroup replica(JsonNode spec) {
+    Dataset d = registry.get(spec.path("dataset").asText());
+    if (d.size() != spec.path("num_samples").asInt()) {
+      throw new IllegalArgumentException("remote prep worker: dataset '" + d.name() + "' has " + d.size()
+          + " samples here and " + spec.path("num_samples").asInt() + " on the group's sidecar");
+    }
+    PrepPipeline p = PrepPipeline.parse(spec.get("pipeline"));
+    if (!p.fingerprint().equals(spec.path("fingerprint").asText())) {
+      throw new IllegalArgumentException("remote prep worker: the pipeline parses to another fingerprint here ("
+          + p.fingerprint() + " vs " + spec.path("fingerprint").asText() + "): different sidecar versions?");
+    }
+    PrepGroup.Key key = new PrepGroup.Key(d.name(), p.fingerprint(), spec.path("seed").asLong(),
+        spec.path("batch_size").asInt(), spec.path("shuffle").asBoolean(), spec.path("drop_last").asBoolean());
+    PrepGroup.Settings s = new PrepGroup.Settings(1, 0, TimeUnit.SECONDS.toNanos(30), 1, 0, false);
+    return new PrepGroup(spec.path("group").asText(), key, d, p, assembler, pool, threads, allocator, decodeBudget, s,
+        limits, true);
+  }
+
   private void trimHistory() {
     if (byId.size() <= HISTORY) {
       return;
@@ -329,12 +450,21 @@ public final class PrepService implements AutoCloseable {
         gs.set(id, g.statsJson());
       }
     });
+    if (caller.owner()) {
+      ArrayNode ws = o.putArray("workers"); // groups of other sidecars this one prepares batches for
+      workers.forEach(w -> ws.add(w.statsJson()));
+    }
     return o.toString();
   }
 
   @Override
   public void close() throws Exception {
     reaper.shutdownNow();
+    List<PrepWorker> ws;
+    synchronized (this) {
+      ws = new ArrayList<>(workers);
+    }
+    AutoCloseables.close(ws);
     List<PrepGroup> groups;
     synchronized (this) {
       groups = new ArrayList<>(byId.values());
