@@ -11,7 +11,6 @@ import io.unstall.flight.cluster.ClusterSettings;
 import io.unstall.flight.format.ImageFolders;
 import io.unstall.flight.protocol.FetchTicket;
 import io.unstall.flight.protocol.PeerTicket;
-import java.net.ServerSocket;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -63,7 +62,10 @@ class ClusterTest {
       maxSample = Math.max(maxSample, b.length);
     }
     capacity = datasetBytes / 6; // a node owns about a third: its cache fills
-    int[] ports = freePorts(N);
+    int[] ports = new int[N]; // below the ephemeral range: the planes' port-0 servers cannot take them first
+    for (int i = 0; i < N; i++) {
+      ports[i] = TestPorts.belowEphemeral();
+    }
     List<String> members = new ArrayList<>();
     for (int p : ports) {
       members.add("127.0.0.1:" + p);
@@ -255,18 +257,5 @@ class ClusterTest {
       }
     }
     return hits;
-  }
-
-  private static int[] freePorts(int n) throws Exception {
-    int[] ports = new int[n];
-    ServerSocket[] held = new ServerSocket[n];
-    for (int i = 0; i < n; i++) {
-      held[i] = new ServerSocket(0, 1, java.net.InetAddress.getLoopbackAddress());
-      ports[i] = held[i].getLocalPort();
-    }
-    for (ServerSocket s : held) {
-      s.close();
-    }
-    return ports;
   }
 }

@@ -17,7 +17,6 @@ import java.awt.Color;
 import java.awt.Graphics2D;
 import java.awt.image.BufferedImage;
 import java.io.ByteArrayOutputStream;
-import java.net.ServerSocket;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -76,7 +75,7 @@ class RemotePrepWorkerTest {
   @BeforeEach
   void start() throws Exception {
     writeImages(dir.resolve("imgs"));
-    int[] ports = {freePort(), freePort()};
+    int[] ports = {TestPorts.belowEphemeral(), TestPorts.belowEphemeral()};
     List<String> members = List.of("127.0.0.1:" + ports[0], "127.0.0.1:" + ports[1]);
     for (int k = 0; k < 2; k++) {
       ClusterSettings c = new ClusterSettings("rprep-" + ProcessHandle.current().pid(), "127.0.0.1", ports[k], members,
@@ -271,22 +270,6 @@ class RemotePrepWorkerTest {
       Path p = root.resolve("c" + (i % 2) + "/img" + String.format("%02d", i) + ".jpg");
       Files.createDirectories(p.getParent());
       ImageIO.write(img, "jpg", p.toFile());
-    }
-  }
-
-  /**
-   * A free port below Linux's ephemeral range (32768..), so that the planes' own port-0 servers, started before the
-   * second Hazelcast member binds, cannot be handed it in between.
-   */
-  static int freePort() throws Exception {
-    Random r = new Random();
-    while (true) {
-      int port = 20000 + r.nextInt(12000);
-      try (ServerSocket s = new ServerSocket(port, 1, java.net.InetAddress.getLoopbackAddress())) {
-        return s.getLocalPort();
-      } catch (java.io.IOException taken) {
-        // try another
-      }
     }
   }
 }
