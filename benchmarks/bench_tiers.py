@@ -117,22 +117,30 @@ def upload_dataset(endpoint: str, samples: int, size: int, classes: int, seed: i
 # the trainer loop
 
 
+TRACE_BATCHES = False  # --trace-batches: print each epoch's per-batch waits
+
+
 def run_loop(loader: Any, epochs: int, step_s: float, on_epoch_end: Callable[[int], str]) -> List[tuple[float, float, str]]:
     out = []
     for epoch in range(epochs):
         start = time.perf_counter()
-        stall = 0.0
         it: Iterator[Any] = iter(loader)
+        started = time.perf_counter() - start
+        waits: List[float] = []
         while True:
             t = time.perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
                 break
-            stall += time.perf_counter() - t
+            waits.append(time.perf_counter() - t)
             _consume(batch)
             time.sleep(step_s)  # the model's step
-        out.append((time.perf_counter() - start, stall, on_epoch_end(epoch)))
+        elapsed = time.perf_counter() - start
+        if TRACE_BATCHES:
+            print(f"  epoch {epoch}: {elapsed:.3f} s, stall {sum(waits):.3f} s; iter() {1e3 * started:.0f} ms; "
+                  "each next() (ms): " + " ".join(f"{1e3 * w:.0f}" for w in waits), flush=True)
+        out.append((elapsed, sum(waits), on_epoch_end(epoch)))
     return out
 
 
@@ -308,6 +316,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--out", type=Path, default=None, help="also write the table here")
+    p.add_argument("--trace-batches", action="store_true",
+                   help="print each epoch's wait in every next(), to see where an epoch's stall sits")
     p.add_argument("--warmup-samples", type=int, default=3000,
                    help="objects in the separate warm-up prefix each sidecar reads twice first (default 3000)")
     p.add_argument("--warmup-kb", type=int, default=8, help="size of a warm-up object (default 8 KB)")
@@ -315,6 +325,8 @@ def main() -> None:
                    help=f"comma-separated unstall configurations to run (default: all of {', '.join(CONFIGS)}); "
                         "the boto3 baseline always runs")
     args = p.parse_args()
+    global TRACE_BATCHES
+    TRACE_BATCHES = args.trace_batches
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:

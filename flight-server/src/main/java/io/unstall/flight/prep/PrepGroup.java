@@ -726,23 +726,9 @@ final class PrepGroup {
           + " is not epoch " + epoch + " batch " + batch + "'s ids in order (is the dataset registered differently"
           + " on the worker?)").toRuntimeException();
     }
-    VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
-    for (int i = 0; i < in.getFieldVectors().size(); i++) {
-      in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
-    }
-    copy.setRowCount(in.getRowCount());
     workerClaims.remove(pos);
-    batchesPrepared++;
-    samplesPrepared += copy.getRowCount();
-    countPrepared(epoch);
     preparedBy.merge("worker " + w.id + " (" + w.name + ")", 1L, Long::sum);
-    if (pos < minCursor()) {
-      copy.close();
-    } else {
-      staged.put(pos, copy);
-      stagedPeak = Math.max(stagedPeak, staged.size());
-    }
-    notifyAll();
+    adoptUpload(in, pos, epoch);
   }
 
   /** A worker gives a claim back (its prepare failed): this sidecar prepares the batch (and reports any error). */
@@ -1294,24 +1280,32 @@ final class PrepGroup {
         claimedBy.put(pos, new Claim(m.id, m.lastSeen)); // it has come back: the upload, not the claim, waits
         wait(10);
       }
-      VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
-      for (int i = 0; i < in.getFieldVectors().size(); i++) {
-        in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
-      }
-      copy.setRowCount(in.getRowCount());
       claimedBy.remove(pos);
-      batchesPrepared++;
-      samplesPrepared += copy.getRowCount();
-      countPrepared(epoch);
       producedBy.merge(m.id, 1L, Long::sum);
-      if (pos < minCursor()) {
-        copy.close();
-      } else {
-        staged.put(pos, copy);
-        stagedPeak = Math.max(stagedPeak, staged.size());
-      }
-      notifyAll();
+      adoptUpload(in, pos, epoch);
     }
+  }
+
+  /**
+   * Takes an uploaded batch's buffers (a member's or a remote worker's, its claim already checked and removed)
+   * into this group's staging at {@code pos}, counts it, and wakes the readers. Caller holds the lock.
+   */
+  private void adoptUpload(VectorSchemaRoot in, long pos, long epoch) {
+    VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
+    for (int i = 0; i < in.getFieldVectors().size(); i++) {
+      in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
+    }
+    copy.setRowCount(in.getRowCount());
+    batchesPrepared++;
+    samplesPrepared += copy.getRowCount();
+    countPrepared(epoch);
+    if (pos < minCursor()) {
+      copy.close();
+    } else {
+      staged.put(pos, copy);
+      stagedPeak = Math.max(stagedPeak, staged.size());
+    }
+    notifyAll();
   }
 
   /** A root over the same buffers (reference counted): members are sent one staged batch without copies. */
