@@ -40,8 +40,6 @@ import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.HeaderCallOption;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
-import org.apache.arrow.vector.BigIntVector;
-import org.apache.arrow.vector.VarBinaryVector;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.Test;
@@ -129,19 +127,6 @@ class BoundsTest {
     }
   }
 
-  List<byte[]> drain(FlightStream s, long[] ids) throws Exception {
-    List<byte[]> out = new ArrayList<>();
-    while (s.next()) {
-      BigIntVector id = (BigIntVector) s.getRoot().getVector("id");
-      VarBinaryVector payload = (VarBinaryVector) s.getRoot().getVector("payload");
-      for (int i = 0; i < s.getRoot().getRowCount(); i++) {
-        assertEquals(ids[out.size()], id.get(i));
-        out.add(payload.get(i));
-      }
-    }
-    return out;
-  }
-
   @Test
   void manyClientsHoldingBlockedRequestsStayWithinTheThreadBoundsAndTheServerRecovers() throws Exception {
     Assumptions.assumeTrue(Files.isWritable(Path.of("/dev/shm")), "needs /dev/shm");
@@ -152,7 +137,7 @@ class BoundsTest {
     Clients clients = new Clients();
     FlightClient first = clients.connect();
     try (FlightStream s = first.getStream(new FetchTicket("imgs", 0, BLOCKED).toTicket(), clients.auth)) {
-      checkPayloads(BLOCKED, drain(s, BLOCKED)); // warms up the client's threads and the server's
+      checkPayloads(BLOCKED, FlightTestClient.drain(s, BLOCKED)); // warms up the client's threads and the server's
     }
     LocalTestClient holder = new LocalTestClient(plane.localEndpoint(), TOKEN);
     long session = holder.open("imgs");
@@ -218,7 +203,7 @@ class BoundsTest {
     for (FlightStream s : streams) {
       flightOutcomes.add(readers.submit(() -> {
         try {
-          checkPayloads(BLOCKED, drain(s, BLOCKED));
+          checkPayloads(BLOCKED, FlightTestClient.drain(s, BLOCKED));
           return "ok";
         } catch (FlightRuntimeException e) {
           assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, e.status().code(), e.toString());
@@ -252,7 +237,7 @@ class BoundsTest {
     await().atMost(Duration.ofMinutes(1)).pollInSameThread()
         .until(() -> calls.waiting() == 0 && plane.localServer().connections() == 0);
     try (FlightStream s = clients.connect().getStream(new FetchTicket("imgs", 2, big).toTicket(), clients.auth)) {
-      checkPayloads(big, drain(s, big));
+      checkPayloads(big, FlightTestClient.drain(s, big));
     }
     try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
       long s = c.open("imgs");
@@ -299,7 +284,7 @@ class BoundsTest {
     for (long epoch : new long[] {0, 1, 4_000_000_000L, 2, 3}) { // any epoch a client names is counted...
       try (FlightStream s = client.getStream(new FetchTicket("imgs", epoch, new long[] {epoch % 16}).toTicket(),
           clients.auth)) {
-        drain(s, new long[] {epoch % 16});
+        FlightTestClient.drain(s, new long[] {epoch % 16});
       }
     }
     JsonNode stats = FlightTestClient.JSON.readTree(client.doAction(new Action("stats", new byte[0]), clients.auth)

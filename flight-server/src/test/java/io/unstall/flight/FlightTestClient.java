@@ -37,15 +37,20 @@ final class FlightTestClient implements AutoCloseable {
 
   /** Fetches ids as one batch; checks the ids echo and returns the payloads. */
   List<byte[]> fetch(String dataset, long epoch, long... ids) throws Exception {
-    List<byte[]> out = new ArrayList<>();
     try (FlightStream s = client.getStream(new FetchTicket(dataset, epoch, ids).toTicket(), auth)) {
-      while (s.next()) {
-        BigIntVector id = (BigIntVector) s.getRoot().getVector("id");
-        VarBinaryVector payload = (VarBinaryVector) s.getRoot().getVector("payload");
-        for (int i = 0; i < s.getRoot().getRowCount(); i++) {
-          assertEquals(ids[out.size()], id.get(i));
-          out.add(payload.get(i));
-        }
+      return drain(s, ids);
+    }
+  }
+
+  /** Reads a fetch's whole stream, checking that it echoes {@code ids} in order; returns the payloads. */
+  static List<byte[]> drain(FlightStream s, long[] ids) throws Exception {
+    List<byte[]> out = new ArrayList<>();
+    while (s.next()) {
+      BigIntVector id = (BigIntVector) s.getRoot().getVector("id");
+      VarBinaryVector payload = (VarBinaryVector) s.getRoot().getVector("payload");
+      for (int i = 0; i < s.getRoot().getRowCount(); i++) {
+        assertEquals(ids[out.size()], id.get(i));
+        out.add(payload.get(i));
       }
     }
     return out;
