@@ -57,17 +57,22 @@ class PersistenceTest {
     }
   }
 
-  @Test
-  void aTornManifestIsRelearnedNotAnError() throws Exception {
-    List<byte[]> samples = data();
-    Path tier = dir.resolve("tier");
-    String uri = dir.resolve("data").toString();
+  /** One sidecar's life: registers "d" at {@code uri}, reads its epoch 0, closes (persisting the manifest). */
+  private void readEpochZero(Path tier, String uri) throws Exception {
     try (BufferAllocator root = new RootAllocator(64L << 20);
         DataPlane plane = plane(root, tier, Duration.ofHours(1));
         FlightTestClient c = new FlightTestClient(root, plane)) {
       plane.registry().register("d", "imagefolder", uri);
       c.fetch("d", 0, range(N));
     }
+  }
+
+  @Test
+  void aTornManifestIsRelearnedNotAnError() throws Exception {
+    List<byte[]> samples = data();
+    Path tier = dir.resolve("tier");
+    String uri = dir.resolve("data").toString();
+    readEpochZero(tier, uri);
     Path manifest = manifests(tier).get(0);
     byte[] whole = Files.readAllBytes(manifest);
     Files.write(manifest, java.util.Arrays.copyOf(whole, whole.length / 2)); // a crash while it was written
@@ -165,12 +170,7 @@ class PersistenceTest {
     List<byte[]> old = ImageFolders.write(dir.resolve("data"), 2, N / 2, i -> size, 5);
     Path tier = dir.resolve("tier");
     String uri = dir.resolve("data").toString();
-    try (BufferAllocator root = new RootAllocator(64L << 20);
-        DataPlane plane = plane(root, tier, Duration.ofHours(1));
-        FlightTestClient c = new FlightTestClient(root, plane)) {
-      plane.registry().register("d", "imagefolder", uri);
-      c.fetch("d", 0, range(N));
-    }
+    readEpochZero(tier, uri);
     assertEquals(N, persistedDigests(tier, uri), "the manifest was persisted at close");
     List<byte[]> now = new java.util.ArrayList<>();
     for (int i = 0; i < N; i++) {

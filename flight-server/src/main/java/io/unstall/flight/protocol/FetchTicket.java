@@ -6,46 +6,11 @@ import org.apache.arrow.flight.Ticket;
  * A DoGet ticket of kind FETCH: a batch of samples of one dataset by id, for one epoch. The id-list layout of
  * {@link Wire}, pinned by golden fixtures shared with the Python shim ({@code protocol/fixtures/ticket-*}).
  */
-public final class FetchTicket {
-  public static final int MAX_IDS = 65536;
-
-  private final String dataset;
-  private final long epoch;
-  private final long[] ids;
+public final class FetchTicket extends IdListTicket {
+  public static final int MAX_IDS = IdListTicket.MAX_IDS;
 
   public FetchTicket(String dataset, long epoch, long[] ids) {
-    Wire.check("a ticket", dataset, epoch, ids, MAX_IDS);
-    this.dataset = dataset;
-    this.epoch = epoch;
-    this.ids = ids.clone();
-  }
-
-  public String dataset() {
-    return dataset;
-  }
-
-  public long epoch() {
-    return epoch;
-  }
-
-  public int size() {
-    return ids.length;
-  }
-
-  public long id(int i) {
-    return ids[i];
-  }
-
-  public long[] ids() {
-    return ids.clone();
-  }
-
-  public byte[] toBytes() {
-    return Wire.encodeIds(Wire.KIND_FETCH, dataset, epoch, ids);
-  }
-
-  public Ticket toTicket() {
-    return new Ticket(toBytes());
+    super(Wire.KIND_FETCH, "a ticket", dataset, epoch, ids);
   }
 
   public static FetchTicket from(Ticket ticket) {
@@ -56,10 +21,5 @@ public final class FetchTicket {
   public static FetchTicket parse(byte[] bytes) {
     Wire.IdList m = Wire.parseIds(bytes, Wire.KIND_FETCH, MAX_IDS);
     return new FetchTicket(m.dataset(), m.epoch(), m.ids());
-  }
-
-  @Override
-  public String toString() {
-    return "FetchTicket{dataset=" + dataset + ", epoch=" + epoch + ", n=" + ids.length + "}";
   }
 }
