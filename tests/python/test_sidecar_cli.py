@@ -13,7 +13,7 @@ import pytest
 
 import unstall
 from datagen import make_image_folder
-from unstall.sidecar import read_state, stop_sidecar
+from unstall.sidecar import find_java, read_state, stop_sidecar
 
 
 @pytest.fixture
@@ -57,6 +57,7 @@ def test_start_status_stop_a_detached_sidecar_that_trainers_share(sidecar_jar: P
     doc = json.loads(status.stdout)
     assert (doc["pid"], doc["flight"], doc["local"], doc["healthy"]) == (state.pid, state.flight, state.local, True)
     assert [(d["name"], d["samples"]) for d in doc["datasets"]] == [("shared", 6)]
+    assert Path(doc["java"]) == Path(find_java()).resolve()
 
     again = cli(home, sidecar_jar, "start", "--port", "0")
     assert again.returncode == 0 and f"pid {state.pid} already running" in again.stdout

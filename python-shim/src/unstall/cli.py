@@ -27,6 +27,7 @@ Exit status 2 when a start or stop fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -173,6 +174,8 @@ def sidecar_main(args: argparse.Namespace) -> int:
         doc: Dict[str, Any] = {"home": str(home), "pid": state.pid, "flight": state.flight,
                                "control_port": state.control_port, "local": state.local,
                                "token_file": state.token_file, "log": str(home / "sidecar.log")}
+        with contextlib.suppress(OSError):  # the java it runs on (Linux; another user's process: unknown)
+            doc["java"] = os.readlink(f"/proc/{state.pid}/exe")
         try:
             with Sidecar(home=home, start=False) as sidecar:
                 doc["healthy"] = sidecar.problem() is None
@@ -184,7 +187,7 @@ def sidecar_main(args: argparse.Namespace) -> int:
             print(json.dumps(doc))
         else:
             print(f"unstall sidecar: pid {state.pid}, {'healthy' if doc['healthy'] else 'NOT answering'}")
-            for key in ("flight", "control_port", "local", "token_file", "log", "problem"):
+            for key in ("flight", "control_port", "local", "token_file", "log", "java", "problem"):
                 if doc.get(key) is not None:
                     print(f"  {key.replace('_', ' '):<14}{doc[key]}")
             for d in doc.get("datasets", []):
