@@ -74,7 +74,8 @@ def serve_standalone(jar: Path, home: Path, extra: Sequence[str] = ()) -> subpro
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "sidecar.log", "ab")
     java = find_java()
-    proc = subprocess.Popen([java, *java_flags(java), "-jar", str(jar), "serve", "--port", "0", "--home", str(home), *extra],
+    proc = subprocess.Popen([java, *java_flags(java), "-jar", str(jar), "serve", "--port", "0", "--home", str(home),
+                             *extra],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, UNSTALL_HOME=str(home)))
     log.close()

@@ -29,7 +29,8 @@ def cli(home: Path, jar: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
-def test_start_status_stop_a_detached_sidecar_that_trainers_share(sidecar_jar: Path, home: Path, tmp_path: Path) -> None:
+def test_start_status_stop_a_detached_sidecar_that_trainers_share(
+        sidecar_jar: Path, home: Path, tmp_path: Path) -> None:
     none = cli(home, sidecar_jar, "status")
     assert none.returncode == 1 and f"none is running for {home}" in none.stderr
 

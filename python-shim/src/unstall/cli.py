@@ -115,11 +115,12 @@ def _sidecar_parser(sub: Any, home_help: str) -> None:
     start.add_argument("--cache-capacity", metavar="SIZE", default=None, help="memory cache (default 1GiB)")
     start.add_argument("--memory-budget", metavar="SIZE", default=None, help="all off-heap memory (default 2GiB)")
     start.add_argument("--sidecar-arg", action="append", default=[], metavar="ARG",
-                       help="any other sidecar option, e.g. --sidecar-arg=--disk-cache-dir=/scratch/unstall (repeatable)")
+                       help="any other sidecar option, e.g. --sidecar-arg=--disk-cache-dir=/scratch (repeatable)")
     start.add_argument("--java", default=None, help="java 17+ to run it (default: UNSTALL_JAVA, JAVA_HOME, PATH, "
                                                     "then the jre extra)")
     start.add_argument("--java-option", action="append", default=[], metavar="OPT", help="a JVM option (repeatable)")
-    start.add_argument("--jar", default=None, help="sidecar jar (default: the one in the package, or UNSTALL_SIDECAR_JAR)")
+    start.add_argument("--jar", default=None,
+                       help="sidecar jar (default: UNSTALL_SIDECAR_JAR, else the one in the package)")
     start.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to listen (default 60)")
     status = ssub.add_parser("status", help="pid, addresses, health and datasets of the running one")
     status.add_argument("--home", type=Path, default=None, help=home_help)
@@ -191,7 +192,8 @@ def sidecar_main(args: argparse.Namespace) -> int:
                 if doc.get(key) is not None:
                     print(f"  {key.replace('_', ' '):<14}{doc[key]}")
             for d in doc.get("datasets", []):
-                print(f"  dataset       {d['name']} ({d['format']}, {d['samples']} samples, {d['bytes']} bytes) {d['uri']}")
+                print(f"  dataset       {d['name']} ({d['format']}, {d['samples']} samples, {d['bytes']} bytes) "
+                      f"{d['uri']}")
         return 0 if doc["healthy"] else 1
     except (SidecarError, OSError) as e:
         print(f"unstall sidecar {cmd}: {e}", file=sys.stderr)

