@@ -4,6 +4,9 @@
     unstall token issue --dataset NAME [--dataset NAME ...] [--name WHO] [--home DIR]
     unstall token list [--home DIR]
     unstall token revoke ID [--home DIR]
+    unstall sidecar start [--home DIR] [--port N] [--cache-capacity SIZE] [--memory-budget SIZE] [--sidecar-arg ARG ...]
+    unstall sidecar status [--home DIR] [--json]
+    unstall sidecar stop [--home DIR] [--timeout S]
 
 Runs the training command (which must iterate an ``unstall.torch.DataLoader``) three times: synthetic
 batches, fully cached, cold cache; prints the fetch/prep stall split, the rates and the what-if
@@ -13,11 +16,20 @@ when the analysis is complete, 2 when a run failed (nothing but the error is rep
 ``token`` is for the owner of a running sidecar (found through ``$UNSTALL_HOME/sidecar.json``): it issues a
 tenant token (Flight only, the named datasets only; printed once on stdout, stored only as a hash), lists
 them, or revokes one (refused from its next call). Exit status 2 when the sidecar refuses or is not running.
+
+``sidecar`` manages the per-host sidecar of a home (the one ``unstall.Sidecar()`` attaches to through
+``$UNSTALL_HOME/sidecar.json``) from the shell: ``start`` launches it detached (it outlives the command) or
+reports the one already there, ``status`` prints its pid, addresses, health and datasets (exit 1 when none
+runs or it does not answer), ``stop`` sends it SIGTERM and waits until it is gone (exit 1 when none ran).
+Exit status 2 when a start or stop fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import re
 import sys
 import time
@@ -85,7 +97,37 @@ def _parser() -> argparse.ArgumentParser:
     tr = tsub.add_parser("revoke", help="revoke a token by its id")
     tr.add_argument("id", metavar="ID")
     tr.add_argument("--home", type=Path, default=None, help=home_help)
+    _sidecar_parser(sub, home_help)
     return p
+
+
+def _sidecar_parser(sub: Any, home_help: str) -> None:
+    s = sub.add_parser("sidecar", help="start, stop or inspect this host's shared sidecar",
+                       description="The per-host sidecar of a home, which unstall.Sidecar() and every DataLoader "
+                                   "on this host attach to.")
+    ssub = s.add_subparsers(dest="sidecar_command", required=True)
+    start = ssub.add_parser("start", help="start it detached (or report the one running)",
+                            description="Starts the sidecar in the background; it runs until 'unstall sidecar stop'. "
+                                        "Its log is HOME/sidecar.log.")
+    start.add_argument("--home", type=Path, default=None, help=home_help)
+    start.add_argument("--port", type=int, default=None,
+                       help="Flight port (default the sidecar's: 8815 or $UNSTALL_FLIGHT_PORT; 0 picks a free one)")
+    start.add_argument("--cache-capacity", metavar="SIZE", default=None, help="memory cache (default 1GiB)")
+    start.add_argument("--memory-budget", metavar="SIZE", default=None, help="all off-heap memory (default 2GiB)")
+    start.add_argument("--sidecar-arg", action="append", default=[], metavar="ARG",
+                       help="any other sidecar option, e.g. --sidecar-arg=--disk-cache-dir=/scratch (repeatable)")
+    start.add_argument("--java", default=None, help="java 17+ to run it (default: UNSTALL_JAVA, JAVA_HOME, PATH, "
+                                                    "then the jre extra)")
+    start.add_argument("--java-option", action="append", default=[], metavar="OPT", help="a JVM option (repeatable)")
+    start.add_argument("--jar", default=None,
+                       help="sidecar jar (default: UNSTALL_SIDECAR_JAR, else the one in the package)")
+    start.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to listen (default 60)")
+    status = ssub.add_parser("status", help="pid, addresses, health and datasets of the running one")
+    status.add_argument("--home", type=Path, default=None, help=home_help)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    stop = ssub.add_parser("stop", help="stop it gracefully (SIGTERM, then wait until it is gone)")
+    stop.add_argument("--home", type=Path, default=None, help=home_help)
+    stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to exit (default 30)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -94,7 +136,75 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return analyze_main(args)
     if args.command == "token":
         return token_main(args)
+    if args.command == "sidecar":
+        return sidecar_main(args)
     return 2  # pragma: no cover
+
+
+def sidecar_main(args: argparse.Namespace) -> int:
+    from .errors import SidecarError
+    from .sidecar import Sidecar, read_state, stop_sidecar, unstall_home, STATE_FILE_NAME
+
+    # These commands manage the home's own sidecar, never one that UNSTALL_SIDECAR names elsewhere.
+    os.environ.pop("UNSTALL_SIDECAR", None)
+    home: Path = args.home.expanduser() if args.home is not None else unstall_home()
+    cmd = args.sidecar_command
+    try:
+        if cmd == "stop":
+            stopped = stop_sidecar(home, args.timeout)
+            if stopped is None:
+                print(f"unstall sidecar: none is running for {home}", file=sys.stderr)
+                return 1
+            print(f"unstall sidecar: stopped pid {stopped.pid} ({stopped.flight})", file=sys.stderr)
+            return 0
+        if cmd == "start":
+            with Sidecar(home=home, port=args.port, detach=True, cache_capacity=args.cache_capacity,
+                         memory_budget=args.memory_budget, extra_args=args.sidecar_arg, java=args.java,
+                         java_options=args.java_option, jar=args.jar, startup_timeout=args.timeout) as sidecar:
+                how = f"started on {sidecar.java}" if sidecar.detached else "already running; options not applied"
+                print(f"unstall sidecar: pid {sidecar.pid} {how}")
+                print(f"  flight        {sidecar.flight_location}")
+                print(f"  local         {sidecar.local_endpoint or '-'}")
+                print(f"  token file    {_token_file(home)}")
+                print(f"  log           {home / 'sidecar.log'}")
+            return 0
+        state = read_state(home / STATE_FILE_NAME)
+        if state is None or not state.alive:
+            print(f"unstall sidecar: none is running for {home} (no live {home / STATE_FILE_NAME})", file=sys.stderr)
+            return 1
+        doc: Dict[str, Any] = {"home": str(home), "pid": state.pid, "flight": state.flight,
+                               "control_port": state.control_port, "local": state.local,
+                               "token_file": state.token_file, "log": str(home / "sidecar.log")}
+        with contextlib.suppress(OSError):  # the java it runs on (Linux; another user's process: unknown)
+            doc["java"] = os.readlink(f"/proc/{state.pid}/exe")
+        try:
+            with Sidecar(home=home, start=False) as sidecar:
+                doc["healthy"] = sidecar.problem() is None
+                doc["datasets"] = [{"name": d.name, "format": d.format, "uri": d.uri, "samples": d.num_samples,
+                                    "bytes": d.total_bytes} for d in sidecar.list_datasets()]
+        except SidecarError as e:
+            doc["healthy"], doc["problem"] = False, str(e)
+        if args.json:
+            print(json.dumps(doc))
+        else:
+            print(f"unstall sidecar: pid {state.pid}, {'healthy' if doc['healthy'] else 'NOT answering'}")
+            for key in ("flight", "control_port", "local", "token_file", "log", "java", "problem"):
+                if doc.get(key) is not None:
+                    print(f"  {key.replace('_', ' '):<14}{doc[key]}")
+            for d in doc.get("datasets", []):
+                print(f"  dataset       {d['name']} ({d['format']}, {d['samples']} samples, {d['bytes']} bytes) "
+                      f"{d['uri']}")
+        return 0 if doc["healthy"] else 1
+    except (SidecarError, OSError) as e:
+        print(f"unstall sidecar {cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+def _token_file(home: Path) -> str:
+    from .sidecar import STATE_FILE_NAME, read_state
+
+    state = read_state(home / STATE_FILE_NAME)
+    return state.token_file if state is not None else str(home / "token")
 
 
 def token_main(args: argparse.Namespace) -> int:
