@@ -23,7 +23,7 @@ from cluster_rank import Rank
 from test_prep_support import BATCH, N_SAMPLES, make_images, wait_all
 from waits import wait_until
 
-from unstall.sidecar import find_java
+from unstall.sidecar import find_java, java_flags
 
 HERE = Path(__file__).resolve().parent
 NUM_BATCHES = -(-N_SAMPLES // BATCH)
@@ -97,7 +97,9 @@ def test_a_remote_prep_worker_joins_a_running_group_and_leaves(leave: str, tmp_p
             at_gate(outs, procs, GATE_JOIN)
 
             # A CPU node joins while the group runs: `serve --prep-worker` on host 1.
-            argv = [find_java(), "-Xmx384m", "--add-opens=java.base/java.nio=ALL-UNNAMED", "-jar", str(sidecar_jar),
+            java = find_java()
+            argv = [java, *java_flags(java), "-Xmx384m", "--add-opens=java.base/java.nio=ALL-UNNAMED", "-jar",
+                    str(sidecar_jar),
                     "serve", "--port", "0", "--home", str(tmp_path / "home1"), "--cache-capacity", "16MiB",
                     "--memory-budget", "256MiB", "--prep-worker", *cluster_args(1)]
             with open(worker_log, "wb") as log:
