@@ -125,7 +125,7 @@ public final class NpyFormat implements Format {
 
   /** Where the data array of an npz lies, its labels appended to {@code labels}. */
   private Located inZip(Storage storage, String f, StorageChannel ch, List<Long> labels) throws IOException {
-    try (ZipFile z = ZipFile.builder().setSeekableByteChannel(ch).get()) {
+    try (ZipFile z = openZip(storage, f, ch)) {
       TreeMap<String, ZipArchiveEntry> members = new TreeMap<>();
       for (var e = z.getEntries(); e.hasMoreElements(); ) {
         ZipArchiveEntry m = e.nextElement();
@@ -136,7 +136,9 @@ public final class NpyFormat implements Format {
       String want = array;
       if (want == null) {
         var data = new TreeMap<>(members);
-        data.remove(label);
+        if (label != null) {
+          data.remove(label);
+        }
         if (data.size() != 1) {
           throw new IllegalArgumentException("format 'npz': " + where(storage, f) + " holds the arrays "
               + String.join(", ", members.keySet()) + "; choose one with option 'array'");
@@ -162,13 +164,15 @@ public final class NpyFormat implements Format {
         }
       }
       return at;
-    } catch (IOException | RuntimeException e) {
-      if (e instanceof IllegalArgumentException || e instanceof CorruptRecordException
-          || e instanceof FileNotFoundException) {
-        throw e;
-      }
+    }
+  }
+
+  private static ZipFile openZip(Storage storage, String f, StorageChannel ch) throws CorruptRecordException {
+    try {
+      return ZipFile.builder().setSeekableByteChannel(ch).get();
+    } catch (IOException | RuntimeException e) { // commons-compress's view of a bad archive
       throw new CorruptRecordException("corrupt npz file '" + storage.describe(f) + "' at byte offset "
-          + ch.position() + ": not a readable zip archive (" + e.getMessage() + ")");
+          + ch.position() + ": not a readable zip archive (" + e + ")");
     }
   }
 
