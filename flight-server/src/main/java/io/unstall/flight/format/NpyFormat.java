@@ -106,6 +106,11 @@ public final class NpyFormat implements Format {
     NpyHeader h0 = found.get(0).header;
     ObjectNode layout = JsonNodeFactory.instance.objectNode().put("dtype", h0.descr());
     rowShape(h0).forEach(layout.putArray("shape")::add);
+    if (label == null) {
+      layout.putNull("label");
+    } else {
+      layout.put("label", label);
+    }
     SampleIndex.Builder b = new SampleIndex.Builder(label != null).layout(layout.toString());
     int id = 0;
     for (int k = 0; k < files.size(); k++) {

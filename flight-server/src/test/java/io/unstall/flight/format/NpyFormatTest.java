@@ -96,7 +96,7 @@ class NpyFormatTest {
     assertArrayEquals(Arrays.copyOfRange(a, 12, 24), read(f, s, idx, 1));
     assertArrayEquals(b, read(f, s, idx, 2));
     assertEquals(Arrays.asList(5L, -1L, 9L), Arrays.asList(idx.label(0), idx.label(1), idx.label(2)));
-    assertEquals("{\"dtype\":\"<u4\",\"shape\":[3]}", idx.layout());
+    assertEquals("{\"dtype\":\"<u4\",\"shape\":[3],\"label\":\"y.npy\"}", idx.layout());
     assertEquals("x-0.npy@" + (128 + 12), f.key(idx, 1));
   }
 
