@@ -63,7 +63,13 @@ final class TarMembers {
         }
         return null;
       }
-      if (!TarUtils.verifyCheckSum(h)) {
+      boolean sumOk;
+      try {
+        sumOk = TarUtils.verifyCheckSum(h);
+      } catch (IllegalArgumentException ex) { // the checksum field itself is not a number
+        throw corrupt(at, "unreadable header checksum (" + ex.getMessage() + ")");
+      }
+      if (!sumOk) {
         throw corrupt(at, "header checksum mismatch");
       }
       TarArchiveEntry e;
