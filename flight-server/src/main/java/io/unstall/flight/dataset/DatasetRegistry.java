@@ -155,18 +155,21 @@ public final class DatasetRegistry implements AutoCloseable {
     }
     long start = System.nanoTime();
     LOG.info("indexing dataset '{}' ({} at {})", name, format.name(), storage.uri());
-    SampleIndex index;
-    try {
-      index =
-          format.index(
-              storage,
-              n -> {
-                if (n % PROGRESS_EVERY == 0) {
-                  LOG.info("indexing dataset '{}': {} samples so far", name, n);
-                }
-              });
-    } catch (IllegalArgumentException e) { // an option that does not fit the data (a missing column, array, member)
-      throw new IllegalArgumentException("dataset '" + name + "': " + e.getMessage(), e);
+    String identity = identity(format, storage, canonical);
+    Path indexFile = format.persistsIndex() ? persisted(identity, ".index") : null;
+    SampleIndex index = indexFile == null ? null : PersistedIndexes.read(indexFile, identity, storage);
+    if (index != null) {
+      LOG.info("dataset '{}': index of {} samples loaded from {}", name, index.size(), indexFile);
+    } else {
+      index = build(name, format, storage);
+      if (indexFile != null) {
+        try {
+          PersistedIndexes.write(indexFile, identity, storage, index);
+        } catch (IOException e) {
+          LOG.warn("dataset '{}': could not persist its index in {} (it is rebuilt at the next registration): {}",
+              name, indexFile, e.toString());
+        }
+      }
     }
     Dataset d = new Dataset(name, format, canonical, storage, index, format.classes(storage), statsEpochs);
     Path persisted = persistedManifest(d);
@@ -183,6 +186,19 @@ public final class DatasetRegistry implements AutoCloseable {
         "registered dataset '{}': {} samples, {} bytes, indexed in {} ms",
         name, d.size(), d.totalBytes(), (System.nanoTime() - start) / 1_000_000);
     return d;
+  }
+
+  /** Indexes the dataset, logging progress; an option that does not fit the data is an error naming the dataset. */
+  private static SampleIndex build(String name, Format format, Storage storage) throws IOException {
+    try {
+      return format.index(storage, n -> {
+        if (n % PROGRESS_EVERY == 0) {
+          LOG.info("indexing dataset '{}': {} samples so far", name, n);
+        }
+      });
+    } catch (IllegalArgumentException e) { // a missing column, array or member
+      throw new IllegalArgumentException("dataset '" + name + "': " + e.getMessage(), e);
+    }
   }
 
   /**
@@ -238,13 +254,22 @@ public final class DatasetRegistry implements AutoCloseable {
   }
 
   private Path persistedManifest(Dataset d) {
+    return persisted(identity(d.format(), d.storage(), d.options()), ".manifest");
+  }
+
+  /** What identifies a dataset's persisted files: format, location and (when any) options. */
+  private static String identity(Format format, Storage storage, String options) {
+    return format.name() + "|" + storage.uri() + (options.equals("{}") ? "" : "|" + options); // none: as before
+  }
+
+  /** The file of the dataset {@code identity} with {@code suffix} in the manifest directory, or null without one. */
+  private Path persisted(String identity, String suffix) {
     Path dir = manifestDir;
     if (dir == null) {
       return null;
     }
-    String options = d.options().equals("{}") ? "" : "|" + d.options(); // none: the name of before options
-    byte[] id = (d.format().name() + "|" + d.storage().uri() + options).getBytes(StandardCharsets.UTF_8);
-    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ".manifest");
+    byte[] id = identity.getBytes(StandardCharsets.UTF_8);
+    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + suffix);
   }
 
   static Storage openStorage(String uri) throws IOException {

@@ -116,6 +116,11 @@ public final class CsvFormat implements Format {
   }
 
   @Override
+  public boolean persistsIndex() {
+    return true;
+  }
+
+  @Override
   public String key(SampleIndex index, int id) {
     return index.file(id) + "@" + index.offset(id);
   }

@@ -257,6 +257,11 @@ public final class NpyFormat implements Format {
   }
 
   @Override
+  public boolean persistsIndex() {
+    return true;
+  }
+
+  @Override
   public String key(SampleIndex index, int id) {
     return index.file(id) + "@" + index.offset(id);
   }

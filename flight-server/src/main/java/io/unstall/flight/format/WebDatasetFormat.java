@@ -155,6 +155,11 @@ public final class WebDatasetFormat implements Format {
   }
 
   @Override
+  public boolean persistsIndex() {
+    return true;
+  }
+
+  @Override
   public String key(SampleIndex index, int id) {
     return index.file(id) + "@" + index.offset(id);
   }
