@@ -3,7 +3,6 @@ package io.unstall.flight.format;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.storage.Storage;
-import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
@@ -27,7 +26,7 @@ import java.util.function.LongConsumer;
  * delimiter} (one character, {@code ,}), {@code header} (true: the first row names the columns; false: named {@code
  * columns}, else {@code f0, f1, ...}), {@code label} (a column the client yields as the target).
  */
-public final class CsvFormat implements Format {
+public final class CsvFormat implements ContentIndexed {
   /** pyarrow.csv.ConvertOptions' default null_values, true_values and false_values. */
   static final Set<String> NULLS = Set.of("", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
       "1.#IND", "1.#QNAN", "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null");
@@ -67,15 +66,7 @@ public final class CsvFormat implements Format {
 
   @Override
   public SampleIndex index(Storage storage, LongConsumer progress) throws IOException {
-    List<String> files = new ArrayList<>();
-    for (String p : storage.listObjects("")) {
-      if (storage.isSingleObject() || p.endsWith(".csv")) {
-        files.add(p);
-      }
-    }
-    if (files.isEmpty()) {
-      throw new FileNotFoundException("no .csv files in " + storage.uri());
-    }
+    List<String> files = ContentIndexed.files(storage, ".csv", null);
     SampleIndex.Builder b = new SampleIndex.Builder(false);
     Scan scan = new Scan(progress);
     for (String f : files) {
@@ -115,15 +106,6 @@ public final class CsvFormat implements Format {
         : "string";
   }
 
-  @Override
-  public boolean persistsIndex() {
-    return true;
-  }
-
-  @Override
-  public String key(SampleIndex index, int id) {
-    return index.file(id) + "@" + index.offset(id);
-  }
 
   /** The scan of a dataset's files: column names, what each column's values can be, rows. */
   private final class Scan {

@@ -25,7 +25,7 @@ import org.apache.commons.compress.archivers.zip.ZipFile;
  * array in each archive). A member of an npz must be stored, not compressed ({@code numpy.savez_compressed}), to be
  * read by rows; compressed label arrays are read whole. Every file must hold the same dtype and row shape.
  */
-public final class NpyFormat implements Format {
+public final class NpyFormat implements ContentIndexed {
   private static final int MAX_LABELS_BYTES = 1 << 30;
 
   private final boolean zip;
@@ -55,16 +55,7 @@ public final class NpyFormat implements Format {
 
   @Override
   public SampleIndex index(Storage storage, LongConsumer progress) throws IOException {
-    List<String> files = new ArrayList<>();
-    String suffix = zip ? ".npz" : ".npy";
-    for (String p : storage.listObjects("")) {
-      if (p.endsWith(suffix) && !p.equals(label)) {
-        files.add(p);
-      }
-    }
-    if (files.isEmpty()) {
-      throw new FileNotFoundException("no " + suffix + " files in " + storage.uri());
-    }
+    List<String> files = ContentIndexed.files(storage, zip ? ".npz" : ".npy", zip ? null : label);
     List<Located> found = new ArrayList<>();
     List<Long> labels = new ArrayList<>();
     long rows = 0;
@@ -256,15 +247,6 @@ public final class NpyFormat implements Format {
     return out;
   }
 
-  @Override
-  public boolean persistsIndex() {
-    return true;
-  }
-
-  @Override
-  public String key(SampleIndex index, int id) {
-    return index.file(id) + "@" + index.offset(id);
-  }
 
   private static String where(Storage storage, String f) {
     return "'" + storage.describe(f) + "'";

@@ -3,7 +3,6 @@ package io.unstall.flight.format;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.storage.Storage;
-import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -29,7 +28,7 @@ import java.util.regex.Pattern;
  * {@code label}, an extension whose member holds an ASCII integer ({@code .cls}): read while indexing, it is the
  * sample's label.
  */
-public final class WebDatasetFormat implements Format {
+public final class WebDatasetFormat implements ContentIndexed {
   /** webdataset's {@code base_plus_ext}. */
   private static final Pattern KEY = Pattern.compile("^((?:.*/|)[^.]+)[.]([^/]*)$");
   /** webdataset's {@code skip_meta}, and its top-level {@code __x__} rule. */
@@ -66,15 +65,7 @@ public final class WebDatasetFormat implements Format {
 
   @Override
   public SampleIndex index(Storage storage, LongConsumer progress) throws IOException {
-    List<String> shards = new ArrayList<>();
-    for (String p : storage.listObjects("")) {
-      if (p.endsWith(".tar")) {
-        shards.add(p);
-      }
-    }
-    if (shards.isEmpty()) {
-      throw new FileNotFoundException("no .tar shards in " + storage.uri());
-    }
+    List<String> shards = ContentIndexed.files(storage, ".tar", null);
     SampleIndex.Builder b = new SampleIndex.Builder(label != null).layout(layout());
     for (String shard : shards) {
       int fileNo = b.file(shard);
@@ -154,15 +145,6 @@ public final class WebDatasetFormat implements Format {
     return o.toString();
   }
 
-  @Override
-  public boolean persistsIndex() {
-    return true;
-  }
-
-  @Override
-  public String key(SampleIndex index, int id) {
-    return index.file(id) + "@" + index.offset(id);
-  }
 
   /** A sample being gathered: its key, extensions, byte range and label. */
   private static final class Sample {

@@ -10,8 +10,6 @@ import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
-import java.util.Comparator;
-import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 
@@ -28,19 +26,12 @@ class FormatsFuzzTest {
   /** On tmpfs where there is one: a fuzzing run rewrites the file some 10^6 times. */
   @BeforeAll
   static void directory() throws IOException {
-    Path shm = Path.of("/dev/shm");
-    dir = Files.isDirectory(shm) && Files.isWritable(shm)
-        ? Files.createTempDirectory(shm, "unstall-formats-fuzz")
-        : Files.createTempDirectory("unstall-formats-fuzz");
+    dir = FuzzDirs.create("unstall-formats-fuzz");
   }
 
   @AfterAll
   static void remove() throws IOException {
-    try (Stream<Path> s = Files.walk(dir)) {
-      for (Path p : s.sorted(Comparator.reverseOrder()).toList()) {
-        Files.delete(p);
-      }
-    }
+    FuzzDirs.delete(dir);
   }
 
   @FuzzTest
