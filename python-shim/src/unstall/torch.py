@@ -481,7 +481,7 @@ class Dataset(tud.Dataset):
         tune_worker_allocator()  # a worker keeps its freed heap for the next batch (unstall/_alloc.py)
         t0 = time.perf_counter_ns()
         if self.decoder is not None:
-            out = self._decoded(batch)
+            out = self._decoded(self.decoder, batch)
             _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0)
             return out
         load = self.loader if self.loader is not None else bytes
@@ -497,11 +497,10 @@ class Dataset(tud.Dataset):
         _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0)
         return out
 
-    def _decoded(self, batch: SampleBatch) -> List[Any]:
-        assert self.decoder is not None
-        items = self.decoder.decode(batch.payloads, batch.label_list(), batch.keys)
+    def _decoded(self, decoder: "_formats.Decoder", batch: SampleBatch) -> List[Any]:
+        items = decoder.decode(batch.payloads, batch.label_list(), batch.keys)
         transform, target_transform = self.transform, self.target_transform
-        if not self.decoder.labelled:
+        if not decoder.labelled:
             return items if transform is None else [transform(s) for s in items]
         return [(s if transform is None else transform(s), t if target_transform is None else target_transform(t))
                 for s, t in items]
