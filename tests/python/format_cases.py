@@ -120,10 +120,10 @@ def keep(batch: list[Any]) -> list[Any]:
 
 
 def assert_epochs(case: Case, name: str, sidecar: unstall.Sidecar, root: str, epochs: int = 2,
-                  num_workers: int = 2) -> Dataset:
+                  num_workers: int = 2, transport: str | None = None) -> Dataset:
     """Registers the case and checks that each of ``epochs`` shuffled epochs of a ``num_workers`` DataLoader
     yields every expected sample exactly once."""
-    ds = Dataset(name, root=root, format=case.format, options=case.options, sidecar=sidecar)
+    ds = Dataset(name, root=root, format=case.format, options=case.options, sidecar=sidecar, transport=transport)
     assert len(ds) == sum(case.expected.values())
     loader = DataLoader(ds, batch_size=4, shuffle=True, seed=11, num_workers=num_workers,
                         persistent_workers=num_workers > 0, collate_fn=keep)

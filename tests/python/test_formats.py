@@ -32,6 +32,12 @@ def test_two_epochs_with_two_workers_yield_every_sample_exactly(sidecar: unstall
     assert_epochs(c, f"fmt-{case}", sidecar, str(c.root))
 
 
+def test_decoders_travel_to_workers_over_flight_too(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
+    c = webdataset_case(tmp_path, payload=False)  # the layout comes with the Flight description
+    ds = assert_epochs(c, "fmt-wds-flight", sidecar, str(c.root), transport="flight")
+    assert ds.transport == "flight"
+
+
 def test_webdataset_dicts_are_what_webdataset_yields(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
     import webdataset as wds
 
