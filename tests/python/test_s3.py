@@ -211,3 +211,27 @@ def test_bad_credentials_are_refused_naming_the_location(
         assert bad.list_datasets() == []  # nothing half-registered; the sidecar still answers
     finally:
         bad.close()
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "npy", "npz", "csv"])
+def test_formats_in_a_bucket(s3_sidecar: unstall.Sidecar, s3: Any, tmp_path: Path, fmt: str) -> None:
+    """Each format's files, written by its reference writer and uploaded: every sample exactly, with its label,
+    over 2 epochs of a 2-worker DataLoader; then a truncated copy is refused naming its object and offset."""
+    from format_cases import assert_epochs, csv_case, npy_case, npz_case, webdataset_case
+
+    make = {"webdataset": lambda r: webdataset_case(r, payload=True), "npy": npy_case, "npz": npz_case,
+            "csv": csv_case}[fmt]
+    case = make(tmp_path / "data")
+    files = upload_tree(s3, tmp_path / "data", f"fmt-{fmt}")
+    single = case.root.is_file()
+    root = f"s3://{BUCKET}/fmt-{fmt}" + (f"/{case.root.name}" if single else "")
+    assert_epochs(case, f"s3-fmt-{fmt}", s3_sidecar, root)
+
+    victim = case.root.name if single else max(files, key=lambda k: len(files[k]))
+    data = files[victim]
+    # A CSV cut between fields reads as a shorter valid file: cut it inside a quoted field instead.
+    cut = data.rindex(b',"') + 3 if fmt == "csv" else len(data) * 2 // 3
+    s3.put_object(Bucket=BUCKET, Key=f"fmt-{fmt}-cut/{victim}", Body=data[:cut])
+    with pytest.raises(unstall.SidecarError, match=rf"s3://{BUCKET}/fmt-{fmt}-cut/{victim}' at byte offset \d+"):
+        Dataset(f"s3-fmt-{fmt}-cut", root=f"s3://{BUCKET}/fmt-{fmt}-cut/{victim}", format=fmt,
+                options=None if fmt != "npz" else {"array": "x_train"}, sidecar=s3_sidecar)

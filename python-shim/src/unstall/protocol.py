@@ -313,6 +313,9 @@ class DatasetInfo:
     num_samples: int
     total_bytes: int
     classes: tuple[str, ...] | None = None
+    # What a format's decoder needs (unstall.formats): dtype and row shape, columns and types, ...; None when
+    # samples are plain files or records.
+    layout: Mapping[str, Any] | None = field(default=None, hash=False)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -334,11 +337,18 @@ def parse_description(doc: str | bytes | Mapping[str, Any]) -> DatasetInfo:
             num_samples=int(d["num_samples"]),
             total_bytes=int(d["total_bytes"]),
             classes=tuple(str(c) for c in classes) if classes is not None else None,
+            layout=_layout(d.get("layout")),
         )
     except KeyError as e:
         raise ValueError(f"dataset description: missing field {e.args[0]!r}") from None
     except (TypeError, AttributeError, ValueError, OverflowError) as e:  # a field of the wrong type, e.g. null
         raise ValueError(f"dataset description: a field has the wrong type ({e})") from None
+
+
+def _layout(v: Any) -> Mapping[str, Any] | None:
+    if v is not None and not isinstance(v, Mapping):
+        raise TypeError(f"layout must be an object, got {type(v).__name__}")
+    return v
 
 
 def parse_descriptions(doc: str | bytes) -> list[DatasetInfo]:

@@ -54,6 +54,7 @@ from py4j.protocol import Py4JNetworkError, is_fatal_error
 
 from . import protocol
 from .client import FlightClient
+from .formats import FORMATS
 from .local import LocalClient
 from .recovery import Deadlines, Endpoint, Rediscovery, backoff, call_with_recovery, sleep_until
 from .errors import (
@@ -700,8 +701,8 @@ class Sidecar:
         A sidecar restarted by supervision gets it registered again."""
         if not name:
             raise ValueError("a dataset name is required")
-        if format not in ("imagefolder", "tfrecord"):
-            raise ValueError(f"unknown format {format!r}; expected 'imagefolder' or 'tfrecord'")
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; supported formats: {', '.join(sorted(FORMATS))}")
         root_s = str(root)
         uri = root_s if "://" in root_s else os.path.abspath(os.path.expanduser(root_s))
         args = (name, format, uri, json.dumps(dict(options or {})))

@@ -8,6 +8,7 @@ import io.unstall.flight.DataPlane;
 import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.Manifests;
+import io.unstall.flight.format.FormatOptions;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -40,21 +41,23 @@ public final class ControlPlane {
    * Registers a dataset. Its location must be the sidecar user's own or under an {@code --allow-root}. Options
    * (JSON object): {@code manifest}, the path of a digest manifest exported from a dataset of the same content
    * (under the sidecar home or an allowed root); its digests are claims, each checked against this dataset's own
-   * bytes on the sample's first read before an entry is served under it.
+   * bytes on the sample's first read before an entry is served under it. Every other option is the format's
+   * ({@link FormatOptions}: {@code payload}/{@code label} of webdataset, ...).
    */
   public String registerDataset(String name, String format, String uri, String optionsJson) throws IOException {
-    JsonNode options = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
+    JsonNode parsed = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
+    if (!parsed.isObject()) {
+      throw new IllegalArgumentException("dataset '" + name + "': options must be a JSON object, got " + parsed);
+    }
+    ObjectNode options = (ObjectNode) parsed;
     Path manifest = null;
-    for (var it = options.fieldNames(); it.hasNext(); ) {
-      String key = it.next();
-      if (!key.equals("manifest")) {
-        throw new IllegalArgumentException(
-            "dataset '" + name + "': unknown option '" + key + "' (supported: manifest)");
-      }
-      manifest = paths.checkManifest("dataset '" + name + "': manifest", options.get(key).asText(), true);
+    JsonNode m = options.remove("manifest");
+    if (m != null) {
+      manifest = paths.checkManifest("dataset '" + name + "': manifest", m.asText(), true);
     }
     paths.checkDatasetRoot(name, uri);
-    return JSON.writeValueAsString(dataPlane.registry().register(name, format, uri, manifest).describe());
+    return JSON.writeValueAsString(
+        dataPlane.registry().register(name, format, uri, manifest, FormatOptions.of(format, options)).describe());
   }
 
   /**

@@ -18,8 +18,11 @@ import org.slf4j.LoggerFactory;
 /** A registered dataset: a named storage location plus a format, indexed into stable sample ids. */
 public final class Dataset {
   private static final Logger LOG = LoggerFactory.getLogger(Dataset.class);
+  private static final com.fasterxml.jackson.databind.ObjectMapper LAYOUT = new com.fasterxml.jackson.databind.ObjectMapper();
   private final String name;
   private final Format format;
+  /** The format options as registered, canonical JSON ("{}" for none): part of the dataset's identity. */
+  private final String options;
   private final Storage storage;
   private final SampleIndex index;
   private final List<String> classes;
@@ -43,11 +46,13 @@ public final class Dataset {
   private final AtomicBoolean warnedMismatch = new AtomicBoolean();
   private volatile byte[] fingerprint;
 
-  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes, int statsEpochs) {
+  Dataset(String name, Format format, String options, Storage storage, SampleIndex index, List<String> classes,
+      int statsEpochs) {
     this.stats = new DatasetStats(statsEpochs);
     this.servedToPeers = new DatasetStats(statsEpochs);
     this.name = name;
     this.format = format;
+    this.options = options;
     this.storage = storage;
     this.index = index;
     this.classes = List.copyOf(classes);
@@ -152,6 +157,11 @@ public final class Dataset {
     return storage;
   }
 
+  /** The format options as registered (canonical JSON, "{}" for none). */
+  public String options() {
+    return options;
+  }
+
   public int size() {
     return index.size();
   }
@@ -240,6 +250,13 @@ public final class Dataset {
     o.put("total_bytes", index.totalBytes());
     if (index.labelled()) {
       o.putPOJO("classes", classes);
+    }
+    if (!index.layout().isEmpty()) {
+      try {
+        o.set("layout", LAYOUT.readTree(index.layout()));
+      } catch (com.fasterxml.jackson.core.JsonProcessingException e) {
+        throw new IllegalStateException("format " + format.name() + " made an invalid layout", e);
+      }
     }
     return o;
   }

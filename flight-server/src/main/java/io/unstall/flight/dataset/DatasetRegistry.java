@@ -3,6 +3,7 @@ package io.unstall.flight.dataset;
 import io.unstall.flight.cache.Digest;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.format.Format;
+import io.unstall.flight.format.FormatOptions;
 import io.unstall.flight.format.Formats;
 import io.unstall.flight.format.SampleIndex;
 import io.unstall.flight.storage.LocalStorage;
@@ -118,10 +119,24 @@ public final class DatasetRegistry implements AutoCloseable {
    * {@code manifest} exported from a dataset of the same content is imported as claims ({@link
    * Manifests#importClaims}): checked, sample by sample, against this dataset's bytes on first read.
    */
-  public synchronized Dataset register(String name, String formatName, String uri, Path manifest)
-      throws IOException {
+  public Dataset register(String name, String formatName, String uri, Path manifest) throws IOException {
+    return register(name, formatName, uri, manifest, FormatOptions.NONE);
+  }
+
+  /**
+   * Registers as {@link #register(String, String, String, Path)}, the format configured by {@code options} (which
+   * are part of the dataset's identity: the same name with other options is an error).
+   */
+  public synchronized Dataset register(String name, String formatName, String uri, Path manifest,
+      FormatOptions options) throws IOException {
     checkName(name);
-    Format format = Formats.byName(formatName);
+    Format format;
+    try {
+      format = Formats.create(formatName, options);
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("dataset '" + name + "': " + e.getMessage(), e);
+    }
+    String canonical = options.canonical();
     Storage storage = openStorage(uri);
     if (throttle != null) {
       storage = new io.unstall.flight.storage.ThrottledStorage(storage, throttle);
@@ -129,24 +144,34 @@ public final class DatasetRegistry implements AutoCloseable {
     Dataset existing = datasets.get(name);
     if (existing != null) {
       storage.close(); // the existing dataset keeps its own
-      if (existing.format().name().equals(format.name()) && existing.storage().uri().equals(storage.uri())) {
+      if (existing.format().name().equals(format.name()) && existing.storage().uri().equals(storage.uri())
+          && existing.options().equals(canonical)) {
         return existing;
       }
       throw new IllegalArgumentException(
           "dataset '" + name + "' is already registered as " + existing.format().name() + " at "
-              + existing.storage().uri() + "; choose another name");
+              + existing.storage().uri() + (existing.options().equals("{}") ? "" : " with options " + existing.options())
+              + "; choose another name");
     }
     long start = System.nanoTime();
     LOG.info("indexing dataset '{}' ({} at {})", name, format.name(), storage.uri());
-    SampleIndex index =
-        format.index(
-            storage,
-            n -> {
-              if (n % PROGRESS_EVERY == 0) {
-                LOG.info("indexing dataset '{}': {} samples so far", name, n);
-              }
-            });
-    Dataset d = new Dataset(name, format, storage, index, format.classes(storage), statsEpochs);
+    String identity = identity(format, storage, canonical);
+    Path indexFile = format.persistsIndex() ? persisted(identity, ".index") : null;
+    SampleIndex index = indexFile == null ? null : PersistedIndexes.read(indexFile, identity, storage);
+    if (index != null) {
+      LOG.info("dataset '{}': index of {} samples loaded from {}", name, index.size(), indexFile);
+    } else {
+      index = build(name, format, storage);
+      if (indexFile != null) {
+        try {
+          PersistedIndexes.write(indexFile, identity, storage, index);
+        } catch (IOException e) {
+          LOG.warn("dataset '{}': could not persist its index in {} (it is rebuilt at the next registration): {}",
+              name, indexFile, e.toString());
+        }
+      }
+    }
+    Dataset d = new Dataset(name, format, canonical, storage, index, format.classes(storage), statsEpochs);
     Path persisted = persistedManifest(d);
     if (persisted != null && Files.exists(persisted)) {
       restore(d, persisted);
@@ -161,6 +186,19 @@ public final class DatasetRegistry implements AutoCloseable {
         "registered dataset '{}': {} samples, {} bytes, indexed in {} ms",
         name, d.size(), d.totalBytes(), (System.nanoTime() - start) / 1_000_000);
     return d;
+  }
+
+  /** Indexes the dataset, logging progress; an option that does not fit the data is an error naming the dataset. */
+  private static SampleIndex build(String name, Format format, Storage storage) throws IOException {
+    try {
+      return format.index(storage, n -> {
+        if (n % PROGRESS_EVERY == 0) {
+          LOG.info("indexing dataset '{}': {} samples so far", name, n);
+        }
+      });
+    } catch (IllegalArgumentException e) { // a missing column, array or member
+      throw new IllegalArgumentException("dataset '" + name + "': " + e.getMessage(), e);
+    }
   }
 
   /**
@@ -216,12 +254,22 @@ public final class DatasetRegistry implements AutoCloseable {
   }
 
   private Path persistedManifest(Dataset d) {
+    return persisted(identity(d.format(), d.storage(), d.options()), ".manifest");
+  }
+
+  /** What identifies a dataset's persisted files: format, location and (when any) options. */
+  private static String identity(Format format, Storage storage, String options) {
+    return format.name() + "|" + storage.uri() + (options.equals("{}") ? "" : "|" + options); // none: as before
+  }
+
+  /** The file of the dataset {@code identity} with {@code suffix} in the manifest directory, or null without one. */
+  private Path persisted(String identity, String suffix) {
     Path dir = manifestDir;
     if (dir == null) {
       return null;
     }
-    byte[] id = (d.format().name() + "|" + d.storage().uri()).getBytes(StandardCharsets.UTF_8);
-    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ".manifest");
+    byte[] id = identity.getBytes(StandardCharsets.UTF_8);
+    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + suffix);
   }
 
   static Storage openStorage(String uri) throws IOException {

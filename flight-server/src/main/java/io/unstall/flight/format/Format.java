@@ -8,8 +8,9 @@ import java.util.function.LongConsumer;
 
 /**
  * How samples are laid out in storage. A format indexes a storage location into stable sample ids once, at
- * registration, and later reads one sample's bytes. New formats (tar shards, HDF5, NPZ, Parquet) implement
- * this and register in {@link Formats}.
+ * registration, and later reads one sample's bytes. A format is made per dataset from its registration options
+ * ({@link FormatOptions}) and registers in {@link Formats}; what a client needs to decode its samples goes in the
+ * index's {@linkplain SampleIndex#layout() layout}.
  */
 public interface Format {
 
@@ -21,6 +22,14 @@ public interface Format {
    * reporting on large datasets.
    */
   SampleIndex index(Storage storage, LongConsumer progress) throws IOException;
+
+  /**
+   * Whether the index is worth keeping next to the dataset's persisted manifest (indexing reads inside the files:
+   * headers, rows, members), so that a later registration of unchanged files loads it instead.
+   */
+  default boolean persistsIndex() {
+    return false;
+  }
 
   /** Class names by label, for formats with labels; empty otherwise. */
   default List<String> classes(Storage storage) throws IOException {
