@@ -125,9 +125,11 @@ def test_a_complete_analysis(job, tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     out = tmp_path / "out"
     doc = json.loads((out / "analyze.json").read_text())
-    assert doc["status"] == "ok" and doc["dataset"]["name"] == "job"
-    assert (doc["dataset"]["num_samples"], doc["dataset"]["total_bytes"]) == (32, 32 * SIZE)
-    r = doc["runs"]
+    assert doc["status"] == "ok" and [s["index"] for s in doc["sections"]] == [0]
+    sec = doc["sections"][0]
+    assert sec["status"] == "ok" and sec["kind"] == "torch.DataLoader" and sec["dataset"]["name"] == "job"
+    assert (sec["dataset"]["num_samples"], sec["dataset"]["total_bytes"]) == (32, 32 * SIZE)
+    r = sec["runs"]
     for mode in ("synthetic", "cached", "cold"):
         assert (r[mode]["steps"], r[mode]["warmup"], r[mode]["batch_size"], r[mode]["epoch_batches"]) == (4, 1, 4, 8)
     assert r["synthetic"]["work"]["fetch_samples"] == 0  # copies of the first batch: nothing fetched in the window
@@ -135,7 +137,7 @@ def test_a_complete_analysis(job, tmp_path: Path) -> None:
     cached, cold = r["cached"]["sidecar"], r["cold"]["sidecar"]
     assert cached["misses"] == 0 and cached["hits"] > 0 and cached["storage_bytes"] == 0
     assert cold["hits"] == 0 and cold["misses"] > 0 and cold["storage_bytes"] == cold["misses"] * SIZE
-    a = doc["analysis"]
+    a = sec["analysis"]
     assert a["compute_fraction"] + a["prep_stall_fraction"] + a["fetch_stall_fraction"] == pytest.approx(1)
     assert [p["cache_fraction"] for p in a["cache_curve"]] == [i / 20 for i in range(21)]
     assert (out / "analyze.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -177,7 +179,7 @@ def test_a_command_that_never_uses_the_shim(job, tmp_path: Path) -> None:
 def test_more_steps_than_an_epoch(job, tmp_path: Path) -> None:
     script, env = job
     p = analyze(tmp_path, env, "--steps", "10", "--warmup", "2", "--", str(script))
-    assert_failed(p, tmp_path / "out", "2 warm-up + 10 timed steps = 12 batches, but an epoch of this DataLoader "
+    assert_failed(p, tmp_path / "out", "2 warm-up + 10 timed steps = 12 batches, but an epoch of this torch.DataLoader "
                                        "has only 8 (32 samples, batch size 4); use --steps 6 or fewer")
 
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["Run", "Analysis", "analyze", "cycle_time", "PRICES"]
+__all__ = ["Run", "Analysis", "analyze", "cycle_time", "validate_workers", "PRICES"]
 
 # Defaults for the cost of a configuration (USD per hour): roughly what one vCPU and one GiB of memory
 # add to an on-demand cloud VM (c6i vs r6i large, us-east-1, 2026); override with --core-price/--gib-price.
@@ -210,6 +210,20 @@ def _cheapest(a: Analysis, kmax: int) -> Dict[str, Any]:
     cost, f, k = best
     return {"found": True, "stalled_now": stalled_now, "cache_fraction": f, "cache_bytes": f * a.dataset_bytes,
             "workers": k, "samples_per_s": a.predict(f, k), "cost_per_hour": cost}
+
+
+def validate_workers(a: Analysis, workers: int, measured: Run) -> Dict[str, Any]:
+    """The what-if's cold-cache throughput with ``workers`` against a rerun of the command with them."""
+    row: Dict[str, Any] = {"workers": workers, "predicted": a.predict(0.0, workers), "measured": measured.rate}
+    if measured.num_workers != workers:  # a tf.data pipeline keeps its own parallelism
+        row.update(predicted=None, error=f"the loader ran with parallelism {measured.num_workers}: "
+                                         f"only an unstall.torch.DataLoader's num_workers can be set from outside")
+    elif (measured.steps, measured.batch_size) != (a.steps, a.batch_size):
+        row.update(predicted=None, error=f"the rerun timed {measured.steps} steps of {measured.batch_size:g}, "
+                                         f"the analysis {a.steps} of {a.batch_size:g}")
+    else:
+        row.update(error=None, relative_error=(row["predicted"] - measured.rate) / measured.rate)
+    return row
 
 
 def summarize_fractions(a: Analysis) -> Sequence[Tuple[str, float]]:
