@@ -8,6 +8,7 @@ import html
 import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -136,7 +137,7 @@ def figure_svg(a: Analysis, title: str) -> Optional[str]:
         fig.savefig(buf, format="svg")
     _close(fig)
     doc = buf.getvalue()
-    return doc[doc.index("<svg"):]
+    return re.sub(r"\s*<metadata>.*?</metadata>", "", doc[doc.index("<svg"):], flags=re.S)  # dates, generator
 
 
 def _close(fig: Any) -> None:
