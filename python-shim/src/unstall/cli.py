@@ -168,6 +168,15 @@ def analyze_main(args: argparse.Namespace) -> int:
         prices["gib_hour"] = args.gib_price
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     docs: Dict[str, Dict[str, Any]] = {}
+
+    def failed(error: str) -> int:
+        report.write_json(out / "analyze.json", {
+            "format": report.REPORT_FORMAT, "status": "failed", "error": error, "command": cmd,
+            "started": started, "completed_runs": sorted(docs)})
+        print(f"unstall analyze: {error}", file=sys.stderr)
+        print(f"unstall analyze: no analysis was produced ({out / 'analyze.json'} records the failure)", file=sys.stderr)
+        return 2
+
     try:
         for mode in ("synthetic", "cached", "cold"):
             docs[mode] = run_mode(cmd, mode, opts)
@@ -176,24 +185,14 @@ def analyze_main(args: argparse.Namespace) -> int:
             docs[f"cold-w{k}"] = run_mode(cmd, "cold", replace(opts, env={**opts.env, ENV_WORKERS: str(k)}),
                                           label=f"cold-w{k}")
     except AnalyzeFailure as e:
-        report.write_json(out / "analyze.json", {
-            "format": report.REPORT_FORMAT, "status": "failed", "error": str(e), "command": cmd,
-            "started": started, "completed_runs": sorted(docs)})
-        print(f"unstall analyze: {e}", file=sys.stderr)
-        print(f"unstall analyze: no analysis was produced ({out / 'analyze.json'} records the failure)", file=sys.stderr)
-        return 2
+        return failed(str(e))
     sections = [_section(i, docs, prices, args.max_workers) for i in range(len(docs["synthetic"]["sections"]))]
     results = [r for r, _ in sections]
     if not any(r["status"] == "ok" for r in results):
-        err = "; ".join(f"loader {r['index']}: {r['error']}" for r in results)
-        report.write_json(out / "analyze.json", {
-            "format": report.REPORT_FORMAT, "status": "failed", "error": err, "command": cmd, "started": started,
-            "completed_runs": sorted(docs)})
-        print(f"unstall analyze: {err}", file=sys.stderr)
-        return 2
+        return failed("; ".join(f"loader {r['index']}: {r['error']}" for r in results))
     title = f"unstall analyze: {shlex.join(cmd)}"
-    summary = "\n".join(sec.text if sec.analysis is not None else f"{sec.heading}\n  not analysed: {sec.error}\n"
-                        for _, sec in sections)
+    summary = f"{title}\n\n" + "\n".join(
+        sec.text if sec.analysis is not None else f"{sec.heading}\n  not analysed: {sec.error}\n" for _, sec in sections)
     report.write_json(out / "analyze.json", {
         "format": report.REPORT_FORMAT, "status": "ok", "command": cmd, "started": started,
         "storage_bandwidth": args.storage_bandwidth, "sections": results})
@@ -201,7 +200,7 @@ def analyze_main(args: argparse.Namespace) -> int:
     pngs = [out / ("analyze.png" if i == 0 else f"analyze-{i}.png") for i in range(len(sections))]
     drawn = [p for p, (_, sec) in zip(pngs, sections) if sec.analysis is not None and report.write_png(p, sec.analysis, sec.heading)]
     report.write_html(out / "analyze.html", title, [sec for _, sec in sections])
-    print(f"{title}\n\n{summary}", end="")
+    print(summary, end="")
     print(f"\n  wrote {out / 'analyze.json'}, {out / 'analyze.txt'}, {out / 'analyze.html'}"
           + (", " + ", ".join(map(str, drawn)) if drawn else " (no pictures: pip install 'unstall[analyze]' for matplotlib)"))
     return 0
@@ -210,7 +209,7 @@ def analyze_main(args: argparse.Namespace) -> int:
 def _section(i: int, docs: Mapping[str, Mapping[str, Any]], prices: Mapping[str, float],
              max_workers: Optional[int]) -> Tuple[Dict[str, Any], Any]:
     """Loader ``i``'s part of the report: its analysis from the three runs, and its worker-count what-if
-    against the validation runs; or why it has none."""
+    against the validation runs (``cold-wK``); or why it has none."""
     from .analyze import model, report
 
     first = docs["synthetic"]["sections"][i]
@@ -218,31 +217,37 @@ def _section(i: int, docs: Mapping[str, Mapping[str, Any]], prices: Mapping[str,
     heading = f"loader {i}: {kind} over dataset {ds.get('name')!r}"
     result: Dict[str, Any] = {"index": i, "kind": kind, "dataset": ds}
     secs: Dict[str, Dict[str, Any]] = {}
-    errors = []
+    errors: Dict[str, str] = {}
     for label, doc in docs.items():
         found = [s for s in doc["sections"] if s["index"] == i]
         if not found:
-            errors.append(f"the {label} run iterated only {len(doc['sections'])} loaders")
+            errors[label] = f"the {label} run iterated only {len(doc['sections'])} loaders"
         elif found[0]["status"] != "ok":
-            errors.append(f"{label} run: {found[0].get('error')}")
+            errors[label] = f"{label} run: {found[0].get('error')}"
         elif (found[0].get("dataset") or {}).get("name") != ds.get("name"):
-            errors.append(f"the {label} run's loader {i} reads dataset {found[0]['dataset'].get('name')!r}, not "
-                          f"{ds.get('name')!r}: the command must iterate its loaders in the same order every time")
+            errors[label] = (f"the {label} run's loader {i} reads dataset {found[0]['dataset'].get('name')!r}, not "
+                             f"{ds.get('name')!r}: the command must iterate its loaders in the same order every time")
         else:
             secs[label] = found[0]
+    modes = ("synthetic", "cached", "cold")
     try:
-        if errors:
-            raise ValueError("; ".join(errors))
-        runs = {m: model.Run.from_report(secs[m]) for m in ("synthetic", "cached", "cold")}
+        if any(m in errors for m in modes):
+            raise ValueError("; ".join(errors[m] for m in modes if m in errors))
+        runs = {m: model.Run.from_report(secs[m]) for m in modes}
         storage_Bps = (secs["cached"].get("warm") or {}).get("storage_Bps")
         a = model.analyze(runs, int(ds.get("total_bytes", 0)), int(ds.get("num_samples", 0)), storage_Bps,
                           prices, max_workers)
     except ValueError as e:
         result.update(status="error", error=str(e))
         return result, report.Section(heading, error=str(e))
-    validation = [model.validate_workers(a, int(label[len("cold-w"):]), model.Run.from_report(sec))
-                  for label, sec in secs.items() if label.startswith("cold-w")]
-    text = report.text(heading, a, runs, ds) + report.validation_text(validation)
+    validation = []
+    for label in docs:
+        if label.startswith("cold-w"):
+            k = int(label[len("cold-w"):])
+            validation.append(model.validate_workers(a, k, model.Run.from_report(secs[label])) if label in secs
+                              else {"workers": k, "predicted": a.predict(0.0, k), "measured": None,
+                                    "error": errors[label]})
+    text = report.text(heading, a, runs, ds, docs["cold"]) + report.validation_text(validation)
     result.update(status="ok", runs={m: {k: v for k, v in d.items() if k not in ("wait_ns", "step_ns")}
                                      for m, d in secs.items()},
                   analysis=a.as_dict(), validation=validation)

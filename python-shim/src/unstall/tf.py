@@ -35,7 +35,7 @@ from .analyze import ENV_MODE as _ANALYZE_MODE
 from .prep import Membership, Pipeline
 from .tracing import payload_bytes
 
-__all__ = ["dataset", "membership", "FetchCounters"]
+__all__ = ["dataset", "membership", "pipeline_datasets", "FetchCounters"]
 
 
 @dataclass
@@ -146,21 +146,24 @@ def membership(ds: Any) -> Membership:
     return m
 
 
-def _unstall_input(ds: Any) -> Optional[Any]:
-    """The dataset :func:`dataset` returned that ``ds`` is built on (``ds`` itself, or an input of an input...)."""
+def pipeline_datasets(ds: Any) -> Iterator[Any]:
+    """``ds`` and every dataset it is built on (its inputs, their inputs, ...), each once."""
     seen, todo = set(), [ds]
     while todo:
         d = todo.pop()
         if id(d) in seen:
             continue
         seen.add(id(d))
-        if id(d) in _memberships:
-            return d
+        yield d
         try:
             todo.extend(d._inputs())
-        except Exception:
+        except Exception:  # a dataset kind that does not list its inputs: the walk stops there
             pass
-    return None
+
+
+def _unstall_input(ds: Any) -> Optional[Any]:
+    """The dataset :func:`dataset` returned that ``ds`` is built on (``ds`` itself, or an input of an input...)."""
+    return next((d for d in pipeline_datasets(ds) if id(d) in _memberships), None)
 
 
 _patched = False

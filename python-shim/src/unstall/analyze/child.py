@@ -154,7 +154,8 @@ class Session:
                 f"the loop stopped iterating this {it.source.kind} after {it.returned} batches, before "
                 f"{self.warmup} warm-up + {self.steps} timed steps"))
         write_json_atomic(self.report, {"format": REPORT_FORMAT, "status": "ok", "mode": self.mode,
-                                        "sections": self.sections, "cpu_count": os.cpu_count()})
+                                        "sections": self.sections, "cpu_count": os.cpu_count(),
+                                        "load_average": os.getloadavg()[0]})
         self.progress.update("done", 1, 1, force=True)
 
     def finish(self) -> None:

@@ -7,11 +7,12 @@
 Of the cold run's time, ``t1/t2`` is the trainer's own work, ``(t3 - t1)/t2`` the prep stall and
 ``(t2 - t3)/t2`` the fetch stall.
 
-What-if, per batch, for a cached fraction ``f`` and ``k`` DataLoader workers. ``g = t1/N`` is the
-trainer's step, ``Q`` the loader's work per batch without storage (from the cached run), ``s`` the
-storage time per batch at the storage bandwidth measured while warming the cache (DS-Analyzer also
-measures disk bandwidth on its own). The loader stage is ``L = g + Q`` with ``k = 0`` (the trainer's
-thread does everything) and ``max(g, Q/k)`` with workers. Two ways storage can behave:
+What-if, per batch, for a cached fraction ``f`` and ``k`` loader workers (DataLoader workers; a
+tf.data pipeline's parallelism). ``g = t1/N`` is the trainer's step, ``Q`` the loader's work per batch
+without storage (from the cached run), ``s`` the storage time per batch at the storage bandwidth
+measured while warming the cache (DS-Analyzer also measures disk bandwidth on its own). The loader
+stage is ``L = g + Q`` with ``k = 0`` (the trainer's thread does everything) and ``max(g, Q/k)`` with
+workers. Two ways storage can behave:
 
 * **overlapped** (the sidecar prefetches, or the link has slack and bursts):
   ``cycle = max(L, (1 - f) * s)``: storage is a stage of its own, as in DS-Analyzer's ``min`` of rates;
@@ -216,11 +217,11 @@ def validate_workers(a: Analysis, workers: int, measured: Run) -> Dict[str, Any]
     """The what-if's cold-cache throughput with ``workers`` against a rerun of the command with them."""
     row: Dict[str, Any] = {"workers": workers, "predicted": a.predict(0.0, workers), "measured": measured.rate}
     if measured.num_workers != workers:  # a tf.data pipeline keeps its own parallelism
-        row.update(predicted=None, error=f"the loader ran with parallelism {measured.num_workers}: "
-                                         f"only an unstall.torch.DataLoader's num_workers can be set from outside")
+        row.update(error=f"the loader ran with parallelism {measured.num_workers}: only an "
+                         f"unstall.torch.DataLoader's num_workers can be set from outside")
     elif (measured.steps, measured.batch_size) != (a.steps, a.batch_size):
-        row.update(predicted=None, error=f"the rerun timed {measured.steps} steps of {measured.batch_size:g}, "
-                                         f"the analysis {a.steps} of {a.batch_size:g}")
+        row.update(error=f"the rerun timed {measured.steps} steps of {measured.batch_size:g}, "
+                         f"the analysis {a.steps} of {a.batch_size:g}")
     else:
         row.update(error=None, relative_error=(row["predicted"] - measured.rate) / measured.rate)
     return row

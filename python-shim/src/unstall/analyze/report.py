@@ -45,7 +45,8 @@ def _bytes(n: Optional[float]) -> str:
     return f"{n:.0f} B"
 
 
-def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[str, Any]) -> str:
+def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[str, Any],
+         machine: Optional[Mapping[str, Any]] = None) -> str:
     lines = [
         heading,
         f"  dataset {dataset.get('name')!r}: {a.num_samples} samples, {_bytes(a.dataset_bytes)}; "
@@ -77,6 +78,10 @@ def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[st
         "    cold    " + "  ".join(f"{p['samples_per_s_cold']:>7.1f}" for p in a.cpu_curve[:9]),
         "    cached  " + "  ".join(f"{p['samples_per_s_cached']:>7.1f}" for p in a.cpu_curve[:9]),
     ]
+    if machine and machine.get("cpu_count"):
+        load = machine.get("load_average")
+        lines.append(f"    (workers: one free core each assumed; the cold run's machine had {machine['cpu_count']} cores"
+                     + (f", load average {load:.1f})" if load is not None else ")"))
     c = a.cheapest or {}
     if not c.get("found"):
         lines.append(f"  {c.get('message', 'no configuration removes the stall')}")
@@ -85,7 +90,7 @@ def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[st
     else:
         lines.append(
             f"  cheapest configuration without a stall: cache {100 * c['cache_fraction']:.0f}% of the dataset "
-            f"({_bytes(c['cache_bytes'])}) with {c['workers']} DataLoader workers -> {_rate(c['samples_per_s'])} "
+            f"({_bytes(c['cache_bytes'])}) with {c['workers']} loader workers -> {_rate(c['samples_per_s'])} "
             f"(~${c['cost_per_hour']:.3f}/h at ${a.prices['core_hour']}/core-h, ${a.prices['gib_hour']}/GiB-h)")
     return "\n".join(lines) + "\n"
 
@@ -192,7 +197,7 @@ def _figure(a: Analysis, title: str) -> Any:
     ax2.plot(ks, [p["samples_per_s_cold"] for p in a.cpu_curve], marker="o", ms=3, label="cold cache")
     ax2.plot(ks, [p["samples_per_s_cached"] for p in a.cpu_curve], marker="o", ms=3, label="fully cached")
     ax2.axhline(a.ingestion_rate, color="gray", ls="--", lw=1, label="ingestion rate")
-    ax2.set_xlabel("DataLoader workers (CPU cores for fetch+prep)")
+    ax2.set_xlabel("loader workers (DataLoader num_workers, tf.data parallelism)")
     ax2.set_ylabel("samples/s (predicted)")
     ax2.set_ylim(bottom=0)
     ax2.legend(fontsize=8)

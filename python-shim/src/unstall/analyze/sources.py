@@ -206,20 +206,13 @@ class TfSource:
 
 def _pipeline_parallelism(dataset: Any) -> Tuple[int, bool]:
     """(largest parallel map width, whether the pipeline has a prefetch) over the dataset's inputs."""
+    from ..tf import pipeline_datasets
+
     par, prefetch = 0, False
-    seen, todo = set(), [dataset]
-    while todo:
-        d = todo.pop()
-        if id(d) in seen:
-            continue
-        seen.add(id(d))
+    for d in pipeline_datasets(dataset):
         calls = getattr(d, "_num_parallel_calls", None)
         if calls is not None:
             n = int(calls)
             par = max(par, (os.cpu_count() or 1) if n < 0 else n)
         prefetch = prefetch or type(d).__name__.endswith("PrefetchDataset")
-        try:
-            todo.extend(d._inputs())
-        except Exception:
-            pass
     return par, prefetch
