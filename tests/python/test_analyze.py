@@ -65,6 +65,15 @@ def test_workers_prep_bound_when_cached() -> None:
     assert a.predict(0.5, 2) == pytest.approx(B / max(q / 2, 0.5 * S))
 
 
+def test_without_a_prep_stall_the_loader_work_is_its_counted_time() -> None:
+    # 1 worker hides the loader behind the 30 ms step; the counters say 2 ms per sample (8 samples per batch).
+    torch_like = runs(N * G, N * G, N * G, w=1, fetch_s=0.5, prep_s=1.1, fetched_samples=800, prepped_samples=800)
+    tf_like = runs(N * G, N * G, N * G, w=1, fetch_s=1.6, fetched_samples=800)  # prep in tf.data's threads: untimed
+    for r in (torch_like, tf_like):
+        a = model.analyze(r, dataset_bytes=100 * SIZE, num_samples=100)
+        assert a.loader_busy_per_batch_s == pytest.approx(B * 0.002)
+
+
 def test_cheapest_configuration() -> None:
     a = model.analyze(runs(N * G, N * (G + Q), N * max(G + Q, S)), dataset_bytes=100 * SIZE, num_samples=100,
                       storage_Bps=BW, prices={"core_hour": 1.0, "gib_hour": 1.0})

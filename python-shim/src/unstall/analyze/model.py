@@ -163,7 +163,9 @@ def analyze(runs: Mapping[str, Run], dataset_bytes: int, num_samples: int, stora
     elif c3 > g * (1 + STALL_TOLERANCE):
         q = w * c3  # the workers were the bottleneck of the cached run
     else:  # no prep stall: only the loader's own busy time says how much work a batch is
-        per_sample = (cached.fetch_s + cached.prep_s) / cached.prepped_samples if cached.prepped_samples else 0.0
+        # (a tf.data job counts fetches only: its prep runs in tf.data's threads, untimed)
+        counted = cached.prepped_samples or cached.fetched_samples
+        per_sample = (cached.fetch_s + cached.prep_s) / counted if counted else 0.0
         q = per_sample * b
     batch_bytes = dataset_bytes / num_samples * b if num_samples else 0.0
     if storage_Bps:
