@@ -4,6 +4,7 @@ real headless Chromium."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -134,8 +135,19 @@ def test_the_html_report_renders_in_chromium(two_loaders, chromium: str, tmp_pat
     assert pixels.var() > 0 and len(np.unique(pixels)) > 16  # text, tables and plots: not a blank page
 
 
-@pytest.mark.skipif(os.environ.get("CI") is None and __import__("importlib").util.find_spec("tensorflow") is None,
-                    reason="TensorFlow is an optional extra (pip install tensorflow-cpu)")
+def test_a_loader_that_cannot_be_analysed_says_why_and_the_others_are_analysed(tmp_path: Path,
+                                                                              sidecar_jar: Path) -> None:
+    p, out = _analyze(tmp_path, TWO_LOADERS, sidecar_jar, "--steps", "6")  # val: 6 batches of 2 < 1 + 6
+    secs = json.loads((out / "analyze.json").read_text())["sections"]
+    assert [(s["dataset"]["name"], s["status"]) for s in secs] == [("train", "ok"), ("val", "error")]
+    assert secs[1]["error"].startswith("synthetic run: 1 warm-up + 6 timed steps = 7 batches, but an epoch of this "
+                                       "torch.DataLoader has only 6 (12 samples, batch size 2); use --steps 5 or fewer")
+    assert "loader 1: torch.DataLoader over dataset 'val'\n  not analysed: synthetic run:" in p.stdout
+    assert "not analysed" in (out / "analyze.html").read_text()
+
+
+@pytest.mark.skipif(not os.environ.get("CI") and importlib.util.find_spec("tensorflow") is None,
+                    reason="TensorFlow is an optional extra (pip install tensorflow-cpu); CI has it")
 def test_a_tf_data_job_reports_fetch_and_prep_stall(tmp_path: Path, sidecar_jar: Path) -> None:
     p, out = _analyze(tmp_path, TF_JOB, sidecar_jar, "--storage-bandwidth", "256KiB")
     (sec,) = json.loads((out / "analyze.json").read_text())["sections"]
