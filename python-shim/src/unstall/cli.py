@@ -198,7 +198,8 @@ def analyze_main(args: argparse.Namespace) -> int:
         "storage_bandwidth": args.storage_bandwidth, "sections": results})
     (out / "analyze.txt").write_text(summary)
     pngs = [out / ("analyze.png" if i == 0 else f"analyze-{i}.png") for i in range(len(sections))]
-    drawn = [p for p, (_, sec) in zip(pngs, sections) if sec.analysis is not None and report.write_png(p, sec.analysis, sec.heading)]
+    drawn = [p for p, (_, sec) in zip(pngs, sections)
+             if sec.analysis is not None and report.write_png(p, sec.analysis, sec.heading, sec.validation)]
     report.write_html(out / "analyze.html", title, [sec for _, sec in sections])
     print(summary, end="")
     print(f"\n  wrote {out / 'analyze.json'}, {out / 'analyze.txt'}, {out / 'analyze.html'}"

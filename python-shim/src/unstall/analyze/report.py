@@ -120,9 +120,9 @@ def _json_default(o: Any) -> Any:
     raise TypeError(type(o).__name__)
 
 
-def write_png(path: Path, a: Analysis, title: str) -> bool:
+def write_png(path: Path, a: Analysis, title: str, validation: Sequence[Mapping[str, Any]] = ()) -> bool:
     """The picture; False when matplotlib is not installed (``pip install 'unstall[analyze]'``)."""
-    fig = _figure(a, title)
+    fig = _figure(a, title, validation)
     if fig is None:
         return False
     fig.savefig(path, dpi=110)
@@ -130,9 +130,9 @@ def write_png(path: Path, a: Analysis, title: str) -> bool:
     return True
 
 
-def figure_svg(a: Analysis, title: str) -> Optional[str]:
+def figure_svg(a: Analysis, title: str, validation: Sequence[Mapping[str, Any]] = ()) -> Optional[str]:
     """The picture as an ``<svg>`` element to inline in HTML (text kept as text); None without matplotlib."""
-    fig = _figure(a, title)
+    fig = _figure(a, title, validation)
     if fig is None:
         return None
     import matplotlib
@@ -151,7 +151,8 @@ def _close(fig: Any) -> None:
     plt.close(fig)
 
 
-def _figure(a: Analysis, title: str) -> Any:
+def _figure(a: Analysis, title: str, validation: Sequence[Mapping[str, Any]]) -> Any:
+    """Stall bar, throughput vs cache, throughput vs workers (with the reruns' measurements, if any)."""
     try:
         import matplotlib
 
@@ -197,6 +198,9 @@ def _figure(a: Analysis, title: str) -> Any:
     ax2.plot(ks, [p["samples_per_s_cold"] for p in a.cpu_curve], marker="o", ms=3, label="cold cache")
     ax2.plot(ks, [p["samples_per_s_cached"] for p in a.cpu_curve], marker="o", ms=3, label="fully cached")
     ax2.axhline(a.ingestion_rate, color="gray", ls="--", lw=1, label="ingestion rate")
+    checked = [(r["workers"], r["measured"]) for r in validation if r.get("error") is None]
+    if checked:
+        ax2.plot(*zip(*checked), ls="none", marker="X", ms=9, color="#c44e52", label="measured, cold (rerun)")
     ax2.set_xlabel("loader workers (DataLoader num_workers, tf.data parallelism)")
     ax2.set_ylabel("samples/s (predicted)")
     ax2.set_ylim(bottom=0)
@@ -241,7 +245,7 @@ def _section_html(sec: Section) -> str:
             (r["workers"], "-", "-", f"not checked: {r['error']}") if r.get("error") is not None else
             (r["workers"], f"{r['predicted']:.1f}", f"{r['measured']:.1f}", f"{100 * r['relative_error']:+.1f}%")
             for r in sec.validation]))
-    svg = figure_svg(a, sec.heading)
+    svg = figure_svg(a, sec.heading, sec.validation)
     parts.append(svg if svg is not None else "<p>(no plots: pip install 'unstall[analyze]' for matplotlib)</p>")
     parts.append(f"<pre>{html.escape(sec.text)}</pre>")
     return "\n".join(parts)
