@@ -175,6 +175,8 @@ public final class AgentInstaller {
   private static void shutdown(ProfileWriter profile, OpenTelemetrySdk sdk) {
     IoBridge.enterAgent();
     try {
+      // Pending reads of every thread, and bursts of writes still open (the last checkpoint).
+      IoBridge.flushThreads(true);
       if (profile != null) {
         try {
           AgentLog.info("I/O profile written to " + profile.write());

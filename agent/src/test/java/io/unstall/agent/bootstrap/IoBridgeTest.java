@@ -39,6 +39,7 @@ class IoBridgeTest {
   }
 
   FileStats.Snapshot stats(String p) {
+    IoBridge.flushThreads(false);
     for (FileStats.Snapshot s : IoBridge.fileSnapshots()) {
       if (s.path.equals(p)) {
         return s;

@@ -17,7 +17,7 @@ class ProfileTest {
     FileStats f = new FileStats(path.hashCode(), path);
     for (int e = 0; e < epochs; e++) {
       for (int o = 0; o < opens; o++) {
-        f.opened(0);
+        f.opened(0, false);
       }
       for (int i = 0; i < reads; i++) {
         f.record(i * offsetStep, size, 1000);
