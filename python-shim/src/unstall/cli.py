@@ -4,11 +4,16 @@
     unstall token issue --dataset NAME [--dataset NAME ...] [--name WHO] [--home DIR]
     unstall token list [--home DIR]
     unstall token revoke ID [--home DIR]
+    unstall profile merge PROFILE.json|DIR ... [--out PREFIX]
 
 Runs the training command (which must iterate an ``unstall.torch.DataLoader``) three times: synthetic
 batches, fully cached, cold cache; prints the fetch/prep stall split, the rates and the what-if
 predictions; writes ``DIR/analyze.json``, ``DIR/analyze.txt`` and ``DIR/analyze.png``. Exit status 0
 when the analysis is complete, 2 when a run failed (nothing but the error is reported then).
+
+``profile merge`` merges the Java agent's per-process I/O profiles of one job (one per rank) and flags what only
+the merge can show: ranks reading the same offsets, ranks imbalanced in bytes or stall
+(``unstall.profile_merge``). Exit status 2 on bad input.
 
 ``token`` is for the owner of a running sidecar (found through ``$UNSTALL_HOME/sidecar.json``): it issues a
 tenant token (Flight only, the named datasets only; printed once on stdout, stored only as a hash), lists
@@ -85,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     tr = tsub.add_parser("revoke", help="revoke a token by its id")
     tr.add_argument("id", metavar="ID")
     tr.add_argument("--home", type=Path, default=None, help=home_help)
+    pr = sub.add_parser("profile", help="work with the Java agent's I/O profiles")
+    prsub = pr.add_subparsers(dest="profile_command", required=True)
+    pm = prsub.add_parser("merge", help="merge the profiles of several processes (ranks) of one job",
+                          description="Reads unstall agent profiles (files, or directories of them) and reports "
+                                      "per rank, the bytes several ranks read at the same offsets, and imbalance.")
+    pm.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE", help="PREFIX.json files or directories")
+    pm.add_argument("--out", type=Path, default=Path("unstall-profile-merged"),
+                    help="writes OUT.json and OUT.txt (default ./unstall-profile-merged)")
     return p
 
 
@@ -94,6 +107,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return analyze_main(args)
     if args.command == "token":
         return token_main(args)
+    if args.command == "profile":
+        from . import profile_merge
+
+        return profile_merge.main(args.profiles, args.out)
     return 2  # pragma: no cover
 
 
