@@ -17,9 +17,12 @@ public final class Checkpoint {
   public final long syncs;
   /** Written by a thread that also waits for batches: training stopped while it was written. */
   public final boolean trainingThread;
+  /** What {@link Sink#currentContext()} returned when the first write started. */
+  public final Object parent;
 
   Checkpoint(String path, long startNanos, long durationNanos, long bytes, long writes,
-      long writeNanos, long syncs, boolean trainingThread) {
+      long writeNanos, long syncs, boolean trainingThread, Object parent) {
+    this.parent = parent;
     this.path = path;
     this.startNanos = startNanos;
     this.durationNanos = durationNanos;

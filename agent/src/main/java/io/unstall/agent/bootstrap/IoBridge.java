@@ -246,6 +246,8 @@ public final class IoBridge {
       s.file.recordWrite(n, end - ts.callStart);
       if (ts.burstFile != s.file) {
         endBurst(ts);
+        Sink sk = sink;
+        ts.burstParent = sk == null ? null : sk.currentContext();
       }
       ts.addToBurst(s.file, ts.callStart, end, Math.max(0, n), end - ts.callStart);
     } catch (Throwable t) {
@@ -287,12 +289,14 @@ public final class IoBridge {
       return;
     }
     ts.burstFile = null;
+    Object parent = ts.burstParent;
+    ts.burstParent = null;
     if (ts.burstWrites < CHECKPOINT_MIN_WRITES && ts.burstBytes < CHECKPOINT_MIN_BYTES) {
       return;
     }
     Checkpoint c =
         new Checkpoint(f.path, ts.burstStart, ts.burstEnd - ts.burstStart, ts.burstBytes,
-            ts.burstWrites, ts.burstWriteNanos, ts.burstSyncs, ts.trainingThread);
+            ts.burstWrites, ts.burstWriteNanos, ts.burstSyncs, ts.trainingThread, parent);
     synchronized (CHECKPOINTS) {
       CHECKPOINT_TOTALS[0]++;
       CHECKPOINT_TOTALS[1] += c.durationNanos;

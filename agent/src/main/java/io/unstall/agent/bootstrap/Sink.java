@@ -23,6 +23,14 @@ public interface Sink {
       long processBytes,
       Throwable error);
 
+  /**
+   * Called when a thread starts a burst of writes to a file: the application's current context,
+   * which becomes the parent of the checkpoint span if the burst turns out to be one.
+   */
+  default Object currentContext() {
+    return null;
+  }
+
   /** Called once per checkpoint, usually on the thread that wrote it (at exit, on the hook's). */
   default void checkpoint(Checkpoint c) {}
 }

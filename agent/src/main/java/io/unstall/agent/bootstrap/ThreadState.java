@@ -60,6 +60,7 @@ public final class ThreadState {
   long burstWrites;
   long burstWriteNanos;
   long burstSyncs;
+  Object burstParent;
 
   private final Object[] cacheKeys = new Object[CACHE];
   private final StreamState[] cacheValues = new StreamState[CACHE];

@@ -75,6 +75,11 @@ public final class StallTracer implements Sink {
   }
 
   @Override
+  public Object currentContext() {
+    return appContext.parentFor(null);
+  }
+
+  @Override
   public void checkpoint(Checkpoint c) {
     long start = anchorEpochNanos + (c.startNanos - anchorNanoTime);
     Thread thread = Thread.currentThread();
@@ -92,7 +97,7 @@ public final class StallTracer implements Sink {
             .setAttribute(CHECKPOINT_TRAINING_THREAD, c.trainingThread)
             .setAttribute(THREAD_NAME, thread.getName())
             .setAttribute(THREAD_ID, thread.getId());
-    setParent(b, appContext.parentFor(null));
+    setParent(b, c.parent instanceof Context ? (Context) c.parent : null);
     b.startSpan().end(start + c.durationNanos, TimeUnit.NANOSECONDS);
   }
 

@@ -58,9 +58,18 @@ final class ForkedJvm {
   static ForkedJvm run(
       String agentOptions, String classpath, Map<String, String> env, Path workDir, String... mainAndArgs)
       throws IOException, InterruptedException {
+    return run(List.of(), agentOptions, classpath, env, workDir, mainAndArgs);
+  }
+
+  /** As above, with {@code jvmArgs} (for example another -javaagent) before the unstall agent. */
+  static ForkedJvm run(
+      List<String> jvmArgs, String agentOptions, String classpath, Map<String, String> env,
+      Path workDir, String... mainAndArgs)
+      throws IOException, InterruptedException {
     List<String> cmd = new ArrayList<>();
     cmd.add(Paths.get(System.getProperty("java.home"), "bin", "java").toString());
     cmd.add("-Xshare:off");
+    cmd.addAll(jvmArgs);
     cmd.add("-javaagent:" + agentJar() + (agentOptions.isEmpty() ? "" : "=" + agentOptions));
     cmd.add("-cp");
     cmd.add(classpath);
