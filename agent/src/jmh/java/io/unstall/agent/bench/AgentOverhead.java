@@ -19,7 +19,9 @@ import org.openjdk.jmh.runner.options.VerboseMode;
  * order alternating between rounds, so that drift in the machine's load hits both sides alike.
  * Each fork's score is the mean of its measurement iterations; the table gives, per side, the mean
  * over forks with a 95% confidence interval (Student t), and the overhead as the mean of the
- * per-round ratios agent/none, with its 95% confidence interval.
+ * per-round ratios agent/none, with its 95% confidence interval. It does so twice: for the wall
+ * time per op (JMH's score) and for the benchmark thread's CPU time per op ({@link
+ * ReadBenchmark.Cpu}), which a loaded machine distorts much less.
  *
  * <p>Arguments: path of unstall-agent.jar, then optionally rounds (forks per side), warm-up and
  * measurement iterations (defaults 5, 3, 5; one second each), and benchmark names.
@@ -47,8 +49,10 @@ public final class AgentOverhead {
             + "#next,profile=off,otel.traces.exporter=none";
 
     Map<String, double[][]> scores = new LinkedHashMap<>(); // bench -> [side][round]
+    Map<String, double[][]> cpu = new LinkedHashMap<>();
     for (String bench : benches) {
       scores.put(bench, new double[2][rounds]);
+      cpu.put(bench, new double[2][rounds]);
     }
     for (int round = 0; round < rounds; round++) {
       for (String bench : benches) {
@@ -69,15 +73,70 @@ public final class AgentOverhead {
           }
           RunResult r = new Runner(o.build()).runSingle();
           double score = r.getPrimaryResult().getScore();
+          double cpuPerOp =
+              r.getSecondaryResults().get("cpuNanos").getScore()
+                  / r.getSecondaryResults().get("cpuOps").getScore()
+                  / 1000;
           scores.get(bench)[withAgent][round] = score;
+          cpu.get(bench)[withAgent][round] = cpuPerOp;
           System.err.printf(
-              Locale.ROOT, "round %d %s %s: %.1f us/op%n",
-              round + 1, bench, withAgent == 1 ? "agent" : "none", score);
+              Locale.ROOT, "round %d %s %s: %.1f us/op wall, %.1f us/op cpu%n",
+              round + 1, bench, withAgent == 1 ? "agent" : "none", score, cpuPerOp);
         }
       }
     }
 
+    System.out.println();
+    System.out.printf(
+        Locale.ROOT, "%d interleaved rounds (one fork per side per round), %d x 1 s warm-up, %d x 1 s"
+            + " measurement iterations per fork%n", rounds, warmups, iterations);
+    table("wall time per op (JMH score)", scores, rounds);
+    table("CPU time of the benchmark thread per op", cpu, rounds);
+    bookkeeping(rounds, warmups, iterations, cpu);
+  }
+
+  /** The agent's cost per read call alone (BridgeBenchmark), against the CPU time of a read. */
+  private static void bookkeeping(
+      int forks, int warmups, int iterations, Map<String, double[][]> cpu) throws Exception {
+    RunResult r =
+        new Runner(
+                new OptionsBuilder()
+                    .include(BridgeBenchmark.class.getName() + ".trackedRead$")
+                    .forks(forks)
+                    .warmupIterations(warmups)
+                    .warmupTime(TimeValue.seconds(1))
+                    .measurementIterations(iterations)
+                    .measurementTime(TimeValue.seconds(1))
+                    .verbosity(VerboseMode.SILENT)
+                    .jvmArgsAppend("-Xshare:off", "-Xmx1g")
+                    .build())
+            .runSingle();
+    double ns = r.getPrimaryResult().getScore();
+    double err = r.getPrimaryResult().getScoreError();
+    System.out.println();
+    System.out.printf(
+        Locale.ROOT,
+        "**bookkeeping per read call** (BridgeBenchmark, %d forks, JMH 99.9%% error): %.1f ± %.1f ns%n%n",
+        forks, ns, Double.isNaN(err) ? 0 : err);
+    System.out.println("| reads of | CPU time per read without the agent (ns) | bookkeeping / read |");
+    System.out.println("|---|---|---|");
+    for (String bench : List.of("read4k", "read64k")) {
+      if (!cpu.containsKey(bench)) {
+        continue;
+      }
+      int reads = bench.equals("read4k") ? 4096 : 256;
+      double perRead = mean(cpu.get(bench)[0]) * 1000 / reads;
+      System.out.printf(
+          Locale.ROOT, "| %s | %.0f | **%.2f%%** |%n",
+          bench.equals("read4k") ? "4 KiB" : "64 KiB", perRead, 100 * ns / perRead);
+    }
+  }
+
+  private static void table(String title, Map<String, double[][]> scores, int rounds) {
     List<String> out = new ArrayList<>();
+    out.add("");
+    out.add("**" + title + "**");
+    out.add("");
     out.add(
         "| benchmark | what one op is | no agent (µs/op, mean ± 95% CI over forks) | agent (µs/op) |"
             + " overhead (mean of per-round ratios − 1, ± 95% CI) |");
@@ -96,20 +155,16 @@ public final class AgentOverhead {
               e.getKey(), WHAT.get(e.getKey()), mean(none), ci95(none), mean(with), ci95(with),
               100 * (mean(ratio) - 1), 100 * ci95(ratio)));
     }
-    System.out.println();
-    System.out.printf(
-        Locale.ROOT, "%d interleaved rounds (one fork per side per round), %d x 1 s warm-up, %d x 1 s"
-            + " measurement iterations per fork%n%n", rounds, warmups, iterations);
-    out.forEach(System.out::println);
-    System.out.println();
-    System.out.println("per-round ratios agent/none:");
+    out.add("");
+    out.add("per-round ratios agent/none:");
     for (Map.Entry<String, double[][]> e : scores.entrySet()) {
       StringBuilder sb = new StringBuilder("  " + e.getKey() + ":");
       for (int i = 0; i < rounds; i++) {
         sb.append(String.format(Locale.ROOT, " %.3f", e.getValue()[1][i] / e.getValue()[0][i]));
       }
-      System.out.println(sb);
+      out.add(sb.toString());
     }
+    out.forEach(System.out::println);
   }
 
   static double mean(double[] v) {

@@ -19,10 +19,15 @@ public final class Checkpoint {
   public final boolean trainingThread;
   /** What {@link Sink#currentContext()} returned when the first write started. */
   public final Object parent;
+  /** The thread that wrote it (null if it was collected before the burst ended, at exit). */
+  public final String threadName;
+  public final long threadId;
 
   Checkpoint(String path, long startNanos, long durationNanos, long bytes, long writes,
-      long writeNanos, long syncs, boolean trainingThread, Object parent) {
+      long writeNanos, long syncs, boolean trainingThread, Object parent, Thread writer) {
     this.parent = parent;
+    this.threadName = writer == null ? null : writer.getName();
+    this.threadId = writer == null ? -1 : writer.getId();
     this.path = path;
     this.startNanos = startNanos;
     this.durationNanos = durationNanos;

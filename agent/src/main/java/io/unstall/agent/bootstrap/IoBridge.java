@@ -296,7 +296,8 @@ public final class IoBridge {
     }
     Checkpoint c =
         new Checkpoint(f.path, ts.burstStart, ts.burstEnd - ts.burstStart, ts.burstBytes,
-            ts.burstWrites, ts.burstWriteNanos, ts.burstSyncs, ts.trainingThread, parent);
+            ts.burstWrites, ts.burstWriteNanos, ts.burstSyncs, ts.trainingThread, parent,
+            ts.thread.get());
     synchronized (CHECKPOINTS) {
       CHECKPOINT_TOTALS[0]++;
       CHECKPOINT_TOTALS[1] += c.durationNanos;

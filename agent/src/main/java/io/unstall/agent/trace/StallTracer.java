@@ -82,7 +82,6 @@ public final class StallTracer implements Sink {
   @Override
   public void checkpoint(Checkpoint c) {
     long start = anchorEpochNanos + (c.startNanos - anchorNanoTime);
-    Thread thread = Thread.currentThread();
     SpanBuilder b =
         tracer
             .spanBuilder(CHECKPOINT_SPAN_NAME)
@@ -94,9 +93,10 @@ public final class StallTracer implements Sink {
             .setAttribute(CHECKPOINT_WRITE_TIME_NS, c.writeNanos)
             .setAttribute(CHECKPOINT_SYNCS, c.syncs)
             .setAttribute(CHECKPOINT_DURATION_NS, c.durationNanos)
-            .setAttribute(CHECKPOINT_TRAINING_THREAD, c.trainingThread)
-            .setAttribute(THREAD_NAME, thread.getName())
-            .setAttribute(THREAD_ID, thread.getId());
+            .setAttribute(CHECKPOINT_TRAINING_THREAD, c.trainingThread);
+    if (c.threadName != null) {
+      b.setAttribute(THREAD_NAME, c.threadName).setAttribute(THREAD_ID, c.threadId);
+    }
     setParent(b, c.parent instanceof Context ? (Context) c.parent : null);
     b.startSpan().end(start + c.durationNanos, TimeUnit.NANOSECONDS);
   }

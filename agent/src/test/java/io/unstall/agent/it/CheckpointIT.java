@@ -112,6 +112,8 @@ class CheckpointIT {
       assertEquals((long) sizes.get(path), a.get("unstall.checkpoint.bytes").asLong(), a.toString());
       assertEquals(1, a.get("unstall.checkpoint.syncs").asLong());
       assertTrue(a.get("unstall.checkpoint.training_thread").asBoolean());
+      // Also the last one, which ends at exit, on the shutdown hook's thread.
+      assertEquals("main", a.get("thread.name").asText(), a.toString());
       assertEquals(
           a.get("unstall.checkpoint.duration_ns").asLong(),
           s.get("endEpochNanos").asLong() - s.get("startEpochNanos").asLong());
