@@ -131,6 +131,15 @@ public final class IoBridge {
 
   /** Start of a read call; returns null when this read must not be recorded. */
   public static ThreadState readEnter() {
+    ThreadState ts = enter();
+    if (ts != null) {
+      ts.callStart = ts.timeThisRead() ? System.nanoTime() : 0;
+    }
+    return ts;
+  }
+
+  /** The thread's state with the guard set, or null when the agent is off or the guard was set. */
+  private static ThreadState enter() {
     if (!active) {
       return null;
     }
@@ -139,7 +148,6 @@ public final class IoBridge {
       return null;
     }
     ts.guard = 1;
-    ts.callStart = ts.timeThisRead() ? System.nanoTime() : 0;
     return ts;
   }
 
@@ -211,15 +219,10 @@ public final class IoBridge {
 
   /** Start of a write or sync call (always timed: checkpoint time comes from these). */
   public static ThreadState writeEnter() {
-    if (!active) {
-      return null;
+    ThreadState ts = enter();
+    if (ts != null) {
+      ts.callStart = System.nanoTime();
     }
-    ThreadState ts = STATE.get();
-    if (ts.guard != 0) {
-      return null;
-    }
-    ts.guard = 1;
-    ts.callStart = System.nanoTime();
     return ts;
   }
 

@@ -149,16 +149,12 @@ public final class IoProfile {
       if (s.bytesWritten > 0) {
         t.minWrite = Math.min(t.minWrite, s.minWrite);
       }
-      for (int i = 0; i < t.writeBuckets.length; i++) {
-        t.writeBuckets[i] += s.writeBuckets[i];
-      }
+      addTo(t.writeBuckets, s.writeBuckets);
       t.maxRequest = Math.max(t.maxRequest, s.maxRequest);
       if (s.dataReads > 0) {
         t.minRequest = Math.min(t.minRequest, s.minRequest);
       }
-      for (int i = 0; i < t.sizeBuckets.length; i++) {
-        t.sizeBuckets[i] += s.sizeBuckets[i];
-      }
+      addTo(t.sizeBuckets, s.sizeBuckets);
     }
     if (t.minRequest == Long.MAX_VALUE) {
       t.minRequest = 0;
@@ -167,6 +163,12 @@ public final class IoProfile {
       t.minWrite = 0;
     }
     return t;
+  }
+
+  private static void addTo(long[] sum, long[] add) {
+    for (int i = 0; i < sum.length; i++) {
+      sum[i] += add[i];
+    }
   }
 
   public static double meanRequest(FileStats.Snapshot s) {

@@ -187,11 +187,7 @@ public final class ProfileWriter {
     j.field("mean_request_bytes", IoProfile.meanRequest(s));
     j.field("min_request_bytes", s.minRequest);
     j.field("max_request_bytes", s.maxRequest);
-    j.key("request_size_histogram").beginObject();
-    for (int i = 0; i < FileStats.BUCKET_NAMES.length; i++) {
-      j.field(FileStats.BUCKET_NAMES[i], s.sizeBuckets[i]);
-    }
-    j.endObject();
+    histogram(j, s.sizeBuckets);
     j.field("consecutive_fraction", IoProfile.consecutiveFraction(s));
     j.field("sequential_fraction", IoProfile.sequentialFraction(s));
     j.field("bytes_reread", s.bytesReread);
@@ -215,14 +211,19 @@ public final class ProfileWriter {
     j.field("mean_request_bytes", IoProfile.meanWrite(s));
     j.field("min_request_bytes", s.minWrite);
     j.field("max_request_bytes", s.maxWrite);
-    j.key("request_size_histogram").beginObject();
-    for (int i = 0; i < FileStats.BUCKET_NAMES.length; i++) {
-      j.field(FileStats.BUCKET_NAMES[i], s.writeBuckets[i]);
-    }
-    j.endObject();
+    histogram(j, s.writeBuckets);
     j.field("syncs", s.syncs);
     j.field("sync_time_ns", s.syncNanos);
     j.endObject();
+    j.endObject();
+  }
+
+  /** Darshan's request-size buckets as {@code "request_size_histogram": {"0_100": n, ...}}. */
+  private static void histogram(Json j, long[] buckets) {
+    j.key("request_size_histogram").beginObject();
+    for (int i = 0; i < FileStats.BUCKET_NAMES.length; i++) {
+      j.field(FileStats.BUCKET_NAMES[i], buckets[i]);
+    }
     j.endObject();
   }
 

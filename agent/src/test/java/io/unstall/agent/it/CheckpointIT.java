@@ -4,7 +4,6 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import java.io.File;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
@@ -33,10 +32,7 @@ class CheckpointIT {
     Dl4jTrainer.writeData(data, BATCHES);
     Path checkpoints = Files.createDirectories(dir.resolve("checkpoints"));
     Path spans = dir.resolve("spans.jsonl");
-    String classpath =
-        ForkedJvm.property("unstall.test.classes")
-            + File.pathSeparator
-            + Files.readString(Paths.get(ForkedJvm.property("unstall.trainer.classpath"))).trim();
+    String classpath = ForkedJvm.trainerClasspath();
     ForkedJvm trainer =
         ForkedJvm.run(
             "profile=" + dir.resolve("profile") + ",spans.file=" + spans

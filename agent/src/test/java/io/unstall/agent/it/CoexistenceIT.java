@@ -4,7 +4,6 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import java.io.File;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
@@ -42,10 +41,7 @@ class CoexistenceIT {
       env.put("OTEL_METRICS_EXPORTER", "none");
       env.put("OTEL_LOGS_EXPORTER", "none");
       String trainer = Dl4jTrainer.class.getName();
-      String classpath =
-          ForkedJvm.property("unstall.test.classes")
-              + File.pathSeparator
-              + Files.readString(Paths.get(ForkedJvm.property("unstall.trainer.classpath"))).trim();
+      String classpath = ForkedJvm.trainerClasspath();
       ForkedJvm run =
           ForkedJvm.run(
               List.of(

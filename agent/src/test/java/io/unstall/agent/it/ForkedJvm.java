@@ -55,6 +55,13 @@ final class ForkedJvm {
     return String.join(File.pathSeparator, cp);
   }
 
+  /** Test classes plus the Deeplearning4j training classpath (no OpenTelemetry, no Byte Buddy). */
+  static String trainerClasspath() throws IOException {
+    return property("unstall.test.classes")
+        + File.pathSeparator
+        + Files.readString(Paths.get(property("unstall.trainer.classpath"))).trim();
+  }
+
   static ForkedJvm run(
       String agentOptions, String classpath, Map<String, String> env, Path workDir, String... mainAndArgs)
       throws IOException, InterruptedException {

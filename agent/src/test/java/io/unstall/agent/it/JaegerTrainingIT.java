@@ -4,10 +4,8 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import java.io.File;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.Paths;
 import java.util.List;
 import java.util.Map;
 import org.junit.jupiter.api.Test;
@@ -33,10 +31,7 @@ class JaegerTrainingIT {
       List<Path> files = Dl4jTrainer.writeData(data, BATCHES);
       String service = "unstall-e2e-" + ProcessHandle.current().pid();
       Map<String, String> env = jaeger.exporterEnv(service);
-      String classpath =
-          ForkedJvm.property("unstall.test.classes")
-              + File.pathSeparator
-              + Files.readString(Paths.get(ForkedJvm.property("unstall.trainer.classpath"))).trim();
+      String classpath = ForkedJvm.trainerClasspath();
       ForkedJvm trainer =
           ForkedJvm.run(
               "profile=" + dir.resolve("profile"),
