@@ -20,8 +20,8 @@ import net.bytebuddy.asm.Advice;
  * are matched the same way: FileOutputStream and RandomAccessFile write(...), FileChannelImpl
  * write(...) (which Files.write and Files.newOutputStream use) and force(boolean) (fsync).
  */
-public final class ReaderInstrumentation {
-  private ReaderInstrumentation() {}
+public final class FileIoInstrumentation {
+  private FileIoInstrumentation() {}
 
   public static final String FILE_INPUT_STREAM = "java.io.FileInputStream";
   public static final String RANDOM_ACCESS_FILE = "java.io.RandomAccessFile";
