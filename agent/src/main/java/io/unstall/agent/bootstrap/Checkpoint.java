@@ -17,7 +17,7 @@ public final class Checkpoint {
   public final long syncs;
   /** Written by a thread that also waits for batches: training stopped while it was written. */
   public final boolean trainingThread;
-  /** What {@link Sink#currentContext()} returned when the first write started. */
+  /** What {@link Sink#currentContext()} returned when the burst became a checkpoint. */
   public final Object parent;
   /** The thread that wrote it (null if it was collected before the burst ended, at exit). */
   public final String threadName;

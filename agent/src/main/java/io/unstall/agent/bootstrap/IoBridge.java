@@ -249,10 +249,15 @@ public final class IoBridge {
       s.file.recordWrite(n, end - ts.callStart);
       if (ts.burstFile != s.file) {
         endBurst(ts);
+      }
+      ts.addToBurst(s.file, ts.callStart, end, Math.max(0, n), end - ts.callStart);
+      if (!ts.burstParentTaken && isCheckpoint(ts)) {
+        // Once the burst is big enough to be a checkpoint, still inside the code writing it: the
+        // application's span now is its parent. Small writes to many files never pay for this.
+        ts.burstParentTaken = true;
         Sink sk = sink;
         ts.burstParent = sk == null ? null : sk.currentContext();
       }
-      ts.addToBurst(s.file, ts.callStart, end, Math.max(0, n), end - ts.callStart);
     } catch (Throwable t) {
       fail("write", t);
     } finally {
@@ -285,6 +290,10 @@ public final class IoBridge {
     }
   }
 
+  private static boolean isCheckpoint(ThreadState ts) {
+    return ts.burstWrites >= CHECKPOINT_MIN_WRITES || ts.burstBytes >= CHECKPOINT_MIN_BYTES;
+  }
+
   /** Ends the thread's burst of writes; a large enough one is a checkpoint. Caller holds the guard. */
   private static void endBurst(ThreadState ts) {
     FileStats f = ts.burstFile;
@@ -294,7 +303,7 @@ public final class IoBridge {
     ts.burstFile = null;
     Object parent = ts.burstParent;
     ts.burstParent = null;
-    if (ts.burstWrites < CHECKPOINT_MIN_WRITES && ts.burstBytes < CHECKPOINT_MIN_BYTES) {
+    if (!isCheckpoint(ts)) {
       return;
     }
     Checkpoint c =

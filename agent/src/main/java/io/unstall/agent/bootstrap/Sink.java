@@ -24,8 +24,8 @@ public interface Sink {
       Throwable error);
 
   /**
-   * Called when a thread starts a burst of writes to a file: the application's current context,
-   * which becomes the parent of the checkpoint span if the burst turns out to be one.
+   * Called on the writing thread when its burst of writes to a file becomes large enough to be a
+   * checkpoint: the application's current context, the parent of the checkpoint span.
    */
   default Object currentContext() {
     return null;

@@ -61,6 +61,7 @@ public final class ThreadState {
   long burstWriteNanos;
   long burstSyncs;
   Object burstParent;
+  boolean burstParentTaken;
 
   private final Object[] cacheKeys = new Object[CACHE];
   private final StreamState[] cacheValues = new StreamState[CACHE];
@@ -189,6 +190,8 @@ public final class ThreadState {
       burstWrites = 0;
       burstWriteNanos = 0;
       burstSyncs = 0;
+      burstParent = null;
+      burstParentTaken = false;
     }
     burstEnd = end;
     if (bytes < 0) {
