@@ -89,7 +89,7 @@ public final class StallTracer implements Sink {
             .setStartTimestamp(start, TimeUnit.NANOSECONDS)
             .setAttribute(CHECKPOINT_PATH, c.path)
             .setAttribute(CHECKPOINT_BYTES, c.bytes)
-            .setAttribute(CHECKPOINT_REQUESTS, c.writes)
+            .setAttribute(CHECKPOINT_WRITE_CALLS, c.writes)
             .setAttribute(CHECKPOINT_WRITE_TIME_NS, c.writeNanos)
             .setAttribute(CHECKPOINT_SYNCS, c.syncs)
             .setAttribute(CHECKPOINT_DURATION_NS, c.durationNanos)
