@@ -167,10 +167,7 @@ public final class IoBridge {
     }
     try {
       long nanos = ts.callStart != 0 ? System.nanoTime() - ts.callStart : -1;
-      StreamState s = ts.cached(stream);
-      if (s == null) {
-        s = lookup(ts, stream, path, n, position, false);
-      }
+      StreamState s = state(ts, stream, path, n, position, false);
       if (s == StreamState.EXCLUDED) {
         return;
       }
@@ -236,10 +233,7 @@ public final class IoBridge {
     }
     try {
       long end = System.nanoTime();
-      StreamState s = ts.cached(stream);
-      if (s == null) {
-        s = lookup(ts, stream, path, n, position, true);
-      }
+      StreamState s = state(ts, stream, path, n, position, true);
       if (s == StreamState.EXCLUDED) {
         return;
       }
@@ -272,10 +266,7 @@ public final class IoBridge {
     }
     try {
       long end = System.nanoTime();
-      StreamState s = ts.cached(stream);
-      if (s == null) {
-        s = lookup(ts, stream, path, 0, 0, true);
-      }
+      StreamState s = state(ts, stream, path, 0, 0, true);
       if (s == StreamState.EXCLUDED) {
         return;
       }
@@ -343,10 +334,7 @@ public final class IoBridge {
     }
     ts.guard = 1;
     try {
-      StreamState s = ts.cached(stream);
-      if (s == null) {
-        s = lookup(ts, stream, path, 0, newPosition, false);
-      }
+      StreamState s = state(ts, stream, path, 0, newPosition, false);
       if (s != StreamState.EXCLUDED) {
         s.position = newPosition;
       }
@@ -368,10 +356,7 @@ public final class IoBridge {
     }
     ts.guard = 1;
     try {
-      StreamState s = ts.cached(stream);
-      if (s == null) {
-        s = lookup(ts, stream, path, 0, -1, false);
-      }
+      StreamState s = state(ts, stream, path, 0, -1, false);
       if (s != StreamState.EXCLUDED) {
         s.position += skipped;
       }
@@ -380,6 +365,14 @@ public final class IoBridge {
     } finally {
       ts.guard = 0;
     }
+  }
+
+  /** The stream's state: the thread's cache, else {@link #lookup}. */
+  private static StreamState state(
+      ThreadState ts, Object stream, String path, long n, long position, boolean write)
+      throws Exception {
+    StreamState s = ts.cached(stream);
+    return s != null ? s : lookup(ts, stream, path, n, position, write);
   }
 
   /** Slow path, once per stream and thread: find or create the stream's state. */

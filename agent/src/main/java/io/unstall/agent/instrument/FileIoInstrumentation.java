@@ -11,6 +11,7 @@ import io.unstall.agent.bootstrap.ThreadState;
 import java.nio.ByteBuffer;
 import net.bytebuddy.agent.builder.AgentBuilder;
 import net.bytebuddy.asm.Advice;
+import net.bytebuddy.asm.AsmVisitorWrapper;
 
 /**
  * The JDK file readers and writers. Only leaf methods that end in a native read are matched, so a compound
@@ -27,6 +28,19 @@ public final class FileIoInstrumentation {
   public static final String RANDOM_ACCESS_FILE = "java.io.RandomAccessFile";
   public static final String FILE_CHANNEL_IMPL = "sun.nio.ch.FileChannelImpl";
   public static final String FILE_OUTPUT_STREAM = "java.io.FileOutputStream";
+
+  /** write(byte[]), write(byte[], int, int) and write(int) of FileOutputStream and RandomAccessFile. */
+  private static final AsmVisitorWrapper STREAM_WRITES =
+      new AsmVisitorWrapper.Compound(
+          Advice.to(ArrayWriteAdvice.class)
+              .on(named("write").and(isPublic()).and(takesArguments(byte[].class))),
+          Advice.to(RangeWriteAdvice.class)
+              .on(
+                  named("write")
+                      .and(isPublic())
+                      .and(takesArguments(byte[].class, int.class, int.class))),
+          Advice.to(ByteWriteAdvice.class)
+              .on(named("write").and(isPublic()).and(takesArguments(int.class))));
 
   public static AgentBuilder apply(AgentBuilder agent) {
     return agent
@@ -51,34 +65,11 @@ public final class FileIoInstrumentation {
                     .visit(
                         Advice.to(SkipAdvice.class)
                             .on(named("skip").and(isPublic()).and(takesArguments(long.class))))
-                    .visit(
-                        Advice.to(ArrayWriteAdvice.class)
-                            .on(named("write").and(isPublic()).and(takesArguments(byte[].class))))
-                    .visit(
-                        Advice.to(RangeWriteAdvice.class)
-                            .on(
-                                named("write")
-                                    .and(isPublic())
-                                    .and(takesArguments(byte[].class, int.class, int.class))))
-                    .visit(
-                        Advice.to(ByteWriteAdvice.class)
-                            .on(named("write").and(isPublic()).and(takesArguments(int.class)))))
+                    .visit(STREAM_WRITES))
         .type(named(FILE_OUTPUT_STREAM))
         .transform(
             (builder, type, loader, module, domain) ->
-                builder
-                    .visit(
-                        Advice.to(ArrayWriteAdvice.class)
-                            .on(named("write").and(isPublic()).and(takesArguments(byte[].class))))
-                    .visit(
-                        Advice.to(RangeWriteAdvice.class)
-                            .on(
-                                named("write")
-                                    .and(isPublic())
-                                    .and(takesArguments(byte[].class, int.class, int.class))))
-                    .visit(
-                        Advice.to(ByteWriteAdvice.class)
-                            .on(named("write").and(isPublic()).and(takesArguments(int.class)))))
+                builder.visit(STREAM_WRITES))
         .type(named(FILE_CHANNEL_IMPL))
         .transform(
             (builder, type, loader, module, domain) ->
