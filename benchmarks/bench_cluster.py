@@ -160,7 +160,7 @@ def main() -> None:
                   f"{e['samples_per_s'] / b['samples_per_s']:>8.2f} "
                   f"{e['samples_per_s'] / b['samples_per_s'] / r['n']:>5.2f} {e['peer_hits']:>9} {e['peer_fallbacks']:>9}")
     if args.out:
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1))
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out), "work": str(args.work)}, "results": results}, indent=1))
 
 
 if __name__ == "__main__":
