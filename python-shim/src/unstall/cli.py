@@ -364,7 +364,7 @@ def _section(i: int, docs: Mapping[str, Mapping[str, Any]], prices: Mapping[str,
         runs = {m: model.Run.from_report(secs[m]) for m in modes}
         storage_Bps = (secs["cached"].get("warm") or {}).get("storage_Bps")
         a = model.analyze(runs, int(ds.get("total_bytes", 0)), int(ds.get("num_samples", 0)), storage_Bps,
-                          prices, max_workers)
+                          prices, max_workers, docs["cold"].get("cpu_count"))
     except ValueError as e:
         result.update(status="error", error=str(e))
         return result, report.Section(heading, error=str(e))

@@ -126,10 +126,14 @@ class Analysis:
     cpu_curve: List[Dict[str, float]] = field(default_factory=list)
     cheapest: Optional[Dict[str, Any]] = None
     prices: Dict[str, float] = field(default_factory=lambda: dict(PRICES))
+    cores: Optional[int] = None  # the machine's cores: workers beyond them add no prep throughput
 
     def predict(self, cache_fraction: float, workers: Optional[int] = None) -> float:
-        """Predicted samples per second."""
+        """Predicted samples per second. Workers prepare in parallel up to the machine's cores (DS-Analyzer's
+        CPU model): more workers than cores share them."""
         k = self.num_workers if workers is None else workers
+        if self.cores and k > self.cores:
+            k = self.cores
         c = cycle_time(self.step_s, self.loader_busy_per_batch_s, self.storage_per_batch_s, cache_fraction, k,
                        self.storage_model)
         return self.batch_size / c
@@ -139,7 +143,8 @@ class Analysis:
 
 
 def analyze(runs: Mapping[str, Run], dataset_bytes: int, num_samples: int, storage_Bps: Optional[float] = None,
-            prices: Optional[Mapping[str, float]] = None, max_workers: Optional[int] = None) -> Analysis:
+            prices: Optional[Mapping[str, float]] = None, max_workers: Optional[int] = None,
+            cores: Optional[int] = None) -> Analysis:
     """The analysis of the ``synthetic``, ``cached`` and ``cold`` runs (same steps, batch size, workers).
     ``storage_Bps`` is the storage bandwidth measured apart (the cache warm pass); without it ``s`` is
     derived from the cold run alone."""
@@ -182,7 +187,7 @@ def analyze(runs: Mapping[str, Run], dataset_bytes: int, num_samples: int, stora
         compute_fraction=t1 / t2c, prep_stall_fraction=(t3c - t1) / t2c, fetch_stall_fraction=(t2c - t3c) / t2c,
         step_s=g, loader_busy_per_batch_s=q, storage_per_batch_s=s,
         storage_bandwidth_Bps=storage_Bps if storage_Bps else (batch_bytes / s if s > 0 else None),
-        storage_model=model, prices=dict(prices or PRICES),
+        storage_model=model, prices=dict(prices or PRICES), cores=cores,
     )
     a.cache_curve = [{"cache_fraction": f, "cache_bytes": f * dataset_bytes, "samples_per_s": a.predict(f)}
                      for f in CACHE_GRID]
