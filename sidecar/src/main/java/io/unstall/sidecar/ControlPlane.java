@@ -38,23 +38,22 @@ public final class ControlPlane {
 
   /**
    * Registers a dataset. Its location must be the sidecar user's own or under an {@code --allow-root}. Options
-   * (JSON object): {@code manifest}, the path of a digest manifest exported from a dataset of the same content
+   * (JSON object): the format's own (Parquet's {@code columns} and {@code label}, HDF5's {@code dataset} and
+   * {@code label}: see each {@code Format}), and {@code manifest}, the path of a digest manifest exported from a dataset of the same content
    * (under the sidecar home or an allowed root); its digests are claims, each checked against this dataset's own
    * bytes on the sample's first read before an entry is served under it.
    */
   public String registerDataset(String name, String format, String uri, String optionsJson) throws IOException {
     JsonNode options = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
-    Path manifest = null;
-    for (var it = options.fieldNames(); it.hasNext(); ) {
-      String key = it.next();
-      if (!key.equals("manifest")) {
-        throw new IllegalArgumentException(
-            "dataset '" + name + "': unknown option '" + key + "' (supported: manifest)");
-      }
-      manifest = paths.checkManifest("dataset '" + name + "': manifest", options.get(key).asText(), true);
+    if (!options.isObject()) {
+      throw new IllegalArgumentException("dataset '" + name + "': options must be a JSON object, got " + optionsJson);
     }
+    ObjectNode formatOptions = ((ObjectNode) options).deepCopy();
+    JsonNode m = formatOptions.remove("manifest");
+    Path manifest = m == null ? null : paths.checkManifest("dataset '" + name + "': manifest", m.asText(), true);
     paths.checkDatasetRoot(name, uri);
-    return JSON.writeValueAsString(dataPlane.registry().register(name, format, uri, manifest).describe());
+    return JSON.writeValueAsString(
+        dataPlane.registry().register(name, format, uri, manifest, formatOptions).describe());
   }
 
   /**

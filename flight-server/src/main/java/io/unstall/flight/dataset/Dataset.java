@@ -20,6 +20,8 @@ public final class Dataset {
   private static final Logger LOG = LoggerFactory.getLogger(Dataset.class);
   private final String name;
   private final Format format;
+  /** The format's name and its registration options (canonical JSON, when there are any). */
+  private final String formatSpec;
   private final Storage storage;
   private final SampleIndex index;
   private final List<String> classes;
@@ -43,7 +45,9 @@ public final class Dataset {
   private final AtomicBoolean warnedMismatch = new AtomicBoolean();
   private volatile byte[] fingerprint;
 
-  Dataset(String name, Format format, Storage storage, SampleIndex index, List<String> classes, int statsEpochs) {
+  Dataset(String name, Format format, String formatSpec, Storage storage, SampleIndex index, List<String> classes,
+      int statsEpochs) {
+    this.formatSpec = formatSpec;
     this.stats = new DatasetStats(statsEpochs);
     this.servedToPeers = new DatasetStats(statsEpochs);
     this.name = name;
@@ -152,6 +156,11 @@ public final class Dataset {
     return storage;
   }
 
+  /** The format's name and options: what, with the location, says which bytes the samples are. */
+  public String formatSpec() {
+    return formatSpec;
+  }
+
   public int size() {
     return index.size();
   }
@@ -240,6 +249,10 @@ public final class Dataset {
     o.put("total_bytes", index.totalBytes());
     if (index.labelled()) {
       o.putPOJO("classes", classes);
+    }
+    ObjectNode info = format.info();
+    if (info != null) {
+      o.set("format_info", info);
     }
     return o;
   }

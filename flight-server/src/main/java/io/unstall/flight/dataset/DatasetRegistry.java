@@ -44,6 +44,15 @@ public final class DatasetRegistry implements AutoCloseable {
   private ScheduledExecutorService checkpointer;
   private volatile io.unstall.flight.storage.Throttle throttle;
   private volatile int statsEpochs = io.unstall.flight.Bounds.STATS_EPOCHS;
+  private volatile org.apache.arrow.memory.BufferAllocator formatMemory;
+
+  /**
+   * The allocator whose children hold formats' decoded units (Parquet row groups, HDF5 chunks); {@link
+   * io.unstall.flight.DataPlane} owns it. Without one, formats that decode units cannot be registered.
+   */
+  public void decodeFormatsIn(org.apache.arrow.memory.BufferAllocator memory) {
+    this.formatMemory = memory;
+  }
 
   /** How many epochs' counters each dataset registered from now on keeps ({@code --stats-epochs}). */
   public void keepStatsEpochs(int epochs) {
@@ -118,9 +127,18 @@ public final class DatasetRegistry implements AutoCloseable {
    * {@code manifest} exported from a dataset of the same content is imported as claims ({@link
    * Manifests#importClaims}): checked, sample by sample, against this dataset's bytes on first read.
    */
-  public synchronized Dataset register(String name, String formatName, String uri, Path manifest)
-      throws IOException {
+  public Dataset register(String name, String formatName, String uri, Path manifest) throws IOException {
+    return register(name, formatName, uri, manifest, null);
+  }
+
+  /**
+   * Registers as above with the format's {@code options} (a JSON object, e.g. Parquet's {@code columns}; see each
+   * {@link Format#open}).
+   */
+  public synchronized Dataset register(String name, String formatName, String uri, Path manifest,
+      com.fasterxml.jackson.databind.JsonNode options) throws IOException {
     checkName(name);
+    String spec = formatName + (options == null || options.isEmpty() ? "" : " " + canonical(options));
     Format format = Formats.byName(formatName);
     Storage storage = openStorage(uri);
     if (throttle != null) {
@@ -129,24 +147,35 @@ public final class DatasetRegistry implements AutoCloseable {
     Dataset existing = datasets.get(name);
     if (existing != null) {
       storage.close(); // the existing dataset keeps its own
-      if (existing.format().name().equals(format.name()) && existing.storage().uri().equals(storage.uri())) {
+      if (existing.formatSpec().equals(spec) && existing.storage().uri().equals(storage.uri())) {
         return existing;
       }
       throw new IllegalArgumentException(
-          "dataset '" + name + "' is already registered as " + existing.format().name() + " at "
+          "dataset '" + name + "' is already registered as " + existing.formatSpec() + " at "
               + existing.storage().uri() + "; choose another name");
     }
     long start = System.nanoTime();
-    LOG.info("indexing dataset '{}' ({} at {})", name, format.name(), storage.uri());
-    SampleIndex index =
-        format.index(
-            storage,
-            n -> {
-              if (n % PROGRESS_EVERY == 0) {
-                LOG.info("indexing dataset '{}': {} samples so far", name, n);
-              }
-            });
-    Dataset d = new Dataset(name, format, storage, index, format.classes(storage), statsEpochs);
+    LOG.info("indexing dataset '{}' ({} at {})", name, spec, storage.uri());
+    SampleIndex index;
+    List<String> classes;
+    try {
+      format = format.open(name, options, formatMemory);
+      Format f = format;
+      index =
+          f.index(
+              storage,
+              n -> {
+                if (n % PROGRESS_EVERY == 0) {
+                  LOG.info("indexing dataset '{}': {} samples so far", name, n);
+                }
+              });
+      classes = format.classes(storage);
+    } catch (IOException | RuntimeException e) {
+      format.close();
+      storage.close();
+      throw e;
+    }
+    Dataset d = new Dataset(name, format, spec, storage, index, classes, statsEpochs);
     Path persisted = persistedManifest(d);
     if (persisted != null && Files.exists(persisted)) {
       restore(d, persisted);
@@ -220,8 +249,19 @@ public final class DatasetRegistry implements AutoCloseable {
     if (dir == null) {
       return null;
     }
-    byte[] id = (d.format().name() + "|" + d.storage().uri()).getBytes(StandardCharsets.UTF_8);
+    byte[] id = (d.formatSpec() + "|" + d.storage().uri()).getBytes(StandardCharsets.UTF_8);
     return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ".manifest");
+  }
+
+  /** JSON with sorted keys: equal options give equal text. */
+  private static String canonical(com.fasterxml.jackson.databind.JsonNode options) {
+    try {
+      com.fasterxml.jackson.databind.ObjectMapper m = new com.fasterxml.jackson.databind.ObjectMapper()
+          .configure(com.fasterxml.jackson.databind.SerializationFeature.ORDER_MAP_ENTRIES_BY_KEYS, true);
+      return m.writeValueAsString(m.treeToValue(options, Object.class));
+    } catch (com.fasterxml.jackson.core.JsonProcessingException e) {
+      throw new IllegalArgumentException("format options: " + e.getMessage(), e);
+    }
   }
 
   static Storage openStorage(String uri) throws IOException {
@@ -261,6 +301,7 @@ public final class DatasetRegistry implements AutoCloseable {
     }
     checkpoint();
     for (Dataset d : datasets.values()) {
+      d.format().close();
       d.storage().close();
     }
     datasets.clear();

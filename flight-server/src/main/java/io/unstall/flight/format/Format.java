@@ -1,5 +1,7 @@
 package io.unstall.flight.format;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.storage.Storage;
 import java.io.IOException;
 import java.nio.ByteBuffer;
@@ -8,13 +10,48 @@ import java.util.function.LongConsumer;
 
 /**
  * How samples are laid out in storage. A format indexes a storage location into stable sample ids once, at
- * registration, and later reads one sample's bytes. New formats (tar shards, HDF5, NPZ, Parquet) implement
- * this and register in {@link Formats}.
+ * registration, and later reads one sample's bytes. New formats implement this and register in {@link
+ * Formats}. A format that takes options, or keeps per-dataset state (footers, chunk tables, decoded units),
+ * returns a fresh instance from {@link #open}: one per dataset, closed with it.
  */
-public interface Format {
+public interface Format extends AutoCloseable {
 
   /** The name users pass at registration, e.g. {@code imagefolder}. */
   String name();
+
+  /**
+   * This format for one dataset, configured by the registration's {@code options} (a JSON object; errors name
+   * the option). {@code memory} is the allocator its decoded units (a Parquet row group, an HDF5 chunk) may
+   * hold; the format closes what it allocates there in {@link #close}. By default a format takes no options.
+   */
+  default Format open(String dataset, JsonNode options, org.apache.arrow.memory.BufferAllocator memory) {
+    if (options != null && options.size() > 0) {
+      throw new IllegalArgumentException(
+          "dataset '" + dataset + "': format '" + name() + "' takes no options, got "
+              + String.join(", ", (Iterable<String>) options::fieldNames));
+    }
+    return this;
+  }
+
+  /**
+   * What a client needs to decode this dataset's payloads (an Arrow schema, a dtype and shape), added to the
+   * dataset's description as {@code format_info}; null when the payload is the stored bytes.
+   */
+  default ObjectNode info() {
+    return null;
+  }
+
+  /**
+   * Whether a sample's index offset and length are a byte range of its file that may be read together with its
+   * neighbours' ({@link #extract}); false where a sample is decoded from a larger unit by {@link #read}.
+   */
+  default boolean coalesces() {
+    return true;
+  }
+
+  /** Frees what {@link #open} made for one dataset. */
+  @Override
+  default void close() {}
 
   /**
    * Indexes the dataset. {@code progress} receives the number of files indexed so far, for progress

@@ -8,7 +8,7 @@ public final class Formats {
   private static final Map<String, Format> BY_NAME = new TreeMap<>();
 
   static {
-    for (Format f : new Format[] {new ImageFolderFormat(), new TfRecordFormat()}) {
+    for (Format f : new Format[] {new ImageFolderFormat(), new TfRecordFormat(), new ParquetFormat(), new Hdf5Format()}) {
       BY_NAME.put(f.name(), f);
     }
   }

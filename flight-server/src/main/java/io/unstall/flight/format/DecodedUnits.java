@@ -1,0 +1,143 @@
+package io.unstall.flight.format;
+
+import java.io.IOException;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import org.apache.arrow.memory.BufferAllocator;
+
+/**
+ * Decoded units of one dataset (Parquet row groups, HDF5 chunks) kept so that neighbouring samples are served
+ * from one decode: each unit is decoded once however many threads ask for it at the same time, held in the
+ * dataset's allocator (so within the sidecar's memory budget), and the least recently used idle units are freed
+ * when a new one needs the room. A unit in use is never freed under its reader.
+ */
+final class DecodedUnits<K, V extends AutoCloseable> implements AutoCloseable {
+
+  /** Decodes one unit into {@code memory}. */
+  interface Decoder<K, V> {
+    V decode(K key, BufferAllocator memory) throws IOException;
+  }
+
+  /** A unit lent to a reader: close it to give it back. */
+  final class Lease implements AutoCloseable {
+    private final Entry entry;
+
+    private Lease(Entry entry) {
+      this.entry = entry;
+    }
+
+    V value() {
+      return entry.value;
+    }
+
+    @Override
+    public void close() {
+      release(entry);
+    }
+  }
+
+  private final class Entry {
+    final CompletableFuture<V> decoded = new CompletableFuture<>();
+    V value;
+    int users;
+    boolean evicted;
+  }
+
+  private final BufferAllocator memory;
+  private final Decoder<K, V> decoder;
+  private final LinkedHashMap<K, Entry> units = new LinkedHashMap<>(16, 0.75f, true);
+
+  DecodedUnits(BufferAllocator memory, Decoder<K, V> decoder) {
+    this.memory = memory;
+    this.decoder = decoder;
+  }
+
+  /**
+   * The unit {@code key}, decoded now or earlier; {@code estimate} bytes (what it will take) are made room for
+   * first by freeing idle units.
+   */
+  Lease get(K key, long estimate) throws IOException {
+    Entry e;
+    boolean mine = false;
+    synchronized (this) {
+      e = units.get(key);
+      if (e == null) {
+        makeRoom(estimate);
+        e = new Entry();
+        units.put(key, e);
+        mine = true;
+      }
+      e.users++;
+    }
+    if (mine) {
+      try {
+        V v = decoder.decode(key, memory);
+        synchronized (this) {
+          e.value = v;
+        }
+        e.decoded.complete(v);
+      } catch (IOException | RuntimeException | Error t) {
+        synchronized (this) {
+          units.remove(key, e);
+          e.users--;
+        }
+        e.decoded.completeExceptionally(t);
+        throw t;
+      }
+    } else {
+      try {
+        e.decoded.get();
+      } catch (InterruptedException ie) {
+        Thread.currentThread().interrupt();
+        release(e);
+        throw new java.io.InterruptedIOException("interrupted waiting for a decode of " + key);
+      } catch (ExecutionException ee) {
+        release(e);
+        Throwable c = ee.getCause();
+        throw c instanceof IOException io ? new IOException(io.getMessage(), io) : new IOException(c.toString(), c);
+      }
+    }
+    return new Lease(e);
+  }
+
+  private void makeRoom(long estimate) {
+    Iterator<Map.Entry<K, Entry>> it = units.entrySet().iterator();
+    while (it.hasNext() && memory.getAllocatedMemory() + estimate > memory.getLimit()) {
+      Entry old = it.next().getValue();
+      if (old.users == 0 && old.value != null) {
+        it.remove();
+        closeQuietly(old.value);
+      }
+    }
+  }
+
+  private synchronized void release(Entry e) {
+    e.users--;
+    if (e.users == 0 && e.evicted && e.value != null) {
+      closeQuietly(e.value);
+    }
+  }
+
+  private static void closeQuietly(AutoCloseable c) {
+    try {
+      c.close();
+    } catch (Exception ignored) {
+      // freeing Arrow buffers does not fail
+    }
+  }
+
+  /** Frees every idle unit; units still lent are freed when given back. */
+  @Override
+  public synchronized void close() {
+    for (Entry e : units.values()) {
+      e.evicted = true;
+      if (e.users == 0 && e.value != null) {
+        closeQuietly(e.value);
+      }
+    }
+    units.clear();
+  }
+}
