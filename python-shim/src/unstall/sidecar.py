@@ -51,6 +51,7 @@ from py4j.java_gateway import GatewayClient, JavaGateway
 from py4j.protocol import Py4JNetworkError, is_fatal_error
 
 from . import protocol
+from .formats import DECODERS
 from .client import FlightClient
 from .local import LocalClient
 from .recovery import Deadlines, Endpoint, Rediscovery, backoff, call_with_recovery, sleep_until
@@ -602,8 +603,9 @@ class Sidecar:
         A sidecar restarted by supervision gets it registered again."""
         if not name:
             raise ValueError("a dataset name is required")
-        if format not in ("imagefolder", "tfrecord"):
-            raise ValueError(f"unknown format {format!r}; expected 'imagefolder' or 'tfrecord'")
+        known = ("imagefolder", "tfrecord", *DECODERS)
+        if format not in known:
+            raise ValueError(f"unknown format {format!r}; expected one of {', '.join(map(repr, known))}")
         root_s = str(root)
         uri = root_s if "://" in root_s else os.path.abspath(os.path.expanduser(root_s))
         args = (name, format, uri, json.dumps(dict(options or {})))

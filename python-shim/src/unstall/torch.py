@@ -37,6 +37,7 @@ from .analyze import ENV_MODE as _ANALYZE_MODE
 from .hooks import IteratorHook, RemovableHandle, register_iterator_hook, run_iterator_hooks
 from .client import FlightClient, grpc_used_in_this_process
 from .errors import SidecarError, SidecarUnavailableError
+from .formats import DECODERS
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
@@ -377,7 +378,8 @@ class Dataset(tud.Dataset):
         self.format = self.info.format
         self.transform = transform
         self.target_transform = target_transform
-        self.loader = loader
+        # Formats whose payload is an encoding of the sample (a Parquet row, an HDF5 row) decode by default.
+        self.loader = loader if loader is not None or self.format not in DECODERS else DECODERS[self.format](self.info)
         self.classes: List[str] = list(self.info.classes or [])
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0  # used for plain int indices (a stock torch DataLoader); EpochIndex carries its own
