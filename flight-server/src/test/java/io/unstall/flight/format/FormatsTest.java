@@ -109,6 +109,6 @@ class FormatsTest {
   @Test
   void unknownFormatListsTheSupportedOnes() {
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Formats.byName("hdf9"));
-    assertEquals("unknown format 'hdf9'; supported formats: imagefolder, tfrecord", e.getMessage());
+    assertEquals("unknown format 'hdf9'; supported formats: hdf5, imagefolder, parquet, tfrecord", e.getMessage());
   }
 }
