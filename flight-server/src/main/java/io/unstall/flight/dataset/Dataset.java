@@ -44,6 +44,7 @@ public final class Dataset {
   private volatile String claimsFrom;
   private final AtomicBoolean warnedMismatch = new AtomicBoolean();
   private volatile byte[] fingerprint;
+  private volatile boolean indexLoaded;
 
   Dataset(String name, Format format, String formatSpec, Storage storage, SampleIndex index, List<String> classes,
       int statsEpochs) {
@@ -154,6 +155,15 @@ public final class Dataset {
 
   public Storage storage() {
     return storage;
+  }
+
+  /** Whether the index was loaded from the one saved next to the manifest (not built by reading the data). */
+  public boolean indexLoaded() {
+    return indexLoaded;
+  }
+
+  void markIndexLoaded() {
+    indexLoaded = true;
   }
 
   /** The format's name and options: what, with the location, says which bytes the samples are. */

@@ -158,17 +158,30 @@ public final class DatasetRegistry implements AutoCloseable {
     LOG.info("indexing dataset '{}' ({} at {})", name, spec, storage.uri());
     SampleIndex index;
     List<String> classes;
+    boolean loaded = false;
     try {
       format = format.open(name, options, formatMemory);
-      Format f = format;
-      index =
-          f.index(
-              storage,
-              n -> {
-                if (n % PROGRESS_EVERY == 0) {
-                  LOG.info("indexing dataset '{}': {} samples so far", name, n);
-                }
-              });
+      Path saved = format.persistsIndex() ? persisted(spec, storage.uri(), ".index") : null;
+      index = saved == null ? null : savedIndex(name, saved, spec, format, storage);
+      loaded = index != null;
+      if (index == null) {
+        index =
+            format.index(
+                storage,
+                n -> {
+                  if (n % PROGRESS_EVERY == 0) {
+                    LOG.info("indexing dataset '{}': {} samples so far", name, n);
+                  }
+                });
+        if (saved != null) {
+          try {
+            PersistedIndexes.write(saved, spec, storage, index);
+          } catch (IOException e) {
+            LOG.warn("dataset '{}': could not save its index in {} (it is indexed again next time): {}", name, saved,
+                e.toString());
+          }
+        }
+      }
       classes = format.classes(storage);
     } catch (IOException | RuntimeException e) {
       format.close();
@@ -176,6 +189,9 @@ public final class DatasetRegistry implements AutoCloseable {
       throw e;
     }
     Dataset d = new Dataset(name, format, spec, storage, index, classes, statsEpochs);
+    if (loaded) {
+      d.markIndexLoaded();
+    }
     Path persisted = persistedManifest(d);
     if (persisted != null && Files.exists(persisted)) {
       restore(d, persisted);
@@ -190,6 +206,25 @@ public final class DatasetRegistry implements AutoCloseable {
         "registered dataset '{}': {} samples, {} bytes, indexed in {} ms",
         name, d.size(), d.totalBytes(), (System.nanoTime() - start) / 1_000_000);
     return d;
+  }
+
+  /** The saved index of an unchanged dataset, restored into {@code format}; null (logged) when there is none. */
+  private static SampleIndex savedIndex(String name, Path saved, String spec, Format format, Storage storage) {
+    if (!Files.exists(saved)) {
+      return null;
+    }
+    try {
+      SampleIndex index = PersistedIndexes.load(saved, spec, storage,
+          why -> LOG.info("dataset '{}': indexing again, not loading {}: {}", name, saved, why));
+      if (index != null) {
+        format.restore(storage, index);
+        LOG.info("dataset '{}': index of {} samples loaded from {}", name, index.size(), saved);
+      }
+      return index;
+    } catch (IOException | RuntimeException e) {
+      LOG.warn("dataset '{}': indexing again; the saved index {} is unusable: {}", name, saved, e.toString());
+      return null;
+    }
   }
 
   /**
@@ -245,12 +280,17 @@ public final class DatasetRegistry implements AutoCloseable {
   }
 
   private Path persistedManifest(Dataset d) {
+    return persisted(d.formatSpec(), d.storage().uri(), ".manifest");
+  }
+
+  /** Where the manifest ({@code .manifest}) or index ({@code .index}) of a dataset is saved; null without a disk tier. */
+  private Path persisted(String spec, String uri, String ext) {
     Path dir = manifestDir;
     if (dir == null) {
       return null;
     }
-    byte[] id = (d.formatSpec() + "|" + d.storage().uri()).getBytes(StandardCharsets.UTF_8);
-    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ".manifest");
+    byte[] id = (spec + "|" + uri).getBytes(StandardCharsets.UTF_8);
+    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ext);
   }
 
   /** JSON with sorted keys: equal options give equal text. */

@@ -49,6 +49,22 @@ public interface Format extends AutoCloseable {
     return true;
   }
 
+  /**
+   * Whether the registry should save this format's index next to the dataset's manifest and load it when the
+   * same, unchanged dataset is registered again (with a disk tier): for formats whose indexing reads the data.
+   */
+  default boolean persistsIndex() {
+    return false;
+  }
+
+  /**
+   * Takes a saved {@code index} of an unchanged dataset instead of {@link #index}: rebuilds what this instance
+   * keeps besides it (footers, schemas) from metadata only.
+   */
+  default void restore(Storage storage, SampleIndex index) throws IOException {
+    throw new UnsupportedOperationException(name() + " does not restore saved indexes");
+  }
+
   /** Frees what {@link #open} made for one dataset. */
   @Override
   default void close() {}

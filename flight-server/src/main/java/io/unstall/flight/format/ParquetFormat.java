@@ -101,9 +101,22 @@ final class ParquetFormat implements Format {
     return false;
   }
 
+  /** Forgets what an earlier index or restore of this instance kept (a restore that failed half-way). */
+  private void reset(Storage storage) {
+    this.storage = storage;
+    fileNos.clear();
+    files.clear();
+    footers.clear();
+    groupStarts.clear();
+    sizes.clear();
+    columns = null;
+    payload = null;
+    schema = null;
+  }
+
   @Override
   public SampleIndex index(Storage storage, LongConsumer progress) throws IOException {
-    this.storage = storage;
+    reset(storage);
     List<String> files = storage.isSingleObject() ? storage.listObjects("")
         : storage.listObjects("").stream().filter(ParquetFormat::isParquet).toList();
     if (files.isEmpty()) {
@@ -112,34 +125,13 @@ final class ParquetFormat implements Format {
     SampleIndex.Builder b = new SampleIndex.Builder(label != null);
     for (String file : files) {
       int fileNo = b.file(file);
-      fileNos.put(file, fileNo);
-      this.files.add(file);
-      long size = storage.pin(file);
-      sizes.add(size);
-      ParquetMetadata footer;
-      try (ParquetFileReader r = new ParquetFileReader(new StorageFile(storage, file, size), OPTIONS)) {
-        footer = r.getFooter();
-      } catch (IOException | RuntimeException e) {
-        throw corrupt(file, size, "its footer (the last 8 bytes and the metadata before them)", e);
-      }
-      MessageType fileSchema = footer.getFileMetaData().getSchema();
-      chooseColumns(fileSchema, storage.describe(file));
+      List<ParquetColumns.Column> decoded = openFile(fileNo, file, storage.pin(file));
       List<String> all = new ArrayList<>(columns);
       if (label != null && !all.contains(label)) {
         all.add(label);
       }
-      List<ParquetColumns.Column> decoded = ParquetColumns.choose(fileSchema, all, storage.describe(file));
-      if (label != null) {
-        checkLabel(decoded.get(all.indexOf(label)), file);
-      }
-      footers.add(footer);
-      List<BlockMetaData> groups = footer.getBlocks();
-      long[] starts = new long[groups.size() + 1];
-      for (int g = 0; g < groups.size(); g++) {
-        starts[g + 1] = starts[g] + groups.get(g).getRowCount();
-      }
-      groupStarts.add(starts);
-      for (int g = 0; g < groups.size(); g++) {
+      long[] starts = groupStarts.get(fileNo);
+      for (int g = 0; g < starts.length - 1; g++) {
         try (VectorSchemaRoot root = decode(fileNo, g, all, decoded, memory)) {
           FieldVector labels = label == null ? null : root.getVector(label);
           for (int row = 0; row < root.getRowCount(); row++) {
@@ -151,13 +143,62 @@ final class ParquetFormat implements Format {
               }
               lab = ((BaseIntVector) labels).getValueAsLong(row);
             }
-            b.add(fileNo, starts[g] + row, RowMessages.size(root, payloadVectors(root), row), lab);
+            b.add(fileNo, starts[g] + row, RowMessages.size(payloadVectors(root), row), lab);
             progress.accept(b.size());
           }
         }
       }
     }
     return b.build();
+  }
+
+  @Override
+  public boolean persistsIndex() {
+    return true; // indexing decoded every row group
+  }
+
+  @Override
+  public void restore(Storage storage, SampleIndex index) throws IOException {
+    reset(storage);
+    List<String> files = index.files();
+    for (int fileNo = 0; fileNo < files.size(); fileNo++) {
+      openFile(fileNo, files.get(fileNo), storage.size(files.get(fileNo)));
+    }
+  }
+
+  /**
+   * Reads file {@code fileNo}'s footer, checks its columns against the options (and the first file's), and keeps
+   * what reads need: the footer, where each row group starts. Returns the columns to decode at indexing (the
+   * payload's and the label).
+   */
+  private List<ParquetColumns.Column> openFile(int fileNo, String file, long size) throws IOException {
+    fileNos.put(file, fileNo);
+    this.files.add(file);
+    sizes.add(size);
+    ParquetMetadata footer;
+    try (ParquetFileReader r = new ParquetFileReader(new StorageFile(storage, file, size), OPTIONS)) {
+      footer = r.getFooter();
+    } catch (IOException | RuntimeException e) {
+      throw corrupt(file, size, "its footer (the last 8 bytes and the metadata before them)", e);
+    }
+    MessageType fileSchema = footer.getFileMetaData().getSchema();
+    chooseColumns(fileSchema, storage.describe(file));
+    List<String> all = new ArrayList<>(columns);
+    if (label != null && !all.contains(label)) {
+      all.add(label);
+    }
+    List<ParquetColumns.Column> decoded = ParquetColumns.choose(fileSchema, all, storage.describe(file));
+    if (label != null) {
+      checkLabel(decoded.get(all.indexOf(label)), file);
+    }
+    footers.add(footer);
+    List<BlockMetaData> groups = footer.getBlocks();
+    long[] starts = new long[groups.size() + 1];
+    for (int g = 0; g < groups.size(); g++) {
+      starts[g + 1] = starts[g] + groups.get(g).getRowCount();
+    }
+    groupStarts.add(starts);
+    return decoded;
   }
 
   private void chooseColumns(MessageType fileSchema, String file) {
@@ -205,7 +246,7 @@ final class ParquetFormat implements Format {
     try (DecodedUnits<Long, VectorSchemaRoot>.Lease unit = units.get(((long) fileNo << 32) | g, decodedEstimate(block))) {
       VectorSchemaRoot root = unit.value();
       int start = dst.position();
-      RowMessages.write(root, root.getFieldVectors(), (int) (row - starts[g]), dst);
+      RowMessages.write(root.getFieldVectors(), (int) (row - starts[g]), dst);
       if (dst.position() - start != index.length(id)) {
         throw new CorruptRecordException("Parquet file '" + storage.describe(index.file(id)) + "' row " + row
             + " (row group " + g + "): decoded to " + (dst.position() - start) + " bytes, " + index.length(id)
@@ -287,17 +328,17 @@ final class ParquetFormat implements Format {
   static final class RowMessages {
     private RowMessages() {}
 
-    static int size(VectorSchemaRoot root, List<FieldVector> vectors, int row) throws IOException {
+    static int size(List<FieldVector> vectors, int row) throws IOException {
       CountingChannel c = new CountingChannel();
-      write(root, vectors, row, c);
+      write(vectors, row, c);
       return Math.toIntExact(c.count);
     }
 
-    static void write(VectorSchemaRoot root, List<FieldVector> vectors, int row, ByteBuffer dst) throws IOException {
-      write(root, vectors, row, new BufferChannel(dst));
+    static void write(List<FieldVector> vectors, int row, ByteBuffer dst) throws IOException {
+      write(vectors, row, new BufferChannel(dst));
     }
 
-    private static void write(VectorSchemaRoot root, List<FieldVector> vectors, int row, WritableByteChannel out)
+    private static void write(List<FieldVector> vectors, int row, WritableByteChannel out)
         throws IOException {
       try (VectorSchemaRoot one = new VectorSchemaRoot(vectors).slice(row, 1);
           ArrowRecordBatch batch = new VectorUnloader(one).getRecordBatch()) {
