@@ -50,9 +50,15 @@ final class DecodedUnits<K, V extends AutoCloseable> implements AutoCloseable {
   private final Decoder<K, V> decoder;
   private final LinkedHashMap<K, Entry> units = new LinkedHashMap<>(16, 0.75f, true);
 
-  DecodedUnits(BufferAllocator memory, Decoder<K, V> decoder) {
-    this.memory = memory;
+  /** Units of one dataset in a new child {@code name} of {@code parent} (as large as it), closed with them. */
+  DecodedUnits(BufferAllocator parent, String name, Decoder<K, V> decoder) {
+    this.memory = parent.newChildAllocator(name, 0, parent.getLimit());
     this.decoder = decoder;
+  }
+
+  /** The dataset's allocator, for decodes outside the cache (indexing). */
+  BufferAllocator memory() {
+    return memory;
   }
 
   /**
@@ -129,7 +135,7 @@ final class DecodedUnits<K, V extends AutoCloseable> implements AutoCloseable {
     }
   }
 
-  /** Frees every idle unit; units still lent are freed when given back. */
+  /** Frees every unit and the allocator (the dataset is closed: no reader holds a unit). */
   @Override
   public synchronized void close() {
     for (Entry e : units.values()) {
@@ -139,5 +145,6 @@ final class DecodedUnits<K, V extends AutoCloseable> implements AutoCloseable {
       }
     }
     units.clear();
+    memory.close();
   }
 }

@@ -62,7 +62,6 @@ final class Hdf5Format implements Format {
   private final String dataset;
   private final String path;
   private final String labelPath;
-  private final BufferAllocator memory;
   private final DecodedUnits<ChunkKey, ArrowBuf> units;
   private final Map<String, Integer> fileNos = new HashMap<>();
   private final List<String> files = new ArrayList<>();
@@ -83,8 +82,7 @@ final class Hdf5Format implements Format {
     this.dataset = dataset;
     this.path = path;
     this.labelPath = labelPath;
-    this.memory = memory;
-    this.units = memory == null ? null : new DecodedUnits<>(memory, this::decodeChunk);
+    this.units = memory == null ? null : new DecodedUnits<>(memory, "hdf5 " + dataset, this::decodeChunk);
   }
 
   @Override
@@ -94,13 +92,14 @@ final class Hdf5Format implements Format {
 
   @Override
   public Format open(String dataset, JsonNode options, BufferAllocator memory) {
+    java.util.Objects.requireNonNull(memory, "no allocator for decoded units (DatasetRegistry.decodeFormatsIn)");
     FormatOptions o = new FormatOptions(dataset, name(), options, Set.of("dataset", "label"));
     String p = o.string("dataset");
     if (p == null) {
       throw o.error("dataset", "is required: the path of the HDF5 dataset whose first axis holds the samples");
     }
     return new Hdf5Format(dataset, p, o.string("label"),
-        memory.newChildAllocator("hdf5 " + dataset, 0, memory.getLimit()));
+        memory);
   }
 
   @Override
@@ -467,7 +466,6 @@ final class Hdf5Format implements Format {
   public void close() {
     if (units != null) {
       units.close();
-      memory.close();
     }
   }
 

@@ -59,7 +59,6 @@ final class ParquetFormat implements Format {
   private final String dataset;
   private final List<String> requested; // null: every column but the label
   private final String label;
-  private final BufferAllocator memory;
   private final DecodedUnits<Long, VectorSchemaRoot> units;
   // Set by index(), read by read():
   private final Map<String, Integer> fileNos = new HashMap<>();
@@ -80,8 +79,7 @@ final class ParquetFormat implements Format {
     this.dataset = dataset;
     this.requested = columns;
     this.label = label;
-    this.memory = memory;
-    this.units = memory == null ? null : new DecodedUnits<>(memory, this::decodeUnit);
+    this.units = memory == null ? null : new DecodedUnits<>(memory, "parquet " + dataset, this::decodeUnit);
   }
 
   @Override
@@ -91,9 +89,10 @@ final class ParquetFormat implements Format {
 
   @Override
   public Format open(String dataset, JsonNode options, BufferAllocator memory) {
+    java.util.Objects.requireNonNull(memory, "no allocator for decoded units (DatasetRegistry.decodeFormatsIn)");
     FormatOptions o = new FormatOptions(dataset, name(), options, Set.of("columns", "label"));
     return new ParquetFormat(dataset, o.strings("columns"), o.string("label"),
-        memory.newChildAllocator("parquet " + dataset, 0, memory.getLimit()));
+        memory);
   }
 
   @Override
@@ -132,7 +131,7 @@ final class ParquetFormat implements Format {
       }
       long[] starts = groupStarts.get(fileNo);
       for (int g = 0; g < starts.length - 1; g++) {
-        try (VectorSchemaRoot root = decode(fileNo, g, all, decoded, memory)) {
+        try (VectorSchemaRoot root = decode(fileNo, g, all, decoded, units.memory())) {
           FieldVector labels = label == null ? null : root.getVector(label);
           for (int row = 0; row < root.getRowCount(); row++) {
             long lab = -1;
@@ -315,7 +314,6 @@ final class ParquetFormat implements Format {
   public void close() {
     if (units != null) {
       units.close();
-      memory.close();
     }
   }
 
@@ -329,13 +327,13 @@ final class ParquetFormat implements Format {
     private RowMessages() {}
 
     static int size(List<FieldVector> vectors, int row) throws IOException {
-      CountingChannel c = new CountingChannel();
+      RowChannel c = new RowChannel(null);
       write(vectors, row, c);
       return Math.toIntExact(c.count);
     }
 
     static void write(List<FieldVector> vectors, int row, ByteBuffer dst) throws IOException {
-      write(vectors, row, new BufferChannel(dst));
+      write(vectors, row, new RowChannel(dst));
     }
 
     private static void write(List<FieldVector> vectors, int row, WritableByteChannel out)
@@ -357,40 +355,26 @@ final class ParquetFormat implements Format {
     }
   }
 
-  private static final class CountingChannel implements WritableByteChannel {
+  /** Where a row's message goes: into {@code dst}, or (null) only counted. */
+  private static final class RowChannel implements WritableByteChannel {
+    private final ByteBuffer dst;
     long count;
 
-    @Override
-    public int write(ByteBuffer src) {
-      int n = src.remaining();
-      src.position(src.limit());
-      count += n;
-      return n;
-    }
-
-    @Override
-    public boolean isOpen() {
-      return true;
-    }
-
-    @Override
-    public void close() {}
-  }
-
-  private static final class BufferChannel implements WritableByteChannel {
-    private final ByteBuffer dst;
-
-    BufferChannel(ByteBuffer dst) {
+    RowChannel(ByteBuffer dst) {
       this.dst = dst;
     }
 
     @Override
     public int write(ByteBuffer src) throws IOException {
       int n = src.remaining();
-      if (n > dst.remaining()) {
+      if (dst == null) {
+        src.position(src.limit());
+      } else if (n > dst.remaining()) {
         throw new IOException("a row's message is longer than indexed (" + dst.remaining() + " bytes left)");
+      } else {
+        dst.put(src);
       }
-      dst.put(src);
+      count += n;
       return n;
     }
 
