@@ -60,6 +60,7 @@ final class ParquetFormat implements Format {
   private final List<String> requested; // null: every column but the label
   private final String label;
   private final DecodedUnits<Long, VectorSchemaRoot> units;
+  private final RowMessages rowMessages = new RowMessages();
   // Set by index(), read by read():
   private final Map<String, Integer> fileNos = new HashMap<>();
   private final List<String> files = new ArrayList<>();
@@ -111,6 +112,7 @@ final class ParquetFormat implements Format {
     columns = null;
     payload = null;
     schema = null;
+    rowMessages.close(); // one-row roots of an earlier schema
   }
 
   @Override
@@ -142,7 +144,7 @@ final class ParquetFormat implements Format {
               }
               lab = ((BaseIntVector) labels).getValueAsLong(row);
             }
-            b.add(fileNo, starts[g] + row, RowMessages.size(payloadVectors(root), row), lab);
+            b.add(fileNo, starts[g] + row, rowMessages.size(payloadVectors(root), row), lab);
             progress.accept(b.size());
           }
         }
@@ -245,7 +247,7 @@ final class ParquetFormat implements Format {
     try (DecodedUnits<Long, VectorSchemaRoot>.Lease unit = units.get(((long) fileNo << 32) | g, decodedEstimate(block))) {
       VectorSchemaRoot root = unit.value();
       int start = dst.position();
-      RowMessages.write(root.getFieldVectors(), (int) (row - starts[g]), dst);
+      rowMessages.write(root.getFieldVectors(), (int) (row - starts[g]), dst);
       if (dst.position() - start != index.length(id)) {
         throw new CorruptRecordException("Parquet file '" + storage.describe(index.file(id)) + "' row " + row
             + " (row group " + g + "): decoded to " + (dst.position() - start) + " bytes, " + index.length(id)
@@ -302,7 +304,7 @@ final class ParquetFormat implements Format {
   @Override
   public ObjectNode info() {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
-    o.put("arrow_schema", Base64.getEncoder().encodeToString(RowMessages.schema(schema)));
+    o.put("arrow_schema", Base64.getEncoder().encodeToString(schemaMessage(schema)));
     columns.forEach(o.putArray("columns")::add);
     if (label != null) {
       o.put("label", label);
@@ -313,6 +315,7 @@ final class ParquetFormat implements Format {
   @Override
   public void close() {
     if (units != null) {
+      rowMessages.close();
       units.close();
     }
   }
@@ -322,37 +325,68 @@ final class ParquetFormat implements Format {
     return name.endsWith(".parquet") && !name.startsWith(".") && !name.startsWith("_");
   }
 
-  /** One row of decoded vectors as an Arrow IPC record batch message (continuation, metadata, body). */
-  static final class RowMessages {
-    private RowMessages() {}
+  /**
+   * One row of decoded vectors as an Arrow IPC record batch message (continuation, metadata, body), copied into a
+   * reused one-row root first (a slice per row allocated a vector per column, several times the message's cost).
+   * Validity bits are cleared before each copy, so a row's message has the same bytes however often it is built.
+   */
+  private final class RowMessages implements AutoCloseable {
+    private final java.util.concurrent.ConcurrentLinkedQueue<VectorSchemaRoot> idle =
+        new java.util.concurrent.ConcurrentLinkedQueue<>();
 
-    static int size(List<FieldVector> vectors, int row) throws IOException {
+    int size(List<FieldVector> vectors, int row) throws IOException {
       RowChannel c = new RowChannel(null);
       write(vectors, row, c);
       return Math.toIntExact(c.count);
     }
 
-    static void write(List<FieldVector> vectors, int row, ByteBuffer dst) throws IOException {
+    void write(List<FieldVector> vectors, int row, ByteBuffer dst) throws IOException {
       write(vectors, row, new RowChannel(dst));
     }
 
-    private static void write(List<FieldVector> vectors, int row, WritableByteChannel out)
-        throws IOException {
-      try (VectorSchemaRoot one = new VectorSchemaRoot(vectors).slice(row, 1);
-          ArrowRecordBatch batch = new VectorUnloader(one).getRecordBatch()) {
-        MessageSerializer.serialize(new WriteChannel(out), batch, IpcOption.DEFAULT);
+    private void write(List<FieldVector> vectors, int row, WritableByteChannel out) throws IOException {
+      VectorSchemaRoot one = idle.poll();
+      if (one == null) {
+        one = VectorSchemaRoot.create(schema, units.memory());
+      }
+      try {
+        for (int c = 0; c < vectors.size(); c++) {
+          FieldVector to = one.getVector(c);
+          clearValidity(to);
+          to.copyFromSafe(row, 0, vectors.get(c));
+          to.setValueCount(1);
+        }
+        one.setRowCount(1);
+        try (ArrowRecordBatch batch = new VectorUnloader(one).getRecordBatch()) {
+          MessageSerializer.serialize(new WriteChannel(out), batch, IpcOption.DEFAULT);
+        }
+      } finally {
+        idle.add(one);
       }
     }
 
-    static byte[] schema(Schema schema) {
-      ByteArrayOutputStream bytes = new ByteArrayOutputStream();
-      try {
-        MessageSerializer.serialize(new WriteChannel(Channels.newChannel(bytes)), schema, IpcOption.DEFAULT);
-      } catch (IOException e) {
-        throw new java.io.UncheckedIOException(e);
+    private static void clearValidity(FieldVector v) {
+      v.getValidityBuffer().setZero(0, v.getValidityBuffer().capacity());
+      for (FieldVector child : v.getChildrenFromFields()) {
+        clearValidity(child);
       }
-      return bytes.toByteArray();
     }
+
+    @Override
+    public void close() {
+      idle.forEach(VectorSchemaRoot::close);
+      idle.clear();
+    }
+  }
+
+  static byte[] schemaMessage(Schema schema) {
+    ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+    try {
+      MessageSerializer.serialize(new WriteChannel(Channels.newChannel(bytes)), schema, IpcOption.DEFAULT);
+    } catch (IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
+    return bytes.toByteArray();
   }
 
   /** Where a row's message goes: into {@code dst}, or (null) only counted. */
