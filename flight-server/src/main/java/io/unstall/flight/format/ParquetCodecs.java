@@ -13,6 +13,8 @@ import org.apache.parquet.hadoop.metadata.CompressionCodecName;
  */
 final class ParquetCodecs implements CompressionCodecFactory {
   static final ParquetCodecs INSTANCE = new ParquetCodecs();
+  /** Pages are about a MiB; a header claiming more than this is corrupt (and must not make us allocate it). */
+  static final int MAX_PAGE = 1 << 30;
 
   private ParquetCodecs() {}
 
@@ -28,6 +30,10 @@ final class ParquetCodecs implements CompressionCodecFactory {
       public BytesInput decompress(BytesInput in, int size) throws IOException {
         if (codec == CompressionCodecName.UNCOMPRESSED) {
           return in;
+        }
+        if (size < 0 || size > MAX_PAGE) {
+          throw new IOException("a " + codec + " page header claims " + size + " bytes uncompressed (at most "
+              + MAX_PAGE + ")");
         }
         byte[] src = in.toByteArray();
         byte[] out = new byte[size];
