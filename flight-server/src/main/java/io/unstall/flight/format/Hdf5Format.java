@@ -50,6 +50,8 @@ import org.apache.arrow.memory.OutOfMemoryException;
 final class Hdf5Format implements Format {
   private static final int DEFLATE = 1;
   private static final int SHUFFLE = 2;
+  /** HDF5 chunks are usually a MiB or less; one larger than this (or a corrupt size) is refused, not allocated. */
+  private static final long MAX_CHUNK = 1L << 30;
 
   /** One file's layout of the dataset. */
   private record Layout(long rows, long address, int[] chunkDims, Map<ChunkOffset, Chunk> chunks,
@@ -213,9 +215,17 @@ final class Hdf5Format implements Format {
               + " shuffle only");
         }
       }
+      long chunkBytes = d.getDataType().getSize();
+      for (int cd : c.getChunkDimensions()) {
+        chunkBytes *= cd;
+      }
+      if (chunkBytes > MAX_CHUNK) {
+        throw new IllegalArgumentException("dataset '" + dataset + "': " + where + " has chunks of " + chunkBytes
+            + " bytes; the sidecar reads chunks of at most " + MAX_CHUNK);
+      }
       Map<ChunkOffset, Chunk> chunks = chunkLookup(c);
       for (Chunk ch : chunks.values()) {
-        if (ch.getAddress() < 0 || ch.getAddress() + ch.getSize() > size) {
+        if (ch.getAddress() < 0 || ch.getSize() < 0 || ch.getSize() > MAX_CHUNK || ch.getAddress() + ch.getSize() > size) {
           throw new CorruptRecordException("dataset '" + dataset + "': truncated HDF5 file: chunk "
               + Arrays.toString(ch.getChunkOffset()) + " of " + where + " lies at byte offset " + ch.getAddress()
               + ".." + (ch.getAddress() + ch.getSize()) + ", past the end of the file");
