@@ -23,6 +23,7 @@ import org.apache.arrow.vector.BaseIntVector;
 import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.VectorUnloader;
+import org.apache.arrow.vector.complex.ListVector;
 import org.apache.arrow.vector.ipc.WriteChannel;
 import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
 import org.apache.arrow.vector.ipc.message.IpcOption;
@@ -328,7 +329,8 @@ final class ParquetFormat implements Format {
   /**
    * One row of decoded vectors as an Arrow IPC record batch message (continuation, metadata, body), copied into a
    * reused one-row root first (a slice per row allocated a vector per column, several times the message's cost).
-   * Validity bits are cleared before each copy, so a row's message has the same bytes however often it is built.
+   * The root is reset before each copy, so a row's message has the same bytes however often, and after whichever
+   * rows, it is built.
    */
   private final class RowMessages implements AutoCloseable {
     private final java.util.concurrent.ConcurrentLinkedQueue<VectorSchemaRoot> idle =
@@ -352,8 +354,8 @@ final class ParquetFormat implements Format {
       try {
         for (int c = 0; c < vectors.size(); c++) {
           FieldVector to = one.getVector(c);
-          clearValidity(to);
-          to.copyFromSafe(row, 0, vectors.get(c));
+          to.reset(); // zeroes validity, offsets and values (and children's): nothing of the last row stays
+          copyRow(vectors.get(c), row, to);
           to.setValueCount(1);
         }
         one.setRowCount(1);
@@ -365,11 +367,30 @@ final class ParquetFormat implements Format {
       }
     }
 
-    private static void clearValidity(FieldVector v) {
-      v.getValidityBuffer().setZero(0, v.getValidityBuffer().capacity());
-      for (FieldVector child : v.getChildrenFromFields()) {
-        clearValidity(child);
+    /**
+     * Copies value {@code row} of {@code from} to value 0 of {@code to}. Threads copy from one decoded row group at
+     * once, so nothing here may use state kept in {@code from}: Arrow's own {@code ListVector.copyFrom} positions
+     * the source's one shared reader, hence the list case by hand (lists hold primitives: {@link ParquetColumns}).
+     */
+    private static void copyRow(FieldVector from, int row, FieldVector to) {
+      if (!(from instanceof ListVector list)) {
+        to.copyFromSafe(row, 0, from);
+        return;
       }
+      ListVector dst = (ListVector) to;
+      if (list.isNull(row)) {
+        dst.setNull(0);
+        return;
+      }
+      int start = list.getOffsetBuffer().getInt(4L * row);
+      int end = list.getOffsetBuffer().getInt(4L * (row + 1));
+      dst.startNewValue(0);
+      FieldVector items = (FieldVector) list.getDataVector();
+      FieldVector out = (FieldVector) dst.getDataVector();
+      for (int k = start; k < end; k++) {
+        out.copyFromSafe(k, k - start, items);
+      }
+      dst.endValue(0, end - start);
     }
 
     @Override

@@ -126,8 +126,25 @@ class ParquetFormatTest {
         for (int k = 0; k < ROWS; k++) {
           forward.add(read(f, idx, storage, k));
         }
-        for (int k = ROWS - 1; k >= 0; k--) {
-          org.junit.jupiter.api.Assertions.assertArrayEquals(forward.get(k), read(f, idx, storage, k), "row " + k);
+        // 4 threads at once, in random orders, from the same decoded row groups (the assembler's I/O pool does this)
+        java.util.concurrent.ExecutorService pool = java.util.concurrent.Executors.newFixedThreadPool(4);
+        try {
+          List<java.util.concurrent.Future<?>> done = new ArrayList<>();
+          for (int t = 0; t < 4; t++) {
+            java.util.Random random = new java.util.Random(t);
+            done.add(pool.submit(() -> {
+              for (int n = 0; n < 500; n++) {
+                int k = random.nextInt(ROWS);
+                org.junit.jupiter.api.Assertions.assertArrayEquals(forward.get(k), read(f, idx, storage, k), "row " + k);
+              }
+              return null;
+            }));
+          }
+          for (var d : done) {
+            d.get();
+          }
+        } finally {
+          pool.shutdown();
         }
         assertEquals(List.of("x", "f", "s", "v", "b", "i8", "u16"),
             JSON.convertValue(f.info().get("columns"), List.class));
