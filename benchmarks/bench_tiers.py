@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,10 +31,11 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "python-shim" / "src"))
+sys.path[:0] = [str(REPO / "python-shim" / "src"), str(REPO / "tests" / "python")]
 
 import unstall  # noqa: E402
 import unstall.torch as ut  # noqa: E402
+from s3proxy import S3Proxy, S3ProxyMissing  # noqa: E402
 
 ACCESS, SECRET, BUCKET = "bench-access", "bench-secret-key", "bench"
 CONFIGS = ("no cache", "LRU", "MinIO", "MinIO + disk", "MinIO + prefetch")
@@ -54,38 +54,6 @@ class EpochRow:
 
 # ---------------------------------------------------------------------------------------------
 # the S3 server
-
-
-def start_s3proxy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    cp_file = REPO / "tests" / "target" / "s3proxy.classpath"
-    classes = REPO / "tests" / "target" / "classes"
-    if not cp_file.exists():
-        sys.exit(f"bench_tiers: {cp_file} is missing; build it with scripts/setup.sh --build")
-    port = _free_port()
-    cmd = [
-        "java", "-cp", f"{classes}{os.pathsep}{cp_file.read_text().strip()}", "io.unstall.tests.S3ProxyServer",
-        "--port", str(port), "--identity", ACCESS, "--credential", SECRET,
-    ]
-    log = open(workdir / "s3proxy.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if b"S3PROXY READY" in (workdir / "s3proxy.log").read_bytes():
-            return proc, endpoint
-        if proc.poll() is not None:
-            sys.exit("bench_tiers: S3Proxy exited:\n" + (workdir / "s3proxy.log").read_text())
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("bench_tiers: S3Proxy did not become ready in 60 s")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def s3_client(endpoint: str) -> Any:
@@ -333,7 +301,11 @@ def main() -> None:
         p.error(f"--configs: unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
 
     work = Path(tempfile.mkdtemp(prefix="unstall-bench-tiers-"))
-    proc, endpoint = start_s3proxy(work)
+    try:
+        proxy = S3Proxy(work / "s3proxy.log", access_key=ACCESS, secret_key=SECRET).__enter__()
+    except S3ProxyMissing as e:
+        sys.exit(f"bench_tiers: {e} (scripts/setup.sh --build builds it)")
+    endpoint = proxy.endpoint
     try:
         print(f"uploading {args.samples} samples to {endpoint} ...", flush=True)
         keys = upload_dataset(endpoint, args.samples, args.sample_kb * 1000, 10, seed=1)
@@ -357,8 +329,7 @@ def main() -> None:
         if args.out:
             args.out.write_text(out + "\n")
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proxy.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -25,8 +25,11 @@ declare -A TARGETS=(
   [localRequest]=io.unstall.flight.protocol.ProtocolFuzzTest#localRequest
   [actionBody]=io.unstall.flight.prep.ActionBodiesFuzzTest#actionBody
   [indexAndRead]=io.unstall.flight.format.TfRecordFuzzTest#indexAndRead
+  [tarShard]=io.unstall.flight.format.FormatsFuzzTest#tarShard
+  [npyFile]=io.unstall.flight.format.FormatsFuzzTest#npyFile
+  [csvFile]=io.unstall.flight.format.FormatsFuzzTest#csvFile
 )
-ORDER=(fetchTicket plan prepTicket peerTicket localRequest actionBody indexAndRead)
+ORDER=(fetchTicket plan prepTicket peerTicket localRequest actionBody indexAndRead tarShard npyFile csvFile)
 
 usage() {
   sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'

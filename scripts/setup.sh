@@ -28,6 +28,9 @@ purelib "$DEPS_VENV/bin/python" > "$(purelib .venv/bin/python)/unstall-deps.pth"
 step "Jaeger (for the tracing end-to-end tests)"
 bash scripts/install-jaeger.sh
 
+step "Chromium (renders unstall analyze's HTML report in a test)"
+bash scripts/install-chromium.sh
+
 if [ "${1:-}" = "--build" ]; then
   step "Java build (sidecar jar, agent jar)"
   "${MVN[@]}" -q -DskipTests package

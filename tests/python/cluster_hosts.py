@@ -1,7 +1,10 @@
 """N "hosts" on this machine for the partitioned-cache tests: each host is a network namespace with its own
 address on a bridge, its links shaped by ``tc netem`` (bandwidth and latency), created and torn down by the
-test. Where namespaces are not permitted (not root, no ``ip netns``), the fallback is one loopback address
-per host (127.0.0.2, 127.0.0.3, ...) with no shaping; ``Hosts.mode`` says which ran. ``UNSTALL_TEST_HOSTS``
+test. Optionally the bridge also has an address in the root namespace for "remote storage" (an S3 server run
+there), and the storage link into each host is shaped separately (``tc htb``: storage's class at
+``storage_rate``, everything else at ``rate``). Where namespaces are not permitted (not root, no ``ip netns``),
+the fallback is one loopback address per host (127.0.0.2, 127.0.0.3, ...) with no shaping; ``Hosts.mode`` says
+which ran. ``UNSTALL_TEST_HOSTS``
 forces one (``netns`` or ``loopback``). A module of its own (never ``from conftest import``)."""
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ class Hosts:
     """``n`` hosts joined by a bridge (``mode == "netns"``) or loopback addresses (``"loopback"``).
 
     ``rate`` and ``delay`` shape every host's egress (netem; tbf, bandwidth only, where the kernel lacks
-    netem): a link between two hosts carries both ends' shaping, as two NICs would. ``command(k, argv)``
-    runs argv on host k."""
+    netem): a link between two hosts carries both ends' shaping, as two NICs would. With ``storage_rate``,
+    ``storage_address`` (the bridge's address in the root namespace) is where a storage server listens, and
+    what it sends into each host is shaped to ``storage_rate`` (per host, as each node's link to remote storage)
+    while peer traffic keeps ``rate``. ``command(k, argv)`` runs argv on host k."""
 
-    def __init__(self, n: int, rate: str = "1gbit", delay: str = "1ms", mode: Optional[str] = None) -> None:
+    def __init__(self, n: int, rate: str = "1gbit", delay: str = "1ms", mode: Optional[str] = None,
+                 storage_rate: Optional[str] = None) -> None:
         wanted = mode or os.environ.get("UNSTALL_TEST_HOSTS") or ("netns" if netns_permitted() else "loopback")
         if wanted not in ("netns", "loopback"):
             raise ValueError(f"UNSTALL_TEST_HOSTS must be netns or loopback, not {wanted!r}")
@@ -61,8 +67,11 @@ class Hosts:
         net = f"10.{200 + tag % 50}.{tag // 50 % 250}"
         if self.mode == "netns":
             self.addresses = [f"{net}.{k + 1}" for k in range(n)]
+            self.storage_address = f"{net}.254"
         else:
             self.addresses = [f"127.0.0.{k + 2}" for k in range(n)]
+            self.storage_address = "127.0.0.1"
+        self.storage_rate = storage_rate
         self._created: list[Sequence[str]] = []  # teardown commands, run in reverse
         self.shaping = "none"
 
@@ -79,6 +88,8 @@ class Hosts:
         _ip("link", "add", self._bridge, "type", "bridge")
         self._created.append(("link", "del", self._bridge))
         _ip("link", "set", self._bridge, "up")
+        if self.storage_rate:
+            _ip("addr", "add", f"{self.storage_address}/24", "dev", self._bridge)
         for k in range(self.n):
             ns, (host_end, ns_end) = self._ns[k], self._veth[k]
             _ip("netns", "add", ns)
@@ -91,6 +102,8 @@ class Hosts:
             _ip("-n", ns, "link", "set", ns_end, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             self._shape(ns, ns_end)
+            if self.storage_rate:
+                self._shape_storage(host_end)
 
     def _shape(self, ns: str, dev: str) -> None:
         """netem (bandwidth and latency) where the kernel has it; else tbf, bandwidth only (``shaping`` says)."""
@@ -103,6 +116,17 @@ class Hosts:
                        capture_output=True, text=True)
         self.shaping = f"tbf rate {self.rate}, no added latency (no sch_netem: {netem.stderr.strip()})"
 
+    def _shape_storage(self, host_end: str) -> None:
+        """Into the host (the root side's egress): storage's packets at ``storage_rate``, the rest at ``rate``."""
+        tc = ["tc"]
+        for args in (["qdisc", "add", "dev", host_end, "root", "handle", "1:", "htb", "default", "20"],
+                     ["class", "add", "dev", host_end, "parent", "1:", "classid", "1:10", "htb", "rate",
+                      self.storage_rate, "ceil", self.storage_rate],
+                     ["class", "add", "dev", host_end, "parent", "1:", "classid", "1:20", "htb", "rate", self.rate],
+                     ["filter", "add", "dev", host_end, "parent", "1:", "protocol", "ip", "u32", "match", "ip", "src",
+                      f"{self.storage_address}/32", "flowid", "1:10"]):
+            subprocess.run([*tc, *args], check=True, capture_output=True, text=True)
+
     def command(self, k: int, argv: Sequence[str]) -> list[str]:
         """argv as run on host k: inside its namespace, or as is on the loopback fallback."""
         if self.mode == "netns":
@@ -111,7 +135,9 @@ class Hosts:
 
     def describe(self) -> str:
         if self.mode == "netns":
-            return f"{self.n} network namespaces on bridge {self._bridge}, links shaped by {self.shaping}"
+            storage = (f"; storage at {self.storage_address} (root namespace), its link into each host shaped by "
+                       f"htb rate {self.storage_rate}" if self.storage_rate else "")
+            return f"{self.n} network namespaces on bridge {self._bridge}, links shaped by {self.shaping}{storage}"
         return f"{self.n} loopback addresses {', '.join(self.addresses)} (no namespaces: unshaped)"
 
     def close(self) -> None:

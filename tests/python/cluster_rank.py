@@ -33,11 +33,11 @@ LINE_TIMEOUT = 240.0  # a bound on a hang, not a timing assertion
 class Rank:
     """A rank's process and its stdout lines, read by a thread so that every wait is a bounded queue read."""
 
-    def __init__(self, k: int, argv: list[str], log: Path) -> None:
+    def __init__(self, k: int, argv: list[str], log: Path, env: Optional[dict[str, str]] = None) -> None:
         self.k = k
         self.log = log
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"),
-                                     text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent)))
+                                     text=True, env=dict(os.environ, **(env or {}), PYTHONPATH=str(Path(__file__).parent)))
         self.lines: queue.Queue[Optional[str]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -52,6 +52,15 @@ def sidecar_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy
 
 
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's headless ``chromium`` (``scripts/install-chromium.sh``, run by ``scripts/setup.sh``)."""
+    path = shutil.which("chromium")
+    if path is None:
+        missing("chromium is not installed (scripts/install-chromium.sh installs it, as root with apt-get)")
+    return str(path)
+
+
 def missing(why: str) -> None:
     """Skips a test whose prerequisite is not built, except in CI, where that is a failure."""
     if os.environ.get("CI"):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from unstall.sidecar import find_java, read_state
+from unstall.sidecar import find_java, java_flags, read_state
 
 CLASSES = ("ant", "bee", "cat", "dog")
 
@@ -73,7 +73,9 @@ def serve_standalone(jar: Path, home: Path, extra: Sequence[str] = ()) -> subpro
     Returns once its state file names it; the caller stops it."""
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "sidecar.log", "ab")
-    proc = subprocess.Popen([find_java(), "-jar", str(jar), "serve", "--port", "0", "--home", str(home), *extra],
+    java = find_java()
+    proc = subprocess.Popen([java, *java_flags(java), "-jar", str(jar), "serve", "--port", "0", "--home", str(home),
+                             *extra],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, UNSTALL_HOME=str(home)))
     log.close()

@@ -65,6 +65,15 @@ def test_workers_prep_bound_when_cached() -> None:
     assert a.predict(0.5, 2) == pytest.approx(B / max(q / 2, 0.5 * S))
 
 
+def test_without_a_prep_stall_the_loader_work_is_its_counted_time() -> None:
+    # 1 worker hides the loader behind the 30 ms step; the counters say 2 ms per sample (8 samples per batch).
+    torch_like = runs(N * G, N * G, N * G, w=1, fetch_s=0.5, prep_s=1.1, fetched_samples=800, prepped_samples=800)
+    tf_like = runs(N * G, N * G, N * G, w=1, fetch_s=1.6, fetched_samples=800)  # prep in tf.data's threads: untimed
+    for r in (torch_like, tf_like):
+        a = model.analyze(r, dataset_bytes=100 * SIZE, num_samples=100)
+        assert a.loader_busy_per_batch_s == pytest.approx(B * 0.002)
+
+
 def test_cheapest_configuration() -> None:
     a = model.analyze(runs(N * G, N * (G + Q), N * max(G + Q, S)), dataset_bytes=100 * SIZE, num_samples=100,
                       storage_Bps=BW, prices={"core_hour": 1.0, "gib_hour": 1.0})
@@ -125,9 +134,11 @@ def test_a_complete_analysis(job, tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     out = tmp_path / "out"
     doc = json.loads((out / "analyze.json").read_text())
-    assert doc["status"] == "ok" and doc["dataset"]["name"] == "job"
-    assert (doc["dataset"]["num_samples"], doc["dataset"]["total_bytes"]) == (32, 32 * SIZE)
-    r = doc["runs"]
+    assert doc["status"] == "ok" and [s["index"] for s in doc["sections"]] == [0]
+    sec = doc["sections"][0]
+    assert sec["status"] == "ok" and sec["kind"] == "torch.DataLoader" and sec["dataset"]["name"] == "job"
+    assert (sec["dataset"]["num_samples"], sec["dataset"]["total_bytes"]) == (32, 32 * SIZE)
+    r = sec["runs"]
     for mode in ("synthetic", "cached", "cold"):
         assert (r[mode]["steps"], r[mode]["warmup"], r[mode]["batch_size"], r[mode]["epoch_batches"]) == (4, 1, 4, 8)
     assert r["synthetic"]["work"]["fetch_samples"] == 0  # copies of the first batch: nothing fetched in the window
@@ -135,7 +146,7 @@ def test_a_complete_analysis(job, tmp_path: Path) -> None:
     cached, cold = r["cached"]["sidecar"], r["cold"]["sidecar"]
     assert cached["misses"] == 0 and cached["hits"] > 0 and cached["storage_bytes"] == 0
     assert cold["hits"] == 0 and cold["misses"] > 0 and cold["storage_bytes"] == cold["misses"] * SIZE
-    a = doc["analysis"]
+    a = sec["analysis"]
     assert a["compute_fraction"] + a["prep_stall_fraction"] + a["fetch_stall_fraction"] == pytest.approx(1)
     assert [p["cache_fraction"] for p in a["cache_curve"]] == [i / 20 for i in range(21)]
     assert (out / "analyze.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -177,7 +188,7 @@ def test_a_command_that_never_uses_the_shim(job, tmp_path: Path) -> None:
 def test_more_steps_than_an_epoch(job, tmp_path: Path) -> None:
     script, env = job
     p = analyze(tmp_path, env, "--steps", "10", "--warmup", "2", "--", str(script))
-    assert_failed(p, tmp_path / "out", "2 warm-up + 10 timed steps = 12 batches, but an epoch of this DataLoader "
+    assert_failed(p, tmp_path / "out", "2 warm-up + 10 timed steps = 12 batches, but an epoch of this torch.DataLoader "
                                        "has only 8 (32 samples, batch size 4); use --steps 6 or fewer")
 
 

@@ -20,11 +20,11 @@ from format_checks import check_hdf5, check_parquet
 def test_parquet_rows_columns_and_labels(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
     rows = make_parquet_files(tmp_path / "pq", files=2, rows=23, row_group_size=5, seed=1)
     ds = Dataset("pq-local", root=tmp_path / "pq", format="parquet", options={"label": "label"}, sidecar=sidecar)
-    assert ds.info.format_info is not None and ds.info.format_info["columns"] == ["pixels", "caption", "embedding", "score"]
+    assert ds.info.layout is not None and ds.info.layout["columns"] == ["pixels", "caption", "embedding", "score"]
     check_parquet(ds, rows)
     only = Dataset("pq-caption", root=tmp_path / "pq" / "part-1.parquet", format="parquet",
                    options={"columns": ["caption"]}, sidecar=sidecar)
-    assert [only[i] for i in (0, 1)] == [({"caption": rows[23 + i]["caption"]}, f"part-1.parquet#{i}") for i in (0, 1)]
+    assert [only[i] for i in (0, 1)] == [{"caption": rows[23 + i]["caption"]} for i in (0, 1)]  # no label: the row
 
 
 def test_hdf5_chunked_and_contiguous(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
@@ -34,16 +34,16 @@ def test_hdf5_chunked_and_contiguous(sidecar: unstall.Sidecar, tmp_path: Path) -
         ds = Dataset(f"h5-{dataset}", root=path, format="hdf5", options={"dataset": dataset, "label": "labels"},
                      sidecar=sidecar)
         check_hdf5(ds, path, dataset)
-    assert ds.info.format_info == {"dtype": "<f4", "shape": [7], "dataset": "features", "label": "labels"}
+    assert ds.info.layout == {"dtype": "<f4", "shape": [7], "dataset": "features", "label": "labels"}
 
 
 def test_options_are_checked(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
     make_parquet_files(tmp_path / "pq", files=1, rows=4, row_group_size=2)
-    with pytest.raises(unstall.SidecarError, match="parquet option 'colums' is not an option"):
+    with pytest.raises(unstall.SidecarError, match="unknown option 'colums'"):
         Dataset("pq-typo", root=tmp_path / "pq", format="parquet", options={"colums": ["x"]}, sidecar=sidecar)
     with pytest.raises(unstall.SidecarError, match=r"part-0.parquet' has no column 'nope'"):
         Dataset("pq-nope", root=tmp_path / "pq", format="parquet", options={"columns": ["nope"]}, sidecar=sidecar)
-    with pytest.raises(unstall.SidecarError, match="hdf5 option 'dataset' is required"):
+    with pytest.raises(unstall.SidecarError, match="option 'dataset' is required"):
         Dataset("h5-none", root=tmp_path / "pq", format="hdf5", sidecar=sidecar)
 
 
@@ -79,10 +79,10 @@ def test_a_corrupt_hdf5_chunk_is_named_with_its_offset(sidecar: unstall.Sidecar,
     data[info.byte_offset + 4:info.byte_offset + info.size] = bytes(info.size - 4)
     path.write_bytes(bytes(data))
     ds = Dataset("h5-bad", root=path, format="hdf5", options={"dataset": "images"}, sidecar=sidecar)
-    assert ds[0][0].shape == (6, 5, 3)  # other chunks read fine
+    assert ds[0].shape == (6, 5, 3)  # other chunks read fine (no label: the row alone)
     with pytest.raises(unstall.SidecarError, match=rf"bad.h5' at byte offset {info.byte_offset}"):
         ds[5]
-    assert ds[11][0].shape == (6, 5, 3)  # the sidecar keeps serving
+    assert ds[11].shape == (6, 5, 3)  # the sidecar keeps serving
 
 
 def test_a_truncated_hdf5_file_is_named_with_the_offset(sidecar: unstall.Sidecar, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ if str(SHIM) not in sys.path:
     sys.path.insert(0, str(SHIM))  # this checkout's shim, also in member processes
 
 import numpy as np  # noqa: E402
+from waits import wait_until  # noqa: E402
 
 N_SAMPLES = 37  # odd on purpose: the last batch is partial
 BATCH = 8
@@ -141,6 +142,11 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
     client = unstall.FlightClient(location, os.environ["UNSTALL_TOKEN"])
     record: dict[str, Any] = {"pid": os.getpid(), "epochs": {}}
     seen = 0
+    # UNSTALL_TEST_GATES="8:/tmp/g1,20:/tmp/g2": after its 8th batch the member waits until /tmp/g1 exists (and
+    # touches OUT.at8 to say it got there); UNSTALL_TEST_STEP_MS: a pause after every batch.
+    gates = {int(n): Path(f) for n, f in (g.split(":", 1) for g in os.environ.get("UNSTALL_TEST_GATES", "").split(",")
+                                          if g)}
+    step_s = float(os.environ.get("UNSTALL_TEST_STEP_MS", "0")) / 1000
 
     def note(epoch: int, ids: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
         nonlocal seen
@@ -148,6 +154,12 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
             {"ids": [int(i) for i in ids], "digest": digest(images), "labels": [int(v) for v in labels],
              "shape": list(images.shape)})
         seen += 1
+        gate = gates.get(seen)
+        if gate is not None:  # the test holds the member here (it starts or kills a remote prep worker meanwhile)
+            Path(f"{out}.at{seen}").touch()
+            wait_until(gate.exists, f"gate {gate}", timeout=240)
+        if step_s:
+            time.sleep(step_s)  # a slower model's step
         if kill_after and seen >= kill_after:
             Path(out).write_text(json.dumps(record))
             os.kill(os.getpid(), signal.SIGKILL)  # a crash mid-epoch: no leave, no more heartbeats

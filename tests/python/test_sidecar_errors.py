@@ -134,7 +134,7 @@ def test_registration_errors_name_the_problem(sidecar: unstall.Sidecar, small_ro
     with pytest.raises(unstall.SidecarError, match="does-not-exist"):
         sidecar.register_dataset("missing", missing)
     with pytest.raises(ValueError, match="unknown format"):
-        sidecar.register_dataset("fmt", small_root, format="lance")
+        sidecar.register_dataset("fmt", small_root, format="hdf9")
 
 
 def test_bounds_are_serve_options_and_a_refusal_names_the_option(

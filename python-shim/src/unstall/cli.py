@@ -4,25 +4,41 @@
     unstall token issue --dataset NAME [--dataset NAME ...] [--name WHO] [--home DIR]
     unstall token list [--home DIR]
     unstall token revoke ID [--home DIR]
+    unstall sidecar start [--home DIR] [--port N] [--cache-capacity SIZE] [--memory-budget SIZE] [--sidecar-arg ARG ...]
+    unstall sidecar status [--home DIR] [--json]
+    unstall sidecar stop [--home DIR] [--timeout S]
 
-Runs the training command (which must iterate an ``unstall.torch.DataLoader``) three times: synthetic
-batches, fully cached, cold cache; prints the fetch/prep stall split, the rates and the what-if
-predictions; writes ``DIR/analyze.json``, ``DIR/analyze.txt`` and ``DIR/analyze.png``. Exit status 0
-when the analysis is complete, 2 when a run failed (nothing but the error is reported then).
+Runs the training command (which must iterate an ``unstall.torch.DataLoader`` or a ``tf.data.Dataset``
+over ``unstall.tf.dataset``) three times: synthetic batches, fully cached, cold cache; prints, for each
+loader, the fetch/prep stall split, the rates and the what-if predictions (``--validate-workers 1,2``:
+checked against reruns with those worker counts); writes ``DIR/analyze.json``, ``DIR/analyze.txt``,
+``DIR/analyze.html`` and ``DIR/analyze.png`` (``analyze-N.png`` for loader N > 0). Exit status 0 when at
+least one loader is analysed, 2 when a run failed (nothing but the error is reported then).
 
 ``token`` is for the owner of a running sidecar (found through ``$UNSTALL_HOME/sidecar.json``): it issues a
 tenant token (Flight only, the named datasets only; printed once on stdout, stored only as a hash), lists
 them, or revokes one (refused from its next call). Exit status 2 when the sidecar refuses or is not running.
+
+``sidecar`` manages the per-host sidecar of a home (the one ``unstall.Sidecar()`` attaches to through
+``$UNSTALL_HOME/sidecar.json``) from the shell: ``start`` launches it detached (it outlives the command) or
+reports the one already there, ``status`` prints its pid, addresses, health and datasets (exit 1 when none
+runs or it does not answer), ``stop`` sends it SIGTERM and waits until it is gone (exit 1 when none ran).
+Exit status 2 when a start or stop fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import re
+import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["main", "parse_size"]
 
@@ -53,8 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser(
         "analyze", help="measure a training command's fetch and prep stalls and predict what removes them",
-        description="Runs COMMAND (which iterates an unstall.torch.DataLoader) in three modes: synthetic data, "
-                    "fully cached, cold cache; reports the fetch/prep stall split and what-if curves.",
+        description="Runs COMMAND (which iterates unstall.torch.DataLoaders or tf.data.Datasets over "
+                    "unstall.tf.dataset) in three modes: synthetic data, fully cached, cold cache; reports, for each "
+                    "loader, the fetch/prep stall split and what-if curves.",
         usage="unstall analyze [options] -- COMMAND [ARGS...]")
     a.add_argument("--steps", type=_positive, default=50, help="timed steps per run (default 50)")
     a.add_argument("--warmup", type=_positive, default=2, help="untimed steps before them (default 2)")
@@ -69,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--core-price", type=float, default=None, help="USD per core-hour for the cheapest configuration")
     a.add_argument("--gib-price", type=float, default=None, help="USD per GiB-hour of cache")
     a.add_argument("--max-workers", type=int, default=None, help="largest worker count the what-if considers")
+    a.add_argument("--validate-workers", type=_worker_counts, default=None, metavar="K,K,...",
+                   help="rerun the command (cold cache) with each of these DataLoader worker counts and report the "
+                        "what-if's prediction against the measured throughput")
     a.add_argument("-v", "--verbose", action="store_true", help="print each run's output")
     a.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND")
     t = sub.add_parser("token", help="issue, list or revoke tenant tokens of the running sidecar (owner only)",
@@ -85,7 +105,37 @@ def _parser() -> argparse.ArgumentParser:
     tr = tsub.add_parser("revoke", help="revoke a token by its id")
     tr.add_argument("id", metavar="ID")
     tr.add_argument("--home", type=Path, default=None, help=home_help)
+    _sidecar_parser(sub, home_help)
     return p
+
+
+def _sidecar_parser(sub: Any, home_help: str) -> None:
+    s = sub.add_parser("sidecar", help="start, stop or inspect this host's shared sidecar",
+                       description="The per-host sidecar of a home, which unstall.Sidecar() and every DataLoader "
+                                   "on this host attach to.")
+    ssub = s.add_subparsers(dest="sidecar_command", required=True)
+    start = ssub.add_parser("start", help="start it detached (or report the one running)",
+                            description="Starts the sidecar in the background; it runs until 'unstall sidecar stop'. "
+                                        "Its log is HOME/sidecar.log.")
+    start.add_argument("--home", type=Path, default=None, help=home_help)
+    start.add_argument("--port", type=int, default=None,
+                       help="Flight port (default the sidecar's: 8815 or $UNSTALL_FLIGHT_PORT; 0 picks a free one)")
+    start.add_argument("--cache-capacity", metavar="SIZE", default=None, help="memory cache (default 1GiB)")
+    start.add_argument("--memory-budget", metavar="SIZE", default=None, help="all off-heap memory (default 2GiB)")
+    start.add_argument("--sidecar-arg", action="append", default=[], metavar="ARG",
+                       help="any other sidecar option, e.g. --sidecar-arg=--disk-cache-dir=/scratch (repeatable)")
+    start.add_argument("--java", default=None, help="java 17+ to run it (default: UNSTALL_JAVA, JAVA_HOME, PATH, "
+                                                    "then the jre extra)")
+    start.add_argument("--java-option", action="append", default=[], metavar="OPT", help="a JVM option (repeatable)")
+    start.add_argument("--jar", default=None,
+                       help="sidecar jar (default: UNSTALL_SIDECAR_JAR, else the one in the package)")
+    start.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to listen (default 60)")
+    status = ssub.add_parser("status", help="pid, addresses, health and datasets of the running one")
+    status.add_argument("--home", type=Path, default=None, help=home_help)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    stop = ssub.add_parser("stop", help="stop it gracefully (SIGTERM, then wait until it is gone)")
+    stop.add_argument("--home", type=Path, default=None, help=home_help)
+    stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to exit (default 30)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -94,7 +144,75 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return analyze_main(args)
     if args.command == "token":
         return token_main(args)
+    if args.command == "sidecar":
+        return sidecar_main(args)
     return 2  # pragma: no cover
+
+
+def sidecar_main(args: argparse.Namespace) -> int:
+    from .errors import SidecarError
+    from .sidecar import Sidecar, read_state, stop_sidecar, unstall_home, STATE_FILE_NAME
+
+    # These commands manage the home's own sidecar, never one that UNSTALL_SIDECAR names elsewhere.
+    os.environ.pop("UNSTALL_SIDECAR", None)
+    home: Path = args.home.expanduser() if args.home is not None else unstall_home()
+    cmd = args.sidecar_command
+    try:
+        if cmd == "stop":
+            stopped = stop_sidecar(home, args.timeout)
+            if stopped is None:
+                print(f"unstall sidecar: none is running for {home}", file=sys.stderr)
+                return 1
+            print(f"unstall sidecar: stopped pid {stopped.pid} ({stopped.flight})", file=sys.stderr)
+            return 0
+        if cmd == "start":
+            with Sidecar(home=home, port=args.port, detach=True, cache_capacity=args.cache_capacity,
+                         memory_budget=args.memory_budget, extra_args=args.sidecar_arg, java=args.java,
+                         java_options=args.java_option, jar=args.jar, startup_timeout=args.timeout) as sidecar:
+                how = f"started on {sidecar.java}" if sidecar.detached else "already running; options not applied"
+                print(f"unstall sidecar: pid {sidecar.pid} {how}")
+                print(f"  flight        {sidecar.flight_location}")
+                print(f"  local         {sidecar.local_endpoint or '-'}")
+                print(f"  token file    {_token_file(home)}")
+                print(f"  log           {home / 'sidecar.log'}")
+            return 0
+        state = read_state(home / STATE_FILE_NAME)
+        if state is None or not state.alive:
+            print(f"unstall sidecar: none is running for {home} (no live {home / STATE_FILE_NAME})", file=sys.stderr)
+            return 1
+        doc: Dict[str, Any] = {"home": str(home), "pid": state.pid, "flight": state.flight,
+                               "control_port": state.control_port, "local": state.local,
+                               "token_file": state.token_file, "log": str(home / "sidecar.log")}
+        with contextlib.suppress(OSError):  # the java it runs on (Linux; another user's process: unknown)
+            doc["java"] = os.readlink(f"/proc/{state.pid}/exe")
+        try:
+            with Sidecar(home=home, start=False) as sidecar:
+                doc["healthy"] = sidecar.problem() is None
+                doc["datasets"] = [{"name": d.name, "format": d.format, "uri": d.uri, "samples": d.num_samples,
+                                    "bytes": d.total_bytes} for d in sidecar.list_datasets()]
+        except SidecarError as e:
+            doc["healthy"], doc["problem"] = False, str(e)
+        if args.json:
+            print(json.dumps(doc))
+        else:
+            print(f"unstall sidecar: pid {state.pid}, {'healthy' if doc['healthy'] else 'NOT answering'}")
+            for key in ("flight", "control_port", "local", "token_file", "log", "java", "problem"):
+                if doc.get(key) is not None:
+                    print(f"  {key.replace('_', ' '):<14}{doc[key]}")
+            for d in doc.get("datasets", []):
+                print(f"  dataset       {d['name']} ({d['format']}, {d['samples']} samples, {d['bytes']} bytes) "
+                      f"{d['uri']}")
+        return 0 if doc["healthy"] else 1
+    except (SidecarError, OSError) as e:
+        print(f"unstall sidecar {cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+def _token_file(home: Path) -> str:
+    from .sidecar import STATE_FILE_NAME, read_state
+
+    state = read_state(home / STATE_FILE_NAME)
+    return state.token_file if state is not None else str(home / "token")
 
 
 def token_main(args: argparse.Namespace) -> int:
@@ -124,8 +242,18 @@ def token_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker_counts(text: str) -> List[int]:
+    try:
+        ks = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r} (e.g. 1,2,4)") from None
+    if not ks or min(ks) < 0:
+        raise argparse.ArgumentTypeError(f"worker counts must be >= 0, got {text!r}")
+    return sorted(set(ks))
+
+
 def analyze_main(args: argparse.Namespace) -> int:
-    from .analyze import model, report
+    from .analyze import ENV_SECTIONS, ENV_WORKERS, model, report
     from .analyze.runner import AnalyzeFailure, RunOptions, default_max_cache, run_mode
 
     cmd: List[str] = list(args.cmd)
@@ -138,50 +266,103 @@ def analyze_main(args: argparse.Namespace) -> int:
         cmd = [sys.executable, *cmd]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("analyze.json", "analyze.txt", "analyze.png"):
-        (out / name).unlink(missing_ok=True)  # never leave an older run's results next to this one's
+    for old in [*out.glob("analyze*.png"), out / "analyze.json", out / "analyze.txt", out / "analyze.html"]:
+        old.unlink(missing_ok=True)  # never leave an older run's results next to this one's
     opts = RunOptions(steps=args.steps, warmup=args.warmup, out_dir=out, storage_bandwidth=args.storage_bandwidth,
                       max_cache=args.max_cache or default_max_cache(), jar=args.jar, sidecar_args=args.sidecar_arg,
                       timeout_s=args.timeout, verbose=args.verbose)
+    prices = dict(model.PRICES)
+    if args.core_price is not None:
+        prices["core_hour"] = args.core_price
+    if args.gib_price is not None:
+        prices["gib_hour"] = args.gib_price
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     docs: Dict[str, Dict[str, Any]] = {}
+
+    def failed(error: str) -> int:
+        report.write_json(out / "analyze.json", {
+            "format": report.REPORT_FORMAT, "status": "failed", "error": error, "command": cmd,
+            "started": started, "completed_runs": sorted(docs)})
+        print(f"unstall analyze: {error}", file=sys.stderr)
+        print(f"unstall analyze: no analysis was produced ({out / 'analyze.json'} records the failure)", file=sys.stderr)
+        return 2
+
     try:
         for mode in ("synthetic", "cached", "cold"):
             docs[mode] = run_mode(cmd, mode, opts)
-        datasets = {(d["dataset"].get("name"), d["dataset"].get("num_samples")) for d in docs.values()}
-        if len(datasets) != 1:
-            raise AnalyzeFailure(f"the runs analysed different datasets: {sorted(map(str, datasets))}; "
-                                 "the first DataLoader the command iterates must be the same every time")
-        runs = {m: model.Run.from_report(d) for m, d in docs.items()}
-        ds = docs["cold"]["dataset"]
-        prices = dict(model.PRICES)
-        if args.core_price is not None:
-            prices["core_hour"] = args.core_price
-        if args.gib_price is not None:
-            prices["gib_hour"] = args.gib_price
-        storage_Bps = (docs["cached"].get("warm") or {}).get("storage_Bps")
-        analysis = model.analyze(runs, int(ds.get("total_bytes", 0)), int(ds.get("num_samples", 0)), storage_Bps,
-                                 prices, args.max_workers)
-    except (AnalyzeFailure, ValueError) as e:
-        report.write_json(out / "analyze.json", {
-            "format": report.REPORT_FORMAT, "status": "failed", "error": str(e), "command": cmd,
-            "started": started, "completed_runs": sorted(docs)})
-        print(f"unstall analyze: {e}", file=sys.stderr)
-        print(f"unstall analyze: no analysis was produced ({out / 'analyze.json'} records the failure)", file=sys.stderr)
-        return 2
-    summary = report.text(cmd, analysis, runs, ds)
-    doc = {"format": report.REPORT_FORMAT, "status": "ok", "command": cmd, "started": started,
-           "storage_bandwidth": args.storage_bandwidth, "dataset": ds,
-           "runs": {m: {k: v for k, v in d.items() if k not in ("wait_ns", "step_ns")} for m, d in docs.items()},
-           "analysis": analysis.as_dict()}
-    report.write_json(out / "analyze.json", doc)
+            opts.env[ENV_SECTIONS] = str(len(docs["synthetic"]["sections"]))  # later runs end after as many loaders
+        for k in args.validate_workers or ():
+            docs[f"cold-w{k}"] = run_mode(cmd, "cold", replace(opts, env={**opts.env, ENV_WORKERS: str(k)}),
+                                          label=f"cold-w{k}")
+    except AnalyzeFailure as e:
+        return failed(str(e))
+    sections = [_section(i, docs, prices, args.max_workers) for i in range(len(docs["synthetic"]["sections"]))]
+    results = [r for r, _ in sections]
+    if not any(r["status"] == "ok" for r in results):
+        return failed("; ".join(f"loader {r['index']}: {r['error']}" for r in results))
+    title = f"unstall analyze: {shlex.join(cmd)}"
+    summary = f"{title}\n\n" + "\n".join(
+        sec.text if sec.analysis is not None else f"{sec.heading}\n  not analysed: {sec.error}\n" for _, sec in sections)
+    report.write_json(out / "analyze.json", {
+        "format": report.REPORT_FORMAT, "status": "ok", "command": cmd, "started": started,
+        "storage_bandwidth": args.storage_bandwidth, "sections": results})
     (out / "analyze.txt").write_text(summary)
-    png = report.write_png(out / "analyze.png", analysis, f"unstall analyze: {ds.get('name')} "
-                                                           f"(batch {analysis.batch_size:g}, {analysis.num_workers} workers)")
+    pngs = [out / ("analyze.png" if i == 0 else f"analyze-{i}.png") for i in range(len(sections))]
+    drawn = [p for p, (_, sec) in zip(pngs, sections)
+             if sec.analysis is not None and report.write_png(p, sec.analysis, sec.heading, sec.validation)]
+    report.write_html(out / "analyze.html", title, [sec for _, sec in sections])
     print(summary, end="")
-    print(f"\n  wrote {out / 'analyze.json'}, {out / 'analyze.txt'}"
-          + (f", {out / 'analyze.png'}" if png else " (no picture: pip install 'unstall[analyze]' for matplotlib)"))
+    print(f"\n  wrote {out / 'analyze.json'}, {out / 'analyze.txt'}, {out / 'analyze.html'}"
+          + (", " + ", ".join(map(str, drawn)) if drawn else " (no pictures: pip install 'unstall[analyze]' for matplotlib)"))
     return 0
+
+
+def _section(i: int, docs: Mapping[str, Mapping[str, Any]], prices: Mapping[str, float],
+             max_workers: Optional[int]) -> Tuple[Dict[str, Any], Any]:
+    """Loader ``i``'s part of the report: its analysis from the three runs, and its worker-count what-if
+    against the validation runs (``cold-wK``); or why it has none."""
+    from .analyze import model, report
+
+    first = docs["synthetic"]["sections"][i]
+    kind, ds = first.get("kind", "loader"), first.get("dataset") or {}
+    heading = f"loader {i}: {kind} over dataset {ds.get('name')!r}"
+    result: Dict[str, Any] = {"index": i, "kind": kind, "dataset": ds}
+    secs: Dict[str, Dict[str, Any]] = {}
+    errors: Dict[str, str] = {}
+    for label, doc in docs.items():
+        found = [s for s in doc["sections"] if s["index"] == i]
+        if not found:
+            errors[label] = f"the {label} run iterated only {len(doc['sections'])} loaders"
+        elif found[0]["status"] != "ok":
+            errors[label] = f"{label} run: {found[0].get('error')}"
+        elif (found[0].get("dataset") or {}).get("name") != ds.get("name"):
+            errors[label] = (f"the {label} run's loader {i} reads dataset {found[0]['dataset'].get('name')!r}, not "
+                             f"{ds.get('name')!r}: the command must iterate its loaders in the same order every time")
+        else:
+            secs[label] = found[0]
+    modes = ("synthetic", "cached", "cold")
+    try:
+        if any(m in errors for m in modes):
+            raise ValueError("; ".join(errors[m] for m in modes if m in errors))
+        runs = {m: model.Run.from_report(secs[m]) for m in modes}
+        storage_Bps = (secs["cached"].get("warm") or {}).get("storage_Bps")
+        a = model.analyze(runs, int(ds.get("total_bytes", 0)), int(ds.get("num_samples", 0)), storage_Bps,
+                          prices, max_workers)
+    except ValueError as e:
+        result.update(status="error", error=str(e))
+        return result, report.Section(heading, error=str(e))
+    validation = []
+    for label in docs:
+        if label.startswith("cold-w"):
+            k = int(label[len("cold-w"):])
+            validation.append(model.validate_workers(a, k, model.Run.from_report(secs[label])) if label in secs
+                              else {"workers": k, "predicted": a.predict(0.0, k), "measured": None,
+                                    "error": errors[label]})
+    text = report.text(heading, a, runs, ds, docs["cold"]) + report.validation_text(validation)
+    result.update(status="ok", runs={m: {k: v for k, v in d.items() if k not in ("wait_ns", "step_ns")}
+                                     for m, d in secs.items()},
+                  analysis=a.as_dict(), validation=validation)
+    return result, report.Section(heading, a, runs, text, validation)
 
 
 if __name__ == "__main__":

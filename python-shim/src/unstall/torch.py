@@ -31,13 +31,13 @@ import torch.utils.data as tud
 from torch.utils.data import get_worker_info
 
 from ._alloc import tune_worker_allocator
+from . import formats as _formats
 from . import progress as _progress
 from . import tracing as _tracing  # registers its iterator hook first
 from .analyze import ENV_MODE as _ANALYZE_MODE
 from .hooks import IteratorHook, RemovableHandle, register_iterator_hook, run_iterator_hooks
 from .client import FlightClient, grpc_used_in_this_process
 from .errors import SidecarError, SidecarUnavailableError
-from .formats import DECODERS
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
@@ -330,6 +330,12 @@ class Dataset(tud.Dataset):
     ``shard@offset`` for formats without labels (tfrecord). A batch of indices (``__getitems__``, which
     torch's fetcher calls) is one request to the sidecar.
 
+    The formats ``webdataset``, ``npy``, ``npz`` and ``csv`` (``unstall.formats``) decode their samples
+    themselves, as the format's own reader does: a webdataset dict (or, with ``options={"payload": ...}``,
+    the payload's bytes), a numpy row, a CSV row's dict. ``dataset[i]`` is then ``transform(sample)`` alone,
+    or ``(transform(sample), target_transform(label))`` when ``options`` name a ``label``. A ``loader``
+    given for them replaces the decoder: it receives the stored bytes of the sample.
+
     ``loader`` receives the payload as a read-only ``memoryview``, in place (no copy): in the sidecar's
     shared memory, or in the received Flight buffer. Return something that owns its data (a decoded
     image, ``bytes(view)``): a view is not picklable (DataLoader workers send samples to the trainer),
@@ -378,8 +384,8 @@ class Dataset(tud.Dataset):
         self.format = self.info.format
         self.transform = transform
         self.target_transform = target_transform
-        # Formats whose payload is an encoding of the sample (a Parquet row, an HDF5 row) decode by default.
-        self.loader = loader if loader is not None or self.format not in DECODERS else DECODERS[self.format](self.info)
+        self.loader = loader
+        self.decoder: Optional[_formats.Decoder] = _formats.decoder_for(self.info) if loader is None else None
         self.classes: List[str] = list(self.info.classes or [])
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.epoch = 0  # used for plain int indices (a stock torch DataLoader); EpochIndex carries its own
@@ -474,6 +480,10 @@ class Dataset(tud.Dataset):
     def _convert(self, batch: SampleBatch) -> List[Tuple[Any, Any]]:
         tune_worker_allocator()  # a worker keeps its freed heap for the next batch (unstall/_alloc.py)
         t0 = time.perf_counter_ns()
+        if self.decoder is not None:
+            out = self._decoded(self.decoder, batch)
+            _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0)
+            return out
         load = self.loader if self.loader is not None else bytes
         out = []
         for payload, label, key in zip(batch.payloads, batch.label_list(), batch.keys):
@@ -486,6 +496,14 @@ class Dataset(tud.Dataset):
             out.append((sample, target))
         _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0)
         return out
+
+    def _decoded(self, decoder: "_formats.Decoder", batch: SampleBatch) -> List[Any]:
+        items = decoder.decode(batch.payloads, batch.label_list(), batch.keys)
+        transform, target_transform = self.transform, self.target_transform
+        if not decoder.labelled:
+            return items if transform is None else [transform(s) for s in items]
+        return [(s if transform is None else transform(s), t if target_transform is None else target_transform(t))
+                for s, t in items]
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()  # the clients drop their connections themselves; no Sidecar is held
@@ -543,7 +561,7 @@ class DataLoader(tud.DataLoader):
     ``transform``, ``collate_fn`` or ``worker_init_fn`` work). Over Flight, once this process has used
     gRPC, workers start from a clean forkserver instead, unless ``multiprocessing_context`` is given.
 
-    When ``dataset`` is a name, ``root``/``format``/``loader``/``transform``/``target_transform``
+    When ``dataset`` is a name, ``root``/``format``/``options``/``loader``/``transform``/``target_transform``
     /``sidecar``/``transport`` build the ``Dataset``.
 
     ``iter(loader)`` returns torch's iterator wrapped by the registered iterator hooks
@@ -580,12 +598,14 @@ class DataLoader(tud.DataLoader):
         transform: Optional[Callable[[Any], Any]] = None,
         target_transform: Optional[Callable[[Any], Any]] = None,
         transport: Optional[str] = None,
+        options: Optional[dict[str, Any]] = None,
     ) -> None:
         if isinstance(dataset, str):
             dataset = Dataset(
                 dataset,
                 root=root,
                 format=format,
+                options=options,
                 transform=transform,
                 target_transform=target_transform,
                 loader=loader,
@@ -595,7 +615,7 @@ class DataLoader(tud.DataLoader):
         elif isinstance(dataset, Dataset):
             given = [k for k, v in (("root", root), ("loader", loader), ("transform", transform),
                                     ("target_transform", target_transform), ("sidecar", sidecar),
-                                    ("transport", transport)) if v is not None]
+                                    ("transport", transport), ("options", options)) if v is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} only apply when dataset is a name; set them on the Dataset")
         else:

@@ -1,6 +1,9 @@
-"""The shim's side of ``unstall analyze``: inside the training command, the first DataLoader iterated
-follows ``UNSTALL_ANALYZE_*``: optional cache warm pass, ``warmup`` untimed steps, ``steps`` timed steps
-(synthetic: copies of the first batch, nothing fetched), then the JSON report and ``SystemExit(0)``.
+"""The shim's side of ``unstall analyze``: inside the training command, every loader the command
+iterates follows ``UNSTALL_ANALYZE_*``: optional cache warm pass, ``warmup`` untimed steps, ``steps``
+timed steps (synthetic: copies of the first batch, nothing fetched), then that loader's epoch ends early
+and the command goes on to its next loader. Each loader is one section of the run's JSON report. The
+process ends with ``SystemExit(0)`` when the loop comes back to a loader already analysed, or after
+``UNSTALL_ANALYZE_SECTIONS`` loaders; a command that ends by itself gets its report written at exit.
 
 A step is the time from one batch's return to the next batch's return: the trainer's work on a batch
 plus the wait for the next one. The timed window runs from the return of batch ``warmup`` to the return
@@ -8,11 +11,12 @@ of batch ``warmup + steps``; that last batch is never handed to the trainer.
 
 Importing this module in a process with ``UNSTALL_ANALYZE_MODE`` set (``unstall.torch`` does) registers
 :func:`iterator_hook` with ``unstall.hooks``, after ``unstall.tracing``'s: the analysis wraps the
-observed iterator.
+observed iterator. ``unstall.tf`` calls :func:`iterate` from its ``tf.data.Dataset.__iter__`` hook.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -22,15 +26,14 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-import numpy as np
-
-from . import ENV_MODE, ENV_REPORT, ENV_STEPS, ENV_WARM, ENV_WARMUP, MODES
+from . import ENV_MODE, ENV_REPORT, ENV_SECTIONS, ENV_STEPS, ENV_WARM, ENV_WARMUP, ENV_WORKERS, MODES
 from .. import tracing  # first: its hook must be registered before this module's
 from ..hooks import IteratorWrapper, register_iterator_hook
+from .sources import SIDECAR_KEYS, WORK_KEYS, Source, TorchSource
 
-__all__ = ["Session", "session_for", "iterator_hook", "write_json_atomic", "ProgressFile"]
+__all__ = ["Session", "session", "iterate", "iterator_hook", "write_json_atomic", "ProgressFile", "AnalyzeError"]
 
-REPORT_FORMAT = "unstall.analyze-run/1"
+REPORT_FORMAT = "unstall.analyze-run/2"
 
 
 def write_json_atomic(path: Path, doc: Dict[str, Any]) -> None:
@@ -61,37 +64,28 @@ class ProgressFile:
             pass
 
 
-def clone_batch(batch: Any) -> Any:
-    """A copy of a collated batch: tensors cloned (fresh memory, as a new batch would have), containers
-    rebuilt, anything else shared."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.clone()
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(clone_batch(b) for b in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(clone_batch(b) for b in batch)
-    if isinstance(batch, dict):
-        return type(batch)((k, clone_batch(v)) for k, v in batch.items())
-    return batch
-
-
 class AnalyzeError(Exception):
-    """Ends the run with an error report (and exit status 3)."""
+    """A loader that cannot be analysed; the message is for the user."""
 
 
 class Session:
-    """The analysis settings of this process (from the environment) and the loader it claimed."""
+    """The analysis settings of this process (from the environment) and its sections, one per loader."""
 
-    def __init__(self, mode: str, steps: int, warmup: int, report: Path, warm: bool) -> None:
+    def __init__(self, mode: str, steps: int, warmup: int, report: Path, warm: bool,
+                 expected_sections: Optional[int] = None, workers: Optional[int] = None) -> None:
         self.mode = mode
         self.steps = steps
         self.warmup = warmup
         self.report = report
         self.warm = warm or mode == "cached"
+        self.expected_sections = expected_sections
+        self.workers = workers
         self.progress = ProgressFile(report.with_name(report.name + ".progress"))
-        self._loader: Optional[weakref.ref] = None
+        self.sections: List[Dict[str, Any]] = []
+        self._keys: List[weakref.ref] = []
+        self._active: Dict[int, "AnalyzedIterator"] = {}
+        self._warmed: Dict[str, Dict[str, Any]] = {}
+        self._written = False
 
     @classmethod
     def from_env(cls) -> Optional["Session"]:
@@ -106,70 +100,110 @@ class Session:
             warmup = int(os.environ.get(ENV_WARMUP, "2"))
             if steps < 1 or warmup < 1:
                 raise ValueError(f"{ENV_STEPS} and {ENV_WARMUP} must be >= 1, got {steps} and {warmup}")
+            expected = int(os.environ[ENV_SECTIONS]) if os.environ.get(ENV_SECTIONS) else None
+            workers = int(os.environ[ENV_WORKERS]) if os.environ.get(ENV_WORKERS) else None
         except ValueError as e:
             _fail(report, mode, str(e))
-        return cls(mode, steps, warmup, report, os.environ.get(ENV_WARM, "") == "1")
+        return cls(mode, steps, warmup, report, os.environ.get(ENV_WARM, "") == "1", expected, workers)
 
-    def claims(self, loader: Any) -> bool:
-        """The first DataLoader iterated in this process is the one analysed."""
-        if self._loader is None:
-            self._loader = weakref.ref(loader)
-            return True
-        return self._loader() is loader
-
-    def iterate(self, obs: "tracing.LoaderObserver", make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
-        loader = obs.loader
+    def iterate(self, key: Any, make_source: Callable[[], Source], make_iterator: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """The epoch iterator of the loader ``key``: analysed the first time the loop iterates it; when
+        the loop comes back to a loader already seen, every loader has had its turn: the run ends."""
+        if any(k() is key for k in self._keys):
+            self.finish()
+        self._keys.append(weakref.ref(key))
+        index = len(self._keys) - 1
+        source: Optional[Source] = None
         try:
-            return AnalyzedIterator(self, obs, make_iterator, epoch)
-        except AnalyzeError as e:
-            _fail(self.report, self.mode, str(e), loader=loader)
-            raise AssertionError("unreachable")  # pragma: no cover
+            source = make_source()
+            it = AnalyzedIterator(self, index, source, make_iterator)
+        except AnalyzeError as e:  # this loader cannot be analysed: it runs unchanged, its section says why
+            self.add_section(index, source, error=str(e))
+            return make_iterator()
+        self._active[index] = it
+        return it
+
+    def warm_cache(self, source: Source) -> Dict[str, Any]:
+        target = source.warm_target()
+        if target.dataset not in self._warmed:
+            self._warmed[target.dataset] = warm_cache(target.location, target.token, target.dataset, self)
+        return self._warmed[target.dataset]
+
+    def add_section(self, index: int, source: Optional[Source], error: Optional[str] = None,
+                    **doc: Any) -> None:
+        self._active.pop(index, None)
+        section: Dict[str, Any] = {"index": index, "status": "ok" if error is None else "error"}
+        if source is not None:
+            section.update(kind=source.kind, dataset=_describe(source))
+        if error is not None:
+            section["error"] = error
+        section.update(doc)
+        self.sections.append(section)
+        self.sections.sort(key=lambda s: s["index"])
+        if self.expected_sections is not None and len(self.sections) >= self.expected_sections:
+            self.finish()
+
+    def write(self) -> None:
+        """The run's report: every section so far; a loader still in its window is one that the
+        command stopped iterating."""
+        if self._written or not self._keys:
+            return
+        self._written = True
+        for index, it in list(self._active.items()):
+            self.add_section(index, it.source, error=(
+                f"the loop stopped iterating this {it.source.kind} after {it.returned} batches, before "
+                f"{self.warmup} warm-up + {self.steps} timed steps"))
+        write_json_atomic(self.report, {"format": REPORT_FORMAT, "status": "ok", "mode": self.mode,
+                                        "sections": self.sections, "cpu_count": os.cpu_count(),
+                                        "load_average": os.getloadavg()[0]})
+        self.progress.update("done", 1, 1, force=True)
+
+    def finish(self) -> None:
+        self.write()
+        raise SystemExit(0)
 
 
 _session: Optional[Session] = None
 _session_pid: Optional[int] = None
 
 
-def session_for(loader: Any) -> Optional[Session]:
-    """The analysis session when this process runs under ``unstall analyze`` and ``loader`` is the
-    analysed one (never in a DataLoader worker)."""
+def session() -> Optional[Session]:
+    """The analysis session when this process runs under ``unstall analyze`` (never in a DataLoader
+    worker: a forked copy gets its own, unused)."""
     global _session, _session_pid
     if ENV_MODE not in os.environ:
         return None
     if _session_pid != os.getpid():
         _session, _session_pid = Session.from_env(), os.getpid()
-    if _session is None or not _session.claims(loader):
-        return None
+        if _session is not None:
+            atexit.register(_session.write)
     return _session
 
 
-def iterator_hook(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
-    """The analysed loader's epoch iterator, driven by the analysis; any other loader's, unchanged.
-    ``make_iterator`` builds the observed iterator (``unstall.tracing``'s hook runs before this one)."""
-    session = session_for(loader)
-    if session is None:
+def iterate(key: Any, make_source: Callable[[], Source], make_iterator: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """The epoch iterator of a loader (``key``): driven by the analysis in a run of ``unstall analyze``,
+    ``make_iterator()`` otherwise."""
+    s = session()
+    if s is None:
         return make_iterator()
-    return session.iterate(tracing.observer_of(loader), make_iterator, epoch)
+    return s.iterate(key, make_source, make_iterator)
 
 
-def _dataset_doc(loader: Any) -> Dict[str, Any]:
-    ds = loader.dataset
-    info = getattr(ds, "info", None)
-    doc: Dict[str, Any] = {"name": getattr(ds, "name", None)}
-    if info is not None:
-        doc.update(num_samples=int(info.num_samples), total_bytes=int(info.total_bytes), format=info.format)
-    else:
-        try:
-            doc["num_samples"] = len(ds)
-        except TypeError:
-            pass
-    return doc
+def iterator_hook(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
+    """``unstall.torch.DataLoader``'s hook. ``make_iterator`` builds the observed iterator (``unstall.tracing``'s
+    hook runs before this one)."""
+    return iterate(loader, lambda: TorchSource(tracing.observer_of(loader)), make_iterator)
 
 
-def _fail(report: Path, mode: str, message: str, loader: Any = None) -> None:
+def _describe(source: Source) -> Dict[str, Any]:
+    try:
+        return source.describe()
+    except Exception as e:  # the report still says which loader failed
+        return {"error": str(e)}
+
+
+def _fail(report: Path, mode: str, message: str) -> None:
     doc: Dict[str, Any] = {"format": REPORT_FORMAT, "status": "error", "mode": mode, "error": message}
-    if loader is not None:
-        doc["dataset"] = _dataset_doc(loader)
     try:
         write_json_atomic(report, doc)
     except OSError:
@@ -179,52 +213,53 @@ def _fail(report: Path, mode: str, message: str, loader: Any = None) -> None:
 
 
 class AnalyzedIterator(IteratorWrapper):
-    """Around the observed iterator (``make_iterator()``), the analysis: warm, synthetic copies, the
-    timed window, the end. Synthetic copies bypass the observed iterator: they are not observed."""
+    """Around the loader's real iterator (``make_iterator()``), the analysis: warm, synthetic copies,
+    the timed window, the early end of the epoch. Synthetic copies bypass the real iterator."""
 
-    def __init__(self, session: Session, obs: "tracing.LoaderObserver", make_iterator: Callable[[], Iterator[Any]],
-                 epoch: int) -> None:
+    def __init__(self, session: Session, index: int, source: Source, make_iterator: Callable[[], Iterator[Any]]) -> None:
         self.s = session
-        loader = obs.loader
-        if not hasattr(loader.dataset, "name") or not hasattr(loader.dataset, "_client"):
-            raise AnalyzeError(f"the analysed DataLoader's dataset is a {type(loader.dataset).__name__}, "
-                               "not an unstall.torch.Dataset")
-        try:
-            self.epoch_batches: Optional[int] = len(loader)
-        except TypeError:
-            self.epoch_batches = None
+        self.index = index
+        self.source = source
+        if session.workers is not None and isinstance(source, TorchSource):
+            source.set_num_workers(session.workers)
+        self.epoch_batches = source.epoch_batches()
         need = session.warmup + session.steps
         if self.epoch_batches is not None and need > self.epoch_batches:
+            ds = source.describe()
             raise AnalyzeError(
                 f"{session.warmup} warm-up + {session.steps} timed steps = {need} batches, but an epoch of this "
-                f"DataLoader has only {self.epoch_batches} ({_dataset_doc(loader).get('num_samples')} samples, "
-                f"batch size {loader.batch_size}); use --steps {max(self.epoch_batches - session.warmup, 0)} or fewer")
-        self.warm_doc: Optional[Dict[str, Any]] = None
-        if session.warm:
-            self.warm_doc = warm_cache(loader.dataset, session)
+                f"{source.kind} has only {self.epoch_batches} ({ds.get('num_samples')} samples, batch size "
+                f"{_g(source.batch_size(None))}); use --steps {max(self.epoch_batches - session.warmup, 0)} or fewer")
+        self.warm_doc: Optional[Dict[str, Any]] = session.warm_cache(source) if session.warm else None
         super().__init__(make_iterator())
-        self._obs = obs
         self.returned = 0
         self.first_batch: Any = None
+        self.batch_size: Optional[float] = None
         self.window_start: Optional[int] = None
         self.waits: List[int] = []
         self.steps_ns: List[int] = []
         self.prev_return: Optional[int] = None
-        self.work0: Optional[np.ndarray] = None
-        self.sidecar0: Any = None
+        self.work0: Dict[str, int] = {}
+        self.sidecar0: Optional[Dict[str, int]] = None
         self.synthetic_from_now = False
+        self.done = False
 
     def __next__(self) -> Any:
         s = self.s
+        if self.done:
+            raise StopIteration
         t0 = time.perf_counter_ns()
         if self.synthetic_from_now:
-            batch = clone_batch(self.first_batch)
+            batch = self.source.clone(self.first_batch)
         else:
             try:
                 batch = next(self._inner)
             except StopIteration:
-                raise AnalyzeError(
-                    f"the epoch ended after {self.returned} batches, before {s.warmup} warm-up + {s.steps} timed steps")
+                self.done = True
+                s.add_section(self.index, self.source, error=(
+                    f"the epoch ended after {self.returned} batches, before {s.warmup} warm-up + {s.steps} timed steps; "
+                    f"use --steps {max(self.returned - s.warmup, 0)} or fewer"))
+                raise
         t1 = time.perf_counter_ns()
         self.returned += 1
         if self.window_start is not None:
@@ -232,81 +267,54 @@ class AnalyzedIterator(IteratorWrapper):
             self.steps_ns.append(t0 - (self.prev_return or t0))
         self.prev_return = t1
         s.progress.update("steps", self.returned, s.warmup + s.steps)
-        if s.mode == "synthetic" and self.returned == 1:
-            self.first_batch = batch
-            self._stop_inner()
-            self.synthetic_from_now = True
+        if self.returned == 1:
+            self.batch_size = self.source.batch_size(batch)
+            if s.mode == "synthetic":
+                self.first_batch = batch
+                self.source.stop(self._inner)
+                self._inner = iter(())  # nothing may keep loading (and using CPU) behind the synthetic steps
+                self.synthetic_from_now = True
         if self.returned == s.warmup:
-            self.work0 = self._obs.work()
-            self.sidecar0 = self._sidecar_stats()
+            self.work0 = self.source.work()
+            self.sidecar0 = None if s.mode == "synthetic" else self.source.sidecar_totals()
             self.window_start = time.perf_counter_ns()
             self.prev_return = self.window_start
         elif self.returned == s.warmup + s.steps:
             self._finish_window(time.perf_counter_ns())
+            raise StopIteration  # this loader's epoch ends here: the command goes on to its next loader
         return batch
-
-    def _stop_inner(self) -> None:
-        shutdown = getattr(self._inner, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()  # no worker may keep fetching (and using CPU) behind the synthetic steps
-
-    def _sidecar_stats(self) -> Any:
-        if self.s.mode == "synthetic":
-            return None
-        ds = self._obs.loader.dataset
-        try:
-            st = tracing._dataset_stats(ds)  # over the control plane: this process may still fork workers
-            return (st if st is not None else ds._client.stats().dataset(ds.name)).total
-        except Exception:
-            return None
 
     def _finish_window(self, end: int) -> None:
         s = self.s
-        loader = self._obs.loader
-        assert self.window_start is not None and self.work0 is not None
-        work = self._obs.work() - self.work0
-        sidecar1 = self._sidecar_stats()
+        assert self.window_start is not None
+        self.done = True
+        work1 = self.source.work()
+        sidecar1 = None if s.mode == "synthetic" else self.source.sidecar_totals()
         side = None
         if self.sidecar0 is not None and sidecar1 is not None:
-            side = {k: getattr(sidecar1, k) - getattr(self.sidecar0, k)
-                    for k in ("samples", "hits", "misses", "storage_bytes", "cache_bytes")}
-        batch_size = loader.batch_size
-        if batch_size is None and self.epoch_batches:
-            batch_size = len(loader.dataset) / self.epoch_batches
-        doc = {
-            "format": REPORT_FORMAT,
-            "status": "ok",
-            "mode": s.mode,
-            "steps": s.steps,
-            "warmup": s.warmup,
-            "batch_size": batch_size,
-            "epoch_batches": self.epoch_batches,
-            "num_workers": int(loader.num_workers),
-            "elapsed_ns": end - self.window_start,
-            "wait_ns": self.waits,
-            "step_ns": self.steps_ns,
-            "work": {"fetch_calls": int(work[tracing.FETCH_CALLS]), "fetch_ns": int(work[tracing.FETCH_NS]),
-                     "fetch_bytes": int(work[tracing.FETCH_BYTES]), "fetch_samples": int(work[tracing.FETCH_SAMPLES]),
-                     "prep_ns": int(work[tracing.PREP_NS]), "prep_samples": int(work[tracing.PREP_SAMPLES])},
-            "sidecar": side,
-            "warm": self.warm_doc,
-            "dataset": _dataset_doc(loader),
-            "cpu_count": os.cpu_count(),
-        }
-        write_json_atomic(s.report, doc)
-        s.progress.update("done", self.returned, s.warmup + s.steps, force=True)
-        self._stop_inner()
-        raise SystemExit(0)
+            side = {k: sidecar1[k] - self.sidecar0[k] for k in SIDECAR_KEYS}
+        if not self.synthetic_from_now:
+            self.source.stop(self._inner)
+        self._inner = iter(())  # the real iterator goes now (a tf.data iterator's threads with it)
+        s.add_section(
+            self.index, self.source, mode=s.mode, steps=s.steps, warmup=s.warmup, batch_size=self.batch_size,
+            epoch_batches=self.epoch_batches, num_workers=self.source.num_workers(), elapsed_ns=end - self.window_start,
+            wait_ns=self.waits, step_ns=self.steps_ns,
+            work={k: work1.get(k, 0) - self.work0.get(k, 0) for k in WORK_KEYS}, sidecar=side, warm=self.warm_doc)
 
 
-def warm_cache(dataset: Any, session: Session) -> Dict[str, Any]:
+def _g(x: Optional[float]) -> str:
+    return "?" if x is None else f"{x:g}"
+
+
+def warm_cache(location: str, token: str, dataset: str, session: Session) -> Dict[str, Any]:
     """Reads the whole dataset once, in a separate process (this one must not use gRPC before it forks
     its DataLoader workers), so that the cache holds what fits. Returns the warm process's JSON."""
     env = dict(os.environ)
     env.update(
-        UNSTALL_WARM_LOCATION=dataset._client.location,
-        UNSTALL_WARM_TOKEN=(dataset._client._token or b"").decode(),
-        UNSTALL_WARM_DATASET=dataset.name,
+        UNSTALL_WARM_LOCATION=location,
+        UNSTALL_WARM_TOKEN=token,
+        UNSTALL_WARM_DATASET=dataset,
         UNSTALL_WARM_PROGRESS=str(session.progress.path or ""),
         UNSTALL_WARM_REQUIRE_ALL="1" if session.mode == "cached" else "0",
     )

@@ -7,11 +7,12 @@
 Of the cold run's time, ``t1/t2`` is the trainer's own work, ``(t3 - t1)/t2`` the prep stall and
 ``(t2 - t3)/t2`` the fetch stall.
 
-What-if, per batch, for a cached fraction ``f`` and ``k`` DataLoader workers. ``g = t1/N`` is the
-trainer's step, ``Q`` the loader's work per batch without storage (from the cached run), ``s`` the
-storage time per batch at the storage bandwidth measured while warming the cache (DS-Analyzer also
-measures disk bandwidth on its own). The loader stage is ``L = g + Q`` with ``k = 0`` (the trainer's
-thread does everything) and ``max(g, Q/k)`` with workers. Two ways storage can behave:
+What-if, per batch, for a cached fraction ``f`` and ``k`` loader workers (DataLoader workers; a
+tf.data pipeline's parallelism). ``g = t1/N`` is the trainer's step, ``Q`` the loader's work per batch
+without storage (from the cached run), ``s`` the storage time per batch at the storage bandwidth
+measured while warming the cache (DS-Analyzer also measures disk bandwidth on its own). The loader
+stage is ``L = g + Q`` with ``k = 0`` (the trainer's thread does everything) and ``max(g, Q/k)`` with
+workers. Two ways storage can behave:
 
 * **overlapped** (the sidecar prefetches, or the link has slack and bursts):
   ``cycle = max(L, (1 - f) * s)``: storage is a stage of its own, as in DS-Analyzer's ``min`` of rates;
@@ -27,7 +28,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["Run", "Analysis", "analyze", "cycle_time", "PRICES"]
+__all__ = ["Run", "Analysis", "analyze", "cycle_time", "validate_workers", "PRICES"]
 
 # Defaults for the cost of a configuration (USD per hour): roughly what one vCPU and one GiB of memory
 # add to an on-demand cloud VM (c6i vs r6i large, us-east-1, 2026); override with --core-price/--gib-price.
@@ -162,7 +163,9 @@ def analyze(runs: Mapping[str, Run], dataset_bytes: int, num_samples: int, stora
     elif c3 > g * (1 + STALL_TOLERANCE):
         q = w * c3  # the workers were the bottleneck of the cached run
     else:  # no prep stall: only the loader's own busy time says how much work a batch is
-        per_sample = (cached.fetch_s + cached.prep_s) / cached.prepped_samples if cached.prepped_samples else 0.0
+        # (a tf.data job counts fetches only: its prep runs in tf.data's threads, untimed)
+        counted = cached.prepped_samples or cached.fetched_samples
+        per_sample = (cached.fetch_s + cached.prep_s) / counted if counted else 0.0
         q = per_sample * b
     batch_bytes = dataset_bytes / num_samples * b if num_samples else 0.0
     if storage_Bps:
@@ -210,6 +213,20 @@ def _cheapest(a: Analysis, kmax: int) -> Dict[str, Any]:
     cost, f, k = best
     return {"found": True, "stalled_now": stalled_now, "cache_fraction": f, "cache_bytes": f * a.dataset_bytes,
             "workers": k, "samples_per_s": a.predict(f, k), "cost_per_hour": cost}
+
+
+def validate_workers(a: Analysis, workers: int, measured: Run) -> Dict[str, Any]:
+    """The what-if's cold-cache throughput with ``workers`` against a rerun of the command with them."""
+    row: Dict[str, Any] = {"workers": workers, "predicted": a.predict(0.0, workers), "measured": measured.rate}
+    if measured.num_workers != workers:  # a tf.data pipeline keeps its own parallelism
+        row.update(error=f"the loader ran with parallelism {measured.num_workers}: only an "
+                         f"unstall.torch.DataLoader's num_workers can be set from outside")
+    elif (measured.steps, measured.batch_size) != (a.steps, a.batch_size):
+        row.update(error=f"the rerun timed {measured.steps} steps of {measured.batch_size:g}, "
+                         f"the analysis {a.steps} of {a.batch_size:g}")
+    else:
+        row.update(error=None, relative_error=(row["predicted"] - measured.rate) / measured.rate)
+    return row
 
 
 def summarize_fractions(a: Analysis) -> Sequence[Tuple[str, float]]:

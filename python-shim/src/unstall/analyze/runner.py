@@ -64,7 +64,8 @@ def _tail(path: Path, n: int = 20) -> str:
 
 def run_mode(cmd: Sequence[str], mode: str, opts: RunOptions, *, cache_capacity: Optional[int] = None,
              warm: bool = False, label: Optional[str] = None) -> Dict[str, Any]:
-    """Runs ``cmd`` once in ``mode`` and returns the shim's ``ok`` report (plus ``exit_status`` and ``log``)."""
+    """Runs ``cmd`` once in ``mode`` and returns the shim's ``ok`` report (plus ``exit_status`` and ``log``):
+    one section per loader the command iterated, at least one of them analysed."""
     label = label or mode
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,23 +109,27 @@ def run_mode(cmd: Sequence[str], mode: str, opts: RunOptions, *, cache_capacity:
             doc = json.loads(report.read_text())
         except ValueError:
             doc = None
-    if doc is not None and doc.get("status") == "ok":
-        doc["exit_status"], doc["log"], doc["wall_s"] = code, str(log_path), elapsed
-        return doc
     if doc is not None and doc.get("status") == "error":
         raise AnalyzeFailure(f"the {label} run stopped: {doc.get('error')}")
+    sections = (doc or {}).get("sections") or []
+    if doc is not None and any(s.get("status") == "ok" for s in sections):
+        doc["exit_status"], doc["log"], doc["wall_s"] = code, str(log_path), elapsed
+        return doc
     if code is None:
         raise AnalyzeFailure(f"the {label} run did not finish within {opts.timeout_s:.0f} s and was stopped; "
                              f"its output is in {log_path}:\n{_tail(log_path)}")
     if code != 0:
         raise AnalyzeFailure(
             f"the command failed with exit status {code} in the {label} run, before {opts.warmup} + {opts.steps} "
-            f"steps of an unstall.torch.DataLoader were timed; last lines of its output ({log_path}):\n{_tail(log_path)}")
-    what = ("it registered " + ", ".join(sorted(seen)) + " but never iterated an unstall.torch.DataLoader over it"
-            if seen else "it never used the unstall shim (no dataset was registered with the sidecar)")
+            f"steps of a loader were timed; last lines of its output ({log_path}):\n{_tail(log_path)}")
+    if sections:
+        raise AnalyzeFailure(f"the {label} run stopped: " + "; ".join(str(s.get("error")) for s in sections))
+    what = ("it registered " + ", ".join(sorted(seen)) + " but never iterated an unstall.torch.DataLoader or a "
+            "tf.data.Dataset over unstall.tf.dataset" if seen
+            else "it never used the unstall shim (no dataset was registered with the sidecar)")
     raise AnalyzeFailure(
         f"the command exited with status 0 in the {label} run without reaching a timed step: {what}. "
-        "unstall analyze needs the training loop to iterate an unstall.torch.DataLoader "
+        "unstall analyze needs the training loop to iterate an unstall.torch.DataLoader or an unstall.tf.dataset "
         "(see docs/ANALYZE.md); its output is in " + str(log_path))
 
 

@@ -41,9 +41,10 @@ import org.apache.arrow.vector.VectorSchemaRoot;
  * never yields a partial batch. A cache tier's error (disk full, EIO, memory that cannot be allocated) never
  * fails a batch: the sample is read from storage, and each tier sits behind a {@link TierBreaker}.
  *
- * <p>In a cluster (the partitioned cache, {@link #joinCluster}) the memory cache admits only the samples this
- * sidecar owns, and a sample owned by another sidecar is asked of its owner over Flight after the local tiers
- * (prefetch, memory cache) and before the disk tier and storage; a peer that fails or left is read from storage.
+ * <p>In a cluster (the partitioned cache, {@link #joinCluster}) the memory cache and the disk tier admit only the
+ * samples this sidecar owns, and a sample owned by another sidecar is asked of its owner over Flight after the
+ * local tiers (prefetch, memory cache); the owners' answers overlap this sidecar's own storage reads of the
+ * batch, and a sample whose owner failed or left is read from the disk tier or storage.
  */
 public final class BatchAssembler {
   private final SampleCache cache;
@@ -297,61 +298,97 @@ public final class BatchAssembler {
         misses.add(new Miss(id, off, len));
       }
     }
-    if (!remote.isEmpty()) {
-      for (Miss m : fetchFromPeers(peerClients, d, epoch, remote, data, stats)) {
-        if (!fillFromDisk(d, m.id(), data, m.off(), m.len(), stats)) {
-          misses.add(m);
-        }
+    if (remote.isEmpty()) {
+      readAll(readTasks(d, misses, data, stats));
+      return;
+    }
+    // The owners' answers and this sidecar's own storage reads overlap: each node's storage link and the peer
+    // links are busy at once (CoorDL's aggregate bandwidth), and the two write disjoint slots of the batch.
+    PeerFetches fromPeers = new PeerFetches(peerClients, d, epoch, remote, data);
+    try {
+      readAll(readTasks(d, misses, data, stats));
+    } finally {
+      fromPeers.await(); // every fetch is awaited: none writes into the buffer after it is released
+    }
+    List<Miss> late = new ArrayList<>();
+    for (Miss m : fromPeers.failed(stats)) {
+      if (!fillFromDisk(d, m.id(), data, m.off(), m.len(), stats)) {
+        late.add(m);
       }
     }
-    readAll(readTasks(d, misses, data, stats));
+    readAll(readTasks(d, late, data, stats));
   }
 
   /**
-   * Asks each owner for its samples of the batch, owners in parallel; returns the samples whose owner failed
-   * (gone, hung past the deadline, a reply that does not match), to be read here.
+   * The batch's samples asked of their owners, owners in parallel, started at construction; {@link #failed}
+   * gives the samples whose owner failed (gone, hung past the deadline, a reply that does not match), to be
+   * read here.
    */
-  private List<Miss> fetchFromPeers(
-      PeerClients peerClients, Dataset d, long epoch, Map<Peer, List<Miss>> remote, ArrowBuf data,
-      DatasetStats.Epoch stats) throws IOException {
-    List<Peer> owners = new ArrayList<>(remote.keySet());
-    List<Future<Boolean>> answers = new ArrayList<>(owners.size());
-    for (Peer owner : owners) {
-      List<Miss> ms = remote.get(owner);
-      int[] ids = new int[ms.size()];
-      long[] at = new long[ms.size()];
-      for (int k = 0; k < ids.length; k++) {
-        ids[k] = ms.get(k).id();
-        at[k] = ms.get(k).off();
-      }
-      answers.add(io.submit(() -> peerClients.fetch(owner, d, epoch, ids, data, at)));
-    }
-    List<Miss> failed = new ArrayList<>();
-    Throwable interrupted = null;
-    for (int k = 0; k < owners.size(); k++) {
-      boolean ok = false;
-      try {
-        ok = answers.get(k).get(); // every fetch is awaited: none writes into the buffer after it is released
-      } catch (ExecutionException e) {
-        ok = false;
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        interrupted = e;
-      }
-      List<Miss> ms = remote.get(owners.get(k));
-      if (ok) {
-        for (Miss m : ms) {
-          stats.peerHit(m.len());
+  private final class PeerFetches {
+    private final Dataset d;
+    private final Map<Peer, List<Miss>> remote;
+    private final List<Peer> owners;
+    private final List<Future<Boolean>> answers;
+    private final boolean[] ok;
+    private InterruptedException interrupted;
+
+    PeerFetches(PeerClients peerClients, Dataset d, long epoch, Map<Peer, List<Miss>> remote, ArrowBuf data) {
+      this.d = d;
+      this.remote = remote;
+      this.owners = new ArrayList<>(remote.keySet());
+      this.answers = new ArrayList<>(owners.size());
+      this.ok = new boolean[owners.size()];
+      for (Peer owner : owners) {
+        List<Miss> ms = remote.get(owner);
+        int[] ids = new int[ms.size()];
+        long[] at = new long[ms.size()];
+        for (int k = 0; k < ids.length; k++) {
+          ids[k] = ms.get(k).id();
+          at[k] = ms.get(k).off();
         }
-      } else {
-        stats.peerFallback(ms.size());
-        failed.addAll(ms);
+        answers.add(io.submit(() -> peerClients.fetch(owner, d, epoch, ids, data, at)));
       }
     }
-    if (interrupted != null) {
-      throw new IOException("interrupted waiting for peers' samples of dataset '" + d.name() + "'", interrupted);
+
+    /** Waits for every answer (a failed one counts as not ok). */
+    void await() {
+      for (int k = 0; k < owners.size(); k++) {
+        try {
+          ok[k] = answers.get(k).get();
+        } catch (ExecutionException e) {
+          ok[k] = false;
+        } catch (InterruptedException e) {
+          if (interrupted == null) {
+            interrupted = e;
+          }
+          k--; // still awaited: the fetch may be writing into the batch buffer
+          Thread.interrupted();
+        }
+      }
+      if (interrupted != null) {
+        Thread.currentThread().interrupt();
+      }
     }
-    return failed;
+
+    /** After {@link #await}: counts peer hits and fallbacks, and returns the samples to read here. */
+    List<Miss> failed(DatasetStats.Epoch stats) throws IOException {
+      if (interrupted != null) {
+        throw new IOException("interrupted waiting for peers' samples of dataset '" + d.name() + "'", interrupted);
+      }
+      List<Miss> failed = new ArrayList<>();
+      for (int k = 0; k < owners.size(); k++) {
+        List<Miss> ms = remote.get(owners.get(k));
+        if (ok[k]) {
+          for (Miss m : ms) {
+            stats.peerHit(m.len());
+          }
+        } else {
+          stats.peerFallback(ms.size());
+          failed.addAll(ms);
+        }
+      }
+      return failed;
+    }
   }
 
   /** A sample to read from storage into the batch buffer at {@code off}. */
@@ -466,9 +503,14 @@ public final class BatchAssembler {
     return "dataset '" + d.name() + "' sample " + id + " (file '" + d.fileOf(id) + "')";
   }
 
+  /** Whether this sidecar caches sample {@code id} (in a cluster each caches only its own part, in both tiers). */
+  private boolean owns(Dataset d, int id) {
+    return ownership.ownerOf(d.name(), id) == Peer.SELF;
+  }
+
   /** Offers a sample to the memory cache, if this sidecar owns it (in a cluster, each caches its own part). */
   private void admitToCache(Dataset d, int id, Digest digest, ArrowBuf data, long off, int len) {
-    if (ownership.ownerOf(d.name(), id) != Peer.SELF) {
+    if (!owns(d, id)) {
       return;
     }
     cacheBreaker.run(() -> "admitting " + sample(d, id),
@@ -560,7 +602,7 @@ public final class BatchAssembler {
     Digest digest = Digest.of(data.nioBuffer(off, len));
     stats.claim(d.learn(id, digest));
     admitToCache(d, id, digest, data, off, len);
-    if (disk != null) {
+    if (disk != null && owns(d, id)) {
       diskBreaker.run(() -> "writing " + sample(d, id), () -> disk.admit(digest, data.nioBuffer(off, len)));
     }
   }

@@ -9,6 +9,7 @@ import io.unstall.flight.cache.SampleCache;
 import io.unstall.flight.cluster.ClusterSettings;
 import io.unstall.flight.cluster.HazelcastCluster;
 import io.unstall.flight.cluster.PeerClients;
+import io.unstall.flight.cluster.PrepDirectory;
 import io.unstall.flight.dataset.DatasetRegistry;
 import io.unstall.flight.local.LocalServer;
 import io.unstall.flight.local.LocalService;
@@ -72,6 +73,7 @@ public final class DataPlane implements AutoCloseable {
   private final FlightCalls peerCalls; // the peer server's bounded executor; null without a cluster
   private final PeerClients peerClients; // null without a cluster
   private volatile HazelcastCluster cluster; // joined in start()
+  private volatile PrepDirectory prepDirectory; // the cluster's directory of prep groups; null without a cluster
 
   private DataPlane(Builder b) throws IOException {
     long budget = b.parent.getLimit();
@@ -220,9 +222,23 @@ public final class DataPlane implements AutoCloseable {
       throw e;
     }
     String host = clusterSettings.bind().contains(":") ? "[" + clusterSettings.bind() + "]" : clusterSettings.bind();
-    HazelcastCluster c = HazelcastCluster.join(clusterSettings, host + ":" + peerServer.getPort(), peerClients::drop);
+    String self = host + ":" + peerServer.getPort();
+    HazelcastCluster c = HazelcastCluster.join(clusterSettings, self, p -> {
+      peerClients.drop(p);
+      PrepDirectory d = prepDirectory;
+      if (d != null) {
+        d.forget(p);
+      }
+    });
     cluster = c;
+    prepDirectory = c.prepDirectory(self);
+    producer.prep().announceIn(prepDirectory); // groups this sidecar prepares take remote prep workers
     assembler.joinCluster(c, peerClients);
+  }
+
+  /** The cluster's directory of prep groups that take remote prep workers, or null without a cluster. */
+  public PrepDirectory prepDirectory() {
+    return prepDirectory;
   }
 
   /** The cluster this sidecar joined, or null. */

@@ -8,6 +8,7 @@ import io.unstall.flight.DataPlane;
 import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.Manifests;
+import io.unstall.flight.format.FormatOptions;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -38,22 +39,25 @@ public final class ControlPlane {
 
   /**
    * Registers a dataset. Its location must be the sidecar user's own or under an {@code --allow-root}. Options
-   * (JSON object): the format's own (Parquet's {@code columns} and {@code label}, HDF5's {@code dataset} and
-   * {@code label}: see each {@code Format}), and {@code manifest}, the path of a digest manifest exported from a dataset of the same content
+   * (JSON object): {@code manifest}, the path of a digest manifest exported from a dataset of the same content
    * (under the sidecar home or an allowed root); its digests are claims, each checked against this dataset's own
-   * bytes on the sample's first read before an entry is served under it.
+   * bytes on the sample's first read before an entry is served under it. Every other option is the format's
+   * ({@link FormatOptions}: {@code payload}/{@code label} of webdataset, ...).
    */
   public String registerDataset(String name, String format, String uri, String optionsJson) throws IOException {
-    JsonNode options = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
-    if (!options.isObject()) {
-      throw new IllegalArgumentException("dataset '" + name + "': options must be a JSON object, got " + optionsJson);
+    JsonNode parsed = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
+    if (!parsed.isObject()) {
+      throw new IllegalArgumentException("dataset '" + name + "': options must be a JSON object, got " + parsed);
     }
-    ObjectNode formatOptions = ((ObjectNode) options).deepCopy();
-    JsonNode m = formatOptions.remove("manifest");
-    Path manifest = m == null ? null : paths.checkManifest("dataset '" + name + "': manifest", m.asText(), true);
+    ObjectNode options = (ObjectNode) parsed;
+    Path manifest = null;
+    JsonNode m = options.remove("manifest");
+    if (m != null) {
+      manifest = paths.checkManifest("dataset '" + name + "': manifest", m.asText(), true);
+    }
     paths.checkDatasetRoot(name, uri);
     return JSON.writeValueAsString(
-        dataPlane.registry().register(name, format, uri, manifest, formatOptions).describe());
+        dataPlane.registry().register(name, format, uri, manifest, FormatOptions.of(format, options)).describe());
   }
 
   /**

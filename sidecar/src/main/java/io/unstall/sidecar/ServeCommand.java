@@ -184,6 +184,11 @@ public final class ServeCommand implements Callable<Integer> {
   @Option(names = "--peer-tls-key", description = "PEM private key for --peer-tls-cert.")
   Path peerTlsKey;
 
+  @Option(names = "--prep-worker", defaultValue = "${env:UNSTALL_PREP_WORKER:-false}",
+      description = "Prepare batches for the cluster's prep groups (a CPU node for other sidecars' jobs): enlist in every"
+          + " group another sidecar announces, leave when it closes. Its dataset is registered here under the same name"
+          + " and location, which must be readable from this node. Needs --cluster-members.")
+  boolean prepWorker;
   @Option(names = "--peer-tls-ca", description = "PEM CA certificate(s) peers' certificates must chain to.")
   Path peerTlsCa;
 
@@ -238,6 +243,10 @@ public final class ServeCommand implements Callable<Integer> {
     for (Path r : allowRoots) {
       roots.add(PathPolicy.realDirectory("--allow-root", r));
     }
+    ClusterSettings cluster = cluster();
+    if (prepWorker && cluster == null) {
+      throw new IllegalArgumentException("--prep-worker needs --cluster-members: a prep worker serves the cluster's groups");
+    }
     return new SidecarSettings(
         bind, port, controlPort, capacity, budget,
         stateFile != null ? stateFile : h.resolve("sidecar.json"),
@@ -247,7 +256,7 @@ public final class ServeCommand implements Callable<Integer> {
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
         size("--storage-bandwidth", storageBandwidth), !noShm,
-        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds, h, List.copyOf(roots), cluster());
+        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds, h, List.copyOf(roots), cluster, prepWorker);
   }
 
   private int prepThreads() {

@@ -35,10 +35,12 @@ public final class Sidecar implements AutoCloseable {
   private final AtomicBoolean closed = new AtomicBoolean();
   private final Thread hook;
   private final LockFile homeLock;
+  private final PrepVolunteer volunteer; // --prep-worker; null otherwise
 
-  private Sidecar(
-      SidecarSettings s, LockFile homeLock, BufferAllocator root, DataPlane dataPlane, GatewayServer gateway) {
+  private Sidecar(SidecarSettings s, LockFile homeLock, BufferAllocator root, DataPlane dataPlane, GatewayServer gateway,
+      PrepVolunteer volunteer) {
     this.settings = s;
+    this.volunteer = volunteer;
     this.homeLock = homeLock;
     this.root = root;
     this.dataPlane = dataPlane;
@@ -55,6 +57,7 @@ public final class Sidecar implements AutoCloseable {
     BufferAllocator root = null;
     DataPlane dp = null;
     GatewayServer gw = null;
+    PrepVolunteer volunteer = null;
     try {
       String token = Secrets.readOrCreateToken(s.tokenFile());
       Path home = Secrets.privateDirectory(s.home());
@@ -89,7 +92,10 @@ public final class Sidecar implements AutoCloseable {
       } catch (py4j.Py4JNetworkException e) {
         throw new BindException("control port " + s.controlPort() + " on 127.0.0.1 is already in use; pick --control-port");
       }
-      Sidecar sidecar = new Sidecar(s, homeLock, root, dp, gw);
+      if (s.prepWorker()) {
+        volunteer = new PrepVolunteer(control, dp.prepDirectory());
+      }
+      Sidecar sidecar = new Sidecar(s, homeLock, root, dp, gw, volunteer);
       self[0] = sidecar;
       sidecar.writeStateFile();
       Runtime.getRuntime().addShutdownHook(sidecar.hook);
@@ -106,6 +112,9 @@ public final class Sidecar implements AutoCloseable {
       }
       return sidecar;
     } catch (Exception e) {
+      if (volunteer != null) {
+        volunteer.close();
+      }
       if (gw != null) {
         gw.shutdown();
       }
@@ -185,6 +194,9 @@ public final class Sidecar implements AutoCloseable {
     LOG.info("unstall sidecar stopping");
     try {
       Files.deleteIfExists(settings.stateFile());
+      if (volunteer != null) {
+        volunteer.close();
+      }
       gateway.shutdown();
       dataPlane.close();
       root.close();

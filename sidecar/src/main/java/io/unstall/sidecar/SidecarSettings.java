@@ -31,4 +31,5 @@ public record SidecarSettings(
     Bounds bounds,
     Path home,
     List<Path> allowRoots,
-    ClusterSettings cluster) {} // null: a sidecar on its own
+    ClusterSettings cluster, // null: a sidecar on its own
+    boolean prepWorker) {} // --prep-worker: enlist in the cluster's prep groups

@@ -51,6 +51,12 @@ class ServeCommandTest {
   }
 
   @Test
+  void aPrepWorkerNeedsACluster() {
+    String err = runExpecting(2, "serve", "--home", home.toString(), "--prep-worker");
+    assertTrue(err.contains("--prep-worker needs --cluster-members"), err);
+  }
+
+  @Test
   void anExposedPeerPortWithoutTlsIsRefused() throws Exception {
     String err = runExpecting(2, "serve", "--home", home.toString(), "--cluster-members", "10.0.0.1",
         "--cluster-bind", "0.0.0.0", "--cluster-token", home.resolve("t").toString());

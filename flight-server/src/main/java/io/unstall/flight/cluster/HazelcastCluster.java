@@ -139,6 +139,11 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
     return "member " + m.getAddress() + " (peer " + m.getAttribute(PEER_ATTRIBUTE) + ")";
   }
 
+  /** The cluster's directory of prep groups that take remote prep workers; {@code self}: this peer address. */
+  public PrepDirectory prepDirectory(String self) {
+    return new PrepDirectory(hz.getReplicatedMap(PrepDirectory.MAP), self);
+  }
+
   /** Members the cluster has now, this one included. */
   public int members() {
     return hz.getCluster().getMembers().size();

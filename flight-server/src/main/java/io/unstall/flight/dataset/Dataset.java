@@ -18,10 +18,11 @@ import org.slf4j.LoggerFactory;
 /** A registered dataset: a named storage location plus a format, indexed into stable sample ids. */
 public final class Dataset {
   private static final Logger LOG = LoggerFactory.getLogger(Dataset.class);
+  private static final com.fasterxml.jackson.databind.ObjectMapper LAYOUT = new com.fasterxml.jackson.databind.ObjectMapper();
   private final String name;
   private final Format format;
-  /** The format's name and its registration options (canonical JSON, when there are any). */
-  private final String formatSpec;
+  /** The format options as registered, canonical JSON ("{}" for none): part of the dataset's identity. */
+  private final String options;
   private final Storage storage;
   private final SampleIndex index;
   private final List<String> classes;
@@ -44,15 +45,14 @@ public final class Dataset {
   private volatile String claimsFrom;
   private final AtomicBoolean warnedMismatch = new AtomicBoolean();
   private volatile byte[] fingerprint;
-  private volatile boolean indexLoaded;
 
-  Dataset(String name, Format format, String formatSpec, Storage storage, SampleIndex index, List<String> classes,
+  Dataset(String name, Format format, String options, Storage storage, SampleIndex index, List<String> classes,
       int statsEpochs) {
-    this.formatSpec = formatSpec;
     this.stats = new DatasetStats(statsEpochs);
     this.servedToPeers = new DatasetStats(statsEpochs);
     this.name = name;
     this.format = format;
+    this.options = options;
     this.storage = storage;
     this.index = index;
     this.classes = List.copyOf(classes);
@@ -157,18 +157,9 @@ public final class Dataset {
     return storage;
   }
 
-  /** Whether the index was loaded from the one saved next to the manifest (not built by reading the data). */
-  public boolean indexLoaded() {
-    return indexLoaded;
-  }
-
-  void markIndexLoaded() {
-    indexLoaded = true;
-  }
-
-  /** The format's name and options: what, with the location, says which bytes the samples are. */
-  public String formatSpec() {
-    return formatSpec;
+  /** The format options as registered (canonical JSON, "{}" for none). */
+  public String options() {
+    return options;
   }
 
   public int size() {
@@ -260,9 +251,12 @@ public final class Dataset {
     if (index.labelled()) {
       o.putPOJO("classes", classes);
     }
-    ObjectNode info = format.info();
-    if (info != null) {
-      o.set("format_info", info);
+    if (!index.layout().isEmpty()) {
+      try {
+        o.set("layout", LAYOUT.readTree(index.layout()));
+      } catch (com.fasterxml.jackson.core.JsonProcessingException e) {
+        throw new IllegalStateException("format " + format.name() + " made an invalid layout", e);
+      }
     }
     return o;
   }

@@ -3,6 +3,7 @@ package io.unstall.flight.dataset;
 import io.unstall.flight.cache.Digest;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.format.Format;
+import io.unstall.flight.format.FormatOptions;
 import io.unstall.flight.format.Formats;
 import io.unstall.flight.format.SampleIndex;
 import io.unstall.flight.storage.LocalStorage;
@@ -44,15 +45,6 @@ public final class DatasetRegistry implements AutoCloseable {
   private ScheduledExecutorService checkpointer;
   private volatile io.unstall.flight.storage.Throttle throttle;
   private volatile int statsEpochs = io.unstall.flight.Bounds.STATS_EPOCHS;
-  private volatile org.apache.arrow.memory.BufferAllocator formatMemory;
-
-  /**
-   * The allocator whose children hold formats' decoded units (Parquet row groups, HDF5 chunks); {@link
-   * io.unstall.flight.DataPlane} owns it. Without one, formats that decode units cannot be registered.
-   */
-  public void decodeFormatsIn(org.apache.arrow.memory.BufferAllocator memory) {
-    this.formatMemory = memory;
-  }
 
   /** How many epochs' counters each dataset registered from now on keeps ({@code --stats-epochs}). */
   public void keepStatsEpochs(int epochs) {
@@ -128,18 +120,23 @@ public final class DatasetRegistry implements AutoCloseable {
    * Manifests#importClaims}): checked, sample by sample, against this dataset's bytes on first read.
    */
   public Dataset register(String name, String formatName, String uri, Path manifest) throws IOException {
-    return register(name, formatName, uri, manifest, null);
+    return register(name, formatName, uri, manifest, FormatOptions.NONE);
   }
 
   /**
-   * Registers as above with the format's {@code options} (a JSON object, e.g. Parquet's {@code columns}; see each
-   * {@link Format#open}).
+   * Registers as {@link #register(String, String, String, Path)}, the format configured by {@code options} (which
+   * are part of the dataset's identity: the same name with other options is an error).
    */
   public synchronized Dataset register(String name, String formatName, String uri, Path manifest,
-      com.fasterxml.jackson.databind.JsonNode options) throws IOException {
+      FormatOptions options) throws IOException {
     checkName(name);
-    String spec = formatName + (options == null || options.isEmpty() ? "" : " " + canonical(options));
-    Format format = Formats.byName(formatName);
+    Format format;
+    try {
+      format = Formats.create(formatName, options);
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("dataset '" + name + "': " + e.getMessage(), e);
+    }
+    String canonical = options.canonical();
     Storage storage = openStorage(uri);
     if (throttle != null) {
       storage = new io.unstall.flight.storage.ThrottledStorage(storage, throttle);
@@ -147,51 +144,34 @@ public final class DatasetRegistry implements AutoCloseable {
     Dataset existing = datasets.get(name);
     if (existing != null) {
       storage.close(); // the existing dataset keeps its own
-      if (existing.formatSpec().equals(spec) && existing.storage().uri().equals(storage.uri())) {
+      if (existing.format().name().equals(format.name()) && existing.storage().uri().equals(storage.uri())
+          && existing.options().equals(canonical)) {
         return existing;
       }
       throw new IllegalArgumentException(
-          "dataset '" + name + "' is already registered as " + existing.formatSpec() + " at "
-              + existing.storage().uri() + "; choose another name");
+          "dataset '" + name + "' is already registered as " + existing.format().name() + " at "
+              + existing.storage().uri() + (existing.options().equals("{}") ? "" : " with options " + existing.options())
+              + "; choose another name");
     }
     long start = System.nanoTime();
-    LOG.info("indexing dataset '{}' ({} at {})", name, spec, storage.uri());
-    SampleIndex index;
-    List<String> classes;
-    boolean loaded = false;
-    try {
-      format = format.open(name, options, formatMemory);
-      Path saved = format.persistsIndex() ? persisted(spec, storage.uri(), ".index") : null;
-      index = saved == null ? null : savedIndex(name, saved, spec, format, storage);
-      loaded = index != null;
-      if (index == null) {
-        index =
-            format.index(
-                storage,
-                n -> {
-                  if (n % PROGRESS_EVERY == 0) {
-                    LOG.info("indexing dataset '{}': {} samples so far", name, n);
-                  }
-                });
-        if (saved != null) {
-          try {
-            PersistedIndexes.write(saved, spec, storage, index);
-          } catch (IOException e) {
-            LOG.warn("dataset '{}': could not save its index in {} (it is indexed again next time): {}", name, saved,
-                e.toString());
-          }
+    LOG.info("indexing dataset '{}' ({} at {})", name, format.name(), storage.uri());
+    String identity = identity(format, storage, canonical);
+    Path indexFile = format.persistsIndex() ? persisted(identity, ".index") : null;
+    SampleIndex index = indexFile == null ? null : PersistedIndexes.read(indexFile, identity, storage);
+    if (index != null) {
+      LOG.info("dataset '{}': index of {} samples loaded from {}", name, index.size(), indexFile);
+    } else {
+      index = build(name, format, storage);
+      if (indexFile != null) {
+        try {
+          PersistedIndexes.write(indexFile, identity, storage, index);
+        } catch (IOException e) {
+          LOG.warn("dataset '{}': could not persist its index in {} (it is rebuilt at the next registration): {}",
+              name, indexFile, e.toString());
         }
       }
-      classes = format.classes(storage);
-    } catch (IOException | RuntimeException e) {
-      format.close();
-      storage.close();
-      throw e;
     }
-    Dataset d = new Dataset(name, format, spec, storage, index, classes, statsEpochs);
-    if (loaded) {
-      d.markIndexLoaded();
-    }
+    Dataset d = new Dataset(name, format, canonical, storage, index, format.classes(storage), statsEpochs);
     Path persisted = persistedManifest(d);
     if (persisted != null && Files.exists(persisted)) {
       restore(d, persisted);
@@ -208,22 +188,16 @@ public final class DatasetRegistry implements AutoCloseable {
     return d;
   }
 
-  /** The saved index of an unchanged dataset, restored into {@code format}; null (logged) when there is none. */
-  private static SampleIndex savedIndex(String name, Path saved, String spec, Format format, Storage storage) {
-    if (!Files.exists(saved)) {
-      return null;
-    }
+  /** Indexes the dataset, logging progress; an option that does not fit the data is an error naming the dataset. */
+  private static SampleIndex build(String name, Format format, Storage storage) throws IOException {
     try {
-      SampleIndex index = PersistedIndexes.load(saved, spec, storage,
-          why -> LOG.info("dataset '{}': indexing again, not loading {}: {}", name, saved, why));
-      if (index != null) {
-        format.restore(storage, index);
-        LOG.info("dataset '{}': index of {} samples loaded from {}", name, index.size(), saved);
-      }
-      return index;
-    } catch (IOException | RuntimeException e) {
-      LOG.warn("dataset '{}': indexing again; the saved index {} is unusable: {}", name, saved, e.toString());
-      return null;
+      return format.index(storage, n -> {
+        if (n % PROGRESS_EVERY == 0) {
+          LOG.info("indexing dataset '{}': {} samples so far", name, n);
+        }
+      });
+    } catch (IllegalArgumentException e) { // a missing column, array or member
+      throw new IllegalArgumentException("dataset '" + name + "': " + e.getMessage(), e);
     }
   }
 
@@ -280,28 +254,22 @@ public final class DatasetRegistry implements AutoCloseable {
   }
 
   private Path persistedManifest(Dataset d) {
-    return persisted(d.formatSpec(), d.storage().uri(), ".manifest");
+    return persisted(identity(d.format(), d.storage(), d.options()), ".manifest");
   }
 
-  /** Where the manifest ({@code .manifest}) or index ({@code .index}) of a dataset is saved; null without a disk tier. */
-  private Path persisted(String spec, String uri, String ext) {
+  /** What identifies a dataset's persisted files: format, location and (when any) options. */
+  private static String identity(Format format, Storage storage, String options) {
+    return format.name() + "|" + storage.uri() + (options.equals("{}") ? "" : "|" + options); // none: as before
+  }
+
+  /** The file of the dataset {@code identity} with {@code suffix} in the manifest directory, or null without one. */
+  private Path persisted(String identity, String suffix) {
     Path dir = manifestDir;
     if (dir == null) {
       return null;
     }
-    byte[] id = (spec + "|" + uri).getBytes(StandardCharsets.UTF_8);
-    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + ext);
-  }
-
-  /** JSON with sorted keys: equal options give equal text. */
-  private static String canonical(com.fasterxml.jackson.databind.JsonNode options) {
-    try {
-      com.fasterxml.jackson.databind.ObjectMapper m = new com.fasterxml.jackson.databind.ObjectMapper()
-          .configure(com.fasterxml.jackson.databind.SerializationFeature.ORDER_MAP_ENTRIES_BY_KEYS, true);
-      return m.writeValueAsString(m.treeToValue(options, Object.class));
-    } catch (com.fasterxml.jackson.core.JsonProcessingException e) {
-      throw new IllegalArgumentException("format options: " + e.getMessage(), e);
-    }
+    byte[] id = identity.getBytes(StandardCharsets.UTF_8);
+    return dir.resolve(Digest.of(ByteBuffer.wrap(id)).hex().substring(0, 32) + suffix);
   }
 
   static Storage openStorage(String uri) throws IOException {
@@ -341,7 +309,6 @@ public final class DatasetRegistry implements AutoCloseable {
     }
     checkpoint();
     for (Dataset d : datasets.values()) {
-      d.format().close();
       d.storage().close();
     }
     datasets.clear();

@@ -45,7 +45,7 @@ public final class Manifests {
       throw new IllegalStateException(e);
     }
     SampleIndex idx = d.index();
-    md.update((d.formatSpec() + "\n" + d.storage().uri() + "\n").getBytes(StandardCharsets.UTF_8));
+    md.update((d.format().name() + "\n" + d.storage().uri() + "\n").getBytes(StandardCharsets.UTF_8));
     for (String f : idx.files()) {
       md.update((f + "\t" + d.storage().version(f) + "\n").getBytes(StandardCharsets.UTF_8));
     }

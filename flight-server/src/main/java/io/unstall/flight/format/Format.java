@@ -1,7 +1,5 @@
 package io.unstall.flight.format;
 
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.storage.Storage;
 import java.io.IOException;
 import java.nio.ByteBuffer;
@@ -10,70 +8,28 @@ import java.util.function.LongConsumer;
 
 /**
  * How samples are laid out in storage. A format indexes a storage location into stable sample ids once, at
- * registration, and later reads one sample's bytes. New formats implement this and register in {@link
- * Formats}. A format that takes options, or keeps per-dataset state (footers, chunk tables, decoded units),
- * returns a fresh instance from {@link #open}: one per dataset, closed with it.
+ * registration, and later reads one sample's bytes. A format is made per dataset from its registration options
+ * ({@link FormatOptions}) and registers in {@link Formats}; what a client needs to decode its samples goes in the
+ * index's {@linkplain SampleIndex#layout() layout}.
  */
-public interface Format extends AutoCloseable {
+public interface Format {
 
   /** The name users pass at registration, e.g. {@code imagefolder}. */
   String name();
-
-  /**
-   * This format for one dataset, configured by the registration's {@code options} (a JSON object; errors name
-   * the option). {@code memory} is the allocator its decoded units (a Parquet row group, an HDF5 chunk) may
-   * hold; the format closes what it allocates there in {@link #close}. By default a format takes no options.
-   */
-  default Format open(String dataset, JsonNode options, org.apache.arrow.memory.BufferAllocator memory) {
-    if (options != null && options.size() > 0) {
-      throw new IllegalArgumentException(
-          "dataset '" + dataset + "': format '" + name() + "' takes no options, got "
-              + String.join(", ", (Iterable<String>) options::fieldNames));
-    }
-    return this;
-  }
-
-  /**
-   * What a client needs to decode this dataset's payloads (an Arrow schema, a dtype and shape), added to the
-   * dataset's description as {@code format_info}; null when the payload is the stored bytes.
-   */
-  default ObjectNode info() {
-    return null;
-  }
-
-  /**
-   * Whether a sample's index offset and length are a byte range of its file that may be read together with its
-   * neighbours' ({@link #extract}); false where a sample is decoded from a larger unit by {@link #read}.
-   */
-  default boolean coalesces() {
-    return true;
-  }
-
-  /**
-   * Whether the registry should save this format's index next to the dataset's manifest and load it when the
-   * same, unchanged dataset is registered again (with a disk tier): for formats whose indexing reads the data.
-   */
-  default boolean persistsIndex() {
-    return false;
-  }
-
-  /**
-   * Takes a saved {@code index} of an unchanged dataset instead of {@link #index}: rebuilds what this instance
-   * keeps besides it (footers, schemas) from metadata only.
-   */
-  default void restore(Storage storage, SampleIndex index) throws IOException {
-    throw new UnsupportedOperationException(name() + " does not restore saved indexes");
-  }
-
-  /** Frees what {@link #open} made for one dataset. */
-  @Override
-  default void close() {}
 
   /**
    * Indexes the dataset. {@code progress} receives the number of files indexed so far, for progress
    * reporting on large datasets.
    */
   SampleIndex index(Storage storage, LongConsumer progress) throws IOException;
+
+  /**
+   * Whether the index is worth keeping next to the dataset's persisted manifest (indexing reads inside the files:
+   * headers, rows, members), so that a later registration of unchanged files loads it instead.
+   */
+  default boolean persistsIndex() {
+    return false;
+  }
 
   /** Class names by label, for formats with labels; empty otherwise. */
   default List<String> classes(Storage storage) throws IOException {

@@ -15,14 +15,17 @@ public final class SampleIndex {
   private final long[] label;
   private final boolean labelled;
   private final long totalBytes;
+  private final String layout;
 
-  private SampleIndex(List<String> files, int[] file, long[] offset, int[] length, long[] label, boolean labelled) {
+  private SampleIndex(
+      List<String> files, int[] file, long[] offset, int[] length, long[] label, boolean labelled, String layout) {
     this.files = List.copyOf(files);
     this.file = file;
     this.offset = offset;
     this.length = length;
     this.label = label;
     this.labelled = labelled;
+    this.layout = layout;
     long t = 0;
     for (int len : length) {
       t += len;
@@ -63,6 +66,14 @@ public final class SampleIndex {
     return files;
   }
 
+  /**
+   * What a client needs to decode this dataset's samples (a JSON object: an array's dtype and row shape, a CSV's
+   * columns and types, ...), or "" when its samples are plain files or records. Sent in the dataset description.
+   */
+  public String layout() {
+    return layout;
+  }
+
   /** Accumulates samples in id order. */
   public static final class Builder {
     private final List<String> files = new java.util.ArrayList<>();
@@ -72,9 +83,16 @@ public final class SampleIndex {
     private int[] length = new int[1024];
     private long[] label = new long[1024];
     private int n;
+    private String layout = "";
 
     public Builder(boolean labelled) {
       this.labelled = labelled;
+    }
+
+    /** Sets {@link SampleIndex#layout()}. */
+    public Builder layout(String json) {
+      this.layout = json;
+      return this;
     }
 
     /** Registers a file and returns its number, to pass to {@link #add}. */
@@ -114,7 +132,8 @@ public final class SampleIndex {
           Arrays.copyOf(offset, n),
           Arrays.copyOf(length, n),
           Arrays.copyOf(label, n),
-          labelled);
+          labelled,
+          layout);
     }
   }
 }

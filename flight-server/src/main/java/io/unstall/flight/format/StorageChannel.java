@@ -7,23 +7,33 @@ import java.nio.channels.NonWritableChannelException;
 import java.nio.channels.SeekableByteChannel;
 
 /**
- * One stored file as a read-only {@link SeekableByteChannel} (for readers that take a channel: jHDF, Parquet's
- * footer), through the dataset's {@link Storage}: local or S3 alike, with its pins. Small reads are served
- * from one aligned block fetched whole, so a reader walking metadata in small steps makes few ranged requests.
+ * One object of a {@link Storage} as a read-only channel for indexing: reads are served from a read-ahead block of
+ * {@code block} bytes, refilled by one ranged request at the position asked for, so walking a file's headers costs
+ * one request per block (not per header) and a large member is skipped, not read. Not thread-safe.
  */
 final class StorageChannel implements SeekableByteChannel {
-  private static final int BLOCK = 256 << 10;
   private final Storage storage;
-  private final String file;
+  private final String path;
   private final long size;
-  private long position;
+  private final ByteBuffer block;
   private long blockStart = -1;
-  private ByteBuffer block;
+  private long position;
 
-  StorageChannel(Storage storage, String file, long size) {
+  StorageChannel(Storage storage, String path, long size, int block) {
     this.storage = storage;
-    this.file = file;
+    this.path = path;
     this.size = size;
+    this.block = ByteBuffer.allocate((int) Math.min(block, Math.max(size, 1)));
+  }
+
+  /** Reads exactly {@code dst.remaining()} bytes at {@code at} (callers check the size first). */
+  void readFully(long at, ByteBuffer dst) throws IOException {
+    position = at;
+    while (dst.hasRemaining()) {
+      if (read(dst) < 0) {
+        throw new java.io.EOFException(storage.describe(path) + ": unexpected end at byte offset " + position);
+      }
+    }
   }
 
   @Override
@@ -31,34 +41,25 @@ final class StorageChannel implements SeekableByteChannel {
     if (position >= size) {
       return -1;
     }
-    int n = (int) Math.min(dst.remaining(), size - position);
-    if (n >= BLOCK) { // large reads go straight to storage
-      storage.readFully(file, position, dst.slice().limit(n));
-      dst.position(dst.position() + n);
-    } else {
-      long start = position / BLOCK * BLOCK;
-      if (start != blockStart) {
-        block = ByteBuffer.allocate((int) Math.min(BLOCK, size - start));
-        storage.readFully(file, start, block);
-        blockStart = start;
-      }
-      n = Math.min(n, block.capacity() - (int) (position - start));
-      dst.put(block.duplicate().position((int) (position - start)).limit((int) (position - start) + n));
+    int want = (int) Math.min(dst.remaining(), size - position);
+    if (want >= block.capacity()) { // a large read goes straight through
+      ByteBuffer slice = dst.slice().limit(want);
+      storage.readFully(path, position, slice);
+      dst.position(dst.position() + want);
+      position += want;
+      return want;
     }
+    if (blockStart < 0 || position < blockStart || position >= blockStart + block.limit()) {
+      block.clear().limit((int) Math.min(block.capacity(), size - position));
+      storage.readFully(path, position, block);
+      block.flip();
+      blockStart = position;
+    }
+    int from = (int) (position - blockStart);
+    int n = Math.min(want, block.limit() - from);
+    dst.put(block.duplicate().position(from).limit(from + n));
     position += n;
     return n;
-  }
-
-  /** Reads exactly {@code dst.remaining()} bytes at the position, or fails naming the file and offset. */
-  void readFully(ByteBuffer dst) throws IOException {
-    long at = position;
-    while (dst.hasRemaining()) {
-      if (read(dst) < 0) {
-        throw new java.io.EOFException(
-            "'" + storage.describe(file) + "' ends at byte " + size + ", before the " + dst.remaining()
-                + " bytes wanted at byte offset " + at);
-      }
-    }
   }
 
   @Override
@@ -68,7 +69,10 @@ final class StorageChannel implements SeekableByteChannel {
 
   @Override
   public SeekableByteChannel position(long newPosition) {
-    this.position = newPosition;
+    if (newPosition < 0) {
+      throw new IllegalArgumentException("negative position " + newPosition);
+    }
+    position = newPosition;
     return this;
   }
 
@@ -93,7 +97,5 @@ final class StorageChannel implements SeekableByteChannel {
   }
 
   @Override
-  public void close() {
-    block = null;
-  }
+  public void close() {}
 }

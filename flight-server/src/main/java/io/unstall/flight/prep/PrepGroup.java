@@ -278,6 +278,15 @@ final class PrepGroup {
     return numBatches;
   }
 
+  Dataset dataset() {
+    return dataset;
+  }
+
+  /** Whether remote prep workers may enlist: an open group this sidecar prepares itself (not raw or external). */
+  synchronized boolean takesWorkers() {
+    return !closed && pipeline != null && !external && !replica;
+  }
+
   synchronized boolean isClosed() {
     return closed;
   }
@@ -1296,6 +1305,18 @@ final class PrepGroup {
       in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
     }
     copy.setRowCount(in.getRowCount());
+    if (shmDir != null) {
+      try {
+        toSharedMemory(copy, pos);
+      } catch (IOException | RuntimeException e) { // /dev/shm full: this sidecar prepares it (and reports why)
+        copy.close();
+        returned.add(pos);
+        notifyAll();
+        LOG.warn("prep group {}: epoch {} batch {} from a remote prep worker could not be staged in shared memory ({});"
+            + " preparing it here", id, epoch, pos % numBatches, e.toString());
+        return;
+      }
+    }
     batchesPrepared++;
     samplesPrepared += copy.getRowCount();
     countPrepared(epoch);
@@ -1306,6 +1327,25 @@ final class PrepGroup {
       stagedPeak = Math.max(stagedPeak, staged.size());
     }
     notifyAll();
+  }
+
+  /**
+   * Moves an uploaded batch's tensor column into a /dev/shm file, as {@link #prepare} makes the batches prepared
+   * here: members on this host map every staged batch, whoever prepared it.
+   */
+  private void toSharedMemory(VectorSchemaRoot r, long pos) throws IOException {
+    FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) r.getVector(PrepSchema.TENSOR);
+    int n = r.getRowCount();
+    long bytes = (long) n * pipeline.sampleBytes();
+    ShmBuffer shm = ShmBuffer.create(shmDir.resolve(id + "-" + pos), bytes, false);
+    try (ArrowBuf data = alloc.wrapForeignAllocation(shm);
+        ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
+      data.setBytes(0, tensor.getDataBuffer(), 0, bytes);
+      validity.setZero(0, validity.capacity());
+      validity.setBytes(0, tensor.getValidityBuffer(), 0, (n + 7) / 8);
+      tensor.loadFieldBuffers(new ArrowFieldNode(n, tensor.getNullCount()), List.of(validity, data));
+    }
+    shmPaths.put(pos, shm.path().toString());
   }
 
   /** A root over the same buffers (reference counted): members are sent one staged batch without copies. */

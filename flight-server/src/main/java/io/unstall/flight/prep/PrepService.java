@@ -15,9 +15,11 @@ import io.unstall.flight.dataset.DatasetRegistry;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
@@ -35,6 +37,8 @@ import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.Ticket;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.util.AutoCloseables;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Coordinated prep (docs/PREP.md): the {@code prep.*} actions and PREP tickets. Jobs that join with the same
@@ -47,6 +51,7 @@ import org.apache.arrow.util.AutoCloseables;
  * group expires after {@code --prep-claim-timeout}, and a call waits at most {@code --wait-timeout} for its batch.
  */
 public final class PrepService implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(PrepService.class);
   public static final String ACTION_JOIN = "prep.join";
   public static final String ACTION_HEARTBEAT = "prep.heartbeat";
   public static final String ACTION_LEAVE = "prep.leave";
@@ -80,6 +85,8 @@ public final class PrepService implements AutoCloseable {
   private final Map<PrepGroup.Key, PrepGroup> open = new HashMap<>();
   private final LinkedHashMap<String, PrepGroup> byId = new LinkedHashMap<>();
   private final List<PrepWorker> workers = new ArrayList<>(); // this sidecar enlisted in other sidecars' groups
+  private volatile GroupDirectory directory = GroupDirectory.NONE;
+  private final Set<String> announced = new HashSet<>(); // groups in the directory; reaper only
 
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
   static final String SHM_PREFIX = "unstall-prep-";
@@ -123,6 +130,14 @@ public final class PrepService implements AutoCloseable {
 
   public static boolean handles(String actionType) {
     return actionType.startsWith("prep.");
+  }
+
+  /**
+   * From now on the groups that take remote prep workers are announced in {@code d} (the cluster's directory),
+   * and withdrawn when they close.
+   */
+  public void announceIn(GroupDirectory d) {
+    directory = d;
   }
 
   /** Whether a {@code prep.*} action may wait (for a batch, or a member's turn): it needs admission. */
@@ -420,6 +435,38 @@ public final class PrepService implements AutoCloseable {
         }
       }
     }
+    try {
+      announce(groups);
+    } catch (RuntimeException e) { // the cluster going away: retried on the next round, never kills the reaper
+      LOG.warn("announcing prep groups to the cluster failed (retried): {}", e.toString());
+    }
+  }
+
+  /** Brings the directory in line with the open groups (on the reaper's thread: one writer, at most 100 ms late). */
+  private void announce(List<PrepGroup> groups) {
+    GroupDirectory d = directory;
+    if (d == GroupDirectory.NONE) {
+      return;
+    }
+    Set<String> now = new HashSet<>();
+    for (PrepGroup g : groups) {
+      if (g.takesWorkers()) {
+        now.add(g.id);
+        if (announced.add(g.id)) {
+          Dataset ds = g.dataset();
+          d.opened(g.id, JsonNodeFactory.instance.objectNode()
+              .put("group", g.id).put("dataset", ds.name()).put("format", ds.format().name())
+              .put("uri", ds.storage().uri()));
+        }
+      }
+    }
+    for (var it = announced.iterator(); it.hasNext(); ) {
+      String id = it.next();
+      if (!now.contains(id)) {
+        it.remove();
+        d.closed(id);
+      }
+    }
   }
 
   public String statsJson() {
@@ -460,6 +507,15 @@ public final class PrepService implements AutoCloseable {
   @Override
   public void close() throws Exception {
     reaper.shutdownNow();
+    reaper.awaitTermination(10, TimeUnit.SECONDS);
+    try {
+      for (String id : announced) {
+        directory.closed(id);
+      }
+    } catch (RuntimeException e) { // this sidecar left the cluster already: the others forget its groups
+      LOG.debug("withdrawing prep groups from the cluster: {}", e.toString());
+    }
+    announced.clear();
     List<PrepWorker> ws;
     synchronized (this) {
       ws = new ArrayList<>(workers);

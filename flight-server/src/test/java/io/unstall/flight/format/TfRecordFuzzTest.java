@@ -12,8 +12,6 @@ import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
-import java.util.Comparator;
-import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 
@@ -35,20 +33,13 @@ class TfRecordFuzzTest {
   /** On tmpfs where there is one: a fuzzing run rewrites the shard some 10^6 times. */
   @BeforeAll
   static void shardDirectory() throws IOException {
-    Path shm = Path.of("/dev/shm");
-    dir = Files.isDirectory(shm) && Files.isWritable(shm)
-        ? Files.createTempDirectory(shm, "unstall-tfrecord-fuzz")
-        : Files.createTempDirectory("unstall-tfrecord-fuzz");
+    dir = FuzzDirs.create("unstall-tfrecord-fuzz");
     storage = new LocalStorage(dir);
   }
 
   @AfterAll
   static void removeShardDirectory() throws IOException {
-    try (Stream<Path> s = Files.walk(dir)) {
-      for (Path p : s.sorted(Comparator.reverseOrder()).toList()) {
-        Files.delete(p);
-      }
-    }
+    FuzzDirs.delete(dir);
   }
 
   @FuzzTest
