@@ -1,6 +1,5 @@
 package io.unstall.flight.format;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.jhdf.HdfFile;
@@ -61,10 +60,10 @@ final class Hdf5Format implements Format {
     }
   }
 
-  private final String dataset;
   private final String path;
   private final String labelPath;
-  private final DecodedUnits<ChunkKey, ArrowBuf> units;
+  private String dataset;
+  private DecodedUnits<ChunkKey, ArrowBuf> units;
   private final Map<String, Integer> fileNos = new HashMap<>();
   private final List<String> files = new ArrayList<>();
   private final List<Layout> layouts = new ArrayList<>();
@@ -76,15 +75,13 @@ final class Hdf5Format implements Format {
 
   private record ChunkKey(int fileNo, ChunkOffset offset) {}
 
-  Hdf5Format() {
-    this(null, null, null, null);
-  }
-
-  private Hdf5Format(String dataset, String path, String labelPath, BufferAllocator memory) {
-    this.dataset = dataset;
-    this.path = path;
-    this.labelPath = labelPath;
-    this.units = memory == null ? null : new DecodedUnits<>(memory, "hdf5 " + dataset, this::decodeChunk);
+  Hdf5Format(FormatOptions options) {
+    options.allow("dataset", "label");
+    this.path = options.string("dataset", null);
+    if (path == null) {
+      throw options.problem("dataset", "is required: the path of the HDF5 dataset whose first axis holds the samples");
+    }
+    this.labelPath = options.string("label", null);
   }
 
   @Override
@@ -93,15 +90,10 @@ final class Hdf5Format implements Format {
   }
 
   @Override
-  public Format open(String dataset, JsonNode options, BufferAllocator memory) {
+  public void decodeIn(String dataset, BufferAllocator memory) {
     java.util.Objects.requireNonNull(memory, "no allocator for decoded units (DatasetRegistry.decodeFormatsIn)");
-    FormatOptions o = new FormatOptions(dataset, name(), options, Set.of("dataset", "label"));
-    String p = o.string("dataset");
-    if (p == null) {
-      throw o.error("dataset", "is required: the path of the HDF5 dataset whose first axis holds the samples");
-    }
-    return new Hdf5Format(dataset, p, o.string("label"),
-        memory);
+    this.dataset = dataset;
+    this.units = new DecodedUnits<>(memory, "hdf5 " + dataset, this::decodeChunk);
   }
 
   @Override
@@ -125,7 +117,7 @@ final class Hdf5Format implements Format {
       long size = storage.pin(file);
       long[] labels;
       Layout layout;
-      try (HdfFile hdf = new HdfFile(new StorageChannel(storage, file, size), uri(file))) {
+      try (HdfFile hdf = new HdfFile(new StorageChannel(storage, file, size, 256 << 10), uri(file))) {
         Dataset d = node(hdf, path, file);
         layout = layout(d, file, size);
         labels = labelPath == null ? null : labels(node(hdf, labelPath, file), layout.rows(), file);
@@ -144,7 +136,7 @@ final class Hdf5Format implements Format {
         progress.accept(b.size());
       }
     }
-    return b.build();
+    return b.layout(layout().toString()).build();
   }
 
   /** jHDF names a channel's file by a URI with a path (messages only; it opens nothing). */
@@ -409,7 +401,7 @@ final class Hdf5Format implements Format {
       buf.setBytes(0, data);
       return buf;
     } catch (OutOfMemoryException e) {
-      throw new IOException("dataset '" + dataset + "': an HDF5 chunk of '" + path + "' (" + bytes + " bytes) does not"
+      throw new DecodedUnits.NoRoom("dataset '" + dataset + "': an HDF5 chunk of '" + path + "' (" + bytes + " bytes) does not"
           + " fit in the memory for decoded chunks (" + into.getLimit() + " bytes)", e);
     }
   }
@@ -457,8 +449,8 @@ final class Hdf5Format implements Format {
     return new long[] {c.getAddress(), c.getSize()};
   }
 
-  @Override
-  public ObjectNode info() {
+  /** What the Python decoder needs (numpy's dtype and the row's shape): the index carries it as its layout. */
+  private ObjectNode layout() {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("dtype", dtype);
     var shape = o.putArray("shape");

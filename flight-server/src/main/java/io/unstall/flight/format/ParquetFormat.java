@@ -1,6 +1,5 @@
 package io.unstall.flight.format;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.storage.Storage;
@@ -57,12 +56,12 @@ import org.apache.parquet.schema.Type;
 final class ParquetFormat implements Format {
   private static final ParquetReadOptions OPTIONS = UnstallReadOptions.of(ParquetCodecs.INSTANCE);
 
-  private final String dataset;
   private final List<String> requested; // null: every column but the label
   private final String label;
-  private final DecodedUnits<Long, VectorSchemaRoot> units;
   private final RowMessages rowMessages = new RowMessages();
-  // Set by index(), read by read():
+  private String dataset;
+  private DecodedUnits<Long, VectorSchemaRoot> units;
+  // Set by index() (or, for an index loaded from disk, on the first read), read by read():
   private final Map<String, Integer> fileNos = new HashMap<>();
   private final List<String> files = new ArrayList<>();
   private final List<ParquetMetadata> footers = new ArrayList<>();
@@ -72,16 +71,13 @@ final class ParquetFormat implements Format {
   private List<ParquetColumns.Column> payload;
   private Schema schema;
   private Storage storage;
+  private volatile boolean opened; // the lists above are complete
 
-  ParquetFormat() {
-    this(null, null, null, null);
-  }
-
-  private ParquetFormat(String dataset, List<String> columns, String label, BufferAllocator memory) {
-    this.dataset = dataset;
-    this.requested = columns;
-    this.label = label;
-    this.units = memory == null ? null : new DecodedUnits<>(memory, "parquet " + dataset, this::decodeUnit);
+  ParquetFormat(FormatOptions options) {
+    options.allow("columns", "label");
+    List<String> cols = options.strings("columns");
+    this.requested = cols.isEmpty() ? null : cols;
+    this.label = options.string("label", null);
   }
 
   @Override
@@ -90,11 +86,10 @@ final class ParquetFormat implements Format {
   }
 
   @Override
-  public Format open(String dataset, JsonNode options, BufferAllocator memory) {
+  public void decodeIn(String dataset, BufferAllocator memory) {
     java.util.Objects.requireNonNull(memory, "no allocator for decoded units (DatasetRegistry.decodeFormatsIn)");
-    FormatOptions o = new FormatOptions(dataset, name(), options, Set.of("columns", "label"));
-    return new ParquetFormat(dataset, o.strings("columns"), o.string("label"),
-        memory);
+    this.dataset = dataset;
+    this.units = new DecodedUnits<>(memory, "parquet " + dataset, this::decodeUnit);
   }
 
   @Override
@@ -113,6 +108,7 @@ final class ParquetFormat implements Format {
     columns = null;
     payload = null;
     schema = null;
+    opened = false;
     rowMessages.close(); // one-row roots of an earlier schema
   }
 
@@ -151,7 +147,8 @@ final class ParquetFormat implements Format {
         }
       }
     }
-    return b.build();
+    opened = true;
+    return b.layout(layout().toString()).build();
   }
 
   @Override
@@ -159,12 +156,14 @@ final class ParquetFormat implements Format {
     return true; // indexing decoded every row group
   }
 
-  @Override
-  public void restore(Storage storage, SampleIndex index) throws IOException {
-    reset(storage);
-    List<String> files = index.files();
-    for (int fileNo = 0; fileNo < files.size(); fileNo++) {
-      openFile(fileNo, files.get(fileNo), storage.size(files.get(fileNo)));
+  /** An index loaded from disk (not built here): the footers are read on the first read, not the row groups. */
+  private synchronized void openFiles(Storage storage, SampleIndex index) throws IOException {
+    if (!opened) {
+      reset(storage);
+      for (int fileNo = 0; fileNo < index.files().size(); fileNo++) {
+        openFile(fileNo, index.files().get(fileNo), storage.size(index.files().get(fileNo)));
+      }
+      opened = true;
     }
   }
 
@@ -239,6 +238,9 @@ final class ParquetFormat implements Format {
 
   @Override
   public void read(Storage storage, SampleIndex index, int id, ByteBuffer dst) throws IOException {
+    if (!opened) {
+      openFiles(storage, index);
+    }
     int fileNo = fileNos.get(index.file(id));
     long row = index.offset(id);
     long[] starts = groupStarts.get(fileNo);
@@ -274,7 +276,7 @@ final class ParquetFormat implements Format {
       PageReadStore pages = r.readRowGroup(g);
       return ParquetColumns.decode(pages, projection, cols, footer.getFileMetaData().getCreatedBy(), into);
     } catch (OutOfMemoryException e) {
-      throw new IOException("dataset '" + dataset + "': row group " + g + " of Parquet file '" + storage.describe(file)
+      throw new DecodedUnits.NoRoom("dataset '" + dataset + "': row group " + g + " of Parquet file '" + storage.describe(file)
           + "' (" + block.getRowCount() + " rows, " + block.getTotalByteSize() + " bytes uncompressed) does not fit in"
           + " the memory for decoded row groups (" + into.getLimit() + " bytes, a quarter of what --memory-budget"
           + " leaves for batches): write smaller row groups or raise --memory-budget", e);
@@ -302,8 +304,8 @@ final class ParquetFormat implements Format {
     return c;
   }
 
-  @Override
-  public ObjectNode info() {
+  /** What the Python decoder needs: the payload's Arrow schema; the index carries it as its layout. */
+  private ObjectNode layout() {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     o.put("arrow_schema", Base64.getEncoder().encodeToString(schemaMessage(schema)));
     columns.forEach(o.putArray("columns")::add);
@@ -315,8 +317,8 @@ final class ParquetFormat implements Format {
 
   @Override
   public void close() {
+    rowMessages.close();
     if (units != null) {
-      rowMessages.close();
       units.close();
     }
   }
@@ -461,7 +463,7 @@ final class ParquetFormat implements Format {
 
     @Override
     public SeekableInputStream newStream() {
-      StorageChannel ch = new StorageChannel(storage, file, size);
+      StorageChannel ch = new StorageChannel(storage, file, size, 256 << 10);
       return new SeekableInputStream() {
         @Override
         public long getPos() {
@@ -475,12 +477,12 @@ final class ParquetFormat implements Format {
 
         @Override
         public void readFully(byte[] b) throws IOException {
-          ch.readFully(ByteBuffer.wrap(b));
+          ch.readFully(ch.position(), ByteBuffer.wrap(b));
         }
 
         @Override
         public void readFully(byte[] b, int off, int len) throws IOException {
-          ch.readFully(ByteBuffer.wrap(b, off, len));
+          ch.readFully(ch.position(), ByteBuffer.wrap(b, off, len));
         }
 
         @Override
@@ -490,7 +492,7 @@ final class ParquetFormat implements Format {
 
         @Override
         public void readFully(ByteBuffer buf) throws IOException {
-          ch.readFully(buf);
+          ch.readFully(ch.position(), buf);
         }
 
         @Override

@@ -37,7 +37,13 @@ class Hdf5FormatTest {
   }
 
   private Format open(String options) throws Exception {
-    return Formats.byName("hdf5").open("t", JSON.readTree(options), root);
+    Format f = Formats.create("hdf5", FormatOptions.of("hdf5", JSON.readTree(options)));
+    f.decodeIn("t", root);
+    return f;
+  }
+
+  private static com.fasterxml.jackson.databind.JsonNode layout(SampleIndex idx) throws Exception {
+    return JSON.readTree(idx.layout());
   }
 
   private static ByteBuffer read(Format f, SampleIndex idx, LocalStorage storage, int id) throws Exception {
@@ -54,8 +60,8 @@ class Hdf5FormatTest {
       SampleIndex idx = f.index(storage, n -> {});
       assertEquals(ROWS, idx.size());
       assertTrue(f.coalesces());
-      assertEquals("<f4", f.info().get("dtype").asText());
-      assertEquals(List.of(2L, 3L), JSON.convertValue(f.info().get("shape"), List.class));
+      assertEquals("<f4", layout(idx).get("dtype").asText());
+      assertEquals(List.of(2, 3), JSON.convertValue(layout(idx).get("shape"), List.class));
       for (int k = 0; k < ROWS; k++) {
         assertEquals(k % 4, idx.label(k));
         assertEquals(24, idx.length(k));
@@ -75,7 +81,7 @@ class Hdf5FormatTest {
       SampleIndex idx = f.index(storage, n -> {});
       assertFalse(f.coalesces());
       assertFalse(idx.labelled());
-      assertEquals("<i2", f.info().get("dtype").asText());
+      assertEquals("<i2", layout(idx).get("dtype").asText());
       for (int k : new int[] {9, 0, 4, 3, 8, 1, 2, 5, 6, 7}) { // out of order: chunks decoded, kept, reused
         ByteBuffer row = read(f, idx, storage, k).order(ByteOrder.LITTLE_ENDIAN);
         short[] got = new short[20];
@@ -89,7 +95,7 @@ class Hdf5FormatTest {
     }
     try (Format f = open("{\"dataset\": \"/big\"}")) {
       SampleIndex idx = f.index(storage, n -> {});
-      assertEquals(">f8", f.info().get("dtype").asText());
+      assertEquals(">f8", layout(idx).get("dtype").asText());
       ByteBuffer row = read(f, idx, storage, 7); // big-endian, as stored
       assertEquals(21.0, row.getDouble(0));
       assertEquals(23.0, row.getDouble(16));
@@ -97,10 +103,46 @@ class Hdf5FormatTest {
   }
 
   @Test
+  void datasetsShareTheFormatsMemoryAndFreeEachOthersIdleChunks() throws Exception {
+    LocalStorage storage = new LocalStorage(ParquetFormatTest.fixture("arrays.h5"));
+    long all; // what dataset a's chunks take, all decoded
+    try (BufferAllocator formats = root.newChildAllocator("formats", 0, 1 << 20); Format a = chunked("a", formats)) {
+      SampleIndex ia = a.index(storage, n -> {});
+      for (int k = 0; k < ROWS; k++) {
+        read(a, ia, storage, k);
+      }
+      all = formats.getAllocatedMemory();
+    }
+    // Room for all of a's chunks and less than one of b's (96 bytes): b must free a's idle ones to read.
+    try (BufferAllocator formats = root.newChildAllocator("formats", 0, all + 50);
+        Format a = chunked("a", formats);
+        Format b = Formats.create("hdf5", FormatOptions.of("hdf5", JSON.readTree("{\"dataset\": \"/big\"}")))) {
+      b.decodeIn("b", formats);
+      SampleIndex ia = a.index(storage, n -> {});
+      SampleIndex ib = b.index(storage, n -> {});
+      for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < ROWS; k++) {
+          assertEquals((short) (k * 20 - 100), read(a, ia, storage, k).order(ByteOrder.LITTLE_ENDIAN).getShort(0));
+        }
+        assertTrue(round > 0 || formats.getHeadroom() < 96, "a's chunks fill the memory");
+        for (int k = 0; k < ROWS; k++) {
+          assertEquals(3.0 * k, read(b, ib, storage, k).getDouble(0), "b row " + k);
+        }
+      }
+    }
+  }
+
+  private static Format chunked(String name, BufferAllocator formats) throws Exception {
+    Format f = Formats.create("hdf5", FormatOptions.of("hdf5", JSON.readTree("{\"dataset\": \"/chunked\"}")));
+    f.decodeIn(name, formats);
+    return f;
+  }
+
+  @Test
   void optionsAreChecked() throws Exception {
     LocalStorage storage = new LocalStorage(ParquetFormatTest.fixture("arrays.h5"));
     IllegalArgumentException none = assertThrows(IllegalArgumentException.class, () -> open("{}"));
-    assertTrue(none.getMessage().contains("hdf5 option 'dataset' is required"), none.getMessage());
+    assertTrue(none.getMessage().contains("option 'dataset' is required"), none.getMessage());
     try (Format f = open("{\"dataset\": \"/nope\"}")) {
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> f.index(storage, n -> {}));
       assertTrue(e.getMessage().contains("arrays.h5' has no dataset at '/nope'"), e.getMessage());

@@ -50,12 +50,18 @@ class ParquetFormatTest {
   }
 
   private Format open(String options) throws Exception {
-    return Formats.byName("parquet").open("t", JSON.readTree(options), root);
+    Format f = Formats.create("parquet", FormatOptions.of("parquet", JSON.readTree(options)));
+    f.decodeIn("t", root);
+    return f;
+  }
+
+  private static com.fasterxml.jackson.databind.JsonNode layout(SampleIndex idx) throws Exception {
+    return JSON.readTree(idx.layout());
   }
 
   /** The rows of {@code format}'s dataset as Arrow's Java reader sees their payloads. */
   private List<List<Object>> rows(Format format, SampleIndex idx, LocalStorage storage) throws Exception {
-    byte[] schemaBytes = Base64.getDecoder().decode(format.info().get("arrow_schema").asText());
+    byte[] schemaBytes = Base64.getDecoder().decode(layout(idx).get("arrow_schema").asText());
     Schema schema = MessageSerializer.deserializeSchema(
         new ReadChannel(Channels.newChannel(new ByteArrayInputStream(schemaBytes))));
     List<List<Object>> out = new ArrayList<>();
@@ -147,7 +153,7 @@ class ParquetFormatTest {
           pool.shutdown();
         }
         assertEquals(List.of("x", "f", "s", "v", "b", "i8", "u16"),
-            JSON.convertValue(f.info().get("columns"), List.class));
+            JSON.convertValue(layout(idx).get("columns"), List.class));
       }
     }
   }
@@ -163,7 +169,7 @@ class ParquetFormatTest {
       assertEquals(2 * ROWS, idx.size());
       assertEquals(List.of("a.parquet", "b.parquet"), idx.files());
       assertEquals(List.of("x", "f", "s", "v", "b", "i8", "u16"),
-          JSON.convertValue(f.info().get("columns"), List.class));
+          JSON.convertValue(layout(idx).get("columns"), List.class));
       List<List<Object>> rows = rows(f, idx, storage);
       assertEquals(expected(7), rows.get(ROWS + 7));
     }
@@ -171,7 +177,7 @@ class ParquetFormatTest {
       SampleIndex idx = f.index(storage, n -> {});
       assertFalse(idx.labelled());
       assertEquals(Arrays.asList((Object) null), rows(f, idx, storage).get(3));
-      assertNull(f.info().get("label"));
+      assertNull(layout(idx).get("label"));
     }
   }
 
@@ -179,7 +185,7 @@ class ParquetFormatTest {
   void optionsAndColumnsAreChecked() throws Exception {
     LocalStorage storage = new LocalStorage(fixture("rows.parquet"));
     IllegalArgumentException unknown = assertThrows(IllegalArgumentException.class, () -> open("{\"colums\": [\"x\"]}"));
-    assertTrue(unknown.getMessage().contains("parquet option 'colums' is not an option"), unknown.getMessage());
+    assertTrue(unknown.getMessage().contains("unknown option 'colums'"), unknown.getMessage());
     try (Format f = open("{\"columns\": [\"nope\"]}")) {
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> f.index(storage, n -> {}));
       assertTrue(e.getMessage().contains("has no column 'nope'"), e.getMessage());
