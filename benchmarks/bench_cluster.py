@@ -75,7 +75,7 @@ def run(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     "dataset": "bench",
                     "jar": str(find_jar()), "cache_capacity": capacity, "memory_budget": args.memory_budget,
                     "java_options": ["-Xmx512m"], "batch_size": args.batch_size, "epochs": args.epochs,
-                    "extra_args": [*throttle, "--cluster-members", members,
+                    "extra_args": [*throttle, *args.sidecar_arg, "--cluster-members", members,
                                    "--cluster-bind", hosts.addresses[k], "--cluster-name", f"bench-{os.getpid()}-{n}",
                                    "--cluster-token", str(token), "--peer-tls-cert", str(cert), "--peer-tls-key",
                                    str(key), "--peer-tls-ca", str(cert)],
@@ -130,10 +130,16 @@ def main() -> None:
     ap.add_argument("--peer-rate", default="1gbit", help="tc rate of each host's link (namespaces only)")
     ap.add_argument("--peer-delay", default="1ms", help="tc delay of each host's link (netem only)")
     ap.add_argument("--memory-budget", default="256MiB")
+    ap.add_argument("--sidecar-arg", action="append", default=[], help="an extra `serve` argument (repeatable)")
     ap.add_argument("--out", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--work", type=Path, help="work in this directory and keep it (the logs); default: a temporary one")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
-        results = [run(int(n), args, Path(tmp)) for n in args.nodes.split(",")]
+    if args.work:  # kept: the sidecars' and ranks' logs
+        args.work.mkdir(parents=True, exist_ok=True)
+        results = [run(int(n), args, args.work) for n in args.nodes.split(",")]
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+            results = [run(int(n), args, Path(tmp)) for n in args.nodes.split(",")]
     dataset_bytes = results[0]["dataset_bytes"]
     base = {e["epoch"]: e for e in results[0]["epochs"]}
     print(f"dataset {args.samples} samples, {dataset_bytes / 1e6:.1f} MB; cache per sidecar "

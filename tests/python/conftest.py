@@ -61,6 +61,15 @@ def chromium() -> str:
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def agent_jar() -> Path:
+    """The shaded Java agent that ``mvn package`` builds."""
+    jar = REPO / "agent" / "target" / "unstall-agent.jar"
+    if not jar.is_file():
+        missing(f"agent jar not built: {jar} (mvn -pl agent -am package -DskipTests)")
+    return jar
+
+
 def missing(why: str) -> None:
     """Skips a test whose prerequisite is not built, except in CI, where that is a failure."""
     if os.environ.get("CI"):

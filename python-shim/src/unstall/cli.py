@@ -7,6 +7,7 @@
     unstall sidecar start [--home DIR] [--port N] [--cache-capacity SIZE] [--memory-budget SIZE] [--sidecar-arg ARG ...]
     unstall sidecar status [--home DIR] [--json]
     unstall sidecar stop [--home DIR] [--timeout S]
+    unstall profile merge PROFILE.json|DIR ... [--out PREFIX]
 
 Runs the training command (which must iterate an ``unstall.torch.DataLoader`` or a ``tf.data.Dataset``
 over ``unstall.tf.dataset``) three times: synthetic batches, fully cached, cold cache; prints, for each
@@ -14,6 +15,10 @@ loader, the fetch/prep stall split, the rates and the what-if predictions (``--v
 checked against reruns with those worker counts); writes ``DIR/analyze.json``, ``DIR/analyze.txt``,
 ``DIR/analyze.html`` and ``DIR/analyze.png`` (``analyze-N.png`` for loader N > 0). Exit status 0 when at
 least one loader is analysed, 2 when a run failed (nothing but the error is reported then).
+
+``profile merge`` merges the Java agent's per-process I/O profiles of one job (one per rank) and flags what only
+the merge can show: ranks reading the same offsets, ranks imbalanced in bytes or stall
+(``unstall.profile_merge``). Exit status 2 on bad input.
 
 ``token`` is for the owner of a running sidecar (found through ``$UNSTALL_HOME/sidecar.json``): it issues a
 tenant token (Flight only, the named datasets only; printed once on stdout, stored only as a hash), lists
@@ -106,6 +111,14 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("id", metavar="ID")
     tr.add_argument("--home", type=Path, default=None, help=home_help)
     _sidecar_parser(sub, home_help)
+    pr = sub.add_parser("profile", help="work with the Java agent's I/O profiles")
+    prsub = pr.add_subparsers(dest="profile_command", required=True)
+    pm = prsub.add_parser("merge", help="merge the profiles of several processes (ranks) of one job",
+                          description="Reads unstall agent profiles (files, or directories of them) and reports "
+                                      "per rank, the bytes several ranks read at the same offsets, and imbalance.")
+    pm.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE", help="PREFIX.json files or directories")
+    pm.add_argument("--out", type=Path, default=Path("unstall-profile-merged"),
+                    help="writes OUT.json and OUT.txt (default ./unstall-profile-merged)")
     return p
 
 
@@ -146,6 +159,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return token_main(args)
     if args.command == "sidecar":
         return sidecar_main(args)
+    if args.command == "profile":
+        from . import profile_merge
+
+        return profile_merge.main(args.profiles, args.out)
     return 2  # pragma: no cover
 
 

@@ -10,7 +10,7 @@ import io.unstall.agent.bootstrap.IoBridge;
 import io.unstall.agent.bootstrap.Sink;
 import io.unstall.agent.bootstrap.UnstallControl;
 import io.unstall.agent.instrument.IteratorInstrumentation;
-import io.unstall.agent.instrument.ReaderInstrumentation;
+import io.unstall.agent.instrument.FileIoInstrumentation;
 import io.unstall.agent.profile.ProfileWriter;
 import io.unstall.agent.trace.GuardedSpanExporter;
 import io.unstall.agent.trace.JsonLinesSpanExporter;
@@ -81,7 +81,7 @@ public final class AgentInstaller {
                     .or(nameStartsWith("sun.reflect."))
                     .or(nameContains("$$Lambda")));
     if (options.io()) {
-      agent = ReaderInstrumentation.apply(agent);
+      agent = FileIoInstrumentation.apply(agent);
     }
     List<String> methods = options.allMethods();
     if (!methods.isEmpty()) {
@@ -175,6 +175,8 @@ public final class AgentInstaller {
   private static void shutdown(ProfileWriter profile, OpenTelemetrySdk sdk) {
     IoBridge.enterAgent();
     try {
+      // Pending reads of every thread, and bursts of writes still open (the last checkpoint).
+      IoBridge.flushThreads(true);
       if (profile != null) {
         try {
           AgentLog.info("I/O profile written to " + profile.write());

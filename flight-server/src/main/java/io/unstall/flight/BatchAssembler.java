@@ -73,7 +73,7 @@ public final class BatchAssembler {
     this.cacheBreaker = cacheBreaker;
     this.diskBreaker = diskBreaker;
     this.io = Executors.newFixedThreadPool(Math.max(1, prefetchThreads), Prefetcher.daemon("unstall-io"));
-    this.prefetcher = new Prefetcher(prefetch, prefetchWindowSamples, prefetchThreads, this::admit, this::isCached);
+    this.prefetcher = new Prefetcher(prefetch, prefetchWindowSamples, prefetchThreads, this::prefetchRead, this::isCached);
   }
 
   public Prefetcher prefetcher() {
@@ -99,13 +99,33 @@ public final class BatchAssembler {
     this.peers = peers;
   }
 
-  /** Whether the prefetcher need not read {@code id}: cached here, or owned by a peer (asked at batch time). */
+  /** Whether the prefetcher need not read {@code id}: cached here. */
   private boolean isCached(Dataset d, int id) {
-    if (peers != null && ownership.ownerOf(d.name(), id).remote()) {
-      return true;
-    }
     Digest digest = d.digest(id);
     return digest != null && (cache.contains(digest) || onDisk(digest));
+  }
+
+  /**
+   * A prefetch read: a sample owned by another sidecar is asked of its owner (which reads it from its storage
+   * link and admits it on its own miss: in a cluster every node's link works ahead of the batches, not only for
+   * its own samples); one this sidecar owns, or whose owner fails, is read from storage and offered to the caches.
+   */
+  private void prefetchRead(Dataset d, long epoch, int id, ArrowBuf buf, int len, DatasetStats.Epoch stats)
+      throws IOException {
+    PeerClients peerClients = peers;
+    if (peerClients != null) {
+      Peer owner = ownership.ownerOf(d.name(), id);
+      if (owner.remote()) {
+        if (peerClients.fetch(owner, d, epoch, new int[] {id}, buf, new long[] {0})) {
+          stats.peerPrefetched(len);
+          return;
+        }
+        stats.peerFallback(1);
+      }
+    }
+    readFromStorage(d, id, buf, 0, len);
+    stats.prefetched(len);
+    admit(d, id, buf, 0, len, stats);
   }
 
   /** Whether the disk tier holds {@code digest} and is not bypassed. */

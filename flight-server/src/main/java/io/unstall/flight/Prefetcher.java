@@ -36,9 +36,12 @@ public final class Prefetcher implements AutoCloseable {
   /** How long a batch waits, in all, for its prefetched samples; then it reads the rest from storage. */
   public static final java.time.Duration TAKE_DEADLINE = java.time.Duration.ofSeconds(30);
 
-  /** Offers bytes just read from storage to the caches (and learns their digest, counting into {@code stats}). */
-  interface Admitter {
-    void admit(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) throws IOException;
+  /**
+   * Reads sample {@code id} of {@code epoch} into {@code buf} (from its owner in a cluster, else storage) and
+   * offers bytes read from storage to the caches, counting into {@code stats}.
+   */
+  interface Source {
+    void read(Dataset d, long epoch, int id, ArrowBuf buf, int len, DatasetStats.Epoch stats) throws IOException;
   }
 
   /** Whether a sample is already held by a cache tier. */
@@ -75,7 +78,7 @@ public final class Prefetcher implements AutoCloseable {
   private final ExecutorService readers;
   private final ExecutorService drivers;
   private final int windowSamples;
-  private final Admitter admitter;
+  private final Source source;
   private final Cached cached;
   private final Map<Key, CompletableFuture<ArrowBuf>> staged = new ConcurrentHashMap<>();
   private final Map<String, Plan> plans = new ConcurrentHashMap<>();
@@ -84,12 +87,12 @@ public final class Prefetcher implements AutoCloseable {
    * Stages in {@code allocator}: the data plane's "prefetch" child, whose limit is the window's bytes
    * ({@code --prefetch-window-bytes}; 0 turns prefetch off). The allocator is its builder's to close.
    */
-  Prefetcher(BufferAllocator allocator, int windowSamples, int threads, Admitter admitter, Cached cached) {
+  Prefetcher(BufferAllocator allocator, int windowSamples, int threads, Source source, Cached cached) {
     this.allocator = allocator;
     this.windowSamples = windowSamples;
     this.readers = Executors.newFixedThreadPool(Math.max(1, threads), daemon("unstall-prefetch-read"));
     this.drivers = Executors.newCachedThreadPool(daemon("unstall-prefetch-plan"));
-    this.admitter = admitter;
+    this.source = source;
     this.cached = cached;
   }
 
@@ -199,7 +202,7 @@ public final class Prefetcher implements AutoCloseable {
           giveBack(key, f); // this plan was replaced or cancelled after its staging was dropped
           return;
         }
-        if (!startRead(d, id, len, key, f, stats)) {
+        if (!startRead(d, epoch, id, len, key, f, stats)) {
           p--; // no room after all: try this position again once there is
           Thread.sleep(1);
         }
@@ -217,12 +220,12 @@ public final class Prefetcher implements AutoCloseable {
    * gives the slot back, so the future always completes; false when there was no room.
    */
   private boolean startRead(
-      Dataset d, int id, int len, Key key, CompletableFuture<ArrowBuf> f, DatasetStats.Epoch stats) {
+      Dataset d, long epoch, int id, int len, Key key, CompletableFuture<ArrowBuf> f, DatasetStats.Epoch stats) {
     ArrowBuf buf = null;
     boolean handedOff = false;
     try {
       buf = allocator.buffer(Math.max(1, len));
-      readers.execute(new Read(d, id, len, buf, f, stats));
+      readers.execute(new Read(d, epoch, id, len, buf, f, stats));
       handedOff = true;
       return true;
     } catch (org.apache.arrow.memory.OutOfMemoryException full) {
@@ -246,14 +249,17 @@ public final class Prefetcher implements AutoCloseable {
   /** A prefetch read of one sample into its staging buffer; it owns the buffer until the future holds it. */
   private final class Read implements Runnable {
     private final Dataset d;
+    private final long epoch;
     private final int id;
     private final int len;
     private final ArrowBuf buf;
     private final CompletableFuture<ArrowBuf> future;
     private final DatasetStats.Epoch stats;
 
-    Read(Dataset d, int id, int len, ArrowBuf buf, CompletableFuture<ArrowBuf> future, DatasetStats.Epoch stats) {
+    Read(Dataset d, long epoch, int id, int len, ArrowBuf buf, CompletableFuture<ArrowBuf> future,
+        DatasetStats.Epoch stats) {
       this.d = d;
+      this.epoch = epoch;
       this.id = id;
       this.len = len;
       this.buf = buf;
@@ -265,9 +271,7 @@ public final class Prefetcher implements AutoCloseable {
     public void run() {
       boolean handedOff = false;
       try {
-        BatchAssembler.readFromStorage(d, id, buf, 0, len);
-        stats.prefetched(len);
-        admitter.admit(d, id, buf, 0, len, stats);
+        source.read(d, epoch, id, buf, len, stats);
         handedOff = future.complete(buf);
       } catch (Throwable e) {
         future.completeExceptionally(e);

@@ -49,8 +49,8 @@ class PrefetcherTest {
   void aBatchWaitsForAPrefetchedSampleOnlyUntilItsDeadline() throws Exception {
     CountDownLatch admitting = new CountDownLatch(1);
     CountDownLatch release = new CountDownLatch(1);
-    // The first read's admission hangs (a disk that stopped answering): its staged future does not complete.
-    Prefetcher.Admitter stuck = (d, id, buf, off, len, stats) -> {
+    // The first read hangs (storage that stopped answering): its staged future does not complete.
+    Prefetcher.Source stuck = (d, epoch, id, buf, len, stats) -> {
       admitting.countDown();
       try {
         release.await();
@@ -101,8 +101,10 @@ class PrefetcherTest {
         DatasetRegistry registry = new DatasetRegistry()) {
       Dataset d = dataset(registry);
       Prefetcher p =
-          new Prefetcher(window, N, 4, (ds, id, buf, off, len, stats) -> read.incrementAndGet(),
-              (ds, id) -> false);
+          new Prefetcher(window, N, 4, (ds, epoch, id, buf, len, stats) -> {
+            BatchAssembler.readFromStorage(ds, id, buf, 0, len);
+            read.incrementAndGet();
+          }, (ds, id) -> false);
       int[] order = IntStream.range(0, N).toArray();
       try (ArrowBuf dst = root.buffer((long) N * SAMPLE)) {
         for (int round = 0; round < 300; round++) {

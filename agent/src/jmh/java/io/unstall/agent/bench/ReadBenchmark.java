@@ -3,6 +3,8 @@ package io.unstall.agent.bench;
 import java.io.FileInputStream;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
@@ -11,6 +13,7 @@ import java.nio.file.StandardOpenOption;
 import java.util.Iterator;
 import java.util.Random;
 import java.util.concurrent.TimeUnit;
+import org.openjdk.jmh.annotations.AuxCounters;
 import org.openjdk.jmh.annotations.Benchmark;
 import org.openjdk.jmh.annotations.BenchmarkMode;
 import org.openjdk.jmh.annotations.Level;
@@ -23,7 +26,10 @@ import org.openjdk.jmh.annotations.TearDown;
 
 /**
  * Read loops over a 16 MiB page-cached file. {@link AgentOverhead} runs them in JVMs with and
- * without {@code -javaagent:target/unstall-agent.jar} and reports the ratio.
+ * without {@code -javaagent:target/unstall-agent.jar} and reports the ratio. Besides the wall
+ * time (the primary score), each op's CPU time on its thread (user + system, so the read system
+ * call too) is counted in {@link Cpu}: on a loaded machine it is not inflated by the time the
+ * thread waits for a core.
  */
 @State(Scope.Benchmark)
 @BenchmarkMode(Mode.AverageTime)
@@ -37,6 +43,25 @@ public class ReadBenchmark {
   byte[] buf64k = new byte[64 << 10];
   ByteBuffer batch = ByteBuffer.allocateDirect(BATCH_BYTES);
   FileChannel channel;
+
+  private static final ThreadMXBean THREADS = ManagementFactory.getThreadMXBean();
+
+  /** CPU nanoseconds of the benchmark thread and ops, summed per iteration (their ratio: CPU/op). */
+  @State(Scope.Thread)
+  @AuxCounters(AuxCounters.Type.EVENTS)
+  public static class Cpu {
+    public long cpuNanos;
+    public long cpuOps;
+
+    long start() {
+      return THREADS.getCurrentThreadCpuTime();
+    }
+
+    void end(long start) {
+      cpuNanos += THREADS.getCurrentThreadCpuTime() - start;
+      cpuOps++;
+    }
+  }
 
   /** A data iterator: each next() reads one 64 KiB batch with a positional channel read. */
   public static final class BatchIterator implements Iterator<ByteBuffer> {
@@ -101,24 +126,32 @@ public class ReadBenchmark {
 
   /** FileInputStream over the whole file in 4 KiB reads (4096 reads per op). */
   @Benchmark
-  public long read4k() throws IOException {
-    return drain(file, buf4k);
+  public long read4k(Cpu cpu) throws IOException {
+    long t = cpu.start();
+    long n = drain(file, buf4k);
+    cpu.end(t);
+    return n;
   }
 
   /** FileInputStream over the whole file in 64 KiB reads (256 reads per op). */
   @Benchmark
-  public long read64k() throws IOException {
-    return drain(file, buf64k);
+  public long read64k(Cpu cpu) throws IOException {
+    long t = cpu.start();
+    long n = drain(file, buf64k);
+    cpu.end(t);
+    return n;
   }
 
   /** 256 next() calls on a batch iterator, each one stall span and one 64 KiB read. */
   @Benchmark
-  public long iterator64k() {
+  public long iterator64k(Cpu cpu) {
+    long t = cpu.start();
     BatchIterator it = new BatchIterator(channel, batch);
     long sum = 0;
     while (it.hasNext()) {
       sum += it.next().remaining();
     }
+    cpu.end(t);
     return sum;
   }
 }

@@ -2,8 +2,9 @@ package io.unstall.agent.bootstrap;
 
 /**
  * Darshan-style counters for one file (by absolute path), shared by every stream and thread that
- * reads it. Updated under this object's lock; nothing is allocated per read except when the
- * re-read tracker grows.
+ * uses it. Updated under this object's lock, by batches of contiguous reads that a thread
+ * collected ({@link ThreadState}), by single writes and by syncs; nothing is allocated per call
+ * except when the re-read tracker grows.
  */
 public final class FileStats {
   /**
@@ -25,7 +26,8 @@ public final class FileStats {
   private long bytes;
   private long readCalls;
   private long dataReads;
-  private long readNanos;
+  private long timedReadNanos;
+  private long timedReadCalls;
   private long consecutive;
   private long sequential;
   private long lastEnd = 0;
@@ -38,48 +40,105 @@ public final class FileStats {
   private final long[] sizeBuckets = new long[BUCKET_NAMES.length];
   private final IntervalSet seen = new IntervalSet();
 
+  private long bytesWritten;
+  private long writeCalls;
+  private long writeNanos;
+  private long minWrite = Long.MAX_VALUE;
+  private long maxWrite;
+  private long writeOpens;
+  private long syncs;
+  private long syncNanos;
+  private final long[] writeBuckets = new long[BUCKET_NAMES.length];
+
   public FileStats(int id, String path) {
     this.id = id;
     this.path = path;
   }
 
-  /** One stream or channel started reading this file. */
-  public synchronized void opened(long nowNanos) {
+  /** One stream or channel started reading ({@code write} false) or writing this file. */
+  public synchronized void opened(long nowNanos, boolean write) {
+    if (write) {
+      writeOpens++;
+      return;
+    }
     if (opens++ == 0) {
       firstOpenNanos = nowNanos;
     }
   }
 
   /**
-   * Records one read call that returned {@code n} bytes (n &lt;= 0 for end of file) at {@code offset}.
+   * Records one read call that returned {@code n} bytes (n &lt;= 0 for end of file) at {@code offset},
+   * which took {@code nanos}.
    */
-  public synchronized void record(long offset, long n, long nanos) {
-    readCalls++;
-    readNanos += nanos;
-    if (n <= 0) {
+  public void record(long offset, long n, long nanos) {
+    long[] bucket = new long[BUCKET_NAMES.length];
+    if (n > 0) {
+      bucket[bucket(n)] = 1;
+    }
+    recordReads(offset, offset + Math.max(0, n), 1, n > 0 ? 1 : 0, nanos, 1, n, n, bucket);
+  }
+
+  /**
+   * Records a batch of read calls whose data reads covered [start, end) contiguously, in order.
+   * {@code timedNanos} is the time of the {@code timedCalls} calls that were timed.
+   */
+  synchronized void recordReads(long start, long end, long calls, long batchDataReads,
+      long timedNanos, long timedCalls, long min, long max, long[] buckets) {
+    readCalls += calls;
+    timedReadNanos += timedNanos;
+    timedReadCalls += timedCalls;
+    if (batchDataReads <= 0) {
       return;
     }
-    dataReads++;
+    dataReads += batchDataReads;
+    long n = end - start;
     bytes += n;
-    sizeBuckets[bucket(n)]++;
-    if (n < minRequest) {
-      minRequest = n;
+    for (int i = 0; i < buckets.length; i++) {
+      sizeBuckets[i] += buckets[i];
     }
-    if (n > maxRequest) {
-      maxRequest = n;
+    if (min < minRequest) {
+      minRequest = min;
     }
-    if (offset == lastEnd) {
+    if (max > maxRequest) {
+      maxRequest = max;
+    }
+    // The first read of the batch against the file's previous read; the others follow it.
+    if (start == lastEnd) {
       consecutive++;
     }
-    if (offset >= lastEnd) {
+    if (start >= lastEnd) {
       sequential++;
     }
-    long end = offset + n;
+    consecutive += batchDataReads - 1;
+    sequential += batchDataReads - 1;
     lastEnd = end;
     if (end > maxEnd) {
       maxEnd = end;
     }
-    reread += n - seen.add(offset, end);
+    reread += n - seen.add(start, end);
+  }
+
+  /** Records one write call of {@code n} bytes (0 when it threw). */
+  public synchronized void recordWrite(long n, long nanos) {
+    writeCalls++;
+    writeNanos += nanos;
+    if (n <= 0) {
+      return;
+    }
+    bytesWritten += n;
+    writeBuckets[bucket(n)]++;
+    if (n < minWrite) {
+      minWrite = n;
+    }
+    if (n > maxWrite) {
+      maxWrite = n;
+    }
+  }
+
+  /** Records one force/fsync of this file. */
+  public synchronized void recordSync(long nanos) {
+    syncs++;
+    syncNanos += nanos;
   }
 
   public static int bucket(long n) {
@@ -98,18 +157,28 @@ public final class FileStats {
     s.bytes = bytes;
     s.readCalls = readCalls;
     s.dataReads = dataReads;
-    s.readNanos = readNanos;
+    s.readNanos = timedReadCalls == 0 ? 0 : timedReadNanos * readCalls / timedReadCalls;
     s.consecutive = consecutive;
     s.sequential = sequential;
     s.maxOffset = maxEnd;
     s.bytesReread = reread;
     s.uniqueBytes = seen.coveredBytes();
     s.rereadTruncated = seen.truncated();
+    s.readRanges = seen.ranges();
     s.minRequest = dataReads == 0 ? 0 : minRequest;
     s.maxRequest = maxRequest;
     s.opens = opens;
     s.firstOpenNanos = firstOpenNanos;
     s.sizeBuckets = sizeBuckets.clone();
+    s.bytesWritten = bytesWritten;
+    s.writeCalls = writeCalls;
+    s.writeNanos = writeNanos;
+    s.minWrite = bytesWritten == 0 ? 0 : minWrite;
+    s.maxWrite = maxWrite;
+    s.writeOpens = writeOpens;
+    s.syncs = syncs;
+    s.syncNanos = syncNanos;
+    s.writeBuckets = writeBuckets.clone();
     return s;
   }
 
@@ -121,6 +190,7 @@ public final class FileStats {
     public long readCalls;
     /** Read calls that returned at least one byte; the request-size histogram counts these. */
     public long dataReads;
+    /** Time inside read calls, estimated from the timed calls (all of them in unit tests). */
     public long readNanos;
     public long consecutive;
     public long sequential;
@@ -128,10 +198,21 @@ public final class FileStats {
     public long bytesReread;
     public long uniqueBytes;
     public boolean rereadTruncated;
+    /** The distinct byte ranges read, as start0, end0, start1, end1, ... (sorted, disjoint). */
+    public long[] readRanges;
     public long minRequest;
     public long maxRequest;
     public long opens;
     public long firstOpenNanos;
     public long[] sizeBuckets;
+    public long bytesWritten;
+    public long writeCalls;
+    public long writeNanos;
+    public long minWrite;
+    public long maxWrite;
+    public long writeOpens;
+    public long syncs;
+    public long syncNanos;
+    public long[] writeBuckets;
   }
 }

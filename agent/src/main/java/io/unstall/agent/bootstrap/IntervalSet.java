@@ -109,6 +109,11 @@ public final class IntervalSet {
     return sum;
   }
 
+  /** A copy of the ranges: start0, end0, start1, end1, ... */
+  public long[] ranges() {
+    return java.util.Arrays.copyOf(ranges, count * 2);
+  }
+
   public int rangeCount() {
     return count;
   }

@@ -1,6 +1,6 @@
 package io.unstall.agent.bootstrap;
 
-/** Receives the end of each data stall; implemented by the agent (OpenTelemetry lives there). */
+/** Receives the end of each data stall and each checkpoint; implemented by the agent. */
 public interface Sink {
 
   /**
@@ -22,4 +22,15 @@ public interface Sink {
       ThreadState window,
       long processBytes,
       Throwable error);
+
+  /**
+   * Called on the writing thread when its burst of writes to a file becomes large enough to be a
+   * checkpoint: the application's current context, the parent of the checkpoint span.
+   */
+  default Object currentContext() {
+    return null;
+  }
+
+  /** Called once per checkpoint, usually on the thread that wrote it (at exit, on the hook's). */
+  default void checkpoint(Checkpoint c) {}
 }

@@ -1,5 +1,6 @@
 package io.unstall.agent.profile;
 
+import io.unstall.agent.bootstrap.Checkpoint;
 import io.unstall.agent.bootstrap.FileStats;
 import io.unstall.agent.bootstrap.IoBridge;
 import java.io.File;
@@ -15,6 +16,8 @@ import java.util.Map;
 /** Writes the I/O profile as {@code PREFIX.json} (machines) and {@code PREFIX.txt} (people). */
 public final class ProfileWriter {
   public static final String FORMAT = "unstall.io-profile/1";
+  /** Per file, at most this many distinct read ranges are written (the merge compares them). */
+  public static final int MAX_JSON_RANGES = 65536;
 
   private final String prefix;
   private final long startEpochMillis;
@@ -25,14 +28,45 @@ public final class ProfileWriter {
   }
 
   public IoProfile snapshot() {
+    IoBridge.flushThreads(false);
     return new IoProfile(
         ProcessHandle.current().pid(),
+        rankFromEnvironment(),
         startEpochMillis,
         System.currentTimeMillis(),
         IoBridge.fileSnapshots(),
         IoBridge.readerThreads(),
         IoBridge.stallTotals(),
-        totalMemory());
+        totalMemory(),
+        IoBridge.checkpoints(),
+        IoBridge.checkpointTotals(),
+        IoBridge.startNanos());
+  }
+
+  /** RANK, LOCAL_RANK and WORLD_SIZE as torchrun, Horovod launchers and Slurm wrappers set them. */
+  static IoProfile.Rank rankFromEnvironment() {
+    String host = System.getenv("HOSTNAME");
+    if (host == null || host.isEmpty()) {
+      try {
+        host = java.net.InetAddress.getLocalHost().getHostName();
+      } catch (java.io.IOException | RuntimeException e) {
+        host = null;
+      }
+    }
+    return new IoProfile.Rank(
+        envInt("RANK"), envInt("LOCAL_RANK"), envInt("WORLD_SIZE"), host);
+  }
+
+  private static Integer envInt(String name) {
+    String v = System.getenv(name);
+    if (v == null || v.isBlank()) {
+      return null;
+    }
+    try {
+      return Integer.valueOf(v.trim());
+    } catch (NumberFormatException e) {
+      return null;
+    }
   }
 
   /** Writes both files (atomically replaced) and returns the JSON path. */
@@ -71,6 +105,10 @@ public final class ProfileWriter {
     j.beginObject();
     j.field("format", FORMAT);
     j.field("pid", p.pid);
+    j.field("rank", p.rank.rank);
+    j.field("local_rank", p.rank.localRank);
+    j.field("world_size", p.rank.worldSize);
+    j.field("host", p.rank.host);
     j.field("start_epoch_ms", p.startEpochMillis);
     j.field("end_epoch_ms", p.endEpochMillis);
     j.field("elapsed_s", p.elapsedSeconds);
@@ -85,6 +123,34 @@ public final class ProfileWriter {
     j.field("io_bytes", p.stallBytes);
     j.field("read_time_ns", p.stallReadNanos);
     j.field("fraction_of_run", p.stallFraction());
+    j.endObject();
+    j.key("checkpoints").beginObject();
+    j.field("count", p.checkpointCount);
+    j.field("bytes", p.checkpointBytes);
+    j.field("write_calls", p.checkpointWrites);
+    j.field("mean_request_bytes", p.meanCheckpointWrite());
+    j.field("write_time_ns", p.checkpointWriteNanos);
+    j.field("syncs", p.checkpointSyncs);
+    j.field("total_ns", p.checkpointNanos);
+    j.field("max_ns", p.maxCheckpointNanos);
+    j.field("fraction_of_run", p.checkpointFraction());
+    j.field("training_thread_count", p.trainingThreadCheckpoints);
+    j.field("training_thread_ns", p.trainingThreadCheckpointNanos);
+    j.key("list").beginArray();
+    for (Checkpoint c : p.checkpoints) {
+      j.beginObject();
+      j.field("path", c.path);
+      j.field("start_s", (c.startNanos - p.startNanos) / 1e9);
+      j.field("duration_ns", c.durationNanos);
+      j.field("bytes", c.bytes);
+      j.field("write_calls", c.writes);
+      j.field("mean_request_bytes", c.writes == 0 ? 0.0 : (double) c.bytes / c.writes);
+      j.field("write_time_ns", c.writeNanos);
+      j.field("syncs", c.syncs);
+      j.field("training_thread", c.trainingThread);
+      j.endObject();
+    }
+    j.endArray();
     j.endObject();
     j.key("files").beginArray();
     for (FileStats.Snapshot s : p.files) {
@@ -121,11 +187,7 @@ public final class ProfileWriter {
     j.field("mean_request_bytes", IoProfile.meanRequest(s));
     j.field("min_request_bytes", s.minRequest);
     j.field("max_request_bytes", s.maxRequest);
-    j.key("request_size_histogram").beginObject();
-    for (int i = 0; i < FileStats.BUCKET_NAMES.length; i++) {
-      j.field(FileStats.BUCKET_NAMES[i], s.sizeBuckets[i]);
-    }
-    j.endObject();
+    histogram(j, s.sizeBuckets);
     j.field("consecutive_fraction", IoProfile.consecutiveFraction(s));
     j.field("sequential_fraction", IoProfile.sequentialFraction(s));
     j.field("bytes_reread", s.bytesReread);
@@ -133,6 +195,34 @@ public final class ProfileWriter {
     j.field("reread_is_lower_bound", s.rereadTruncated);
     if (!totals) {
       j.field("max_offset", s.maxOffset);
+      int ranges = Math.min(s.readRanges.length / 2, MAX_JSON_RANGES);
+      j.key("read_ranges").beginArray();
+      for (int i = 0; i < ranges; i++) {
+        j.beginArray().value(s.readRanges[2 * i]).value(s.readRanges[2 * i + 1]).endArray();
+      }
+      j.endArray();
+      j.field("read_ranges_truncated", ranges < s.readRanges.length / 2 || s.rereadTruncated);
+    }
+    j.key("writes").beginObject();
+    j.field("bytes", s.bytesWritten);
+    j.field("write_calls", s.writeCalls);
+    j.field("write_time_ns", s.writeNanos);
+    j.field("opens", s.writeOpens);
+    j.field("mean_request_bytes", IoProfile.meanWrite(s));
+    j.field("min_request_bytes", s.minWrite);
+    j.field("max_request_bytes", s.maxWrite);
+    histogram(j, s.writeBuckets);
+    j.field("syncs", s.syncs);
+    j.field("sync_time_ns", s.syncNanos);
+    j.endObject();
+    j.endObject();
+  }
+
+  /** Darshan's request-size buckets as {@code "request_size_histogram": {"0_100": n, ...}}. */
+  private static void histogram(Json j, long[] buckets) {
+    j.key("request_size_histogram").beginObject();
+    for (int i = 0; i < FileStats.BUCKET_NAMES.length; i++) {
+      j.field(FileStats.BUCKET_NAMES[i], buckets[i]);
     }
     j.endObject();
   }
@@ -140,7 +230,8 @@ public final class ProfileWriter {
   public static String toText(IoProfile p) {
     StringBuilder sb = new StringBuilder();
     FileStats.Snapshot t = p.totals;
-    sb.append(String.format(Locale.ROOT, "unstall I/O profile (pid %d, %.1f s)%n", p.pid, p.elapsedSeconds));
+    sb.append(String.format(Locale.ROOT, "unstall I/O profile (pid %d%s, %.1f s)%n", p.pid,
+        p.rank.rank == null ? "" : ", rank " + p.rank.rank, p.elapsedSeconds));
     sb.append(String.format(Locale.ROOT,
         "  read %s in %d calls (%d with data) from %d files, %d opens (%.1f/s), %d reader threads%n",
         human(t.bytes), t.readCalls, t.dataReads, p.files.size(), t.opens,
@@ -157,6 +248,12 @@ public final class ProfileWriter {
         "  waits for data: %d, %.3f s total (%.0f%% of the run), max %.3f s, %s read while waiting%n",
         p.stallCount, p.stallNanos / 1e9, 100 * p.stallFraction(), p.maxStallNanos / 1e9,
         human(p.stallBytes)));
+    sb.append(String.format(Locale.ROOT,
+        "  wrote %s in %d calls (mean %s), %d syncs; %d checkpoints: %s in %d writes, %.3f s"
+            + " (%.0f%% of the run)%n",
+        human(t.bytesWritten), t.writeCalls, human((long) IoProfile.meanWrite(t)), t.syncs,
+        p.checkpointCount, human(p.checkpointBytes), p.checkpointWrites, p.checkpointNanos / 1e9,
+        100 * p.checkpointFraction()));
     sb.append("\nrequest sizes (reads with data):\n");
     for (int i = 0; i < FileStats.BUCKET_NAMES.length; i++) {
       if (t.sizeBuckets[i] > 0) {

@@ -22,6 +22,11 @@ public final class Suggestions {
   public static final long MIN_STALLS = 10;
   public static final double STALL_FRACTION = 0.2;
   public static final double READ_SHARE_OF_STALL = 0.5;
+  public static final long MIN_CHECKPOINT_WRITES = 16;
+  public static final long MIN_SYNCS = 8;
+  public static final double SYNCS_PER_WRITE = 0.5;
+  public static final double CHECKPOINT_FRACTION = 0.10;
+  public static final double SYNCHRONOUS_CHECKPOINT_FRACTION = 0.02;
 
   public static List<Suggestion> evaluate(IoProfile p) {
     List<Suggestion> out = new ArrayList<>();
@@ -120,7 +125,85 @@ public final class Suggestions {
                     "reader_threads", p.readerThreads)));
       }
     }
+    checkpoints(p, out);
     return out;
+  }
+
+  /** The write-side rules: checkpoints written in small requests, syncs, and their time. */
+  private static void checkpoints(IoProfile p, List<Suggestion> out) {
+    FileStats.Snapshot t = p.totals;
+    double meanCheckpointWrite = p.meanCheckpointWrite();
+    if (p.checkpointCount > 0
+        && p.checkpointWrites >= MIN_CHECKPOINT_WRITES
+        && meanCheckpointWrite < SMALL_REQUEST_BYTES) {
+      out.add(
+          new Suggestion(
+              "checkpoint_small_writes",
+              String.format(
+                  "%d checkpoints wrote %d bytes in %d write calls of %.0f bytes on average"
+                      + " (%.3f s in all, %.3f s inside writes). Write through a large buffer"
+                      + " (new BufferedOutputStream(out, 8 << 20)), or serialize the state to"
+                      + " memory and write it in a few large calls.",
+                  p.checkpointCount, p.checkpointBytes, p.checkpointWrites, meanCheckpointWrite,
+                  p.checkpointNanos / 1e9, p.checkpointWriteNanos / 1e9),
+              evidence(
+                  "checkpoints", p.checkpointCount,
+                  "bytes", p.checkpointBytes,
+                  "write_calls", p.checkpointWrites,
+                  "mean_request_bytes", Math.round(meanCheckpointWrite),
+                  "checkpoint_time_ns", p.checkpointNanos,
+                  "threshold_bytes", SMALL_REQUEST_BYTES)));
+    }
+
+    if (t.syncs >= MIN_SYNCS && t.syncs >= SYNCS_PER_WRITE * t.writeCalls) {
+      out.add(
+          new Suggestion(
+              "fsync_per_request",
+              String.format(
+                  "%d syncs for %d write calls (%.3f s inside force/fsync). Sync once after the"
+                      + " last write of a checkpoint (or write to a temporary file, sync it once"
+                      + " and rename it), not after every request.",
+                  t.syncs, t.writeCalls, t.syncNanos / 1e9),
+              evidence(
+                  "syncs", t.syncs,
+                  "write_calls", t.writeCalls,
+                  "sync_time_ns", t.syncNanos,
+                  "bytes_written", t.bytesWritten)));
+    }
+
+    if (p.checkpointCount > 0 && p.checkpointFraction() >= CHECKPOINT_FRACTION) {
+      out.add(
+          new Suggestion(
+              "checkpoint_time_share",
+              String.format(
+                  "Checkpoints took %.0f%% of the run: %d checkpoints, %.3f s, the longest %.3f s."
+                      + " Checkpoint less often, save only what a restart needs, or write to"
+                      + " node-local storage and copy it away in the background.",
+                  100 * p.checkpointFraction(), p.checkpointCount, p.checkpointNanos / 1e9,
+                  p.maxCheckpointNanos / 1e9),
+              evidence(
+                  "checkpoint_fraction", p.checkpointFraction(),
+                  "checkpoints", p.checkpointCount,
+                  "checkpoint_time_ns", p.checkpointNanos,
+                  "max_checkpoint_ns", p.maxCheckpointNanos)));
+    }
+
+    if (p.trainingThreadCheckpoints > 0
+        && p.trainingThreadCheckpointFraction() >= SYNCHRONOUS_CHECKPOINT_FRACTION) {
+      out.add(
+          new Suggestion(
+              "async_checkpoint",
+              String.format(
+                  "%d checkpoints (%.3f s, %.1f%% of the run) were written by the training thread,"
+                      + " which did not train meanwhile. Checkpoint asynchronously: copy the state"
+                      + " in memory and write it on a background thread.",
+                  p.trainingThreadCheckpoints, p.trainingThreadCheckpointNanos / 1e9,
+                  100 * p.trainingThreadCheckpointFraction()),
+              evidence(
+                  "training_thread_checkpoints", p.trainingThreadCheckpoints,
+                  "training_thread_checkpoint_time_ns", p.trainingThreadCheckpointNanos,
+                  "fraction_of_run", p.trainingThreadCheckpointFraction())));
+    }
   }
 
   private static Map<String, Object> evidence(Object... kv) {

@@ -11,25 +11,48 @@ import java.util.Map;
 import java.util.WeakHashMap;
 
 /**
- * Reads the application's current span through the application's own (unshaded) OpenTelemetry
- * API, by reflection in the class loader of the iterator, so a stall span can become a child of
- * the training step. The agent's OpenTelemetry is relocated and cannot see the application's
- * context otherwise.
+ * Reads the application's current span, by reflection, so a stall span can become a child of the
+ * training step. The agent's OpenTelemetry is relocated and cannot see the application's context
+ * otherwise. Tried in order: the application's own (unshaded) OpenTelemetry API in the class
+ * loader of the iterator, then in the thread's context class loader, then the official
+ * OpenTelemetry Java agent's API, which that agent shades and puts on the bootstrap class path
+ * (it bridges the application's API to the same context, and it also sees the spans of its own
+ * instrumentation when the application has no API on its class path).
  */
 final class AppContext {
   // Built at run time so that shading does not relocate the application's API names.
   private static final String API = String.join(".", "io", "opentelemetry.api.trace.");
+  /** The official OpenTelemetry Java agent's shaded copy of the API, on the bootstrap path. */
+  private static final String JAVAAGENT_API =
+      String.join(".", "io", "opentelemetry.javaagent.shaded.io", "opentelemetry.api.trace.");
 
   private static final Reader NONE = new Reader(null, null, null, null, null, null);
   private final Map<ClassLoader, Reader> readers = Collections.synchronizedMap(new WeakHashMap<>());
 
-  /** The application's current span as a parent for the agent's SDK, or null when there is none. */
+  private volatile Reader javaagent;
+
+  /**
+   * The application's current span as a parent for the agent's SDK, or null when there is none.
+   *
+   * @param iterator the object whose class loader is asked first, or null
+   */
   Context parentFor(Object iterator) {
-    Reader r = readerFor(iterator.getClass().getClassLoader());
-    if (r == NONE) {
-      r = readerFor(Thread.currentThread().getContextClassLoader());
+    Context c = null;
+    if (iterator != null) {
+      c = readerFor(iterator.getClass().getClassLoader()).current();
     }
-    return r.current();
+    if (c == null) {
+      c = readerFor(Thread.currentThread().getContextClassLoader()).current();
+    }
+    if (c == null) {
+      Reader r = javaagent;
+      if (r == null) {
+        r = Reader.create(JAVAAGENT_API, null);
+        javaagent = r;
+      }
+      c = r.current();
+    }
+    return c;
   }
 
   private Reader readerFor(ClassLoader loader) {
@@ -38,7 +61,7 @@ final class AppContext {
     }
     Reader r = readers.get(loader);
     if (r == null) {
-      r = Reader.create(loader);
+      r = Reader.create(API, loader);
       readers.put(loader, r);
     }
     return r;
@@ -62,10 +85,11 @@ final class AppContext {
       this.sampled = sampled;
     }
 
-    static Reader create(ClassLoader loader) {
+    /** Reflection into {@code pkg.Span} and {@code pkg.SpanContext} of {@code loader} (null: bootstrap). */
+    static Reader create(String pkg, ClassLoader loader) {
       try {
-        Class<?> span = Class.forName(API + "Span", false, loader);
-        Class<?> ctx = Class.forName(API + "SpanContext", false, loader);
+        Class<?> span = Class.forName(pkg + "Span", false, loader);
+        Class<?> ctx = Class.forName(pkg + "SpanContext", false, loader);
         return new Reader(
             span.getMethod("current"),
             span.getMethod("getSpanContext"),

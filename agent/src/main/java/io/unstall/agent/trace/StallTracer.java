@@ -8,13 +8,18 @@ import io.opentelemetry.api.trace.SpanKind;
 import io.opentelemetry.api.trace.StatusCode;
 import io.opentelemetry.api.trace.Tracer;
 import io.opentelemetry.context.Context;
+import io.unstall.agent.bootstrap.Checkpoint;
 import io.unstall.agent.bootstrap.Sink;
 import io.unstall.agent.bootstrap.ThreadState;
 import java.time.Instant;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 
-/** Turns each data stall into one {@value StallAttributes#SPAN_NAME} span. */
+/**
+ * Turns each data stall into one {@value StallAttributes#SPAN_NAME} span and each checkpoint into
+ * one {@value StallAttributes#CHECKPOINT_SPAN_NAME} span, children of the application's current
+ * span when there is one.
+ */
 public final class StallTracer implements Sink {
   private final Tracer tracer;
   private final AppContext appContext = new AppContext();
@@ -60,17 +65,47 @@ public final class StallTracer implements Sink {
             .setAttribute(IO_PROCESS_BYTES, processBytes)
             .setAttribute(THREAD_NAME, thread.getName())
             .setAttribute(THREAD_ID, thread.getId());
-    Context parent = appContext.parentFor(iterator);
-    if (parent != null) {
-      b.setParent(parent);
-    } else {
-      b.setNoParent();
-    }
+    setParent(b, appContext.parentFor(iterator));
     Span span = b.startSpan();
     if (error != null) {
       span.setStatus(StatusCode.ERROR, error.getClass().getName());
       span.setAttribute(EXCEPTION_TYPE, error.getClass().getName());
     }
     span.end(start + durationNanos, TimeUnit.NANOSECONDS);
+  }
+
+  @Override
+  public Object currentContext() {
+    return appContext.parentFor(null);
+  }
+
+  @Override
+  public void checkpoint(Checkpoint c) {
+    long start = anchorEpochNanos + (c.startNanos - anchorNanoTime);
+    SpanBuilder b =
+        tracer
+            .spanBuilder(CHECKPOINT_SPAN_NAME)
+            .setSpanKind(SpanKind.INTERNAL)
+            .setStartTimestamp(start, TimeUnit.NANOSECONDS)
+            .setAttribute(CHECKPOINT_PATH, c.path)
+            .setAttribute(CHECKPOINT_BYTES, c.bytes)
+            .setAttribute(CHECKPOINT_WRITE_CALLS, c.writes)
+            .setAttribute(CHECKPOINT_WRITE_TIME_NS, c.writeNanos)
+            .setAttribute(CHECKPOINT_SYNCS, c.syncs)
+            .setAttribute(CHECKPOINT_DURATION_NS, c.durationNanos)
+            .setAttribute(CHECKPOINT_TRAINING_THREAD, c.trainingThread);
+    if (c.threadName != null) {
+      b.setAttribute(THREAD_NAME, c.threadName).setAttribute(THREAD_ID, c.threadId);
+    }
+    setParent(b, c.parent instanceof Context ? (Context) c.parent : null);
+    b.startSpan().end(start + c.durationNanos, TimeUnit.NANOSECONDS);
+  }
+
+  private static void setParent(SpanBuilder b, Context parent) {
+    if (parent != null) {
+      b.setParent(parent);
+    } else {
+      b.setNoParent();
+    }
   }
 }

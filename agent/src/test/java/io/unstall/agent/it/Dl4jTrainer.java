@@ -1,6 +1,9 @@
 package io.unstall.agent.it;
 
+import java.io.BufferedOutputStream;
 import java.io.FileInputStream;
+import java.io.FileOutputStream;
+import java.io.FilterOutputStream;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
@@ -13,6 +16,7 @@ import org.deeplearning4j.nn.conf.NeuralNetConfiguration;
 import org.deeplearning4j.nn.conf.layers.DenseLayer;
 import org.deeplearning4j.nn.conf.layers.OutputLayer;
 import org.deeplearning4j.nn.multilayer.MultiLayerNetwork;
+import org.deeplearning4j.util.ModelSerializer;
 import org.nd4j.linalg.activations.Activation;
 import org.nd4j.linalg.api.ndarray.INDArray;
 import org.nd4j.linalg.dataset.DataSet;
@@ -25,7 +29,9 @@ import org.nd4j.linalg.lossfunctions.LossFunctions;
 /**
  * Trains a small MLP with Deeplearning4j on batches read from files, with a deliberately bad
  * access pattern: every batch file is read in 4 KiB requests and re-read every epoch. The agent
- * finds DataSetIterator.next() by interface, with no option.
+ * finds DataSetIterator.next() by interface, with no option. With a checkpoint directory it also
+ * saves the model and its updater state after every epoch, on the training thread, through a 4 KiB
+ * buffer (so in 4 KiB write calls), and syncs each checkpoint once.
  */
 public final class Dl4jTrainer {
   public static final int ROWS = 128;
@@ -34,6 +40,9 @@ public final class Dl4jTrainer {
   /** One batch file: ROWS x (FEATURES + CLASSES) little-endian floats = 16 KiB. */
   public static final int BATCH_BYTES = ROWS * (FEATURES + CLASSES) * 4;
   public static final int READ_CHUNK = 4096;
+  public static final int HIDDEN = 256;
+  /** The checkpoint writer's buffer, so the size of its write calls. */
+  public static final int CHECKPOINT_CHUNK = 4096;
 
   /** Reads batch-NNN.bin files; one file per batch. */
   public static final class FileBatchIterator implements DataSetIterator {
@@ -163,11 +172,40 @@ public final class Dl4jTrainer {
     return files;
   }
 
-  /** Arguments: data directory, number of batch files, epochs. */
+  /** One epoch (a method of its own so that CoexistenceIT's official agent can trace it). */
+  static void trainEpoch(MultiLayerNetwork net, FileBatchIterator it) {
+    it.reset();
+    net.fit(it);
+  }
+
+  /** Writes checkpoint-EPOCH.zip in 4 KiB writes, then syncs it once. */
+  static void checkpoint(MultiLayerNetwork net, Path dir, int epoch) throws IOException {
+    Path file = dir.resolve("checkpoint-" + epoch + ".zip");
+    try (FileOutputStream fos = new FileOutputStream(file.toFile())) {
+      BufferedOutputStream out = new BufferedOutputStream(fos, CHECKPOINT_CHUNK);
+      // ModelSerializer closes the stream it is given; keep the file open for the sync.
+      ModelSerializer.writeModel(net, new FilterOutputStream(out) {
+        @Override
+        public void write(byte[] b, int off, int len) throws IOException {
+          out.write(b, off, len);
+        }
+
+        @Override
+        public void close() throws IOException {
+          out.flush();
+        }
+      }, true);
+      out.flush();
+      fos.getChannel().force(true);
+    }
+  }
+
+  /** Arguments: data directory, number of batch files, epochs, and optionally a checkpoint directory. */
   public static void main(String[] args) throws Exception {
     Path dir = Paths.get(args[0]);
     int batches = Integer.parseInt(args[1]);
     int epochs = Integer.parseInt(args[2]);
+    Path checkpoints = args.length > 3 ? Paths.get(args[3]) : null;
     java.util.List<Path> files = new java.util.ArrayList<>();
     for (int b = 0; b < batches; b++) {
       files.add(dir.resolve(String.format("batch-%03d.bin", b)));
@@ -177,10 +215,10 @@ public final class Dl4jTrainer {
             .seed(42)
             .updater(new Adam(0.01))
             .list()
-            .layer(new DenseLayer.Builder().nIn(FEATURES).nOut(16).activation(Activation.RELU).build())
+            .layer(new DenseLayer.Builder().nIn(FEATURES).nOut(HIDDEN).activation(Activation.RELU).build())
             .layer(
                 new OutputLayer.Builder(LossFunctions.LossFunction.MCXENT)
-                    .nIn(16)
+                    .nIn(HIDDEN)
                     .nOut(CLASSES)
                     .activation(Activation.SOFTMAX)
                     .build())
@@ -188,7 +226,14 @@ public final class Dl4jTrainer {
     MultiLayerNetwork net = new MultiLayerNetwork(conf);
     net.init();
     FileBatchIterator it = new FileBatchIterator(files);
-    net.fit(it, epochs);
+    if (checkpoints == null) {
+      net.fit(it, epochs);
+    } else {
+      for (int e = 0; e < epochs; e++) {
+        trainEpoch(net, it);
+        checkpoint(net, checkpoints, e);
+      }
+    }
     System.out.println("trained " + epochs + " epochs, score " + net.score());
   }
 }

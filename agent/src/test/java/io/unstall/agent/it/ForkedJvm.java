@@ -55,12 +55,28 @@ final class ForkedJvm {
     return String.join(File.pathSeparator, cp);
   }
 
+  /** Test classes plus the Deeplearning4j training classpath (no OpenTelemetry, no Byte Buddy). */
+  static String trainerClasspath() throws IOException {
+    return property("unstall.test.classes")
+        + File.pathSeparator
+        + Files.readString(Paths.get(property("unstall.trainer.classpath"))).trim();
+  }
+
   static ForkedJvm run(
       String agentOptions, String classpath, Map<String, String> env, Path workDir, String... mainAndArgs)
+      throws IOException, InterruptedException {
+    return run(List.of(), agentOptions, classpath, env, workDir, mainAndArgs);
+  }
+
+  /** As above, with {@code jvmArgs} (for example another -javaagent) before the unstall agent. */
+  static ForkedJvm run(
+      List<String> jvmArgs, String agentOptions, String classpath, Map<String, String> env,
+      Path workDir, String... mainAndArgs)
       throws IOException, InterruptedException {
     List<String> cmd = new ArrayList<>();
     cmd.add(Paths.get(System.getProperty("java.home"), "bin", "java").toString());
     cmd.add("-Xshare:off");
+    cmd.addAll(jvmArgs);
     cmd.add("-javaagent:" + agentJar() + (agentOptions.isEmpty() ? "" : "=" + agentOptions));
     cmd.add("-cp");
     cmd.add(classpath);

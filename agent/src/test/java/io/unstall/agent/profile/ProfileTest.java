@@ -17,7 +17,7 @@ class ProfileTest {
     FileStats f = new FileStats(path.hashCode(), path);
     for (int e = 0; e < epochs; e++) {
       for (int o = 0; o < opens; o++) {
-        f.opened(0);
+        f.opened(0, false);
       }
       for (int i = 0; i < reads; i++) {
         f.record(i * offsetStep, size, 1000);
@@ -86,5 +86,32 @@ class ProfileTest {
     long[] stalls = {20, 6_000_000_000L, 1 << 20, 5_000_000_000L, 1_000_000_000L};
     assertEquals(List.of("few_reader_threads"), rules(profile(List.of(), stalls, 1)));
     assertEquals(List.of("stall_dominated"), rules(profile(List.of(), stalls, 8)));
+  }
+
+  @Test
+  void checkpointRulesQuoteTheirNumbers() throws Exception {
+    FileStats f = new FileStats(9, "/ckpt/model.zip");
+    for (int i = 0; i < 100; i++) {
+      f.recordWrite(4096, 1000);
+      f.recordSync(50_000);
+    }
+    // 3 checkpoints, 1.5 s of a 10 s run, all on the training thread.
+    long[] totals = {3, 1_500_000_000L, 409_600, 100, 100_000, 100, 3, 1_500_000_000L, 600_000_000L};
+    IoProfile p =
+        new IoProfile(1, IoProfile.Rank.NONE, 0, 10_000, List.of(f.snapshot()), 1, new long[5],
+            16 * GIB, List.of(), totals, 0);
+    assertEquals(
+        List.of("checkpoint_small_writes", "fsync_per_request", "checkpoint_time_share",
+            "async_checkpoint"),
+        rules(p));
+    JsonNode json = new ObjectMapper().readTree(ProfileWriter.toJson(p));
+    JsonNode small = json.get("suggestions").get(0).get("evidence");
+    assertEquals(409_600, small.get("bytes").asLong());
+    assertEquals(100, small.get("write_calls").asLong());
+    assertEquals(4096, small.get("mean_request_bytes").asLong());
+    assertEquals(100, json.get("suggestions").get(1).get("evidence").get("syncs").asLong());
+    assertEquals(0.15, json.get("checkpoints").get("fraction_of_run").asDouble(), 1e-9);
+    assertEquals(409_600, json.get("totals").get("writes").get("bytes").asLong());
+    assertEquals(100, json.get("files").get(0).get("writes").get("request_size_histogram").get("1K_10K").asLong());
   }
 }

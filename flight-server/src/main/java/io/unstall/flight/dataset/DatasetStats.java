@@ -66,6 +66,15 @@ public final class DatasetStats {
       }
     }
 
+    /** Asked of its owner ahead of consumption (prefetch in a cluster); the sample is counted when served. */
+    public void peerPrefetched(long bytes) {
+      peerHits.increment();
+      peerBytes.add(bytes);
+      if (parent != null) {
+        parent.peerPrefetched(bytes);
+      }
+    }
+
     /** Samples whose owner failed or left: they are read from storage instead (and counted as misses then). */
     public void peerFallback(long samples) {
       peerFallbacks.add(samples);
