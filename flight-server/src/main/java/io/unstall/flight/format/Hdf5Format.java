@@ -37,7 +37,7 @@ import org.apache.arrow.memory.OutOfMemoryException;
  * HDF5 files (a file, or a directory of {@code *.h5}/{@code *.hdf5}): the first axis of one HDF5 dataset as the
  * samples, in file order. Options: {@code dataset} (its path in the file, required) and {@code label} (the path
  * of a one-dimensional integer dataset of the same length). The payload of sample {@code i} is row {@code i}'s
- * bytes as stored (C order, the file's byte order); the description's {@code format_info} carries the numpy
+ * bytes as stored (C order, the file's byte order); the index's layout carries the numpy
  * dtype and the row's shape, so Python returns what {@code h5py}'s {@code dset[i]} returns.
  *
  * <p>jHDF reads the file's metadata at indexing (object headers, the chunk index), through the dataset's

@@ -44,7 +44,7 @@ import org.apache.parquet.schema.Type;
  * Parquet files (a file, or a directory of {@code *.parquet}): one sample per row, in file order then row order.
  * Options: {@code columns} (the payload's columns; default every column but the label) and {@code label} (an
  * integer column, served as the sample's label). The payload of a row is one Arrow IPC record batch message of
- * one row (the schema is sent once, in the description's {@code format_info.arrow_schema}); Python turns it
+ * one row (the schema is sent once, in the index's layout, {@code arrow_schema}); Python turns it
  * into a dict, as {@code pyarrow.Table.to_pylist()} does.
  *
  * <p>parquet-java reads and decodes (footer, pages, codecs, encodings, levels), through the dataset's
