@@ -128,6 +128,80 @@ class Rows(tud.Dataset):
         return row, row.pop("y")
 
 
+# ---- parquet: 20000 rows (a 1 KiB binary, a caption, an int64 label), row groups of 1000, snappy ----
+
+ROWS = 20000
+
+
+def write_parquet(d: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    table = pa.table({
+        "pixels": pa.array([rng.integers(0, 256, 1024, dtype=np.uint8).tobytes() for _ in range(ROWS)], pa.binary()),
+        "caption": pa.array([f"a photo of sample {i}" for i in range(ROWS)]),
+        "label": pa.array(rng.integers(0, 100, ROWS), pa.int64()),
+    })
+    pq.write_table(table, d / "train.parquet", row_group_size=1000, compression="snappy")
+    return d
+
+
+class PyarrowRows(tud.Dataset):
+    """The pyarrow user's map-style dataset: the table read once (``prepare``), a row per sample."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, i: int) -> Any:
+        row = self.table.slice(i, 1).to_pylist()[0]
+        return row, row.pop("label")
+
+
+# ---- hdf5: images (20000, 32, 32, 3) uint8 chunked (64, 32, 32, 3) with gzip, and labels ----
+
+def write_hdf5(d: Path) -> Path:
+    import h5py
+
+    rng = np.random.default_rng(0)
+    with h5py.File(d / "train.h5", "w") as f:
+        f.create_dataset("images", data=rng.integers(0, 256, (ROWS, 32, 32, 3), dtype=np.uint8),
+                         chunks=(64, 32, 32, 3), compression="gzip")
+        f.create_dataset("labels", data=rng.integers(0, 100, ROWS, dtype=np.int64))
+    return d
+
+
+class H5pyRows(tud.Dataset):
+    """The h5py user's map-style dataset: the file opened lazily in each worker, ``dset[i]`` per sample."""
+
+    def __init__(self, path: Path) -> None:
+        import h5py
+
+        self.path = path
+        with h5py.File(path) as f:
+            self.n = f["images"].shape[0]
+        self.file: Any = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import h5py
+
+        if self.file is None:
+            self.file = h5py.File(self.path)
+        return self.file["images"][i], int(self.file["labels"][i])
+
+
+def read_parquet(root: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(root / "train.parquet")
+
+
 CASES: dict[str, Case] = {
     "webdataset": Case(write_tars, "webdataset", {"payload": "jpg", "label": "cls"}, wds_baseline,
                        "webdataset.WebDataset(shards).to_tuple"),
@@ -135,6 +209,10 @@ CASES: dict[str, Case] = {
                 "np.load(mmap_mode='r'), a row copied per sample"),
     "csv": Case(write_csv, "csv", {"label": "y"}, lambda root, rows: (Rows(rows), True),
                 "pyarrow.csv.read_csv(file).to_pylist(), rows from memory", read_table),
+    "parquet": Case(write_parquet, "parquet", {"label": "label"}, lambda root, table: (PyarrowRows(table), True),
+                    "pyarrow.parquet.read_table(file), table.slice(i, 1).to_pylist() per sample", read_parquet),
+    "hdf5": Case(write_hdf5, "hdf5", {"dataset": "images", "label": "labels"},
+                 lambda root, _: (H5pyRows(root / "train.h5"), True), "h5py.File per worker, images[i] per sample"),
 }
 
 

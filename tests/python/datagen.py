@@ -109,3 +109,44 @@ def make_image_folder(
             target.write_bytes(data)
         if extras:
             (d / "notes.txt").write_text("not an image")
+
+
+# -- Parquet and HDF5, written by their reference writers (pyarrow.parquet, h5py) ---------------------
+def make_parquet_files(root: Path, files: int, rows: int, row_group_size: int, seed: int = 0) -> list[dict]:
+    """``files`` files ``part-i.parquet`` of ``rows`` rows each (snappy, row groups of ``row_group_size``): an
+    image-like ``pixels`` binary, a ``caption`` string (some null), an ``embedding`` list of float32 (some empty),
+    a float ``score`` and an integer ``label``. Returns the rows in dataset order as ``to_pylist()`` gives them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    out: list[dict] = []
+    for f in range(files):
+        n0 = f * rows
+        table = pa.table({
+            "pixels": pa.array([rng.integers(0, 256, int(rng.integers(1, 400)), dtype=np.uint8).tobytes()
+                                for _ in range(rows)], pa.binary()),
+            "caption": pa.array([None if (n0 + i) % 7 == 3 else f"sample {n0 + i}" for i in range(rows)]),
+            "embedding": pa.array([rng.standard_normal((n0 + i) % 5).astype(np.float32).tolist() for i in range(rows)],
+                                  pa.list_(pa.float32())),
+            "score": pa.array(rng.standard_normal(rows), pa.float64()),
+            "label": pa.array(rng.integers(0, 10, rows), pa.int64()),
+        })
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=row_group_size, compression="snappy")
+        out.extend(pq.read_table(root / f"part-{f}.parquet").to_pylist())
+    return out
+
+
+def make_hdf5_file(path: Path, rows: int, seed: int = 0) -> None:
+    """An HDF5 file as ML datasets store them: ``images`` (rows, 6, 5, 3) uint8, chunked (4, 3, 5, 3) with gzip and
+    shuffle (chunks split a row); ``features`` (rows, 7) float32, contiguous; ``labels`` (rows,) int64."""
+    import h5py
+
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=rng.integers(0, 256, (rows, 6, 5, 3), dtype=np.uint8), chunks=(4, 3, 5, 3),
+                         compression="gzip", shuffle=True)
+        f.create_dataset("features", data=rng.standard_normal((rows, 7)).astype(np.float32))
+        f.create_dataset("labels", data=rng.integers(0, 10, rows, dtype=np.int64))

@@ -213,6 +213,45 @@ def test_bad_credentials_are_refused_naming_the_location(
         bad.close()
 
 
+def test_parquet_files_in_a_bucket(s3_sidecar: unstall.Sidecar, s3: Any, tmp_path: Path) -> None:
+    from datagen import make_parquet_files
+    from format_checks import check_parquet
+
+    rows = make_parquet_files(tmp_path / "pq", files=2, rows=17, row_group_size=4, seed=4)
+    upload_tree(s3, tmp_path / "pq", "pq")
+    ds = Dataset("s3-pq", root=f"s3://{BUCKET}/pq", format="parquet", options={"label": "label"}, sidecar=s3_sidecar)
+    check_parquet(ds, rows)
+
+
+def test_hdf5_file_in_a_bucket_is_indexed_and_read_by_ranges(
+    s3_sidecar: unstall.Sidecar, s3: Any, tmp_path: Path
+) -> None:
+    from datagen import make_hdf5_file
+    from format_checks import check_hdf5
+
+    path = tmp_path / "h5" / "train.h5"
+    make_hdf5_file(path, rows=26, seed=6)
+    upload_tree(s3, tmp_path / "h5", "h5")
+    for dataset in ("images", "features"):
+        ds = Dataset(f"s3-h5-{dataset}", root=f"s3://{BUCKET}/h5/train.h5", format="hdf5",
+                     options={"dataset": dataset, "label": "labels"}, sidecar=s3_sidecar)
+        check_hdf5(ds, path, dataset)
+    # a truncated object is named with the offset its data would need
+    data = path.read_bytes()
+    s3.put_object(Bucket=BUCKET, Key="h5cut/cut.h5", Body=data[: len(data) // 2])
+    with pytest.raises(unstall.SidecarError, match=r"s3://train/h5cut/cut.h5.*\(\d+ bytes\)"):
+        Dataset("s3-h5-cut", root=f"s3://{BUCKET}/h5cut/cut.h5", format="hdf5", options={"dataset": "features"},
+                sidecar=s3_sidecar)
+
+
+def test_a_truncated_parquet_object_is_named(s3_sidecar: unstall.Sidecar, s3: Any, tmp_path: Path) -> None:
+    from datagen import make_parquet_files
+
+    make_parquet_files(tmp_path / "pq", files=1, rows=6, row_group_size=3)
+    data = (tmp_path / "pq" / "part-0.parquet").read_bytes()
+    s3.put_object(Bucket=BUCKET, Key="pqcut/part-0.parquet", Body=data[:-40])
+    with pytest.raises(unstall.SidecarError, match=rf"s3://train/pqcut/part-0.parquet' \({len(data) - 40} bytes\)"):
+        Dataset("s3-pq-cut", root=f"s3://{BUCKET}/pqcut", format="parquet", sidecar=s3_sidecar)
 @pytest.mark.parametrize("fmt", ["webdataset", "npy", "npz", "csv"])
 def test_formats_in_a_bucket(s3_sidecar: unstall.Sidecar, s3: Any, tmp_path: Path, fmt: str) -> None:
     """Each format's files, written by its reference writer and uploaded: every sample exactly, with its label,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from ..protocol import DatasetInfo
-from . import csv, npy, webdataset
+from . import csv, npy, parquet, webdataset
 
 __all__ = ["Decoder", "DECODERS", "FORMATS", "decoder_for"]
 
@@ -36,6 +36,8 @@ DECODERS: Dict[str, Callable[[DatasetInfo], Decoder]] = {
     "npy": npy.NpyDecoder,
     "npz": npy.NpyDecoder,
     "csv": csv.CsvDecoder,
+    "parquet": parquet.ParquetDecoder,
+    "hdf5": npy.NpyDecoder,  # an HDF5 row is an array row too: the layout's dtype and shape
 }
 
 # Every format the sidecar reads: those whose sample is the payload, and those decoded here.

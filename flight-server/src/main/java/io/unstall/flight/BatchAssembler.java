@@ -446,7 +446,9 @@ public final class BatchAssembler {
       }
       if (ends) {
         List<Miss> run = misses.subList(from, i);
-        if (run.size() == 1 && trailer == 0) {
+        if (!d.format().coalesces()) { // samples decoded from larger units: each read on its own
+          run.forEach(m -> tasks.add(() -> readMiss(d, m.id(), data, m.off(), m.len(), stats)));
+        } else if (run.size() == 1 && trailer == 0) {
           Miss m = run.get(0);
           tasks.add(() -> readMiss(d, m.id(), data, m.off(), m.len(), stats));
         } else {

@@ -62,6 +62,7 @@ public final class DataPlane implements AutoCloseable {
   private final BufferAllocator prepMemory; // "prep": prep staging (each group opens its child in it)
   private final BufferAllocator decodeMemory; // "decode": the decode budget (reservations only)
   private final BufferAllocator peerMemory; // "peer-clients": batches from peers; null without a cluster
+  private final BufferAllocator formatMemory; // "formats": decoded Parquet row groups, HDF5 chunks
   private final UnstallProducer producer;
   private final FlightCalls calls;
   private final FlightServer server;
@@ -104,7 +105,9 @@ public final class DataPlane implements AutoCloseable {
     this.prepMemory = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
     this.decodeMemory = streams.newChildAllocator("decode", 0, decodeBytes);
     this.peerMemory = b.cluster == null ? null : streams.newChildAllocator("peer-clients", 0, Long.MAX_VALUE);
+    this.formatMemory = streams.newChildAllocator("formats", 0, streams.getLimit() / 4);
     try {
+      registry.decodeFormatsIn(formatMemory);
       this.tls = b.tls;
       registry.keepStatsEpochs(bounds.statsEpochs());
       this.tenants = b.tenants;
@@ -170,8 +173,8 @@ public final class DataPlane implements AutoCloseable {
       }
     } catch (Throwable t) { // no allocator of a failed start stays open: the root must close cleanly
       try {
-        AutoCloseables.close(java.util.Arrays.asList(peerMemory, decodeMemory, prepMemory, streams, prefetchMemory,
-            cacheMemory));
+        AutoCloseables.close(java.util.Arrays.asList(formatMemory, peerMemory, decodeMemory, prepMemory, streams,
+            prefetchMemory, cacheMemory));
       } catch (Exception e) {
         t.addSuppressed(e);
       }
@@ -347,7 +350,7 @@ public final class DataPlane implements AutoCloseable {
       producer.logStats();
       try {
         AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache, disk,
-            peerMemory, decodeMemory, prepMemory, streams, prefetchMemory, cacheMemory);
+            formatMemory, peerMemory, decodeMemory, prepMemory, streams, prefetchMemory, cacheMemory);
       } finally {
         if (shm != null) {
           shm.remove();

@@ -45,6 +45,15 @@ public final class DatasetRegistry implements AutoCloseable {
   private ScheduledExecutorService checkpointer;
   private volatile io.unstall.flight.storage.Throttle throttle;
   private volatile int statsEpochs = io.unstall.flight.Bounds.STATS_EPOCHS;
+  private volatile org.apache.arrow.memory.BufferAllocator formatMemory;
+
+  /**
+   * The allocator whose children hold formats' decoded units (Parquet row groups, HDF5 chunks); {@link
+   * io.unstall.flight.DataPlane} owns it. Without one, formats that decode units cannot be registered.
+   */
+  public void decodeFormatsIn(org.apache.arrow.memory.BufferAllocator memory) {
+    this.formatMemory = memory;
+  }
 
   /** How many epochs' counters each dataset registered from now on keeps ({@code --stats-epochs}). */
   public void keepStatsEpochs(int epochs) {
@@ -155,6 +164,18 @@ public final class DatasetRegistry implements AutoCloseable {
     }
     long start = System.nanoTime();
     LOG.info("indexing dataset '{}' ({} at {})", name, format.name(), storage.uri());
+    try {
+      format.decodeIn(name, formatMemory);
+      return register(name, format, storage, canonical, manifest, start);
+    } catch (IOException | RuntimeException e) {
+      format.close();
+      storage.close();
+      throw e;
+    }
+  }
+
+  private Dataset register(String name, Format format, Storage storage, String canonical, Path manifest, long start)
+      throws IOException {
     String identity = identity(format, storage, canonical);
     Path indexFile = format.persistsIndex() ? persisted(identity, ".index") : null;
     SampleIndex index = indexFile == null ? null : PersistedIndexes.read(indexFile, identity, storage);
@@ -309,6 +330,7 @@ public final class DatasetRegistry implements AutoCloseable {
     }
     checkpoint();
     for (Dataset d : datasets.values()) {
+      d.format().close();
       d.storage().close();
     }
     datasets.clear();

@@ -12,7 +12,7 @@ import java.util.function.LongConsumer;
  * ({@link FormatOptions}) and registers in {@link Formats}; what a client needs to decode its samples goes in the
  * index's {@linkplain SampleIndex#layout() layout}.
  */
-public interface Format {
+public interface Format extends AutoCloseable {
 
   /** The name users pass at registration, e.g. {@code imagefolder}. */
   String name();
@@ -30,6 +30,25 @@ public interface Format {
   default boolean persistsIndex() {
     return false;
   }
+
+  /**
+   * Gives a format that decodes units larger than a sample (a Parquet row group, an HDF5 chunk) the allocator its
+   * decoded units may hold, for dataset {@code dataset}; it frees them in {@link #close}. Called once, before
+   * {@link #index}. Other formats ignore it.
+   */
+  default void decodeIn(String dataset, org.apache.arrow.memory.BufferAllocator memory) {}
+
+  /**
+   * Whether a sample's index offset and length are a byte range of its file that may be read together with its
+   * neighbours' ({@link #extract}); false where a sample is decoded from a larger unit by {@link #read}.
+   */
+  default boolean coalesces() {
+    return true;
+  }
+
+  /** Frees what the format holds for its dataset (decoded units). */
+  @Override
+  default void close() {}
 
   /** Class names by label, for formats with labels; empty otherwise. */
   default List<String> classes(Storage storage) throws IOException {

@@ -21,6 +21,8 @@ public final class Formats {
     BY_NAME.put("npy", NpyFormat::npy);
     BY_NAME.put("npz", NpyFormat::npz);
     BY_NAME.put("csv", CsvFormat::new);
+    BY_NAME.put("parquet", ParquetFormat::new);
+    BY_NAME.put("hdf5", Hdf5Format::new);
   }
 
   private Formats() {}
