@@ -30,6 +30,7 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
 
   private final HazelcastInstance hz;
   private final Partition[] partitions; // by partition id
+  private final int stride; // coprime to the partition count: every partition is dealt ids
   /** Each member's peer, parsed once (ownerOf runs per sample); a departed member's entry is dropped. */
   private final ConcurrentHashMap<UUID, Peer> peers = new ConcurrentHashMap<>();
 
@@ -40,6 +41,7 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
       ps[p.getPartitionId()] = p; // live views: their owner follows migrations
     }
     this.partitions = ps;
+    this.stride = ps.length % 97 == 0 ? 1 : 97; // 97 is prime: coprime to any count it does not divide
   }
 
   /**
@@ -133,15 +135,16 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
   }
 
   /**
-   * Sample {@code id}'s partition: the dataset's ids dealt round-robin over the partitions from a starting point
-   * of its name, so each partition (and each member, by the partitions it owns) gets an even share of every
-   * dataset, to within a sample per partition. Hashing each id instead leaves members with shares some 10% apart,
-   * and the most loaded member's storage link and cache set the pace of the cluster.
+   * Sample {@code id}'s partition: the dataset's ids dealt over the partitions from a starting point of its name,
+   * in steps of 97 (coprime to the prime 271, Hazelcast's default partition count), so each partition gets an even share of every dataset (to within one sample), and
+   * each member by the partitions it owns; the stride scatters neighbouring ids over the partition table, which
+   * Hazelcast assigns to members in runs, so a small dataset is spread as well. Hashing each id instead leaves
+   * members with shares some 10% apart, and the most loaded member's storage link and cache set the pace.
    */
   Partition partitionOf(String dataset, int id) {
     Partition[] ps = partitions;
     int start = Math.floorMod(dataset.hashCode() * 0x9E3779B9, ps.length);
-    return ps[(int) ((start + (long) id) % ps.length)];
+    return ps[(int) ((start + (long) id * stride) % ps.length)];
   }
 
   private static Peer peerOf(Member m) {
