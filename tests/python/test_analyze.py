@@ -63,11 +63,15 @@ def test_workers_prep_bound_when_cached() -> None:
     assert a.loader_busy_per_batch_s == pytest.approx(q)
     assert a.predict(1.0, 4) == pytest.approx(B / max(G, q / 4))
     assert a.predict(0.5, 2) == pytest.approx(B / max(q / 2, 0.5 * S))
-    # On a machine with 2 cores, workers beyond them add no prep throughput.
-    two = model.analyze(runs(N * G, N * q / w, N * max(q / w, S), w=w), dataset_bytes=100 * SIZE, num_samples=100,
-                        storage_Bps=BW, cores=2)
-    assert two.predict(1.0, 4) == pytest.approx(B / max(G, q / 2))
-    assert two.predict(1.0, 1) == pytest.approx(a.predict(1.0, 1))
+    # Prep that computes shares the machine's 2 cores: 4 workers go no faster than 2; prep that waits scales on.
+    cpu_bound = runs(N * G, N * q / w, N * max(q / w, S), w=w, prep_s=N * q, prep_cpu_s=N * q, prepped_samples=N * B)
+    two = model.analyze(cpu_bound, dataset_bytes=100 * SIZE, num_samples=100, storage_Bps=BW, cores=2)
+    assert two.prep_cpu_per_batch_s > 0
+    assert two.predict(1.0, 4) == pytest.approx(B / max(G, q / 4, two.prep_cpu_per_batch_s / 2))
+    assert two.predict(1.0, 4) < a.predict(1.0, 4)
+    waiting = model.analyze(runs(N * G, N * q / w, N * max(q / w, S), w=w, prep_s=N * q, prepped_samples=N * B),
+                            dataset_bytes=100 * SIZE, num_samples=100, storage_Bps=BW, cores=2)
+    assert waiting.predict(1.0, 4) == pytest.approx(a.predict(1.0, 4))
 
 
 def test_without_a_prep_stall_the_loader_work_is_its_counted_time() -> None:

@@ -479,10 +479,10 @@ class Dataset(tud.Dataset):
 
     def _convert(self, batch: SampleBatch) -> List[Tuple[Any, Any]]:
         tune_worker_allocator()  # a worker keeps its freed heap for the next batch (unstall/_alloc.py)
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         if self.decoder is not None:
             out = self._decoded(self.decoder, batch)
-            _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0)
+            _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0, time.thread_time_ns() - c0)
             return out
         load = self.loader if self.loader is not None else bytes
         out = []
@@ -494,7 +494,7 @@ class Dataset(tud.Dataset):
             if self.target_transform is not None:
                 target = self.target_transform(target)
             out.append((sample, target))
-        _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0)
+        _tracing.record_prep(self, len(out), time.perf_counter_ns() - t0, time.thread_time_ns() - c0)
         return out
 
     def _decoded(self, decoder: "_formats.Decoder", batch: SampleBatch) -> List[Any]:

@@ -223,7 +223,7 @@ def reset_tracer() -> None:
 # ---------------------------------------------------------------------------------------------
 # Work counters: one row per process (row 0 = the process that iterates, row k = worker k-1)
 
-FETCH_CALLS, FETCH_NS, FETCH_BYTES, FETCH_SAMPLES, PREP_NS, PREP_SAMPLES, SHM_CALLS = range(7)
+FETCH_CALLS, FETCH_NS, FETCH_BYTES, FETCH_SAMPLES, PREP_NS, PREP_SAMPLES, SHM_CALLS, PREP_CPU_NS = range(8)
 _COLUMNS = 8
 
 
@@ -308,12 +308,13 @@ def record_fetch(dataset: Any, samples: int, nbytes: int, ns: int, transport: st
         row[FETCH_SAMPLES] += samples
 
 
-def record_prep(dataset: Any, samples: int, ns: int) -> None:
-    """Called by ``Dataset._convert`` after loader/transform of a batch."""
+def record_prep(dataset: Any, samples: int, ns: int, cpu_ns: int = 0) -> None:
+    """Called by ``Dataset._convert`` after loader/transform of a batch: its wall time and the thread's CPU time."""
     row = _my_row(dataset)
     if row is not None:
         row[PREP_NS] += ns
         row[PREP_SAMPLES] += samples
+        row[PREP_CPU_NS] += cpu_ns
 
 
 # The Sidecar a Dataset was built with. Kept here, weakly keyed, rather than on the Dataset: a Sidecar

@@ -48,6 +48,7 @@ class Run:
     elapsed_s: float
     fetch_s: float = 0.0
     prep_s: float = 0.0
+    prep_cpu_s: float = 0.0  # the CPU time of that prep (the threads that ran it)
     fetched_samples: int = 0
     prepped_samples: int = 0
     hits: Optional[int] = None
@@ -62,6 +63,7 @@ class Run:
             mode=str(doc["mode"]), steps=int(doc["steps"]), batch_size=float(doc["batch_size"]),
             num_workers=int(doc["num_workers"]), elapsed_s=doc["elapsed_ns"] / 1e9,
             fetch_s=work.get("fetch_ns", 0) / 1e9, prep_s=work.get("prep_ns", 0) / 1e9,
+            prep_cpu_s=work.get("prep_cpu_ns", 0) / 1e9,
             fetched_samples=int(work.get("fetch_samples", 0)), prepped_samples=int(work.get("prep_samples", 0)),
             hits=side.get("hits"), misses=side.get("misses"), storage_bytes=side.get("storage_bytes"),
         )
@@ -86,18 +88,21 @@ class Run:
         return self.hits / (self.hits + self.misses)
 
 
-def loader_stage(g: float, q: float, k: int) -> float:
-    return g + q if k <= 0 else max(g, q / k)
+def loader_stage(g: float, q: float, k: int, cpu: float = 0.0) -> float:
+    """``k`` workers share a batch's loader work ``q``; its CPU part ``cpu`` (already divided by the cores) is a
+    floor no number of workers goes below."""
+    return g + q if k <= 0 else max(g, q / k, cpu)
 
 
-def cycle_time(g: float, q: float, s: float, f: float, k: int, storage: str = "overlapped") -> float:
-    """Seconds per batch with a cached fraction ``f`` and ``k`` DataLoader workers (see the module doc)."""
+def cycle_time(g: float, q: float, s: float, f: float, k: int, storage: str = "overlapped", cpu: float = 0.0) -> float:
+    """Seconds per batch with a cached fraction ``f`` and ``k`` DataLoader workers (see the module doc);
+    ``cpu``: a batch's prep CPU seconds over the machine's cores."""
     st = (1.0 - f) * s
     if storage == "overlapped":
-        return max(loader_stage(g, q, k), st)
+        return max(loader_stage(g, q, k, cpu), st)
     if k <= 0:
         return g + q + st
-    return max(g, (q + st) / k, st)
+    return max(g, (q + st) / k, st, cpu)
 
 
 @dataclass
@@ -126,16 +131,17 @@ class Analysis:
     cpu_curve: List[Dict[str, float]] = field(default_factory=list)
     cheapest: Optional[Dict[str, Any]] = None
     prices: Dict[str, float] = field(default_factory=lambda: dict(PRICES))
-    cores: Optional[int] = None  # the machine's cores: workers beyond them add no prep throughput
+    cores: Optional[int] = None  # the machine's cores
+    prep_cpu_per_batch_s: float = 0.0  # the CPU part of a batch's prep (measured in the cached run)
 
     def predict(self, cache_fraction: float, workers: Optional[int] = None) -> float:
-        """Predicted samples per second. Workers prepare in parallel up to the machine's cores (DS-Analyzer's
-        CPU model): more workers than cores share them."""
+        """Predicted samples per second. Workers overlap their waits without limit, but their CPU time shares the
+        machine's cores (DS-Analyzer's CPU model): prep that computes stops scaling at the cores, prep that waits
+        (I/O, a remote call) does not."""
         k = self.num_workers if workers is None else workers
-        if self.cores and k > self.cores:
-            k = self.cores
+        cpu = self.prep_cpu_per_batch_s / self.cores if self.cores and k > 0 else 0.0
         c = cycle_time(self.step_s, self.loader_busy_per_batch_s, self.storage_per_batch_s, cache_fraction, k,
-                       self.storage_model)
+                       self.storage_model, cpu)
         return self.batch_size / c
 
     def as_dict(self) -> Dict[str, Any]:
@@ -188,6 +194,7 @@ def analyze(runs: Mapping[str, Run], dataset_bytes: int, num_samples: int, stora
         step_s=g, loader_busy_per_batch_s=q, storage_per_batch_s=s,
         storage_bandwidth_Bps=storage_Bps if storage_Bps else (batch_bytes / s if s > 0 else None),
         storage_model=model, prices=dict(prices or PRICES), cores=cores,
+        prep_cpu_per_batch_s=cached.prep_cpu_s / cached.prepped_samples * b if cached.prepped_samples else 0.0,
     )
     a.cache_curve = [{"cache_fraction": f, "cache_bytes": f * dataset_bytes, "samples_per_s": a.predict(f)}
                      for f in CACHE_GRID]

@@ -80,7 +80,7 @@ def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[st
     ]
     if machine and machine.get("cpu_count"):
         load = machine.get("load_average")
-        lines.append(f"    (workers: one free core each, up to the cold run's machine's {machine['cpu_count']} cores"
+        lines.append(f"    (workers: their prep's CPU time shares the cold run's machine's {machine['cpu_count']} cores"
                      + (f", load average {load:.1f})" if load is not None else ")"))
     c = a.cheapest or {}
     if not c.get("found"):

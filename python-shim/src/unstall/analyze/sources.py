@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Protocol, Tuple
 
 __all__ = ["Source", "WarmTarget", "TorchSource", "TfSource", "WORK_KEYS", "SIDECAR_KEYS"]
 
-WORK_KEYS = ("fetch_calls", "fetch_ns", "fetch_bytes", "fetch_samples", "prep_ns", "prep_samples")
+WORK_KEYS = ("fetch_calls", "fetch_ns", "fetch_bytes", "fetch_samples", "prep_ns", "prep_samples", "prep_cpu_ns")
 SIDECAR_KEYS = ("samples", "hits", "misses", "storage_bytes", "cache_bytes")
 
 
@@ -112,7 +112,7 @@ class TorchSource:
     def work(self) -> Dict[str, int]:
         t = self._tracing
         w = self.obs.work()
-        cols = (t.FETCH_CALLS, t.FETCH_NS, t.FETCH_BYTES, t.FETCH_SAMPLES, t.PREP_NS, t.PREP_SAMPLES)
+        cols = (t.FETCH_CALLS, t.FETCH_NS, t.FETCH_BYTES, t.FETCH_SAMPLES, t.PREP_NS, t.PREP_SAMPLES, t.PREP_CPU_NS)
         return {k: int(w[c]) for k, c in zip(WORK_KEYS, cols)}
 
     def sidecar_totals(self) -> Optional[Dict[str, int]]:
