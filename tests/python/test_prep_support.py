@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -87,10 +87,17 @@ class PrepEnv:
 
     def member(self, out: Path, *args: str) -> subprocess.Popen[bytes]:
         """Starts a member process; it writes its batches (ids and tensor digests) as JSON to ``out``."""
-        env = dict(os.environ, PYTHONPATH=str(SHIM), UNSTALL_TOKEN=self.sidecar.token, TF_CPP_MIN_LOG_LEVEL="2",
-                   CUDA_VISIBLE_DEVICES="")
-        cmd = [sys.executable, str(HERE / "test_prep_support.py"), "member", self.location, str(out), *args]
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return start_member(self.location, self.sidecar.token, out, *args)
+
+
+def start_member(location: str, token: str, out: Path, *args: str, wrap: Sequence[str] = (),
+                 env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
+    """A member process of the group at ``location`` (``python test_prep_support.py member ...``), run under
+    ``wrap`` (e.g. ``ip netns exec NS``) with ``env`` added to its environment."""
+    full = dict(os.environ, PYTHONPATH=str(SHIM), UNSTALL_TOKEN=token, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+                **(env or {}))
+    cmd = [*wrap, sys.executable, str(HERE / "test_prep_support.py"), "member", location, str(out), *args]
+    return subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def start_env(tmp: Path) -> Iterator[PrepEnv]:

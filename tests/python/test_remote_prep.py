@@ -20,7 +20,7 @@ import pytest
 
 from cluster_hosts import Hosts, make_cluster_certificate
 from cluster_rank import Rank
-from test_prep_support import BATCH, N_SAMPLES, make_images, wait_all
+from test_prep_support import BATCH, N_SAMPLES, make_images, start_env, start_member, wait_all
 from waits import wait_until
 
 from unstall.sidecar import find_java, java_flags
@@ -35,11 +35,8 @@ SEED = 11
 
 def member(hosts: Hosts, location: str, token: str, out: Path, gates: str) -> subprocess.Popen[bytes]:
     """A member process on host 0: a torch job of the group (2 members, EPOCHS epochs), paced so the worker gets work."""
-    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1] / "python-shim" / "src"), UNSTALL_TOKEN=token,
-               UNSTALL_TEST_GATES=gates, UNSTALL_TEST_STEP_MS="30", CUDA_VISIBLE_DEVICES="")
-    argv = [sys.executable, str(HERE / "test_prep_support.py"), "member", location, str(out), "torch", str(SEED), "2",
-            str(EPOCHS), "120", "0"]
-    return subprocess.Popen(hosts.command(0, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return start_member(location, token, out, "torch", str(SEED), "2", str(EPOCHS), "120", "0",
+                        wrap=hosts.command(0, []), env={"UNSTALL_TEST_GATES": gates, "UNSTALL_TEST_STEP_MS": "30"})
 
 
 def at_gate(outs: list[Path], procs: list[subprocess.Popen[bytes]], n: int) -> None:
@@ -141,17 +138,11 @@ def test_a_remote_prep_worker_joins_a_running_group_and_leaves(leave: str, tmp_p
     print(f"batches prepared by, when the worker left: {during['batches_prepared_by']}")
 
     # Determinism: the same group without any worker makes the very same batches (same ids, same crops).
-    from test_prep_support import start_env
-
     env_iter = start_env(tmp_path / "reference")
     env = next(env_iter)
     try:
         ref_out = tmp_path / "ref.json"
-        ref = subprocess.Popen([sys.executable, str(HERE / "test_prep_support.py"), "member", env.location, str(ref_out),
-                                "torch", str(SEED), "1", str(EPOCHS), "120", "0"],
-                               env=dict(os.environ, PYTHONPATH=str(HERE.parents[1] / "python-shim" / "src"),
-                                        UNSTALL_TOKEN=env.sidecar.token, CUDA_VISIBLE_DEVICES=""),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        ref = env.member(ref_out, "torch", str(SEED), "1", str(EPOCHS), "120", "0")
         logs = wait_all([ref], timeout=300)
         assert ref.returncode == 0, logs
     finally:
