@@ -31,11 +31,12 @@ import numpy as np
 import pyarrow as pa
 
 from . import prep as _prep
+from .echo import Echo, EchoCounts
 from .analyze import ENV_MODE as _ANALYZE_MODE
 from .prep import Membership, Pipeline
 from .tracing import payload_bytes
 
-__all__ = ["dataset", "membership", "pipeline_datasets", "FetchCounters"]
+__all__ = ["dataset", "membership", "echo_counts", "pipeline_datasets", "FetchCounters"]
 
 
 @dataclass
@@ -60,6 +61,7 @@ class FetchCounters:
 
 _memberships: dict[int, Membership] = {}
 _counters: dict[int, FetchCounters] = {}
+_echoes: dict[int, EchoCounts] = {}
 _lock = threading.Lock()
 
 
@@ -75,9 +77,15 @@ def dataset(
 
     ``join_kwargs`` are those of :func:`unstall.prep.join` (``seed``, ``shuffle``, ``drop_last``,
     ``group_size``, ``member_timeout``, ``window``, ``staging_bytes``, ``epochs``, ``sidecar``, ...).
+    ``echo``/``echo_level``: data echoing in this process (``unstall.echo``; not part of the group's key), each
+    group batch (or sample) yielded ``echo`` times per epoch, reshuffled by the seed and the epoch;
+    :func:`echo_counts` says what was yielded and what came fresh.
     """
     import tensorflow as tf
 
+    join_kwargs = dict(join_kwargs)
+    echo = Echo.of(join_kwargs.pop("echo", 1), join_kwargs.pop("echo_level", "batch"))
+    echoes = echo.counts()
     m = _prep.join(name, pipeline, batch_size=batch_size, **join_kwargs)
     skip = m.info.get("on_error") == "skip"
     batch_dim = batch_size if join_kwargs.get("drop_last") and not skip else None
@@ -112,6 +120,10 @@ def dataset(
         with state_lock:  # each iteration of the dataset is the group's next epoch
             epoch = state["next"]
             state["next"] = epoch + 1
+        yield from echo.apply(fresh(epoch), seed=int(join_kwargs.get("seed", 0)), epoch=epoch, batch_size=batch_size,
+                              counts=echoes)
+
+    def fresh(epoch: int) -> Iterator[Tuple[Any, ...]]:
         if m.shape is not None:
             for arr, labels, ids in timed(m.epoch_arrays(epoch)):  # TF copies the view into its own tensor
                 if len(ids) == 0:
@@ -132,6 +144,7 @@ def dataset(
     with _lock:
         _memberships[id(ds)] = m
         _counters[id(ds)] = counters
+        _echoes[id(ds)] = echoes
     if os.environ.get(_ANALYZE_MODE):
         _analyze_iteration(tf)
     return ds
@@ -144,6 +157,15 @@ def membership(ds: Any) -> Membership:
     if m is None:
         raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
     return m
+
+
+def echo_counts(ds: Any) -> EchoCounts:
+    """What a dataset :func:`dataset` returned yielded vs what came fresh from its group (``unstall.echo``)."""
+    with _lock:
+        c = _echoes.get(id(ds))
+    if c is None:
+        raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
+    return c
 
 
 def pipeline_datasets(ds: Any) -> Iterator[Any]:
