@@ -175,7 +175,7 @@ def _echo_batches(upstream: Iterator[Any], factor: int, window: int, rng: np.ran
         entry = candidates[int(rng.choice(len(candidates), p=left / left.sum()))]
         entry[1] -= 1
         if entry[1] == 0:
-            pool.remove(entry)
+            pool = [e for e in pool if e is not entry]  # by identity: a batch's == may be elementwise
         last = entry
         yield entry[0]
 

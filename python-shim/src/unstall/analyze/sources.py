@@ -102,6 +102,11 @@ class TorchSource:
     def num_workers(self) -> int:
         return int(self.loader.num_workers)
 
+    @property
+    def echo(self) -> int:
+        """The loader's data echoing factor (``unstall.echo``)."""
+        return int(self.loader.echo.factor)
+
     def batch_size(self, batch: Any) -> Optional[float]:
         loader = self.loader
         if loader.batch_size is not None:
