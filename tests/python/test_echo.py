@@ -200,3 +200,48 @@ def test_the_echo_what_if_divides_the_upstream_work_per_step() -> None:
 
     text = "\n".join(report.echo_lines(a))
     assert "with echo=2 the data stall would drop from 66.7% to 33.3%" in text and "1/2" in text
+
+
+ECHO_JOB = """
+import os, time
+from unstall.torch import DataLoader, Dataset
+
+def keep(b):
+    return b
+
+if __name__ == "__main__":
+    ds = Dataset("job", root=os.environ["JOB_DATA"], format="tfrecord")
+    for _ in DataLoader(ds, batch_size=4, shuffle=True, seed=0, collate_fn=keep, echo=2):
+        time.sleep(0.005)
+"""
+
+
+def test_unstall_analyze_reports_the_echo_in_use_and_the_what_if(tmp_path: Path, sidecar_jar: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from datagen import make_tfrecord_shards
+
+    make_tfrecord_shards(tmp_path / "data", shards=2, per_shard=16, size=4096, seed=5)  # 8 batches, 16 echoed
+    script = tmp_path / "job.py"
+    script.write_text(ECHO_JOB)
+    env = {**os.environ, "JOB_DATA": str(tmp_path / "data"), "UNSTALL_SIDECAR_JAR": str(sidecar_jar),
+           "UNSTALL_PROGRESS": "0"}
+    out = tmp_path / "out"
+    # Storage throttled to 100 KiB/s: 16 KiB per batch, far slower than the 5 ms step (data-bound).
+    p = subprocess.run([sys.executable, "-m", "unstall", "analyze", "--out", str(out), "--steps", "4", "--warmup", "1",
+                        "--max-cache", "1MiB", "--storage-bandwidth", "100KiB", "--", str(script)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    sec = json.loads((out / "analyze.json").read_text())["sections"][0]
+    assert {m: r["echo"] for m, r in sec["runs"].items()} == {"synthetic": 2, "cached": 2, "cold": 2}
+    assert sec["runs"]["cold"]["epoch_batches"] == 16, "len(loader) counts the echoed batches"
+    a = sec["analysis"]
+    assert a["echo"] == 2 and [r["echo"] for r in a["echo_curve"]] == [1, 2, 3, 4]
+    stalls = [r["stall_s"] for r in a["echo_curve"]]
+    assert stalls == sorted(stalls, reverse=True), "more echoing, less stall"
+    text = (out / "analyze.txt").read_text()
+    assert "the job runs with echo=2" in text and "with echo=3 the data stall would drop from" in text
+    assert "echo (predicted, cold cache)" in (out / "analyze.html").read_text()
