@@ -8,9 +8,9 @@ One implementation for every loader (``unstall.torch.DataLoader``, ``unstall.pre
 :meth:`Echo.apply` wraps an epoch's iterator of batches in the trainer process, after the data crossed from
 the sidecar, so the sidecar's staging and a prep group's coordination never see it.
 
-* **batch**: a window of ``window`` upstream batches, each with ``factor`` copies left; each step draws one
-  copy at random (weighted by the copies left), never the batch handed out just before while another one is
-  in the window; a batch whose copies are all handed out makes room for the next upstream batch. Every
+* **batch**: a window of up to ``window`` upstream batches, each with ``factor`` copies left (an epoch starts
+  once 2 are in; each step draws at most one more); each step draws one copy at random (weighted by the copies
+  left), never the batch handed out just before while another one is in the window. Every
   upstream batch is handed out exactly ``factor`` times per epoch. The copies are the same objects (no
   copy): a loop must not modify a batch in place (``x.mul_()``); out-of-place ops and ``.to(device)`` are fine.
 * **example**: the rows of ``window`` upstream batches are concatenated (one copy), each row index repeated
@@ -162,8 +162,12 @@ def _echo_batches(upstream: Iterator[Any], factor: int, window: int, rng: np.ran
     last: Any = None  # the entry handed out last
     exhausted = False
     while True:
-        while not exhausted and len(pool) < window:
+        # Two batches before a step (so repeats need not be back to back), then at most one more per step up to
+        # the window: an epoch's first step waits for 2 fresh batches, not for the whole window.
+        pulled = False
+        while not exhausted and (len(pool) < min(2, window) or (not pulled and len(pool) < window)):
             b = next(upstream, _END)
+            pulled = True
             if b is _END:
                 exhausted = True
             else:

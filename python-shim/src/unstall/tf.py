@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,8 @@ from .echo import Echo, EchoCounts
 from .analyze import ENV_MODE as _ANALYZE_MODE
 from .prep import Membership, Pipeline
 from .tracing import payload_bytes
+
+T = TypeVar("T")
 
 __all__ = ["dataset", "membership", "echo_counts", "pipeline_datasets", "FetchCounters"]
 
@@ -150,22 +152,22 @@ def dataset(
     return ds
 
 
+def _of(table: Dict[int, T], ds: Any) -> T:
+    with _lock:
+        v = table.get(id(ds))
+    if v is None:
+        raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
+    return v
+
+
 def membership(ds: Any) -> Membership:
     """The group membership behind a dataset :func:`dataset` returned (``.leave()``, ``.info``)."""
-    with _lock:
-        m = _memberships.get(id(ds))
-    if m is None:
-        raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
-    return m
+    return _of(_memberships, ds)
 
 
 def echo_counts(ds: Any) -> EchoCounts:
     """What a dataset :func:`dataset` returned yielded vs what came fresh from its group (``unstall.echo``)."""
-    with _lock:
-        c = _echoes.get(id(ds))
-    if c is None:
-        raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
-    return c
+    return _of(_echoes, ds)
 
 
 def pipeline_datasets(ds: Any) -> Iterator[Any]:
