@@ -98,6 +98,8 @@ def test_dataloader_state_is_taken_between_epochs_with_echo(sidecar: unstall.Sid
     for _ in it:
         pass
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batches_yielded"] == 0
+    iter(loader)  # epoch 1 made, nothing handed out yet: still its start
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batches_yielded"] == 0
 
 
 @pytest.mark.parametrize("kwargs, option", [({"echo": 0}, "echo"), ({"echo": 1.5}, "echo"),

@@ -119,10 +119,14 @@ class Echo:
 
     def apply(self, batches: Iterable[Any], *, seed: int, epoch: int, batch_size: Optional[int] = None,
               counts: Optional[EchoCounts] = None) -> Iterator[Any]:
-        """The echoed epoch of ``batches`` (see the module doc); ``counts`` is updated as batches go by."""
+        """The echoed epoch of ``batches`` (see the module doc); ``counts`` starts the epoch now (not at the first
+        batch: a ``state_dict`` taken before it must not see the last epoch's counts) and is updated as batches go by."""
         counts = counts if counts is not None else self.counts()
         counts.begin_epoch()
+        return self._apply(batches, seed, epoch, batch_size, counts)
 
+    def _apply(self, batches: Iterable[Any], seed: int, epoch: int, batch_size: Optional[int],
+               counts: EchoCounts) -> Iterator[Any]:
         def fresh() -> Iterator[Any]:
             for b in batches:
                 counts._add("fresh_batches", 1)

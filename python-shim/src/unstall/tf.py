@@ -213,8 +213,8 @@ def _analyze_iteration(tf: Any) -> None:
         if src is None:
             return original(self)
         with _lock:
-            m, counters = _memberships[id(src)], _counters[id(src)]
-        return child.iterate(src, lambda: TfSource(self, m, counters), lambda: original(self))
+            m, counters, echo = _memberships[id(src)], _counters[id(src)], _echoes[id(src)].factor
+        return child.iterate(src, lambda: TfSource(self, m, counters, echo), lambda: original(self))
 
     base.__iter__ = __iter__
 

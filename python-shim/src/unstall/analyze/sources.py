@@ -157,10 +157,11 @@ class TfSource:
 
     kind = "tf.data.Dataset"
 
-    def __init__(self, dataset: Any, membership: Any, counters: Any) -> None:
+    def __init__(self, dataset: Any, membership: Any, counters: Any, echo: int = 1) -> None:
         self.dataset = dataset
         self.m = membership
         self.counters = counters
+        self.echo = echo  # the unstall.tf.dataset's data echoing factor
 
     def describe(self) -> Dict[str, Any]:
         doc: Dict[str, Any] = {"name": self.m.dataset}
