@@ -699,9 +699,11 @@ class DataLoader(tud.DataLoader):
             # torch's iterator counts the batches it handed out (not what the workers prefetched): the state's
             # position. Held, as torchdata's StatefulDataLoader holds its iterator, until the next iteration.
             # Echoed, the count is of the echoed batches handed out (exact between epochs only).
+            if self.echo.factor == 1:  # torch's iterator itself
+                self._progress = Progress(epoch, skipped, lambda: it._num_yielded)
+                return it
             counts = self.echo_counts
-            self._progress = Progress(epoch, skipped, (lambda: it._num_yielded) if self.echo.factor == 1
-                                      else (lambda: counts.batches))
+            self._progress = Progress(epoch, skipped, lambda: counts.batches)
             echoed = self.echo.apply(it, seed=self.epoch_sampler.seed, epoch=epoch, batch_size=self.batch_size,
                                      counts=counts)
             return EchoedIterator(it, echoed, self._echoed_length)

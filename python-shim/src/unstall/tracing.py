@@ -359,7 +359,8 @@ class LoaderStats:
     or ``"mixed"``; before any fetch, the dataset's choice.
     Data echoing (``echo``, ``echo_level``; ``unstall.echo``): ``batches`` and ``samples_seen`` are what the
     loop was handed, ``fresh_batches`` and ``fresh_samples`` what came from the sidecar's fetch and prep (without
-    echoing the same numbers); ``wait_s`` is the stall with echoing.
+    echoing the same numbers: ``samples_fetched``, which counts what workers prefetched too); ``wait_s`` is the
+    stall with echoing.
     """
 
     epoch: int = 0
@@ -501,10 +502,12 @@ class LoaderObserver:
             transport=_transport(int(w[FETCH_CALLS]), int(w[SHM_CALLS]), self.loader.dataset),
         )
         echo = getattr(self.loader, "echo_counts", None)  # unstall.echo.EchoCounts
-        if echo is not None:
+        if echo is not None and echo.factor > 1:
             c = echo.total if all_epochs else echo.as_dict()
             st.echo, st.echo_level = echo.factor, echo.level
             st.fresh_batches, st.samples_seen, st.fresh_samples = c["fresh_batches"], c["samples"], c["fresh_samples"]
+        else:  # no echoing: every batch handed out is fresh
+            st.fresh_batches, st.samples_seen, st.fresh_samples = st.batches, st.samples_fetched, st.samples_fetched
         if ds_stats is not None:
             if all_epochs:
                 epochs = [ds_stats.epoch(e) for e in self.epochs_seen]
