@@ -292,9 +292,9 @@ static void vertical_row(scratch *s, const uint8_t *tmp, int y0, int out_h, int 
 }
 
 /* The largest of 8, 4, 2 (at most max_denom) that the box is at least that many times the output by; else 1. */
-static int pick_denom(double bw, double bh, int out_w, int out_h, int max_denom) {
+static int pick_denom(double bw, double bh, int out_w, int out_h, int max_denom, double gap) {
   for (int d = 8; d >= 2; d /= 2) {
-    if (d <= max_denom && bw >= (double)d * out_w && bh >= (double)d * out_h) {
+    if (d <= max_denom && bw >= gap * d * out_w && bh >= gap * d * out_h) {
       return d;
     }
   }
@@ -324,7 +324,8 @@ static int prep(JNIEnv *env, scratch *s, const uint8_t *src, int src_len, uint8_
 /*
  * geom: {width, height (the header's), clipX0, clipY0, clipX1, clipY1 (the crop that bounds the filter, in image
  * pixels), outH, outW, flip, nchw, elemBytes, maxScaleDenom (1: no DCT scaling), window (0: decode every row and
- * column, as the reference path)}; box: {x0, y0, x1, y1} the source box in image pixels.
+ * column, as the reference path)}; box: {x0, y0, x1, y1} the source box in image pixels, then the reducing gap:
+ * a DCT scale of 1/d only when the box is at least gap * d times the output (Pillow's reducing_gap).
  * Returns OK or FAILED (a BadImageException is pending).
  */
 JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_run(JNIEnv *env, jclass cls, jobject src_buf,
@@ -333,9 +334,9 @@ JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_run(JNIEnv *env, j
                                                                    jdoubleArray box_arr) {
   (void)cls;
   jint g[13];
-  jdouble box[4];
+  jdouble box[5];
   (*env)->GetIntArrayRegion(env, geom_arr, 0, 13, g);
-  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 4, box);
+  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 5, box);
   if ((*env)->ExceptionCheck(env)) {
     return FAILED;
   }
@@ -393,7 +394,7 @@ static __attribute__((noinline)) int prep(JNIEnv *env, scratch *s, const uint8_t
   ci->out_color_space = JCS_RGB;
   ci->dct_method = JDCT_ISLOW;
   ci->do_fancy_upsampling = TRUE;
-  int denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h, max_denom);
+  int denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h, max_denom, box[4]);
   ci->scale_num = 1;
   ci->scale_denom = denom;
   jpeg_start_decompress(ci);
@@ -474,8 +475,8 @@ static __attribute__((noinline)) int prep(JNIEnv *env, scratch *s, const uint8_t
 /* The DCT scale denominator run() picks for a box and output size (for the Java side's stats and tests). */
 JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_scaleDenom(JNIEnv *env, jclass cls, jdouble bw,
                                                                           jdouble bh, jint out_w, jint out_h,
-                                                                          jint max_denom) {
+                                                                          jint max_denom, jdouble gap) {
   (void)env;
   (void)cls;
-  return pick_denom(bw, bh, out_w, out_h, max_denom);
+  return pick_denom(bw, bh, out_w, out_h, max_denom, gap);
 }

@@ -361,7 +361,7 @@ public final class ImagePrep {
         pipeline.layout() == Layout.NCHW ? 1 : 0, pipeline.dtype().bytes, full ? 1 : NativeJpeg.MAX_SCALE_DENOM,
         full ? 0 : 1};
     NativeJpeg.run(encoded, encoded.position(), encoded.remaining(), out, out.position(), table, geom,
-        new double[] {bx0, by0, bx1, by1});
+        new double[] {bx0, by0, bx1, by1, NativeJpeg.REDUCING_GAP});
   }
 
   /** The size a resize gives an h x w image (torchvision's rounding down for the longer side). */

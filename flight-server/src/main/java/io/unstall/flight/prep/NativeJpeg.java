@@ -38,6 +38,12 @@ public final class NativeJpeg {
 
   /** The largest DCT scale denominator the fast path uses (libjpeg's 1/2, 1/4, 1/8). */
   static final int MAX_SCALE_DENOM = 8;
+  /**
+   * A DCT scale of 1/d only when the crop is at least REDUCING_GAP * d times the output in both dimensions, so the
+   * resampling filter still antialiases what the reduced IDCT leaves (Pillow's reducing_gap; its thumbnail uses
+   * 2.0). Error vs the full decode, measured in NativeJpegTest: docs/PREP.md.
+   */
+  static final double REDUCING_GAP = Double.parseDouble(System.getProperty("unstall.prep.reducing-gap", "2.0"));
 
   private NativeJpeg() {}
 
@@ -75,14 +81,14 @@ public final class NativeJpeg {
    * position. {@code geom}: width, height (the header's), the clip window x0, y0, x1, y1 that bounds the filter,
    * output height, width, flip (0/1), NCHW (0/1), bytes per element, the largest DCT scale denominator (1: none),
    * window (0: decode every row and column, the reference). {@code box}: the source box x0, y0, x1, y1 in image
-   * pixels. {@code lut}: 3 x 256 output values (RGB), for dtypes other than uint8. The JPEG must not be CMYK
+   * pixels, then the reducing gap. {@code lut}: 3 x 256 output values (RGB), for dtypes other than uint8. The JPEG must not be CMYK
    * (4 components). Throws BadImageException naming libjpeg's reason.
    */
   static native int run(ByteBuffer src, int srcPos, int srcLen, ByteBuffer dst, int dstPos, ByteBuffer lut,
       int[] geom, double[] box) throws ImagePrep.BadImageException;
 
   /** The DCT scale denominator run() picks for a box of bw x bh image pixels and an out_w x out_h output. */
-  static native int scaleDenom(double bw, double bh, int outW, int outH, int maxDenom);
+  static native int scaleDenom(double bw, double bh, int outW, int outH, int maxDenom, double gap);
 
   /**
    * The table from an 8-bit channel value to the output element, per RGB channel (3 x 256, little-endian):
