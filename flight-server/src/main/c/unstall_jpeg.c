@@ -11,7 +11,8 @@
  * maps 0..255 to the output dtype (normalization included).
  *
  * Errors: libjpeg's error_exit longjmps back here and becomes an ImagePrep.BadImageException naming libjpeg's
- * reason; premature end of data inside the rows that are decoded is an error too (libjpeg only warns).
+ * reason; premature end of data (or a marker cutting the entropy-coded data) inside the rows that are decoded is
+ * an error too (libjpeg only warns and fills the rest with grey).
  */
 #include <jni.h>
 #include <math.h>
@@ -122,9 +123,11 @@ static void on_error(j_common_ptr cinfo) {
 }
 
 static void on_message(j_common_ptr cinfo, int level) {
-  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
+  int code = cinfo->err->msg_code;
+  if (level < 0 && (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER)) {
     error_mgr *e = (error_mgr *)cinfo->err;
-    snprintf(e->message, sizeof e->message, "truncated JPEG data (premature end of data within the decoded rows)");
+    snprintf(e->message, sizeof e->message, "truncated JPEG data (%s within the decoded rows)",
+             code == JWRN_JPEG_EOF ? "premature end of data" : "a marker cuts the entropy-coded data");
     longjmp(e->jump, 1);
   }
   /* Other warnings (extraneous bytes, resyncs) are decoded through, as PIL and OpenCV do. */
