@@ -335,8 +335,8 @@ public final class ImagePrep {
         curH = hw[0];
         curW = hw[1];
       } else if (op instanceof CenterCrop c) { // a window of the (virtually) resized image; takesNative: no pad
-        long top = Math.round((curH - c.height()) / 2.0);
-        long left = Math.round((curW - c.width()) / 2.0);
+        long top = (long) Math.rint((curH - c.height()) / 2.0); // Python round(): half to even, as torchvision
+        long left = (long) Math.rint((curW - c.width()) / 2.0);
         if (flip) {
           left = curW - left - c.width();
         }
@@ -397,8 +397,8 @@ public final class ImagePrep {
         }
         src = padded;
       }
-      int top = (int) Math.round((src.rows() - c.height()) / 2.0);
-      int left = (int) Math.round((src.cols() - c.width()) / 2.0);
+      int top = (int) Math.rint((src.rows() - c.height()) / 2.0); // Python round(): half to even, as torchvision
+      int left = (int) Math.rint((src.cols() - c.width()) / 2.0);
       try (Rect rect = new Rect(left, top, c.width(), c.height()); Mat roi = new Mat(src, rect)) {
         return roi.clone();
       } finally {
