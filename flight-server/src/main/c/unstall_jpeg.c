@@ -222,6 +222,28 @@ static void horizontal(const uint8_t *in, uint8_t *out, int out_w, const int32_t
   }
 }
 
+/* The 8-bit row to the output through the table, in NHWC or NCHW, for one element type. */
+#define CONVERT(T)                                                                                             \
+  {                                                                                                            \
+    const T *t = (const T *)lut;                                                                               \
+    T *o = (T *)dst;                                                                                           \
+    if (!nchw) {                                                                                               \
+      for (size_t i = 0; i < n; i += 3) {                                                                      \
+        o[at * 3 + i] = t[row[i]];                                                                             \
+        o[at * 3 + i + 1] = t[256 + row[i + 1]];                                                               \
+        o[at * 3 + i + 2] = t[512 + row[i + 2]];                                                               \
+      }                                                                                                        \
+    } else {                                                                                                   \
+      for (int c = 0; c < 3; c++) {                                                                            \
+        T *oc = o + c * plane + at;                                                                            \
+        const T *tc = t + c * 256;                                                                             \
+        for (int x = 0; x < out_w; x++) {                                                                      \
+          oc[x] = tc[row[x * 3 + c]];                                                                          \
+        }                                                                                                      \
+      }                                                                                                        \
+    }                                                                                                          \
+  }
+
 /* The output row y from the rows of tmp: 8-bit RGB, then through the table into the tensor's layout. */
 static void vertical_row(scratch *s, const uint8_t *tmp, int y0, int out_h, int out_w, int y, const int32_t *k,
                          const int *b, int ksize, uint8_t *dst, const uint8_t *lut, int elem, int nchw) {
@@ -256,41 +278,9 @@ static void vertical_row(scratch *s, const uint8_t *tmp, int y0, int out_h, int 
       }
     }
   } else if (elem == 4) {
-    const float *t = (const float *)lut;
-    float *o = (float *)dst;
-    if (!nchw) {
-      for (size_t i = 0; i < n; i += 3) {
-        o[at * 3 + i] = t[row[i]];
-        o[at * 3 + i + 1] = t[256 + row[i + 1]];
-        o[at * 3 + i + 2] = t[512 + row[i + 2]];
-      }
-    } else {
-      for (int c = 0; c < 3; c++) {
-        float *oc = o + c * plane + at;
-        const float *tc = t + c * 256;
-        for (int x = 0; x < out_w; x++) {
-          oc[x] = tc[row[x * 3 + c]];
-        }
-      }
-    }
+    CONVERT(float)
   } else {
-    const uint16_t *t = (const uint16_t *)lut;
-    uint16_t *o = (uint16_t *)dst;
-    if (!nchw) {
-      for (size_t i = 0; i < n; i += 3) {
-        o[at * 3 + i] = t[row[i]];
-        o[at * 3 + i + 1] = t[256 + row[i + 1]];
-        o[at * 3 + i + 2] = t[512 + row[i + 2]];
-      }
-    } else {
-      for (int c = 0; c < 3; c++) {
-        uint16_t *oc = o + c * plane + at;
-        const uint16_t *tc = t + c * 256;
-        for (int x = 0; x < out_w; x++) {
-          oc[x] = tc[row[x * 3 + c]];
-        }
-      }
-    }
+    CONVERT(uint16_t)
   }
 }
 
