@@ -135,13 +135,21 @@ def test_each_bad_image_fails_its_batch_naming_it_and_the_sidecar_keeps_serving(
             assert errors[i].endswith('prep with on_error="skip" leaves such samples out'), errors[i]
 
         # A pipeline may raise the pixel cap up to OpenCV's own limit: the decode memory still refuses the
-        # issue's 30000x30000 JPEG before the native decoder sees it.
-        big = prep.Pipeline((prep.decode(max_pixels=1 << 30), prep.random_resized_crop(SIZE)), dtype="uint8")
+        # issue's 30000x30000 JPEG before OpenCV sees it (two resamplings: a pipeline the native path cannot take).
+        big = prep.Pipeline((prep.decode(max_pixels=1 << 30), prep.random_resized_crop(2 * SIZE),
+                             prep.resize((SIZE, SIZE))), dtype="uint8")
         m = prep.join("mixed", big, batch_size=1, shuffle=False, epochs=1, client=client, transport="flight")
         b30k = next(i for i, name in bad.items() if name == "bomb30000.jpg")
         with pytest.raises(unstall.SidecarInternalError, match=r"decoding the JPEG 30000x30000 image takes about "
                            r"\d+ bytes of native memory, more than the sidecar's decode memory of \d+ bytes "
                            r"\(--decode-memory\)"):
+            m.batch(0, b30k)
+        m.leave()
+        # The native crop-window path needs only the crop's rows (docs/ARCHITECTURE.md, "Native JPEG prep"): it
+        # fits the budget and libjpeg names what is wrong with the bytes.
+        native = prep.Pipeline((prep.decode(max_pixels=1 << 30), prep.random_resized_crop(SIZE)), dtype="uint8")
+        m = prep.join("mixed", native, batch_size=1, shuffle=False, epochs=1, client=client, transport="flight")
+        with pytest.raises(unstall.SidecarInternalError, match=r"bomb30000.jpg'\): (libjpeg: |decoding the JPEG)"):
             m.batch(0, b30k)
         m.leave()
 

@@ -129,7 +129,7 @@ def hflip(p: float = 0.5) -> dict[str, Any]:
 
 
 def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> dict[str, Any]:
-    """``(x / 255 - mean) / std`` per RGB channel (float32 output only)."""
+    """``(x / 255 - mean) / std`` per RGB channel (float outputs: float32, float16, bfloat16)."""
     return {"op": "normalize", "mean": [float(m) for m in mean], "std": [float(s) for s in std]}
 
 
@@ -140,6 +140,23 @@ def _size(size: Union[int, Sequence[int]]) -> list[int]:
     if len(s) != 2:
         raise ValueError(f"size must be an int or (height, width), got {size!r}")
     return s
+
+
+DTYPES = ("float32", "uint8", "float16", "bfloat16")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a prepared tensor's elements (little-endian); bfloat16, which numpy lacks, as its raw
+    uint16 bits (``to_torch`` views them as ``torch.bfloat16``)."""
+    return np.dtype("uint16" if name == "bfloat16" else name).newbyteorder("<")
+
+
+def to_torch(arr: np.ndarray, dtype: Optional[str]) -> Any:
+    """``torch.from_numpy(arr)``, viewed as ``torch.bfloat16`` for bfloat16 tensors."""
+    import torch
+
+    t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
 
 
 @dataclass(frozen=True)
@@ -154,8 +171,8 @@ class Pipeline:
         object.__setattr__(self, "ops", tuple(dict(o) for o in self.ops))
         if self.layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {self.layout!r}")
-        if self.dtype not in ("float32", "uint8"):
-            raise ValueError(f"dtype must be 'float32' or 'uint8', got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {"ops": [dict(o) for o in self.ops], "layout": self.layout, "dtype": self.dtype}
@@ -165,7 +182,7 @@ def imagenet_train(size: int = 224, *, layout: str = "NCHW", dtype: str = "float
                    on_error: Optional[str] = None) -> Pipeline:
     """The common training recipe: decode, random-resized-crop, flip, normalize."""
     ops = [decode(on_error=on_error), random_resized_crop(size), hflip()]
-    if dtype == "float32":
+    if dtype != "uint8":
         ops.append(normalize())
     return Pipeline(tuple(ops), layout=layout, dtype=dtype)
 
@@ -202,7 +219,7 @@ def batch_to_numpy(batch: pa.RecordBatch) -> Tuple[np.ndarray, np.ndarray, np.nd
     meta = batch.schema.metadata or {}
     try:
         shape = tuple(json.loads(meta[b"unstall.prep.shape"]))
-        dtype = np.dtype(meta[b"unstall.prep.dtype"].decode()).newbyteorder("<")
+        dtype = numpy_dtype(meta[b"unstall.prep.dtype"].decode())
     except KeyError as e:
         raise ProtocolMismatchError(f"prepared batch without {e.args[0]!r} metadata") from None
     col = batch.column("tensor")
@@ -375,7 +392,7 @@ class Membership:
                                                                           recover=False)[0]))
         self._note_skipped(epoch, index, r.get("skipped", ()))
         shape = (int(r["rows"]),) + tuple(int(v) for v in r["shape"])
-        dtype = np.dtype(r["dtype"]).newbyteorder("<")
+        dtype = numpy_dtype(r["dtype"])
         if shape[0] == 0:  # every sample of the batch was skipped
             tensors: np.ndarray = np.empty(shape, dtype=dtype)
         else:
@@ -703,11 +720,11 @@ class PrepLoader(_GroupLoader):
                     progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
                     continue
                 if self.copy:
-                    images = torch.from_numpy(arr.copy())
+                    images = to_torch(arr.copy(), self.membership.dtype)
                 else:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", UserWarning)  # "not writable": a view, not a copy
-                        images = torch.from_numpy(arr)
+                        images = to_torch(arr, self.membership.dtype)
                 out: Tuple[Any, ...] = (images, torch.from_numpy(np.array(labels, dtype=np.int64)))
                 yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
             return
@@ -793,7 +810,7 @@ class SharedTransformLoader(_GroupLoader):
             arr, labels, ids = batch_to_numpy(m.batch(epoch, b))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # a view of the received buffer
-                out: Tuple[Any, ...] = (torch.from_numpy(arr), torch.from_numpy(np.array(labels, dtype=np.int64)))
+                out: Tuple[Any, ...] = (to_torch(arr, m.dtype), torch.from_numpy(np.array(labels, dtype=np.int64)))
             yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
         last = m.info.get("epochs")
         if last is not None and epoch >= m.start_epoch + int(last) - 1:

@@ -28,6 +28,8 @@ import io.unstall.flight.prep.PrepPipeline.Op;
 import io.unstall.flight.prep.PrepPipeline.RandomResizedCrop;
 import io.unstall.flight.prep.PrepPipeline.Resize;
 import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.SplittableRandom;
 import org.bytedeco.javacpp.BytePointer;
 import org.bytedeco.opencv.global.opencv_core;
@@ -37,8 +39,13 @@ import org.bytedeco.opencv.opencv_core.Scalar;
 import org.bytedeco.opencv.opencv_core.Size;
 
 /**
- * Runs a {@link PrepPipeline} on one encoded image with OpenCV (libjpeg-turbo inside): decode, crops and
- * resizes on the BGR image, then one pass that writes RGB into the output tensor in its layout and dtype.
+ * Runs a {@link PrepPipeline} on one encoded image. JPEGs go through {@link NativeJpeg} when it is loaded and the
+ * pipeline's spatial ops are one it expresses (a random_resized_crop, a resize, a resize then center_crop, or a
+ * center_crop, with hflips and a final normalize): only the rows and columns the crop keeps are decoded, at a
+ * reduced DCT scale when the crop is at least 2, 4 or 8 times the output, and resampled with Pillow's bilinear
+ * filter straight into the output tensor. Everything else (PNG, WebP, CMYK or EXIF-carrying JPEGs, other op
+ * sequences, a center_crop that pads) goes through OpenCV (libjpeg-turbo inside): decode, crops and resizes on the
+ * BGR image, then one pass that writes RGB into the output tensor in its layout and dtype.
  * The random choices come from a generator seeded by (seed, epoch, sample id) alone, so a sample gets the same
  * crop and flip whichever thread, group member or run prepares it.
  *
@@ -58,14 +65,65 @@ public final class ImagePrep {
   /** libjpeg/libpng row buffers and tables, per image, on top of the pixels. */
   static final long DECODER_OVERHEAD = 256 << 10;
 
+  /** Which path prepares the JPEGs the native path can take. */
+  enum Decoder {
+    OPENCV,
+    /** The native path without its savings (every row and column, full DCT scale): the reference in tests. */
+    NATIVE_FULL,
+    NATIVE
+  }
+
   private final PrepPipeline pipeline;
   private final Decode decode;
   private final DecodeBudget budget;
+  private final Decoder decoder;
+  /** The native path's output table (3 x 256 elements; null for uint8). */
+  private final ByteBuffer table;
 
   public ImagePrep(PrepPipeline pipeline, DecodeBudget budget) {
+    this(pipeline, budget, NativeJpeg.AVAILABLE ? Decoder.NATIVE : Decoder.OPENCV);
+  }
+
+  ImagePrep(PrepPipeline pipeline, DecodeBudget budget, Decoder decoder) {
     this.pipeline = pipeline;
     this.decode = pipeline.decode();
     this.budget = budget;
+    this.decoder = decoder != Decoder.OPENCV && nativeOps(pipeline) ? decoder : Decoder.OPENCV;
+    this.table = NativeJpeg.table(pipeline.dtype(), normalize(pipeline));
+  }
+
+  PrepPipeline pipeline() {
+    return pipeline;
+  }
+
+  /** The decoder this pipeline's JPEGs go through, as prep.stats names it. */
+  public String decoderName() {
+    return decoder == Decoder.OPENCV ? NativeJpeg.OPENCV : NativeJpeg.NAME;
+  }
+
+  /**
+   * Whether the native path expresses the pipeline's spatial ops: exactly one of random_resized_crop, resize,
+   * resize then center_crop, or center_crop (hflips anywhere, normalize last). Two resamplings in a row would
+   * differ from one.
+   */
+  static boolean nativeOps(PrepPipeline p) {
+    List<Class<?>> spatial = new ArrayList<>();
+    for (Op op : p.ops()) {
+      if (op instanceof RandomResizedCrop || op instanceof Resize || op instanceof CenterCrop) {
+        spatial.add(op.getClass());
+      }
+    }
+    return spatial.equals(List.of(RandomResizedCrop.class)) || spatial.equals(List.of(Resize.class))
+        || spatial.equals(List.of(Resize.class, CenterCrop.class)) || spatial.equals(List.of(CenterCrop.class));
+  }
+
+  private static Normalize normalize(PrepPipeline p) {
+    for (Op op : p.ops()) {
+      if (op instanceof Normalize nz) {
+        return nz;
+      }
+    }
+    return null;
   }
 
   /** The generator for one sample: a SplitMix64 hash of (seed, epoch, id). */
@@ -125,6 +183,14 @@ public final class ImagePrep {
   public void run(ByteBuffer encoded, SplittableRandom rng, ByteBuffer out)
       throws BadImageException, InterruptedException {
     ImageHeader h = check(encoded);
+    if (takesNative(h) && encoded.isDirect() && out.isDirect()) {
+      try (DecodeBudget.Reservation r = budget.acquire(nativeWorkingBytes(h), h)) {
+        runNative(encoded, h, rng, out);
+      }
+      NativeJpeg.NATIVE_SAMPLES.increment();
+      return;
+    }
+    NativeJpeg.OPENCV_SAMPLES.increment();
     try (DecodeBudget.Reservation r = budget.acquire(workingBytes(h), h)) {
       Mat img;
       try (BytePointer p = new BytePointer(encoded); Mat buf = new Mat(1, encoded.remaining(), CV_8UC1, p)) {
@@ -188,6 +254,116 @@ public final class ImagePrep {
     return Math.max(peak, cur + out) + DECODER_OVERHEAD;
   }
 
+  /**
+   * Whether this sample goes through the native path: a JPEG in YCbCr, RGB or grayscale (OpenCV converts CMYK),
+   * without EXIF (OpenCV applies its orientation; the native path does not read it), and no center_crop that
+   * would pad.
+   */
+  boolean takesNative(ImageHeader h) {
+    if (decoder == Decoder.OPENCV || h.format() != ImageHeader.Format.JPEG || h.exif() || h.components() == 4) {
+      return false;
+    }
+    long ch = h.height();
+    long cw = h.width();
+    for (Op op : pipeline.ops()) {
+      if (op instanceof Resize r) {
+        long[] hw = resizedSize(r, ch, cw);
+        ch = hw[0];
+        cw = hw[1];
+      } else if (op instanceof CenterCrop c) {
+        if (ch < c.height() || cw < c.width()) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  /**
+   * An upper bound of the native path's memory for one sample: libjpeg's whole-image coefficients (multi-scan
+   * JPEGs), its row buffers (an iMCU row group with context: at most 48 rows of the image's width), the
+   * horizontally resampled rows (at most every row, output width), the resampling coefficients and
+   * libjpeg's tables.
+   */
+  long nativeWorkingBytes(ImageHeader h) {
+    long w = h.width();
+    long ht = h.height();
+    long coefficients = h.multiScan() ? h.pixels() * h.components() * 2 : 0;
+    long rows = w * DECODED_CHANNELS * 49;
+    long resampled = ht * pipeline.width() * DECODED_CHANNELS;
+    long taps = 2 * (Math.max(w, ht) / Math.max(1, Math.min(pipeline.width(), pipeline.height())) + 2) + 1;
+    long kernels = (pipeline.width() + pipeline.height()) * (taps * 12 + 8) + pipeline.width() * DECODED_CHANNELS * 5;
+    return coefficients + rows + resampled + kernels + DECODER_OVERHEAD;
+  }
+
+  /**
+   * The native path: walks the ops as the OpenCV path does (the same random draws in the same order) but only
+   * composes the geometry (the source box, the window that bounds the filter, the flip), then decodes, resamples
+   * and writes in one native call.
+   */
+  private void runNative(ByteBuffer encoded, ImageHeader h, SplittableRandom rng, ByteBuffer out)
+      throws BadImageException {
+    int width = h.width();
+    int height = h.height();
+    double bx0 = 0;
+    double by0 = 0;
+    double bx1 = width;
+    double by1 = height;
+    int cx0 = 0;
+    int cy0 = 0;
+    int cx1 = width;
+    int cy1 = height;
+    long curH = height;
+    long curW = width;
+    boolean flip = false;
+    for (Op op : pipeline.ops()) {
+      if (op instanceof RandomResizedCrop c) { // the only spatial op (nativeOps): cur is the image
+        int[] r = cropParams(height, width, c, rng);
+        int left = flip ? width - r[1] - r[3] : r[1];
+        cx0 = left;
+        cx1 = left + r[3];
+        cy0 = r[0];
+        cy1 = r[0] + r[2];
+        bx0 = cx0;
+        bx1 = cx1;
+        by0 = cy0;
+        by1 = cy1;
+        curH = c.height();
+        curW = c.width();
+      } else if (op instanceof Resize r) { // the whole image, resampled: its box stays the image
+        long[] hw = resizedSize(r, curH, curW);
+        curH = hw[0];
+        curW = hw[1];
+      } else if (op instanceof CenterCrop c) { // a window of the (virtually) resized image; takesNative: no pad
+        long top = (long) Math.rint((curH - c.height()) / 2.0); // Python round(): half to even, as torchvision
+        long left = (long) Math.rint((curW - c.width()) / 2.0);
+        if (flip) {
+          left = curW - left - c.width();
+        }
+        double sx = (bx1 - bx0) / curW;
+        double sy = (by1 - by0) / curH;
+        double nx0 = bx0 + left * sx;
+        double ny0 = by0 + top * sy;
+        bx1 = bx0 + (left + c.width()) * sx;
+        by1 = by0 + (top + c.height()) * sy;
+        bx0 = nx0;
+        by0 = ny0;
+        curH = c.height();
+        curW = c.width();
+      } else if (op instanceof HFlip f) {
+        if (rng.nextDouble() < f.p()) {
+          flip = !flip;
+        }
+      }
+    }
+    boolean full = decoder == Decoder.NATIVE_FULL;
+    int[] geom = {width, height, cx0, cy0, cx1, cy1, pipeline.height(), pipeline.width(), flip ? 1 : 0,
+        pipeline.layout() == Layout.NCHW ? 1 : 0, pipeline.dtype().bytes, full ? 1 : NativeJpeg.MAX_SCALE_DENOM,
+        full ? 0 : 1};
+    NativeJpeg.run(encoded, encoded.position(), encoded.remaining(), out, out.position(), table, geom,
+        new double[] {bx0, by0, bx1, by1, NativeJpeg.REDUCING_GAP});
+  }
+
   /** The size a resize gives an h x w image (torchvision's rounding down for the longer side). */
   static long[] resizedSize(Resize r, long h, long w) {
     if (r.shorter() <= 0) {
@@ -221,8 +397,8 @@ public final class ImagePrep {
         }
         src = padded;
       }
-      int top = (int) Math.round((src.rows() - c.height()) / 2.0);
-      int left = (int) Math.round((src.cols() - c.width()) / 2.0);
+      int top = (int) Math.rint((src.rows() - c.height()) / 2.0); // Python round(): half to even, as torchvision
+      int left = (int) Math.rint((src.cols() - c.width()) / 2.0);
       try (Rect rect = new Rect(left, top, c.width(), c.height()); Mat roi = new Mat(src, rect)) {
         return roi.clone();
       } finally {
@@ -299,6 +475,10 @@ public final class ImagePrep {
       throw new IllegalStateException("prep produced " + img.rows() + "x" + img.cols() + "x" + img.channels()
           + ", expected " + h + "x" + w + "x3"); // parse() guarantees the last spatial op fixes the size
     }
+    if (pipeline.dtype().bytes == 2) {
+      writeHalf(img, out);
+      return;
+    }
     long n = (long) h * w;
     boolean nchw = pipeline.layout() == Layout.NCHW;
     float[] scale = new float[3];
@@ -348,6 +528,24 @@ public final class ImagePrep {
             }
           }
         }
+      }
+    }
+  }
+
+  /** float16/bfloat16 (OpenCV has no bfloat16): RGB bytes, then the same table as the native path, in Java. */
+  private void writeHalf(Mat img, ByteBuffer out) {
+    int n = pipeline.height() * pipeline.width();
+    byte[] px = new byte[n * 3];
+    try (Mat rgb = new Mat()) {
+      cvtColor(img, rgb, COLOR_BGR2RGB);
+      rgb.data().get(px); // a fresh Mat is continuous
+    }
+    ByteBuffer o = out.slice().order(java.nio.ByteOrder.LITTLE_ENDIAN);
+    boolean nchw = pipeline.layout() == Layout.NCHW;
+    for (int i = 0; i < n; i++) {
+      for (int c = 0; c < 3; c++) {
+        short v = table.getShort((c * 256 + (px[i * 3 + c] & 0xFF)) * 2);
+        o.putShort((nchw ? c * n + i : i * 3 + c) * 2, v);
       }
     }
   }

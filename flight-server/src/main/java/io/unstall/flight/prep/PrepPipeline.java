@@ -89,13 +89,13 @@ public final class PrepPipeline {
 
   public record HFlip(double p) implements Op {}
 
-  /** (x / 255 - mean) / std per RGB channel; applies to float outputs. */
+  /** (x / 255 - mean) / std per RGB channel; applies to float outputs (float32, float16, bfloat16). */
   public record Normalize(double[] mean, double[] std) implements Op {}
 
   public enum Layout { NCHW, NHWC }
 
   public enum DType {
-    UINT8(1), FLOAT32(4);
+    UINT8(1), FLOAT32(4), FLOAT16(2), BFLOAT16(2);
 
     public final int bytes;
 
@@ -299,8 +299,9 @@ public final class PrepPipeline {
               throw new IllegalArgumentException(where + ": \"std\" values must be > 0, got " + s);
             }
           }
-          if (dtype != DType.FLOAT32) {
-            throw new IllegalArgumentException(where + ": 'normalize' needs \"dtype\": \"float32\", not " + dtype.wire());
+          if (dtype == DType.UINT8) {
+            throw new IllegalArgumentException(where + ": 'normalize' needs a float \"dtype\" (float32, float16 or"
+                + " bfloat16), not " + dtype.wire());
           }
           ops.add(new Normalize(mean, std));
           normalized = true;

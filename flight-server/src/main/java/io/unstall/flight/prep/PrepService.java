@@ -491,6 +491,12 @@ public final class PrepService implements AutoCloseable {
     dc.put("memory_peak_bytes", decodeBudget.peakBytes());
     dc.put("largest_request_bytes", decodeBudget.largestRequest());
     dc.put("waits", decodeBudget.waits());
+    dc.put("decoder", NativeJpeg.AVAILABLE ? NativeJpeg.NAME : NativeJpeg.OPENCV); // for JPEGs the fast path takes
+    if (!NativeJpeg.AVAILABLE) {
+      dc.put("native_unavailable", NativeJpeg.PROBLEM);
+    }
+    dc.put("samples_native", NativeJpeg.NATIVE_SAMPLES.sum()); // this process, every group
+    dc.put("samples_opencv", NativeJpeg.OPENCV_SAMPLES.sum());
     ObjectNode gs = o.putObject("groups");
     byId.forEach((id, g) -> {
       if (caller.mayRead(g.key.dataset())) {

@@ -1,0 +1,475 @@
+/*
+ * The sidecar's fast JPEG prep (docs/ARCHITECTURE.md, "Native JPEG prep"): decodes only the rows and columns
+ * that a sample's crop keeps, at a reduced DCT scale when the crop is at least 2, 4 or 8 times the output, then
+ * resamples, flips and converts in two passes that write straight into the batch's staging memory.
+ *
+ * Called from io.unstall.flight.prep.NativeJpeg. The Java side has already read the header (ImageHeader), sampled
+ * the crop (torchvision's RandomResizedCrop parameters) and reserved the memory this call may use. Resampling is
+ * Pillow's ImagingResample with the bilinear (triangle) filter, fixed point as Pillow computes it, so that the
+ * output stays close to torchvision's PIL path: a horizontal pass per decoded row into an 8-bit intermediate
+ * (the flip is folded into it), then a vertical pass into the output tensor through a per-channel table that
+ * maps 0..255 to the output dtype (normalization included).
+ *
+ * Errors: libjpeg's error_exit longjmps back here and becomes an ImagePrep.BadImageException naming libjpeg's
+ * reason; premature end of data (or a marker cutting the entropy-coded data) inside the rows that are decoded is
+ * an error too (libjpeg only warns and fills the rest with grey).
+ */
+#include <jni.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jerror.h>
+#include <jpeglib.h>
+
+#define PRECISION_BITS (32 - 8 - 2) /* Pillow's fixed point for 8-bit resampling */
+
+enum { OK = 0, FAILED = 1 };
+/* Scratch buffers above this are freed after the sample instead of kept for the thread's next one. */
+#define KEEP_BYTES (16u << 20)
+/* Pixels decoded beyond the window on each side (see prep()). */
+#define MARGIN 2
+
+typedef struct {
+  struct jpeg_error_mgr pub;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX + 64];
+} error_mgr;
+
+/* One per thread, reused across samples: libjpeg's decompressor and the resampling buffers. */
+typedef struct {
+  struct jpeg_decompress_struct cinfo;
+  error_mgr err;
+  int created;
+  uint8_t *line;
+  size_t line_cap;
+  uint8_t *tmp;
+  size_t tmp_cap;
+  int32_t *acc;
+  size_t acc_cap;
+  uint8_t *row8;
+  size_t row8_cap;
+  int32_t *kx, *ky;
+  size_t kx_cap, ky_cap;
+  int *bx, *by;
+  size_t bx_cap, by_cap;
+  double *wd;
+  size_t wd_cap;
+} scratch;
+
+static pthread_key_t scratch_key;
+static jclass bad_image_class;
+
+static void free_scratch(void *p) {
+  scratch *s = p;
+  if (s == NULL) {
+    return;
+  }
+  if (s->created) {
+    jpeg_destroy_decompress(&s->cinfo);
+  }
+  free(s->line);
+  free(s->tmp);
+  free(s->acc);
+  free(s->row8);
+  free(s->kx);
+  free(s->ky);
+  free(s->bx);
+  free(s->by);
+  free(s->wd);
+  free(s);
+}
+
+JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM *vm, void *reserved) {
+  (void)reserved;
+  JNIEnv *env;
+  if ((*vm)->GetEnv(vm, (void **)&env, JNI_VERSION_1_8) != JNI_OK) {
+    return JNI_ERR;
+  }
+  jclass c = (*env)->FindClass(env, "io/unstall/flight/prep/ImagePrep$BadImageException");
+  if (c == NULL) {
+    return JNI_ERR;
+  }
+  bad_image_class = (*env)->NewGlobalRef(env, c);
+  if (pthread_key_create(&scratch_key, free_scratch) != 0) {
+    return JNI_ERR;
+  }
+  return JNI_VERSION_1_8;
+}
+
+/* Grows *buf to hold n elements of size sz; 0 when out of memory. */
+static int reserve(void **buf, size_t *cap, size_t n, size_t sz) {
+  if (*cap >= n) {
+    return 1;
+  }
+  void *p = realloc(*buf, n * sz);
+  if (p == NULL) {
+    return 0;
+  }
+  *buf = p;
+  *cap = n;
+  return 1;
+}
+#define RESERVE(s, f, n) reserve((void **)&(s)->f, &(s)->f##_cap, (n), sizeof(*(s)->f))
+
+static void on_error(j_common_ptr cinfo) {
+  error_mgr *e = (error_mgr *)cinfo->err;
+  (*cinfo->err->format_message)(cinfo, e->message);
+  longjmp(e->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level) {
+  int code = cinfo->err->msg_code;
+  if (level < 0 && (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER)) {
+    error_mgr *e = (error_mgr *)cinfo->err;
+    snprintf(e->message, sizeof e->message, "truncated JPEG data (%s within the decoded rows)",
+             code == JWRN_JPEG_EOF ? "premature end of data" : "a marker cuts the entropy-coded data");
+    longjmp(e->jump, 1);
+  }
+  /* Other warnings (extraneous bytes, resyncs) are decoded through, as PIL and OpenCV do. */
+}
+
+static double triangle(double x) {
+  x = x < 0 ? -x : x;
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+/*
+ * Pillow's precompute_coeffs + normalize_coeffs_8bpc for the bilinear filter: out pixel i reads bounds[2i]
+ * (first input index) .. + bounds[2i+1] (count) with fixed-point weights k[i * ksize ..]. Input indices are
+ * relative to the clip window [0, in_size) and the box [in0, in1) is in the same coordinates.
+ */
+static int coeffs(scratch *s, int horizontal, int in_size, double in0, double in1, int out_size, int *ksize_out) {
+  double scale = (in1 - in0) / out_size;
+  double filterscale = scale < 1.0 ? 1.0 : scale;
+  double support = 1.0 * filterscale;
+  int ksize = (int)ceil(support) * 2 + 1;
+  int32_t **k = horizontal ? &s->kx : &s->ky;
+  int **b = horizontal ? &s->bx : &s->by;
+  if (!(horizontal ? RESERVE(s, kx, (size_t)out_size * ksize) : RESERVE(s, ky, (size_t)out_size * ksize))
+      || !(horizontal ? RESERVE(s, bx, (size_t)out_size * 2) : RESERVE(s, by, (size_t)out_size * 2))
+      || !RESERVE(s, wd, (size_t)ksize)) {
+    return 0;
+  }
+  double *w = s->wd;
+  for (int xx = 0; xx < out_size; xx++) {
+    double center = in0 + (xx + 0.5) * scale;
+    double ww = 0.0;
+    double ss = 1.0 / filterscale;
+    int xmin = (int)(center - support + 0.5);
+    if (xmin < 0) {
+      xmin = 0;
+    }
+    int xmax = (int)(center + support + 0.5);
+    if (xmax > in_size) {
+      xmax = in_size;
+    }
+    xmax -= xmin;
+    if (xmax < 1) { /* a box outside the window: cannot happen for boxes inside it, but never read out of it */
+      xmin = xmin >= in_size ? in_size - 1 : xmin;
+      xmax = 1;
+      w[0] = 1.0;
+      ww = 1.0;
+    } else {
+      for (int x = 0; x < xmax; x++) {
+        w[x] = triangle((x + xmin - center + 0.5) * ss);
+        ww += w[x];
+      }
+    }
+    int32_t *kk = *k + (size_t)xx * ksize;
+    for (int x = 0; x < ksize; x++) {
+      double v = x < xmax ? (ww != 0.0 ? w[x] / ww : w[x]) : 0.0;
+      kk[x] = v < 0 ? (int32_t)(-0.5 + v * (1 << PRECISION_BITS)) : (int32_t)(0.5 + v * (1 << PRECISION_BITS));
+    }
+    (*b)[xx * 2] = xmin;
+    (*b)[xx * 2 + 1] = xmax;
+  }
+  *ksize_out = ksize;
+  return 1;
+}
+
+static inline uint8_t clip8(int32_t v) {
+  if (v >= (1 << PRECISION_BITS << 8)) {
+    return 255;
+  }
+  if (v <= 0) {
+    return 0;
+  }
+  return (uint8_t)(v >> PRECISION_BITS);
+}
+
+/* One decoded RGB row (starting at window column x0) to out_w RGB pixels, mirrored when flip. */
+static void horizontal(const uint8_t *in, uint8_t *out, int out_w, const int32_t *k, const int *b, int ksize,
+                       int x0, int flip) {
+  for (int xx = 0; xx < out_w; xx++) {
+    const int32_t *kk = k + (size_t)xx * ksize;
+    const uint8_t *p = in + (size_t)(b[xx * 2] - x0) * 3;
+    int n = b[xx * 2 + 1];
+    int32_t r = 1 << (PRECISION_BITS - 1), g = r, bl = r;
+    for (int x = 0; x < n; x++) {
+      r += p[x * 3] * kk[x];
+      g += p[x * 3 + 1] * kk[x];
+      bl += p[x * 3 + 2] * kk[x];
+    }
+    uint8_t *o = out + (size_t)(flip ? out_w - 1 - xx : xx) * 3;
+    o[0] = clip8(r);
+    o[1] = clip8(g);
+    o[2] = clip8(bl);
+  }
+}
+
+/* The 8-bit row to the output through the table, in NHWC or NCHW, for one element type. */
+#define CONVERT(T)                                                                                             \
+  {                                                                                                            \
+    const T *t = (const T *)lut;                                                                               \
+    T *o = (T *)dst;                                                                                           \
+    if (!nchw) {                                                                                               \
+      for (size_t i = 0; i < n; i += 3) {                                                                      \
+        o[at * 3 + i] = t[row[i]];                                                                             \
+        o[at * 3 + i + 1] = t[256 + row[i + 1]];                                                               \
+        o[at * 3 + i + 2] = t[512 + row[i + 2]];                                                               \
+      }                                                                                                        \
+    } else {                                                                                                   \
+      for (int c = 0; c < 3; c++) {                                                                            \
+        T *oc = o + c * plane + at;                                                                            \
+        const T *tc = t + c * 256;                                                                             \
+        for (int x = 0; x < out_w; x++) {                                                                      \
+          oc[x] = tc[row[x * 3 + c]];                                                                          \
+        }                                                                                                      \
+      }                                                                                                        \
+    }                                                                                                          \
+  }
+
+/* The output row y from the rows of tmp: 8-bit RGB, then through the table into the tensor's layout. */
+static void vertical_row(scratch *s, const uint8_t *tmp, int y0, int out_h, int out_w, int y, const int32_t *k,
+                         const int *b, int ksize, uint8_t *dst, const uint8_t *lut, int elem, int nchw) {
+  size_t n = (size_t)out_w * 3;
+  int32_t *acc = s->acc;
+  uint8_t *row = s->row8;
+  for (size_t i = 0; i < n; i++) {
+    acc[i] = 1 << (PRECISION_BITS - 1);
+  }
+  const int32_t *kk = k + (size_t)y * ksize;
+  for (int t = 0; t < b[y * 2 + 1]; t++) {
+    const uint8_t *src = tmp + (size_t)(b[y * 2] + t - y0) * n;
+    int32_t w = kk[t];
+    for (size_t i = 0; i < n; i++) {
+      acc[i] += src[i] * w;
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    row[i] = clip8(acc[i]);
+  }
+  size_t plane = (size_t)out_h * out_w;
+  size_t at = (size_t)y * out_w;
+  if (elem == 1) {
+    if (!nchw) {
+      memcpy(dst + at * 3, row, n);
+    } else {
+      for (int c = 0; c < 3; c++) {
+        uint8_t *o = dst + c * plane + at;
+        for (int x = 0; x < out_w; x++) {
+          o[x] = row[x * 3 + c];
+        }
+      }
+    }
+  } else if (elem == 4) {
+    CONVERT(float)
+  } else {
+    CONVERT(uint16_t)
+  }
+}
+
+/* The largest of 8, 4, 2 (at most max_denom) that the box is at least that many times the output by; else 1. */
+static int pick_denom(double bw, double bh, int out_w, int out_h, int max_denom, double gap) {
+  for (int d = 8; d >= 2; d /= 2) {
+    if (d <= max_denom && bw >= gap * d * out_w && bh >= gap * d * out_h) {
+      return d;
+    }
+  }
+  return 1;
+}
+
+static scratch *thread_scratch(void) {
+  scratch *s = pthread_getspecific(scratch_key);
+  if (s == NULL) {
+    s = calloc(1, sizeof *s);
+    if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
+      free(s);
+      return NULL;
+    }
+  }
+  return s;
+}
+
+static int fail(JNIEnv *env, const char *message) {
+  (*env)->ThrowNew(env, bad_image_class, message);
+  return FAILED;
+}
+
+static int prep(JNIEnv *env, scratch *s, const uint8_t *src, int src_len, uint8_t *dst, const uint8_t *lut,
+                const jint *g, const jdouble *box);
+
+/*
+ * geom: {width, height (the header's), clipX0, clipY0, clipX1, clipY1 (the crop that bounds the filter, in image
+ * pixels), outH, outW, flip, nchw, elemBytes, maxScaleDenom (1: no DCT scaling), window (0: decode every row and
+ * column, as the reference path)}; box: {x0, y0, x1, y1} the source box in image pixels, then the reducing gap:
+ * a DCT scale of 1/d only when the box is at least gap * d times the output (Pillow's reducing_gap).
+ * Returns OK or FAILED (a BadImageException is pending).
+ */
+JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_run(JNIEnv *env, jclass cls, jobject src_buf,
+                                                                   jint src_pos, jint src_len, jobject dst_buf,
+                                                                   jint dst_pos, jobject lut_buf, jintArray geom_arr,
+                                                                   jdoubleArray box_arr) {
+  (void)cls;
+  jint g[13];
+  jdouble box[5];
+  (*env)->GetIntArrayRegion(env, geom_arr, 0, 13, g);
+  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 5, box);
+  if ((*env)->ExceptionCheck(env)) {
+    return FAILED;
+  }
+  uint8_t *src = (*env)->GetDirectBufferAddress(env, src_buf);
+  uint8_t *dst = (*env)->GetDirectBufferAddress(env, dst_buf);
+  const uint8_t *lut = lut_buf == NULL ? NULL : (*env)->GetDirectBufferAddress(env, lut_buf);
+  if (src == NULL || dst == NULL || (lut_buf != NULL && lut == NULL)) {
+    return fail(env, "not a direct buffer");
+  }
+  src += src_pos;
+  dst += dst_pos;
+  scratch *s = thread_scratch();
+  if (s == NULL) {
+    return fail(env, "out of native memory for the JPEG decoder's scratch buffers");
+  }
+  return prep(env, s, src, src_len, dst, lut, g, box);
+}
+
+/* run() once the arguments are read: everything that libjpeg may longjmp out of. */
+static __attribute__((noinline)) int prep(JNIEnv *env, scratch *s, const uint8_t *src, int src_len, uint8_t *dst,
+                                          const uint8_t *lut, const jint *g, const jdouble *box) {
+  int width = g[0], height = g[1], out_h = g[6], out_w = g[7], flip = g[8], nchw = g[9], elem = g[10];
+  int max_denom = g[11], window = g[12];
+  struct jpeg_decompress_struct *ci = &s->cinfo;
+  if (!s->created) {
+    ci->err = jpeg_std_error(&s->err.pub);
+    s->err.pub.error_exit = on_error;
+    s->err.pub.emit_message = on_message;
+    s->err.message[0] = 0;
+    if (setjmp(s->err.jump)) {
+      return fail(env, s->err.message);
+    }
+    jpeg_create_decompress(ci);
+    s->created = 1;
+  }
+  if (setjmp(s->err.jump)) {
+    jpeg_abort_decompress(ci);
+    char m[sizeof s->err.message + 32];
+    snprintf(m, sizeof m, "libjpeg: %s", s->err.message);
+    return fail(env, m);
+  }
+  jpeg_mem_src(ci, src, (unsigned long)src_len);
+  jpeg_read_header(ci, TRUE);
+  if ((int)ci->image_width != width || (int)ci->image_height != height) {
+    jpeg_abort_decompress(ci);
+    char m[160];
+    snprintf(m, sizeof m, "libjpeg reads %ux%u pixels where the header check read %dx%d", ci->image_width,
+             ci->image_height, width, height);
+    return fail(env, m);
+  }
+  if (ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK) { /* the caller sends those to OpenCV */
+    jpeg_abort_decompress(ci);
+    return fail(env, "a CMYK/YCCK JPEG reached the native decoder, which only converts YCbCr, RGB and grayscale");
+  }
+  ci->out_color_space = JCS_RGB;
+  ci->dct_method = JDCT_ISLOW;
+  ci->do_fancy_upsampling = TRUE;
+  int denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h, max_denom, box[4]);
+  ci->scale_num = 1;
+  ci->scale_denom = denom;
+  jpeg_start_decompress(ci);
+  int sw = (int)ci->output_width, sh = (int)ci->output_height;
+  /* The clip window and box at the decoded scale. */
+  int cx0 = g[2] / denom, cy0 = g[3] / denom;
+  int cx1 = (g[4] + denom - 1) / denom, cy1 = (g[5] + denom - 1) / denom;
+  cx1 = cx1 > sw ? sw : cx1;
+  cy1 = cy1 > sh ? sh : cy1;
+  if (cx0 >= cx1 || cy0 >= cy1) {
+    jpeg_abort_decompress(ci);
+    return fail(env, "empty crop window");
+  }
+  int kxs, kys;
+  if (!coeffs(s, 1, cx1 - cx0, box[0] / denom - cx0, box[2] / denom - cx0, out_w, &kxs)
+      || !coeffs(s, 0, cy1 - cy0, box[1] / denom - cy0, box[3] / denom - cy0, out_h, &kys)) {
+    jpeg_abort_decompress(ci);
+    return fail(env, "out of native memory for the resampling coefficients");
+  }
+  /* Bounds to decoded-image coordinates, and the rows and columns the filters read. */
+  int xa = sw, xb = 0, ya = sh, yb = 0;
+  for (int i = 0; i < out_w; i++) {
+    s->bx[i * 2] += cx0;
+    xa = s->bx[i * 2] < xa ? s->bx[i * 2] : xa;
+    xb = s->bx[i * 2] + s->bx[i * 2 + 1] > xb ? s->bx[i * 2] + s->bx[i * 2 + 1] : xb;
+  }
+  for (int i = 0; i < out_h; i++) {
+    s->by[i * 2] += cy0;
+    ya = s->by[i * 2] < ya ? s->by[i * 2] : ya;
+    yb = s->by[i * 2] + s->by[i * 2 + 1] > yb ? s->by[i * 2] + s->by[i * 2 + 1] : yb;
+  }
+  /*
+   * Chroma upsampling at a window's edge replicates the edge instead of reading its neighbour: a margin of
+   * MARGIN pixels (where the image has them) keeps the pixels the filters read equal to the full decode's.
+   */
+  int wa = xa - MARGIN < 0 ? 0 : xa - MARGIN, wb = xb + MARGIN > sw ? sw : xb + MARGIN;
+  JDIMENSION x0 = 0, cw = (JDIMENSION)sw;
+  if (window && (wa > 0 || wb < sw)) {
+    x0 = (JDIMENSION)wa;
+    cw = (JDIMENSION)(wb - wa);
+    jpeg_crop_scanline(ci, &x0, &cw); /* widens to iMCU boundaries */
+  }
+  size_t row_bytes = (size_t)out_w * 3;
+  int rows = yb - ya;
+  if (!RESERVE(s, line, (size_t)ci->output_width * ci->output_components)
+      || !RESERVE(s, tmp, (size_t)rows * row_bytes) || !RESERVE(s, acc, row_bytes) || !RESERVE(s, row8, row_bytes)) {
+    jpeg_abort_decompress(ci);
+    return fail(env, "out of native memory for the decoded rows");
+  }
+  int y = 0;
+  if (window && ya > MARGIN) {
+    y = (int)jpeg_skip_scanlines(ci, (JDIMENSION)(ya - MARGIN));
+  }
+  JSAMPROW line = s->line;
+  while (y < yb) {
+    if (jpeg_read_scanlines(ci, &line, 1) != 1) {
+      jpeg_abort_decompress(ci);
+      return fail(env, "libjpeg returned no row (suspended decoder)");
+    }
+    if (y >= ya) {
+      horizontal(s->line, s->tmp + (size_t)(y - ya) * row_bytes, out_w, s->kx, s->bx, kxs, (int)x0, flip);
+    }
+    y++;
+  }
+  jpeg_abort_decompress(ci); /* the rows below the window are never decoded */
+  for (int yy = 0; yy < out_h; yy++) {
+    vertical_row(s, s->tmp, ya, out_h, out_w, yy, s->ky, s->by, kys, dst, lut, elem, nchw);
+  }
+  if (s->tmp_cap > KEEP_BYTES || s->line_cap > KEEP_BYTES) { /* a huge image: do not keep its buffers */
+    free(s->tmp);
+    free(s->line);
+    s->tmp = s->line = NULL;
+    s->tmp_cap = s->line_cap = 0;
+  }
+  return OK;
+}
+
+/* The DCT scale denominator run() picks for a box and output size (for the Java side's stats and tests). */
+JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_scaleDenom(JNIEnv *env, jclass cls, jdouble bw,
+                                                                          jdouble bh, jint out_w, jint out_h,
+                                                                          jint max_denom, jdouble gap) {
+  (void)env;
+  (void)cls;
+  return pick_denom(bw, bh, out_w, out_h, max_denom, gap);
+}

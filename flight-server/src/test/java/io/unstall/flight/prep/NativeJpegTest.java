@@ -1,0 +1,344 @@
+package io.unstall.flight.prep;
+
+import static org.bytedeco.opencv.global.opencv_core.CV_8UC1;
+import static org.bytedeco.opencv.global.opencv_core.CV_8UC3;
+import static org.bytedeco.opencv.global.opencv_imgcodecs.IMWRITE_JPEG_PROGRESSIVE;
+import static org.bytedeco.opencv.global.opencv_imgcodecs.IMWRITE_JPEG_QUALITY;
+import static org.bytedeco.opencv.global.opencv_imgcodecs.IMWRITE_JPEG_SAMPLING_FACTOR;
+import static org.bytedeco.opencv.global.opencv_imgcodecs.IMWRITE_JPEG_SAMPLING_FACTOR_420;
+import static org.bytedeco.opencv.global.opencv_imgcodecs.IMWRITE_JPEG_SAMPLING_FACTOR_444;
+import static org.bytedeco.opencv.global.opencv_imgcodecs.imencode;
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import io.unstall.flight.prep.ImagePrep.BadImageException;
+import io.unstall.flight.prep.ImagePrep.Decoder;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Random;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.bytedeco.javacpp.BytePointer;
+import org.bytedeco.javacpp.IntPointer;
+import org.bytedeco.opencv.opencv_core.Mat;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The native JPEG path (NativeJpeg) against its own full decode (every row and column at full DCT scale, same
+ * resampling: isolates what the crop window and the DCT scaling change), against the OpenCV path (a different
+ * resampler), its determinism across threads, and bad bytes.
+ */
+class NativeJpegTest {
+  /**
+   * {crop window only, DCT-scaled} vs the full decode, in uint8 units, measured on these images (2026-11-23,
+   * reducing gap 2): the window alone is exact; DCT-scaled crops measured max abs 14, mean abs worst 1.40, average
+   * 0.71 (a reduced-size IDCT instead of the full IDCT + the triangle filter).
+   */
+  static final int[] MAX_ABS = {0, 16};
+  static final double[] MEAN_ABS = {0, 1.6};
+  /** vs the OpenCV path (INTER_AREA / INTER_LINEAR instead of Pillow's bilinear): a looser mean bound. */
+  static final double OPENCV_MEAN_ABS = 3.0;
+
+  enum Sampling { S420, S444, GRAY, PROGRESSIVE }
+
+  @BeforeAll
+  static void loaded() {
+    assumeTrue(NativeJpeg.AVAILABLE || System.getenv("CI") == null, NativeJpeg.PROBLEM);
+    assertTrue(NativeJpeg.AVAILABLE, "the native JPEG library did not load: " + NativeJpeg.PROBLEM);
+  }
+
+  /** A photo-like test image: smooth gradients, edges and noise. */
+  static ByteBuffer jpeg(int w, int h, Sampling s, long seed) {
+    Random r = new Random(seed);
+    int ch = s == Sampling.GRAY ? 1 : 3;
+    byte[] px = new byte[w * h * ch];
+    double fx = 0.02 + r.nextDouble() * 0.1;
+    double fy = 0.02 + r.nextDouble() * 0.1;
+    for (int y = 0; y < h; y++) {
+      for (int x = 0; x < w; x++) {
+        for (int c = 0; c < ch; c++) {
+          double v = 128 + 60 * Math.sin(fx * x * (c + 1) + fy * y) + 40 * Math.cos(0.003 * x * y + c)
+              + ((x / 23 + y / 17) % 2 == 0 ? 20 : -20) + r.nextGaussian() * 8;
+          px[(y * w + x) * ch + c] = (byte) Math.max(0, Math.min(255, (int) v));
+        }
+      }
+    }
+    try (Mat m = new Mat(h, w, ch == 1 ? CV_8UC1 : CV_8UC3); BytePointer out = new BytePointer()) {
+      m.data().put(px);
+      int[] params = s == Sampling.PROGRESSIVE
+          ? new int[] {IMWRITE_JPEG_QUALITY, 93, IMWRITE_JPEG_PROGRESSIVE, 1}
+          : new int[] {IMWRITE_JPEG_QUALITY, 93, IMWRITE_JPEG_SAMPLING_FACTOR,
+              s == Sampling.S444 ? IMWRITE_JPEG_SAMPLING_FACTOR_444 : IMWRITE_JPEG_SAMPLING_FACTOR_420};
+      assertTrue(imencode(".jpg", m, out, new IntPointer(params)));
+      byte[] b = new byte[(int) out.limit()];
+      out.get(b);
+      return direct(b);
+    }
+  }
+
+  static ByteBuffer direct(byte[] b) {
+    return ByteBuffer.allocateDirect(b.length).put(b).flip();
+  }
+
+  static final BufferAllocator ROOT = new RootAllocator(1L << 30);
+  static final DecodeBudget BUDGET = new DecodeBudget(ROOT, 60, TimeUnit.SECONDS);
+
+  static ImagePrep prep(String pipeline, Decoder d) {
+    return new ImagePrep(PrepPipeline.parse(pipeline), BUDGET, d);
+  }
+
+  static String rrc(int size, String scale, String ratio, String dtype, String layout) {
+    return "{\"layout\":\"" + layout + "\",\"dtype\":\"" + dtype + "\",\"ops\":[{\"op\":\"decode\"},"
+        + "{\"op\":\"random_resized_crop\",\"size\":" + size + ",\"scale\":" + scale + ",\"ratio\":" + ratio + "},"
+        + "{\"op\":\"hflip\"}]}";
+  }
+
+  static byte[] run(ImagePrep p, ByteBuffer img, long sample) throws Exception {
+    ByteBuffer out = ByteBuffer.allocateDirect((int) p.pipeline().sampleBytes());
+    p.run(img.duplicate(), ImagePrep.rng(7, 3, sample), out);
+    byte[] b = new byte[out.capacity()];
+    out.get(b);
+    return b;
+  }
+
+  /** Max and mean absolute difference of two uint8 tensors. */
+  static double[] diff(byte[] a, byte[] b) {
+    int max = 0;
+    long sum = 0;
+    for (int i = 0; i < a.length; i++) {
+      int d = Math.abs((a[i] & 0xFF) - (b[i] & 0xFF));
+      max = Math.max(max, d);
+      sum += d;
+    }
+    return new double[] {max, (double) sum / a.length};
+  }
+
+  /** The DCT scale the fast path picks for sample {@code id}'s crop (by redoing the same draws). */
+  static int denom(ImageHeader h, PrepPipeline.RandomResizedCrop c, int out, long id) {
+    int[] r = ImagePrep.cropParams(h.height(), h.width(), c, ImagePrep.rng(7, 3, id));
+    return NativeJpeg.scaleDenom(r[3], r[2], out, out, NativeJpeg.MAX_SCALE_DENOM, NativeJpeg.REDUCING_GAP);
+  }
+
+  @Test
+  void cropWindowAndDctScalingMatchTheFullDecode() throws Exception {
+    int[][] sizes = {{500, 375}, {333, 257}, {1203, 901}, {64, 48}, {17, 13}, {2001, 97}};
+    String[][] crops = { // scale, ratio: torchvision's default; tiny crops; near-whole (touching the edges);
+        {"[0.08,1.0]", "[0.75,1.3333333333333333]"}, // fallback central crops (no attempt fits that ratio)
+        {"[0.005,0.01]", "[0.75,1.3333333333333333]"}, {"[0.95,1.0]", "[0.75,1.3333333333333333]"},
+        {"[0.5,1.0]", "[20,30]"}};
+    int[] outs = {224, 32};
+    double[] worstMax = new double[2]; // [crop window only, DCT-scaled]
+    double[] worstMean = new double[2];
+    double[] sumMean = new double[2];
+    int[] count = new int[2];
+    int n = 0;
+    for (int[] sz : sizes) {
+      for (Sampling s : Sampling.values()) {
+        ByteBuffer img = jpeg(sz[0], sz[1], s, sz[0] * 31L + s.ordinal());
+        ImageHeader h = ImageHeader.read(img);
+        for (String[] crop : crops) {
+          for (int out : outs) {
+            String pl = rrc(out, crop[0], crop[1], "uint8", "NHWC");
+            ImagePrep fast = prep(pl, Decoder.NATIVE);
+            ImagePrep full = prep(pl, Decoder.NATIVE_FULL);
+            PrepPipeline.RandomResizedCrop c = (PrepPipeline.RandomResizedCrop) fast.pipeline().ops().get(1);
+            for (long id = 0; id < 6; id++) {
+              byte[] a = run(fast, img, id);
+              byte[] b = run(full, img, id);
+              String where = sz[0] + "x" + sz[1] + " " + s + " crop " + crop[0] + crop[1] + " -> " + out + " #" + id;
+              double[] d = diff(a, b);
+              int k = denom(h, c, out, id) == 1 ? 0 : 1;
+              worstMax[k] = Math.max(worstMax[k], d[0]);
+              worstMean[k] = Math.max(worstMean[k], d[1]);
+              sumMean[k] += d[1];
+              count[k]++;
+              assertTrue(d[0] <= MAX_ABS[k] && d[1] <= MEAN_ABS[k], (k == 0 ? "crop window" : "DCT-scaled")
+                  + " decode vs full decode: max " + d[0] + " mean " + d[1] + " at " + where);
+              n++;
+            }
+          }
+        }
+      }
+    }
+    for (int k = 0; k < 2; k++) {
+      System.out.printf("native %s vs full decode: %d of %d crops, max abs %.0f, mean abs: worst %.3f, average %.3f%n",
+          k == 0 ? "crop window" : "DCT-scaled", count[k], n, worstMax[k], worstMean[k], sumMean[k] / count[k]);
+    }
+    assertTrue(count[1] > 20, "few crops took the DCT-scaled path: " + count[1]);
+  }
+
+  @Test
+  void resizeCenterCropMatchesTheFullDecodeAndStaysNearOpenCv() throws Exception {
+    String pl = "{\"layout\":\"NCHW\",\"dtype\":\"uint8\",\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":256},"
+        + "{\"op\":\"center_crop\",\"size\":224},{\"op\":\"hflip\"}]}";
+    ImagePrep fast = prep(pl, Decoder.NATIVE);
+    ImagePrep full = prep(pl, Decoder.NATIVE_FULL);
+    ImagePrep cv = prep(pl, Decoder.OPENCV);
+    for (Sampling s : Sampling.values()) {
+      ByteBuffer img = jpeg(500, 375, s, s.ordinal());
+      for (long id = 0; id < 4; id++) {
+        byte[] a = run(fast, img, id);
+        assertArrayEquals(run(full, img, id), a, s + " #" + id);
+        double[] d = diff(a, run(cv, img, id));
+        assertTrue(d[1] <= OPENCV_MEAN_ABS, "vs OpenCV, mean abs " + d[1] + " at " + s + " #" + id);
+      }
+    }
+  }
+
+  @Test
+  void staysNearTheOpenCvPathForTheSameCrops() throws Exception {
+    String pl = rrc(224, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW");
+    ImagePrep fast = prep(pl, Decoder.NATIVE);
+    ImagePrep cv = prep(pl, Decoder.OPENCV);
+    double worst = 0;
+    for (Sampling s : Sampling.values()) {
+      ByteBuffer img = jpeg(500, 375, s, 100 + s.ordinal());
+      for (long id = 0; id < 20; id++) {
+        double[] d = diff(run(fast, img, id), run(cv, img, id));
+        worst = Math.max(worst, d[1]);
+        assertTrue(d[1] <= OPENCV_MEAN_ABS, "vs OpenCV, mean abs " + d[1] + " at " + s + " #" + id);
+      }
+    }
+    System.out.printf("native vs OpenCV path, same crops: worst mean abs %.3f%n", worst);
+  }
+
+  @Test
+  void floatOutputsAreTheTableOfTheUint8Output() throws Exception {
+    String norm = ",{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]}";
+    String u8 = rrc(64, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW");
+    ByteBuffer img = jpeg(500, 375, Sampling.S420, 5);
+    for (String dtype : List.of("float32", "float16", "bfloat16")) {
+      String pl = rrc(64, "[0.08,1.0]", "[0.75,1.3333333333333333]", dtype, "NCHW");
+      pl = pl.substring(0, pl.length() - 2) + norm;
+      for (Decoder d : List.of(Decoder.NATIVE, Decoder.OPENCV)) {
+        ImagePrep p = prep(pl, d);
+        for (long id = 0; id < 4; id++) {
+          byte[] ref = run(prep(u8, d), img, id);
+          ByteBuffer out = ByteBuffer.wrap(run(p, img, id)).order(ByteOrder.LITTLE_ENDIAN);
+          int plane = 64 * 64;
+          double[] mean = {0.485, 0.456, 0.406};
+          double[] std = {0.229, 0.224, 0.225};
+          for (int i = 0; i < ref.length; i++) {
+            int c = i / plane;
+            double want = ((ref[i] & 0xFF) / 255.0 - mean[c]) / std[c];
+            double got = switch (dtype) {
+              case "float32" -> out.getFloat(i * 4);
+              case "float16" -> halfToFloat(out.getShort(i * 2));
+              default -> Float.intBitsToFloat(out.getShort(i * 2) << 16);
+            };
+            double tol = dtype.equals("float32") ? 1e-5 : dtype.equals("float16") ? 2e-3 : 1.6e-2;
+            assertEquals(want, got, tol, dtype + " " + d + " element " + i);
+          }
+        }
+      }
+    }
+  }
+
+  static float halfToFloat(short h) {
+    int e = (h >>> 10) & 0x1F;
+    int m = h & 0x3FF;
+    double v = e == 0 ? m * Math.pow(2, -24) : (1 + m / 1024.0) * Math.pow(2, e - 15);
+    return (float) ((h & 0x8000) != 0 ? -v : v);
+  }
+
+  @Test
+  void toFloat16RoundsToNearestEven() {
+    for (float f : new float[] {0f, 1f, -2.5f, 65504f, 1e-5f, 6.1e-5f, 3.14159f, -0.33333f, 70000f}) {
+      float back = halfToFloat(NativeJpeg.toFloat16(f));
+      assertEquals(f > 65519 ? Float.POSITIVE_INFINITY : f, f > 65519 ? (back == 0 ? 0 : Float.POSITIVE_INFINITY) : back,
+          Math.max(Math.abs(f) / 1024, 6e-8), "float16 of " + f);
+    }
+    assertEquals((short) 0x3C00, NativeJpeg.toFloat16(1f));
+    assertEquals((short) 0x3F80, NativeJpeg.toBfloat16(1f));
+    assertEquals((short) 0xC020, NativeJpeg.toBfloat16(-2.5f));
+  }
+
+  @Test
+  void sameOutputFromManyThreads() throws Exception {
+    String pl = rrc(96, "[0.08,1.0]", "[0.75,1.3333333333333333]", "float32", "NHWC");
+    ImagePrep p = prep(pl, Decoder.NATIVE);
+    List<ByteBuffer> imgs = new ArrayList<>();
+    for (Sampling s : Sampling.values()) {
+      imgs.add(jpeg(640, 480, s, 40 + s.ordinal()));
+    }
+    List<byte[]> ref = new ArrayList<>();
+    for (int i = 0; i < 32; i++) {
+      ref.add(run(p, imgs.get(i % imgs.size()), i));
+    }
+    ExecutorService pool = Executors.newFixedThreadPool(8);
+    try {
+      List<Future<List<byte[]>>> fs = new ArrayList<>();
+      for (int t = 0; t < 8; t++) {
+        int start = t;
+        fs.add(pool.submit(() -> {
+          List<byte[]> got = new ArrayList<>();
+          for (int k = 0; k < 32; k++) {
+            int i = (start + k) % 32; // each thread in its own order
+            got.add(run(p, imgs.get(i % imgs.size()), i));
+          }
+          return got;
+        }));
+      }
+      for (int t = 0; t < 8; t++) {
+        List<byte[]> got = fs.get(t).get();
+        for (int k = 0; k < 32; k++) {
+          assertArrayEquals(ref.get((t + k) % 32), got.get(k), "thread " + t + " sample " + (t + k) % 32);
+        }
+      }
+    } finally {
+      pool.shutdownNow();
+    }
+  }
+
+  @Test
+  void truncatedAndCorruptJpegsFailWithAReasonAndNeverCrash() throws Exception {
+    String pl = rrc(64, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW");
+    ImagePrep p = prep(pl, Decoder.NATIVE);
+    ImagePrep full = prep(pl, Decoder.NATIVE_FULL);
+    ByteBuffer img = jpeg(500, 375, Sampling.S420, 9);
+    byte[] bytes = new byte[img.remaining()];
+    img.duplicate().get(bytes);
+    byte[] before = run(p, img, 3);
+    for (int len = bytes.length * 3 / 4; len > 200; len -= 97) { // cuts in the entropy-coded data
+      ByteBuffer cut = direct(java.util.Arrays.copyOf(bytes, len));
+      BadImageException e = assertThrows(BadImageException.class, () -> run(p, cut, 0), "cut at " + len);
+      assertTrue(e.getMessage().contains("truncated"), e.getMessage()); // the header check, before native code
+      byte[] b = java.util.Arrays.copyOf(bytes, len + 2); // the same cut with an end-of-image marker after it
+      b[len] = (byte) 0xFF;
+      b[len + 1] = (byte) 0xD9;
+      for (ImagePrep q : List.of(p, full)) {
+        try { // libjpeg fills what is missing with grey, as PIL does; or names the reason; never crashes
+          run(q, direct(b), len);
+        } catch (BadImageException x) {
+          assertTrue(x.getMessage().contains("truncated") || x.getMessage().startsWith("libjpeg: "), x.getMessage());
+        }
+      }
+    }
+    Random r = new Random(1);
+    int rejected = 0;
+    for (int k = 0; k < 200; k++) { // garbage in the entropy-coded data and in the tables
+      byte[] bad = bytes.clone();
+      for (int j = 0; j < 8; j++) {
+        bad[20 + r.nextInt(bad.length - 22)] = (byte) r.nextInt(256);
+      }
+      try {
+        run(p, direct(bad), k);
+      } catch (BadImageException e) {
+        assertTrue(!e.getMessage().isEmpty());
+        rejected++;
+      }
+    }
+    System.out.println("corrupt JPEGs rejected with a reason: " + rejected + " of 200 (the rest decode to noise)");
+    assertArrayEquals(before, run(p, img, 3)); // still serving, same output as before
+  }
+}

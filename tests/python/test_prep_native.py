@@ -1,0 +1,101 @@
+"""The sidecar's native JPEG prep against torchvision's PIL path, and its float16/bfloat16 outputs, through a
+real sidecar. Pixel error, uint8 units: docs/PREP.md, "The pipeline"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from test_prep_support import PrepEnv, start_env
+
+from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
+
+SIZES = [(600, 450), (333, 257), (1203, 901), (97, 61)]
+SUBSAMPLING = {"420": 2, "444": 0}  # PIL's subsampling codes
+N = len(SIZES) * (len(SUBSAMPLING) + 1)
+
+
+def _images(root: Path) -> list[Path]:
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    paths = []
+    for w, h in SIZES:
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = np.stack([128 + 90 * np.sin(xx * f + yy * g) for f, g in ((0.03, 0.01), (0.011, 0.05), (0.02, 0.02))], -1)
+        px = np.clip(base + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
+        for name, code in SUBSAMPLING.items():
+            p = root / "c0" / f"{w}x{h}-{name}.jpg"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(px).save(p, "JPEG", quality=93, subsampling=code)
+            paths.append(p)
+        p = root / "c0" / f"{w}x{h}-gray.jpg"
+        Image.fromarray(px[:, :, 0]).save(p, "JPEG", quality=93)
+        paths.append(p)
+    return sorted(paths)  # the folder format's order: sample id = index
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrepEnv, list[Path]]]:
+    tmp = tmp_path_factory.mktemp("prep-native")
+    for e in start_env(tmp):
+        paths = _images(tmp / "jpegs")
+        e.sidecar.register_dataset("jpegs", tmp / "jpegs")
+        yield e, paths
+
+
+def _prepared(e: PrepEnv, pipeline: prep.Pipeline) -> dict[int, Any]:
+    with e.client() as client, prep.PrepLoader("jpegs", pipeline, batch_size=4, seed=1, shuffle=False, epochs=1,
+                                                client=client, with_ids=True, copy=True) as loader:
+        return {int(i): img for images, _, ids in loader for img, i in zip(images, ids.numpy())}
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
+    d = np.abs(a.astype(np.int16) - b.astype(np.int16))
+    return int(d.max()), float(d.mean())
+
+
+def test_native_prep_stays_close_to_torchvisions_pil_path(env: tuple[PrepEnv, list[Path]]) -> None:
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    e, paths = env
+    native = e.stats()["decode"]
+    if native["decoder"] != "libjpeg-turbo-crop":
+        pytest.skip(f"the sidecar runs without its native JPEG library: {native.get('native_unavailable')}")
+    # Measured 2026-11-23: bit-exact where no DCT scaling applies; DCT-scaled (the image >= 4x the output)
+    # max abs 4, mean abs <= 0.50.
+    max_abs, mean_abs = 5, 0.6
+    cases = [  # (pipeline ops, the PIL reference)
+        ((prep.resize((150, 200)),), lambda im: im.resize((200, 150), Image.BILINEAR)),
+        ((prep.resize(72), prep.center_crop(64)), lambda im: F.center_crop(F.resize(im, 72), 64)),
+        ((prep.resize((48, 64)),), lambda im: im.resize((64, 48), Image.BILINEAR)),
+    ]
+    exact = 0
+    for ops, ref in cases:
+        pipeline = prep.Pipeline((prep.decode(), *ops), layout="NHWC", dtype="uint8")
+        got = _prepared(e, pipeline)
+        assert sorted(got) == list(range(N))
+        for i, p in enumerate(paths):
+            want = np.asarray(ref(Image.open(p).convert("RGB")))
+            m, a = _diff(got[i].numpy(), want)
+            print(f"{p.name} {ops}: max abs {m}, mean abs {a:.3f}")
+            assert m <= max_abs and a <= mean_abs, f"{p.name} {ops}: max abs {m}, mean abs {a:.3f}"
+            exact += m == 0
+    assert exact >= N, "the crops without DCT scaling equal torchvision's PIL output"
+    assert e.stats()["decode"]["samples_native"] >= native["samples_native"] + 3 * N
+
+
+def test_float16_and_bfloat16_outputs_follow_float32(env: tuple[PrepEnv, list[Path]]) -> None:
+    import torch
+
+    e, _ = env
+    ref = _prepared(e, prep.imagenet_train(32, dtype="float32"))
+    for dtype, torch_dtype, tol in (("float16", torch.float16, 2e-3), ("bfloat16", torch.bfloat16, 1.6e-2)):
+        got = _prepared(e, prep.imagenet_train(32, dtype=dtype))
+        for i, x in got.items():
+            assert x.dtype == torch_dtype and x.shape == (3, 32, 32)
+            np.testing.assert_allclose(x.float().numpy(), ref[i].numpy(), atol=tol * 3, rtol=tol)
