@@ -313,7 +313,7 @@ public final class PrepService implements AutoCloseable {
     String out = switch (type) {
       case PEER_ENLIST -> peerGroup(b).enlist(memberIds.incrementAndGet(), b.path("name").asText("")).toString();
       case PEER_CLAIM -> {
-        PrepGroup.WorkerTurn t = peerGroup(b).workerClaim(worker(type, b), PEER_CLAIM_WAIT_NANOS);
+        RemoteWorkers.Turn t = peerGroup(b).workerClaim(worker(type, b), PEER_CLAIM_WAIT_NANOS);
         ObjectNode o = JsonNodeFactory.instance.objectNode().put("v", 1).put("state", t.state());
         if (t.state().equals("produce")) {
           o.put("epoch", t.epoch()).put("batch", t.batch());
@@ -392,7 +392,7 @@ public final class PrepService implements AutoCloseable {
   }
 
   /** The worker's copy of an owner's group, from the owner's {@code peer.prep.enlist} answer. */
-  PrepGroup replica(JsonNode spec) {
+  PrepReplica replica(JsonNode spec) {
     Dataset d = registry.get(spec.path("dataset").asText());
     if (d.size() != spec.path("num_samples").asInt()) {
       throw new IllegalArgumentException("remote prep worker: dataset '" + d.name() + "' has " + d.size()
@@ -405,9 +405,8 @@ public final class PrepService implements AutoCloseable {
     }
     PrepGroup.Key key = new PrepGroup.Key(d.name(), p.fingerprint(), spec.path("seed").asLong(),
         spec.path("batch_size").asInt(), spec.path("shuffle").asBoolean(), spec.path("drop_last").asBoolean());
-    PrepGroup.Settings s = new PrepGroup.Settings(1, 0, TimeUnit.SECONDS.toNanos(30), 1, 0, false);
-    return new PrepGroup(spec.path("group").asText(), key, d, p, assembler, pool, threads, allocator, decodeBudget, s,
-        limits, true);
+    return new PrepReplica(spec.path("group").asText(), key, d, p, assembler, pool, threads, allocator, decodeBudget,
+        limits);
   }
 
   private void trimHistory() {
