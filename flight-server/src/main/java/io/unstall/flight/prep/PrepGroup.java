@@ -31,6 +31,7 @@ import org.apache.arrow.vector.VectorSchemaRoot;
  *       staging memory) and the producer threads;
  *   <li>a {@link BatchSource} per mode: {@link RawBatches}, {@link SidecarPrep} or {@link MemberUploads};
  *   <li>{@link RemoteWorkers}: other sidecars preparing some positions of a sidecar-prep group;
+ *   <li>{@link Autotuner}: the window and decode threads, tuned from the measured rates;
  *   <li>{@link PrepCounts}: what stats report.
  * </ul>
  * All of them share one monitor, the group's {@link GroupLock} (which also states the lock order). Members that
@@ -46,9 +47,21 @@ final class PrepGroup {
 
   record Key(String dataset, String fingerprint, long seed, int batchSize, boolean shuffle, boolean dropLast) {}
 
-  /** The group's settings, fixed by the first joiner. */
+  /**
+   * The group's settings, fixed by the first joiner. {@code autotune}: tune threads and (unless {@code windowGiven})
+   * the window online ({@link Autotuner}); off, both stay as given.
+   */
   record Settings(int window, long stagingBytes, long memberTimeoutNanos, int groupSize, long joinTimeoutNanos,
-      boolean shm) {}
+      boolean shm, boolean autotune, boolean windowGiven) {
+    boolean tunesWindow() {
+      return autotune && !windowGiven;
+    }
+
+    Settings withShm(boolean on) {
+      return new Settings(window, stagingBytes, memberTimeoutNanos, groupSize, joinTimeoutNanos, on, autotune,
+          windowGiven);
+    }
+  }
 
   /**
    * The sidecar's bounds on a group: how long a member may hold a claim ({@code --prep-claim-timeout}), how long
@@ -82,6 +95,7 @@ final class PrepGroup {
   private final Staging staging;
   private final Production production;
   private final RemoteWorkers workers;
+  private final Autotuner tuner;
   private final int threads;
 
   /**
@@ -108,7 +122,7 @@ final class PrepGroup {
     Staging.Size size = Staging.size(source, requested, parent.getLimit(), key.batchSize());
     Path shm = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
-        requested.joinTimeoutNanos(), shm != null);
+        requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());
     this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, lock);
     if (uploads != null) {
       uploads.bind(staging);
@@ -116,6 +130,7 @@ final class PrepGroup {
     this.production = new Production(order, members, staging, source, counts, lock);
     this.workers = new RemoteWorkers(order, source, members, staging, production, counts, limits,
         requested.memberTimeoutNanos(), lock);
+    this.tuner = new Autotuner(requested.tunesWindow(), requested.autotune(), threads, staging, source, counts);
     production.start(workers::claims);
   }
 
@@ -201,6 +216,7 @@ final class PrepGroup {
         return;
       }
       members.maybeStart(now);
+      tuner.tick(now);
       if (source instanceof MemberUploads uploads) {
         uploads.reap(now);
       }
@@ -366,6 +382,9 @@ final class PrepGroup {
 
   private void awaitStaged(Membership.Member m, long pos, BooleanSupplier cancelled) throws InterruptedException {
     long deadline = limits.deadline();
+    if (!staging.has(pos) && staging.failure(pos) == null) {
+      tuner.stalled();
+    }
     while (!staging.has(pos)) {
       FlightRuntimeException f = staging.failure(pos);
       if (f != null) {
@@ -491,6 +510,7 @@ final class PrepGroup {
       o.put("state", members.closed() ? "closed" : members.started() ? "running" : "waiting");
       o.put("group_size", settings.groupSize());
       staging.stats(o, members.closed());
+      o.put("window", tuner.maxWindowUsed()); // the largest window used: staged_batches_peak stays within it
       counts.statsCounts(o);
       source.stats(o);
       counts.statsTimes(o);
@@ -498,6 +518,7 @@ final class PrepGroup {
       counts.statsPerEpoch(o);
       members.stats(o);
       workers.stats(o);
+      tuner.stats(o);
       return o;
     }
   }

@@ -24,7 +24,7 @@ final class PrepReplica implements AutoCloseable {
     RawBatches raw = new RawBatches(order, assembler, parent.getRoundingPolicy(), counts);
     this.prep = new SidecarPrep(order, raw, pipeline, decodeBudget, pool, threads, parent.getRoundingPolicy(), counts,
         lock);
-    PrepGroup.Settings one = new PrepGroup.Settings(1, 0, 0, 1, 0, false);
+    PrepGroup.Settings one = new PrepGroup.Settings(1, 0, 0, 1, 0, false, false, true);
     this.staging = new Staging(group, "prep-worker-" + group, parent,
         Staging.size(prep, one, parent.getLimit(), key.batchSize()), null, lock);
   }

@@ -265,8 +265,7 @@ public final class PrepService implements AutoCloseable {
     Dataset d = registry.get(j.dataset(), caller::mayRead);
     PrepGroup.Settings s = j.settings();
     if (!caller.owner()) { // a tenant cannot open the owner's /dev/shm files
-      s = new PrepGroup.Settings(s.window(), s.stagingBytes(), s.memberTimeoutNanos(), s.groupSize(),
-          s.joinTimeoutNanos(), false);
+      s = s.withShm(false);
     }
     PrepGroup.Key key = new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
     long member = memberIds.incrementAndGet();

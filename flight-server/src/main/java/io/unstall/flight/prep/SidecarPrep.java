@@ -18,6 +18,7 @@ import java.util.concurrent.Callable;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.rounding.RoundingPolicy;
@@ -48,6 +49,7 @@ final class SidecarPrep implements BatchSource {
   private final ImagePrep imagePrep;
   private final ExecutorService pool;
   private final int threads;
+  private volatile int parallelism; // decode tasks of one batch in flight on the pool (the Autotuner sets it)
   private final boolean skip; // on_error "skip": a bad image is left out of its batch instead of failing it
   private final Schema schema;
   private final long cost;
@@ -66,6 +68,7 @@ final class SidecarPrep implements BatchSource {
     this.imagePrep = new ImagePrep(pipeline, decodeBudget);
     this.pool = pool;
     this.threads = threads;
+    this.parallelism = threads;
     this.skip = pipeline.decode().onError() == PrepPipeline.OnError.SKIP;
     this.schema = PrepSchema.of(pipeline);
     int b = order.key.batchSize();
@@ -73,6 +76,11 @@ final class SidecarPrep implements BatchSource {
         + PrepGroup.BATCH_OVERHEAD;
     this.counts = counts;
     this.lock = lock;
+  }
+
+  /** At most {@code n} (1..pool size) decode tasks of one batch run at once from now on. */
+  void parallelism(int n) {
+    parallelism = Math.max(1, Math.min(threads, n));
   }
 
   PrepPipeline pipeline() {
@@ -144,12 +152,15 @@ final class SidecarPrep implements BatchSource {
       ArrowBuf dst = tensor.getDataBuffer();
       String[] bad = new String[n]; // why each skipped sample was skipped
       int chunks = Math.min(n, threads * 4); // small chunks even out the threads' finishing times
-      List<Callable<Void>> tasks = new ArrayList<>(chunks);
-      for (int c = 0; c < chunks; c++) {
-        int lo = (int) ((long) n * c / chunks);
-        int hi = (int) ((long) n * (c + 1) / chunks);
+      int runners = Math.min(chunks, parallelism);
+      AtomicInteger nextChunk = new AtomicInteger();
+      List<Callable<Void>> tasks = new ArrayList<>(runners);
+      for (int r = 0; r < runners; r++) {
         tasks.add(() -> {
           long cpu0 = CPU.getCurrentThreadCpuTime();
+          for (int c = nextChunk.getAndIncrement(); c < chunks; c = nextChunk.getAndIncrement()) {
+          int lo = (int) ((long) n * c / chunks);
+          int hi = (int) ((long) n * (c + 1) / chunks);
           for (int i = lo; i < hi; i++) {
             int start = payload.getStartOffset(i);
             int len = payload.getEndOffset(i) - start;
@@ -166,6 +177,7 @@ final class SidecarPrep implements BatchSource {
               throw CallStatus.RESOURCE_EXHAUSTED.withDescription(order.sample(ids[i]) + ": " + e.getMessage())
                   .toRuntimeException();
             }
+          }
           }
           counts.prepCpuNanos.addAndGet(CPU.getCurrentThreadCpuTime() - cpu0);
           return null;

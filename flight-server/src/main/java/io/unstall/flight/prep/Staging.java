@@ -62,7 +62,7 @@ final class Staging {
     boolean uploads = perBatch == 0;
     long staging = requested.stagingBytes() > 0
         ? requested.stagingBytes()
-        : Math.min(parentLimit, uploads ? UPLOAD_STAGING : fixed + perBatch * requested.window());
+        : Math.min(parentLimit, uploads ? UPLOAD_STAGING : fixed + perBatch * requested.window() * headroom(requested));
     if (staging > parentLimit) {
       throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
           + " exceeds the sidecar's prep staging budget of " + parentLimit + " bytes").toRuntimeException();
@@ -77,6 +77,16 @@ final class Staging {
     }
     return new Size(staging, (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch)));
   }
+
+  /** How many times the window's batches default staging holds: room for the autotuner to grow the window. */
+  static int headroom(PrepGroup.Settings requested) {
+    return requested.tunesWindow() ? AUTOTUNE_HEADROOM : 1;
+  }
+
+  /** Default staging of a group whose window is tuned: this many times what its starting window needs. */
+  static final int AUTOTUNE_HEADROOM = 2;
+  /** The largest window ever. */
+  static final int MAX_WINDOW = 1024;
 
   Staging(String group, String allocatorName, BufferAllocator parent, Size size, Path shmDir, GroupLock lock) {
     this.group = group;
@@ -111,6 +121,29 @@ final class Staging {
   /** Positions that may be prepared ahead of the slowest member. Caller holds the lock. */
   int window() {
     return window;
+  }
+
+  /** Sets the window (the autotuner). Caller holds the lock. */
+  void window(int w) {
+    window = w;
+    lock.changed();
+  }
+
+  /** The largest window this staging holds for {@code source}'s batches. */
+  int maxWindow(BatchSource source) {
+    long perBatch = source.batchBytes();
+    return perBatch == 0 ? MAX_WINDOW
+        : (int) Math.max(1, Math.min(MAX_WINDOW, (limit - source.workingBytes()) / perBatch));
+  }
+
+  /**
+   * Whether a window of {@code w} fits: its batches within this group's limit, and one more batch within what the
+   * sidecar's prep budget (shared by every group) has left.
+   */
+  boolean roomForWindow(int w, BatchSource source) {
+    BufferAllocator parent = alloc.getParentAllocator();
+    return w <= maxWindow(source)
+        && parent.getLimit() - parent.getAllocatedMemory() >= Math.max(source.batchBytes(), 1);
   }
 
   boolean shm() {
