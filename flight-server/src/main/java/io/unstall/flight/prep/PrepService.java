@@ -43,7 +43,8 @@ import org.slf4j.LoggerFactory;
 /**
  * Coordinated prep (docs/PREP.md): the {@code prep.*} actions and PREP tickets. Jobs that join with the same
  * dataset, pipeline fingerprint, seed, batch size, shuffle and drop_last share one {@link PrepGroup}; every
- * batch is fetched and prepared once, by a pool of prep threads sized to the cores, and served to all members.
+ * batch is fetched and prepared once, by a pool of prep threads (each group tunes how many it uses, {@link
+ * Autotuner}), and served to all members.
  * All staging memory comes from the "prep" child of the data plane's streams allocator (half its limit), one
  * child per group bounded by the group's staging limit; the native memory of decodes in progress is reserved in
  * the {@link DecodeBudget}, another child of the streams allocator. At most {@code --prep-groups} groups are open

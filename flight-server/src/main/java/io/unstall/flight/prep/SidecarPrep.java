@@ -159,25 +159,25 @@ final class SidecarPrep implements BatchSource {
         tasks.add(() -> {
           long cpu0 = CPU.getCurrentThreadCpuTime();
           for (int c = nextChunk.getAndIncrement(); c < chunks; c = nextChunk.getAndIncrement()) {
-          int lo = (int) ((long) n * c / chunks);
-          int hi = (int) ((long) n * (c + 1) / chunks);
-          for (int i = lo; i < hi; i++) {
-            int start = payload.getStartOffset(i);
-            int len = payload.getEndOffset(i) - start;
-            try {
-              imagePrep.run(in.nioBuffer(start, len), ImagePrep.rng(seed, epoch, ids[i]),
-                  dst.nioBuffer((long) i * sb, sb));
-            } catch (ImagePrep.BadImageException e) {
-              if (!skip) {
-                throw CallStatus.INTERNAL.withDescription(order.sample(ids[i]) + ": " + e.getMessage()
-                    + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();
+            int lo = (int) ((long) n * c / chunks);
+            int hi = (int) ((long) n * (c + 1) / chunks);
+            for (int i = lo; i < hi; i++) {
+              int start = payload.getStartOffset(i);
+              int len = payload.getEndOffset(i) - start;
+              try {
+                imagePrep.run(in.nioBuffer(start, len), ImagePrep.rng(seed, epoch, ids[i]),
+                    dst.nioBuffer((long) i * sb, sb));
+              } catch (ImagePrep.BadImageException e) {
+                if (!skip) {
+                  throw CallStatus.INTERNAL.withDescription(order.sample(ids[i]) + ": " + e.getMessage()
+                      + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();
+                }
+                bad[i] = e.getMessage();
+              } catch (DecodeBudget.ExhaustedException e) {
+                throw CallStatus.RESOURCE_EXHAUSTED.withDescription(order.sample(ids[i]) + ": " + e.getMessage())
+                    .toRuntimeException();
               }
-              bad[i] = e.getMessage();
-            } catch (DecodeBudget.ExhaustedException e) {
-              throw CallStatus.RESOURCE_EXHAUSTED.withDescription(order.sample(ids[i]) + ": " + e.getMessage())
-                  .toRuntimeException();
             }
-          }
           }
           counts.prepCpuNanos.addAndGet(CPU.getCurrentThreadCpuTime() - cpu0);
           return null;
