@@ -19,8 +19,8 @@ import java.util.ArrayDeque;
  *       {@link #GAIN}; gives one back when production outpaces consumption by {@link #SLACK} with nobody waiting.
  *       Never more than the pool's {@code --prep-threads}.
  * </ul>
- * Either is pinned by the joiner ({@code window=}, or {@code autotune=false} for both). Guarded by the group lock; the threads it
- * picks reach {@link SidecarPrep#parallelism} for the next batch.
+ * Either is pinned by the joiner ({@code window=}, or {@code autotune=false} for both). Guarded by the group lock;
+ * the threads it picks reach {@link SidecarPrep#parallelism} for the next batch.
  */
 final class Autotuner {
   static final long PERIOD_NANOS = 500_000_000L;

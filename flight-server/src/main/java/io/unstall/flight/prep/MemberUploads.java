@@ -183,7 +183,10 @@ final class MemberUploads implements BatchSource {
     }
   }
 
-  /** Gives back claims held past the claim timeout (a member whose transform raised may live on). Caller holds the lock. */
+  /**
+   * Gives back claims held past the claim timeout (a member whose transform raised may live on). Caller holds the
+   * lock.
+   */
   void reap(long now) {
     for (var it = claimedBy.entrySet().iterator(); it.hasNext(); ) {
       var e = it.next();

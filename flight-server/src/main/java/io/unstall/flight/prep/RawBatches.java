@@ -27,7 +27,8 @@ final class RawBatches implements BatchSource {
       maxLen = Math.max(maxLen, order.dataset.length(i));
     }
     int b = order.key.batchSize();
-    this.cost = rounding.getRoundedSize(Math.max(1L, (long) maxLen * b)) + b * PrepGroup.ROW_OVERHEAD + PrepGroup.BATCH_OVERHEAD;
+    this.cost = rounding.getRoundedSize(Math.max(1L, (long) maxLen * b)) + b * PrepGroup.ROW_OVERHEAD
+        + PrepGroup.BATCH_OVERHEAD;
   }
 
   @Override

@@ -231,7 +231,10 @@ final class RemoteWorkers {
     lock.changed();
   }
 
-  /** Gives back claims held past the claim timeout; drops workers silent for the member timeout. Caller holds the lock. */
+  /**
+   * Gives back claims held past the claim timeout; drops workers silent for the member timeout. Caller holds the
+   * lock.
+   */
   void reap(long now) {
     for (var it = claims.entrySet().iterator(); it.hasNext(); ) {
       var e = it.next();

@@ -52,9 +52,9 @@ final class Staging {
   private boolean freed;
 
   /**
-   * Sizes staging for a source: {@code staging_bytes} if given, else what {@code window} batches need (for uploads:
-   * {@link #UPLOAD_STAGING}), within the sidecar's prep budget {@code parentLimit}; the window shrinks to what the
-   * limit holds. {@code what}: the batch's description for the error when not even one fits.
+   * Sizes staging for a source: {@code staging_bytes} if given, else what {@code window} batches need (times
+   * {@link #AUTOTUNE_HEADROOM} when the window is tuned; for uploads: {@link #UPLOAD_STAGING}), within the sidecar's
+   * prep budget {@code parentLimit}; the window shrinks to what the limit holds.
    */
   static Size size(BatchSource source, PrepGroup.Settings requested, long parentLimit, int batchSize) {
     long perBatch = source.batchBytes();
