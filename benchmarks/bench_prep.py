@@ -102,7 +102,8 @@ def _go() -> None:
     sys.stdin.readline()
 
 
-def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str) -> dict[str, Any]:
+def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str,
+                window: Optional[int]) -> dict[str, Any]:
     import torch
     import unstall
     from unstall import prep
@@ -113,7 +114,7 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
     _go()  # joining is on the clock: the group starts preparing only once all k joined
     t0, c0, n = time.time(), _cpu(), 0
     loader = prep.PrepLoader("bench", pipe, batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client,
-                             window=4, transport=transport)
+                             window=window, transport=transport)
     for images, labels in loader:
         n += images.shape[0]
         checksum = float(images.sum())  # read every byte, as the copy to the GPU would
@@ -217,9 +218,13 @@ def tjbench_rate(data: Path, samples: int = 4) -> Optional[float]:
     exe = shutil.which("tjbench")
     if exe is None:
         return None
+    import tempfile
+
     rates = []
     for f in sorted(data.rglob("*.jpg"))[:samples]:
-        p = subprocess.run([exe, str(f), "-benchtime", "2", "-warmup", "1"], capture_output=True, text=True)
+        with tempfile.TemporaryDirectory() as tmp:  # tjbench writes its decoded images beside the input
+            copy = Path(shutil.copy(f, tmp))
+            p = subprocess.run([exe, str(copy), "-benchtime", "2", "-warmup", "1"], capture_output=True, text=True)
         m = re.search(r"Decompress\s+-->\s+Frame rate:\s+([\d.]+)", p.stdout)
         if m:
             rates.append(float(m.group(1)))
@@ -238,11 +243,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
     ap.add_argument("--k", type=int, default=1)
+    ap.add_argument("--window", type=int, help="unstall: pin the prep window (default: autotuned)")
     args = ap.parse_args()
 
     if args.job:
         if args.job == "unstall":
-            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport)  # same seed: one group
+            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport, args.window)  # same seed: one group
         elif args.job == "torch":
             r = job_torch(args.data, args.seed)
         else:
@@ -274,6 +280,8 @@ def main() -> None:
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
             extra = ["--location", sidecar.flight_location, "--dtype", args.dtype, "--transport", args.transport]
+            if args.window is not None:
+                extra += ["--window", str(args.window)]
             run_jobs("unstall", 1, data, extra + ["--k", "1"], env_u)  # warm-up: JIT, the cache
             for k in ks:
                 c0 = proc_cpu(sidecar.pid)
