@@ -12,6 +12,13 @@ Prints markdown tables (and writes them to --out):
 2. storage bytes the sidecar read per epoch over 3 epochs with a cache of 50% of the dataset, next to
    the expected value (epoch 0: the dataset; then: the dataset minus what the cache holds).
 
+    python benchmarks/bench_loader.py --echo 2 --out echo.md   # only the data-echoing table
+
+With ``--echo E``: a loop whose "accelerator" is a fixed ``--step-ms`` sleep per batch, fed by 2 workers
+whose prep burns ``--prep-rounds`` of SHA-256 over each sample (a CPU-bound prep slower than the step), with
+echo=1 and echo=E (batch level, then example level) in the same run: the data stall and the fresh samples/s
+(``loader.stats()``), as ratios to echo=1.
+
 Not a test: numbers depend on the machine. The plain baseline is NOT reading from disk after its first
 (warm-up) epoch: the OS page cache holds the files (dropping it needs root), so the comparison is
 "unstall's cache over Flight" vs "page cache + open/read per sample".
@@ -20,6 +27,7 @@ Not a test: numbers depend on the machine. The plain baseline is NOT reading fro
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
 import statistics
@@ -139,6 +147,65 @@ def timed_epochs(loader: tud.DataLoader, epochs: int, desc: str, cpu_pids: List[
     return Run(it_total, samples, nbytes, cpu.seconds, cpu.exited, transport_of(stats, loader, loader.dataset))
 
 
+class Prep:
+    """A CPU-bound stand-in for decode and augmentation: ``rounds`` SHA-256 passes over the sample."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def __call__(self, data: memoryview) -> int:
+        h = b""
+        for _ in range(self.rounds):
+            h = hashlib.sha256(data).digest()
+        return h[0]
+
+
+def echo_table(args: argparse.Namespace, out: Callable[..., None]) -> None:
+    """Stall and fresh samples/s with echo=1 and echo=E, the same loop and data, interleaved runs."""
+    size, batch = 20_000, 32
+    root = args.dir / f"echo-s{size}"
+    n = generate(root, size, 20_000_000, seed=size)
+    settings = [(1, "batch"), (args.echo, "batch"), (args.echo, "example")]
+    out(f"## Data echoing: a {args.step_ms:g} ms step fed by {args.num_workers} workers with a CPU-bound prep "
+        f"({platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, unstall {unstall.__version__})")
+    out()
+    for line in header():
+        out(line)
+    out()
+    out("| echo | level | steps/s | stall ms/step | stall % | fresh samples/s | samples seen/s | "
+        "stall/step x echo=1 | steps/s x echo=1 | fresh samples/s x echo=1 |")
+    out("|---|---|---|---|---|---|---|---|---|---|")
+    rows: dict[Tuple[int, str], List[Tuple[float, float, float, float, float]]] = {k: [] for k in settings}
+    with unstall.Sidecar(home=args.dir / "home-echo", cache_capacity=n * size + (64 << 20)) as sidecar:
+        ds = Dataset("bench-echo", root=root, sidecar=sidecar, loader=Prep(args.prep_rounds))
+        loaders = {k: DataLoader(ds, batch_size=batch, shuffle=True, seed=0, num_workers=args.num_workers,
+                                 persistent_workers=True, echo=k[0], echo_level=k[1]) for k in settings}
+        for loader in loaders.values():
+            for _ in loader:  # warm-up: the cache filled, the workers started
+                pass
+        for r in range(args.repeats):
+            for k in settings[r % len(settings):] + settings[:r % len(settings)]:
+                for _ in range(args.epochs):
+                    t0 = time.perf_counter()
+                    for _ in loaders[k]:
+                        time.sleep(args.step_ms / 1000)  # the accelerator's step: no CPU, like a GPU kernel
+                    elapsed = time.perf_counter() - t0
+                    st = loaders[k].stats()
+                    rows[k].append((st.batches / elapsed, st.wait_s / st.batches, st.wait_s / elapsed, st.fresh_samples / elapsed,
+                                    st.samples_seen / elapsed))
+    med = {k: [statistics.median(col) for col in zip(*v)] for k, v in rows.items()}
+    base = med[(1, "batch")]
+    for k in settings:
+        steps, stall, frac, fresh, seen = med[k]
+        out(f"| {k[0]} | {k[1]} | {steps:.1f} | {1000 * stall:.1f} | {100 * frac:.0f}% | {fresh:,.0f} | {seen:,.0f} | "
+            f"{stall / base[1] if base[1] else float('nan'):.2f}x | {steps / base[0]:.2f}x | {fresh / base[3]:.2f}x |")
+    out()
+    out(f"{n} samples of {size // 1000} KB from the sidecar's cache, batch {batch}; prep: {args.prep_rounds} SHA-256 "
+        f"passes per sample in {args.num_workers} persistent DataLoader workers; step: a {args.step_ms:g} ms sleep per "
+        f"batch (the accelerator). Medians of {args.repeats} x {args.epochs} epochs per setting, settings interleaved. "
+        "Stall: time in next() (loader.stats().wait_s); fresh samples: those fetched and prepped.")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="unstall vs plain file reads in a PyTorch loop")
     p.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench")
@@ -150,7 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs per loader, interleaved; medians are reported")
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="also write the tables here")
+    p.add_argument("--echo", type=int, default=None, help="only the data-echoing table: echo=1 vs echo=E")
+    p.add_argument("--step-ms", type=float, default=20.0, help="--echo: the simulated accelerator step per batch")
+    p.add_argument("--prep-rounds", type=int, default=60, help="--echo: SHA-256 passes per sample (the prep's cost)")
     args = p.parse_args(argv)
+    if args.echo is not None:
+        lines: List[str] = []
+
+        def echo_out(line: str = "") -> None:
+            print(line, flush=True)
+            lines.append(line)
+
+        echo_table(args, echo_out)
+        write_out(args.out, lines)
+        return 0
 
     cases = [("110 KB", 110_000, 64), ("1 MB", 1_000_000, 8)]
     roots = {}

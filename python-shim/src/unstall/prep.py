@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from .client import FlightClient
+from .echo import Echo
 from .recovery import call_with_recovery
 from .errors import PrepGroupNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from .protocol import KIND_PREP, PROTOCOL_VERSION, encode_prep_ticket
@@ -552,11 +553,19 @@ class _GroupLoader:
     arguments, before iterating: it joins the group at the saved batch (``prep.join``'s ``start_epoch``,
     ``start_batch``), so the sidecar never prepares the batches before it for this member, and the first
     ``for`` continues the saved epoch.
+
+    ``echo``/``echo_level`` (not part of the group's key: every member echoes the group's batches on its own, in
+    this process, after they arrived; ``unstall.echo``): each batch handed out ``echo`` times per epoch,
+    reshuffled by the group's seed and the epoch; ``len()`` counts the echoed batches, ``echo_counts`` the fresh
+    ones. With ``echo > 1`` the state is taken between epochs only.
     """
 
     def __init__(self, dataset: str, pipeline: Any, batch_size: int, join_kwargs: Mapping[str, Any]) -> None:
         import torch  # noqa: F401  (fail early, naming the missing extra)
 
+        join_kwargs = dict(join_kwargs)
+        self.echo = Echo.of(join_kwargs.pop("echo", 1), join_kwargs.pop("echo_level", "batch"))
+        self.echo_counts = self.echo.counts()
         self._dataset = dataset
         self._pipeline = pipeline
         self._batch_size = batch_size
@@ -597,14 +606,18 @@ class _GroupLoader:
         self._progress = None
 
     def __len__(self) -> int:
-        return self.membership.num_batches
+        m = self.membership
+        return self.echo.length(m.num_batches, int(m.info.get("num_samples", m.num_batches * self._batch_size)),
+                                self._batch_size)
 
     def __iter__(self) -> Iterator[Tuple[Any, ...]]:
         epoch = self.epoch
         self._next_epoch = epoch + 1
         first = self.membership.first_batch(epoch)
         progress = self._progress = Progress(epoch, first)
-        return CountingIterator(self._batches(epoch, first), progress)
+        batches = self.echo.apply(self._batches(epoch, first), seed=int(self._join_kwargs.get("seed", 0)), epoch=epoch,
+                                  batch_size=self._batch_size, counts=self.echo_counts)
+        return CountingIterator(batches, progress)
 
     def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
         raise NotImplementedError
@@ -612,6 +625,8 @@ class _GroupLoader:
     def state_dict(self) -> dict[str, Union[int, str]]:
         m = self.membership
         epoch, yielded = position(self._progress, self._next_epoch, m.first_batch(self._next_epoch), m.num_batches)
+        self.echo.check_resumable(type(self).__name__, self._progress is not None and not self._progress.done
+                                  and self._progress.handed > 0)
         return {"version": STATE_VERSION, "dataset": self._dataset, "epoch": epoch, "batches_yielded": yielded,
                 "num_batches": m.num_batches, "seed": int(self._join_kwargs.get("seed", 0)),
                 "start_epoch": self._first_epoch}

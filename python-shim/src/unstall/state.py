@@ -10,12 +10,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
+import numpy as np
+
 from .hooks import IteratorWrapper
 
-__all__ = ["STATE_VERSION", "Progress", "CountingIterator", "position", "check_state", "state_int"]
+__all__ = ["STATE_VERSION", "epoch_seed", "Progress", "CountingIterator", "position", "check_state", "state_int"]
 
 STATE_VERSION = 1
 """The version of every loader ``state_dict()`` (the ``"version"`` key)."""
+
+
+def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
+    """The seed of epoch ``epoch``'s generator: a function of ``(seed, epoch)`` only (numpy's
+    ``SeedSequence``), so the order of an epoch never depends on how far an earlier one advanced.
+    ``stream`` separates independent uses (0: the sampler's order, 1: the workers' base seed, 2: data echoing)."""
+    entropy = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, int(epoch), int(stream)]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
 
 
 class Progress:

@@ -25,17 +25,20 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 import pyarrow as pa
 
 from . import prep as _prep
+from .echo import Echo, EchoCounts
 from .analyze import ENV_MODE as _ANALYZE_MODE
 from .prep import Membership, Pipeline
 from .tracing import payload_bytes
 
-__all__ = ["dataset", "membership", "pipeline_datasets", "FetchCounters"]
+T = TypeVar("T")
+
+__all__ = ["dataset", "membership", "echo_counts", "pipeline_datasets", "FetchCounters"]
 
 
 @dataclass
@@ -60,6 +63,7 @@ class FetchCounters:
 
 _memberships: dict[int, Membership] = {}
 _counters: dict[int, FetchCounters] = {}
+_echoes: dict[int, EchoCounts] = {}
 _lock = threading.Lock()
 
 
@@ -75,9 +79,15 @@ def dataset(
 
     ``join_kwargs`` are those of :func:`unstall.prep.join` (``seed``, ``shuffle``, ``drop_last``,
     ``group_size``, ``member_timeout``, ``window``, ``staging_bytes``, ``epochs``, ``sidecar``, ...).
+    ``echo``/``echo_level``: data echoing in this process (``unstall.echo``; not part of the group's key), each
+    group batch (or sample) yielded ``echo`` times per epoch, reshuffled by the seed and the epoch;
+    :func:`echo_counts` says what was yielded and what came fresh.
     """
     import tensorflow as tf
 
+    join_kwargs = dict(join_kwargs)
+    echo = Echo.of(join_kwargs.pop("echo", 1), join_kwargs.pop("echo_level", "batch"))
+    echoes = echo.counts()
     m = _prep.join(name, pipeline, batch_size=batch_size, **join_kwargs)
     skip = m.info.get("on_error") == "skip"
     batch_dim = batch_size if join_kwargs.get("drop_last") and not skip else None
@@ -112,6 +122,10 @@ def dataset(
         with state_lock:  # each iteration of the dataset is the group's next epoch
             epoch = state["next"]
             state["next"] = epoch + 1
+        yield from echo.apply(fresh(epoch), seed=int(join_kwargs.get("seed", 0)), epoch=epoch, batch_size=batch_size,
+                              counts=echoes)
+
+    def fresh(epoch: int) -> Iterator[Tuple[Any, ...]]:
         if m.shape is not None:
             for arr, labels, ids in timed(m.epoch_arrays(epoch)):  # TF copies the view into its own tensor
                 if len(ids) == 0:
@@ -132,18 +146,28 @@ def dataset(
     with _lock:
         _memberships[id(ds)] = m
         _counters[id(ds)] = counters
+        _echoes[id(ds)] = echoes
     if os.environ.get(_ANALYZE_MODE):
         _analyze_iteration(tf)
     return ds
 
 
+def _of(table: Dict[int, T], ds: Any) -> T:
+    with _lock:
+        v = table.get(id(ds))
+    if v is None:
+        raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
+    return v
+
+
 def membership(ds: Any) -> Membership:
     """The group membership behind a dataset :func:`dataset` returned (``.leave()``, ``.info``)."""
-    with _lock:
-        m = _memberships.get(id(ds))
-    if m is None:
-        raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
-    return m
+    return _of(_memberships, ds)
+
+
+def echo_counts(ds: Any) -> EchoCounts:
+    """What a dataset :func:`dataset` returned yielded vs what came fresh from its group (``unstall.echo``)."""
+    return _of(_echoes, ds)
 
 
 def pipeline_datasets(ds: Any) -> Iterator[Any]:
@@ -189,8 +213,8 @@ def _analyze_iteration(tf: Any) -> None:
         if src is None:
             return original(self)
         with _lock:
-            m, counters = _memberships[id(src)], _counters[id(src)]
-        return child.iterate(src, lambda: TfSource(self, m, counters), lambda: original(self))
+            m, counters, echo = _memberships[id(src)], _counters[id(src)], _echoes[id(src)].factor
+        return child.iterate(src, lambda: TfSource(self, m, counters, echo), lambda: original(self))
 
     base.__iter__ = __iter__
 

@@ -41,7 +41,8 @@ from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
-from .state import STATE_VERSION, Progress, check_state, position, state_int
+from .echo import Echo, EchoCounts, EchoedIterator
+from .state import STATE_VERSION, Progress, check_state, epoch_seed, position, state_int
 
 if os.environ.get(_ANALYZE_MODE):  # this process is a run of `unstall analyze`: its hook drives the loader
     from .analyze import child as _analyze_child  # noqa: F401  (registers, after tracing's)
@@ -116,14 +117,6 @@ class EpochIndex(NamedTuple):
     epoch: int
     index: int
     session: int = 0
-
-
-def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
-    """The seed of epoch ``epoch``'s generator: a function of ``(seed, epoch)`` only (numpy's
-    ``SeedSequence``), so the order of an epoch never depends on how far an earlier one advanced.
-    ``stream`` separates independent uses (0: the sampler's order, 1: the workers' base seed)."""
-    entropy = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, int(epoch), int(stream)]
-    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
 
 
 def _draw_seed() -> int:
@@ -551,6 +544,10 @@ class DataLoader(tud.DataLoader):
     ``seed``, or ``generator``'s initial seed, or one drawn once from torch's global RNG; the workers' base
     seed is derived from it per epoch too. ``state_dict()``/``load_state_dict()`` behave as torchdata's
     ``StatefulDataLoader``'s: a loader restored in a new process continues with the very next batch.
+    ``echo=e`` (int >= 1) with ``echo_level="batch"`` or ``"example"``: data echoing (``unstall.echo``), each
+    fetched batch (or sample) handed out ``e`` times per epoch, reshuffled by ``(seed, epoch)``; ``len(loader)``
+    counts the echoed batches, ``loader.stats()`` the fresh ones too. Batch-level repeats are the same tensors:
+    never modify a batch in place. ``state_dict()`` with ``echo > 1`` is taken between epochs only.
     With ``clairvoyant=True`` each epoch's order is drawn when the epoch starts and sent to the sidecar,
     which then reads upcoming misses ahead of consumption (NoPFS-style prefetch, within its window).
 
@@ -599,7 +596,11 @@ class DataLoader(tud.DataLoader):
         target_transform: Optional[Callable[[Any], Any]] = None,
         transport: Optional[str] = None,
         options: Optional[dict[str, Any]] = None,
+        echo: int = 1,
+        echo_level: str = "batch",
     ) -> None:
+        self.echo = Echo.of(echo, echo_level)  # data echoing (unstall.echo): the epoch's batches handed out echo times
+        self.echo_counts: EchoCounts = self.echo.counts()
         if isinstance(dataset, str):
             dataset = Dataset(
                 dataset,
@@ -697,8 +698,15 @@ class DataLoader(tud.DataLoader):
             it = super(DataLoader, self).__iter__()
             # torch's iterator counts the batches it handed out (not what the workers prefetched): the state's
             # position. Held, as torchdata's StatefulDataLoader holds its iterator, until the next iteration.
-            self._progress = Progress(epoch, skipped, lambda: it._num_yielded)
-            return it
+            # Echoed, the count is of the echoed batches handed out (exact between epochs only).
+            if self.echo.factor == 1:  # torch's iterator itself
+                self._progress = Progress(epoch, skipped, lambda: it._num_yielded)
+                return it
+            counts = self.echo_counts
+            self._progress = Progress(epoch, skipped, lambda: counts.batches)
+            echoed = self.echo.apply(it, seed=self.epoch_sampler.seed, epoch=epoch, batch_size=self.batch_size,
+                                     counts=counts)
+            return EchoedIterator(it, echoed, self._echoed_length)
 
         # The iterator hooks wrap torch's: timed and counted (loader.stats(), stall spans); under
         # `unstall analyze`, driven by it.
@@ -744,6 +752,16 @@ class DataLoader(tud.DataLoader):
         self.epoch_sampler.set_epoch(epoch)
         self._progress = None  # an unfinished iterator is abandoned: the state is the next epoch's start
 
+    def __len__(self) -> int:
+        """Batches per epoch: torch's count, times ``echo`` (example level: the echoed rows cut into batches)."""
+        return self._echoed_length(super().__len__())
+
+    def _echoed_length(self, upstream: int) -> int:
+        if self.echo.factor == 1:
+            return upstream
+        samples = upstream * self.batch_size if self.drop_last and self.batch_size else len(self.sampler)
+        return self.echo.length(upstream, samples, self.batch_size)
+
     def _num_batches(self) -> Optional[int]:
         try:
             return len(self)
@@ -764,6 +782,7 @@ class DataLoader(tud.DataLoader):
                              "out of the sampler's order, so a count of batches does not say which were consumed")
         n = self._num_batches()
         epoch, yielded = position(self._progress, self.epoch, self.epoch_sampler.skip // self._items_per_batch, n)
+        self.echo.check_resumable("DataLoader", yielded > 0)
         state: dict[str, Union[int, str]] = {
             "version": STATE_VERSION, "dataset": self.dataset.name, "epoch": epoch, "batches_yielded": yielded,
             "seed": self.epoch_sampler.seed, "order": self.epoch_sampler.order}

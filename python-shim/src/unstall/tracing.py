@@ -357,6 +357,10 @@ class LoaderStats:
     Cache counters come from the sidecar (``None`` when it is not reachable over its control plane).
     ``transport`` is how the batches came: ``"shm"`` (the local socket and shared memory), ``"flight"``,
     or ``"mixed"``; before any fetch, the dataset's choice.
+    Data echoing (``echo``, ``echo_level``; ``unstall.echo``): ``batches`` and ``samples_seen`` are what the
+    loop was handed, ``fresh_batches`` and ``fresh_samples`` what came from the sidecar's fetch and prep (without
+    echoing the same numbers: ``samples_fetched``, which counts what workers prefetched too); ``wait_s`` is the
+    stall with echoing.
     """
 
     epoch: int = 0
@@ -378,6 +382,11 @@ class LoaderStats:
     peer_hits: Optional[int] = None  # a cluster: served from the cache of the sidecar that owns the sample
     peer_bytes: Optional[int] = None
     transport: Optional[str] = None
+    echo: int = 1
+    echo_level: str = "batch"
+    fresh_batches: int = 0
+    samples_seen: int = 0
+    fresh_samples: int = 0
     total: Optional["LoaderStats"] = field(default=None, repr=False)
 
     def as_dict(self) -> Dict[str, Any]:
@@ -395,6 +404,9 @@ class LoaderStats:
         if self.wait_s > 0 and busy > 0:
             s += f": fetch ~{self.stall_fetch_s:.2f} s, prep ~{self.stall_prep_s:.2f} s"
         s += f"), loader busy: fetch {self.fetch_s:.2f} s, prep {self.prep_s:.2f} s"
+        if self.echo > 1:
+            s += (f", echo {self.echo} ({self.echo_level}): {self.fresh_batches} fresh batches, "
+                  f"{self.fresh_samples}/{self.samples_seen} samples fresh")
         if self.cache_hits is not None and self.cache_misses is not None:
             n = self.cache_hits + self.cache_misses
             pct = f" ({100 * self.cache_hits / n:.0f}%)" if n else ""
@@ -489,6 +501,13 @@ class LoaderObserver:
             stall_prep_s=float(wait_s * prep_s / busy) if busy > 0 else 0.0,
             transport=_transport(int(w[FETCH_CALLS]), int(w[SHM_CALLS]), self.loader.dataset),
         )
+        echo = getattr(self.loader, "echo_counts", None)  # unstall.echo.EchoCounts
+        if echo is not None and echo.factor > 1:
+            c = echo.total if all_epochs else echo.as_dict()
+            st.echo, st.echo_level = echo.factor, echo.level
+            st.fresh_batches, st.samples_seen, st.fresh_samples = c["fresh_batches"], c["samples"], c["fresh_samples"]
+        else:  # no echoing: every batch handed out is fresh
+            st.fresh_batches, st.samples_seen, st.fresh_samples = st.batches, st.samples_fetched, st.samples_fetched
         if ds_stats is not None:
             if all_epochs:
                 epochs = [ds_stats.epoch(e) for e in self.epochs_seen]

@@ -299,6 +299,7 @@ class AnalyzedIterator(IteratorWrapper):
         s.add_section(
             self.index, self.source, mode=s.mode, steps=s.steps, warmup=s.warmup, batch_size=self.batch_size,
             epoch_batches=self.epoch_batches, num_workers=self.source.num_workers(), elapsed_ns=end - self.window_start,
+            echo=int(getattr(self.source, "echo", 1)),
             wait_ns=self.waits, step_ns=self.steps_ns,
             work={k: work1.get(k, 0) - self.work0.get(k, 0) for k in WORK_KEYS}, sidecar=side, warm=self.warm_doc)
 

@@ -20,6 +20,12 @@ workers. Two ways storage can behave:
   ``k = 0``: ``cycle = g + Q + (1 - f) * s``; ``k >= 1``: ``max(g, (Q + (1 - f) * s)/k, (1 - f) * s)``.
 
 The model that predicts the cold run's own step best is used, and named in the report.
+
+What-if data echoing (``unstall.echo``, factor ``e``; the job ran with ``e0``, 1 unless it echoes already):
+each step needs ``1/e`` of a fresh batch, so echoing divides the upstream work per step (``Q``, ``(1 - f) * s``
+and the prep CPU floor) by ``e / e0``, and leaves the trainer's step ``g`` as it is; the echo's own work (a
+window of references, or for example-level echoing a copy of the rows) is not counted. The data stall per
+step is ``cycle - g``; fresh samples per second are ``B / (e * cycle)``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ __all__ = ["Run", "Analysis", "analyze", "cycle_time", "validate_workers", "PRIC
 
 # Defaults for the cost of a configuration (USD per hour): roughly what one vCPU and one GiB of memory
 # add to an on-demand cloud VM (c6i vs r6i large, us-east-1, 2026); override with --core-price/--gib-price.
+ECHO_GRID = (1, 2, 3, 4)
 PRICES = {"core_hour": 0.036, "gib_hour": 0.0034}
 STALL_TOLERANCE = 0.05  # a configuration "removes the stall" when its step is within 5% of the trainer's own
 CACHE_GRID = [i / 20 for i in range(21)]  # 0%, 5%, ..., 100%
@@ -54,6 +61,7 @@ class Run:
     hits: Optional[int] = None
     misses: Optional[int] = None
     storage_bytes: Optional[int] = None
+    echo: int = 1  # the loader's data echoing factor (unstall.echo)
 
     @classmethod
     def from_report(cls, doc: Mapping[str, Any]) -> "Run":
@@ -66,6 +74,7 @@ class Run:
             prep_cpu_s=work.get("prep_cpu_ns", 0) / 1e9,
             fetched_samples=int(work.get("fetch_samples", 0)), prepped_samples=int(work.get("prep_samples", 0)),
             hits=side.get("hits"), misses=side.get("misses"), storage_bytes=side.get("storage_bytes"),
+            echo=int(doc.get("echo", 1)),
         )
 
     @property
@@ -94,9 +103,11 @@ def loader_stage(g: float, q: float, k: int, cpu: float = 0.0) -> float:
     return g + q if k <= 0 else max(g, q / k, cpu)
 
 
-def cycle_time(g: float, q: float, s: float, f: float, k: int, storage: str = "overlapped", cpu: float = 0.0) -> float:
+def cycle_time(g: float, q: float, s: float, f: float, k: int, storage: str = "overlapped", cpu: float = 0.0,
+               echo: float = 1.0) -> float:
     """Seconds per batch with a cached fraction ``f`` and ``k`` DataLoader workers (see the module doc);
-    ``cpu``: a batch's prep CPU seconds over the machine's cores."""
+    ``cpu``: a batch's prep CPU seconds over the machine's cores; ``echo``: the upstream work per step divided by it."""
+    q, s, cpu = q / echo, s / echo, cpu / echo
     st = (1.0 - f) * s
     if storage == "overlapped":
         return max(loader_stage(g, q, k, cpu), st)
@@ -133,16 +144,30 @@ class Analysis:
     prices: Dict[str, float] = field(default_factory=lambda: dict(PRICES))
     cores: Optional[int] = None  # the machine's cores
     prep_cpu_per_batch_s: float = 0.0  # the CPU part of a batch's prep (measured in the cached run)
+    echo: int = 1  # the data echoing factor the job ran with
+    echo_curve: List[Dict[str, float]] = field(default_factory=list)
+
+    def cycle(self, cache_fraction: float, workers: Optional[int] = None, echo: Optional[int] = None) -> float:
+        """Predicted seconds per step; ``echo``: with that data echoing factor instead of the job's own."""
+        k = self.num_workers if workers is None else workers
+        cpu = self.prep_cpu_per_batch_s / self.cores if self.cores and k > 0 else 0.0
+        e = 1.0 if echo is None else echo / self.echo
+        return cycle_time(self.step_s, self.loader_busy_per_batch_s, self.storage_per_batch_s, cache_fraction, k,
+                          self.storage_model, cpu, e)
 
     def predict(self, cache_fraction: float, workers: Optional[int] = None) -> float:
         """Predicted samples per second. Workers overlap their waits without limit, but their CPU time shares the
         machine's cores (DS-Analyzer's CPU model): prep that computes stops scaling at the cores, prep that waits
         (I/O, a remote call) does not."""
-        k = self.num_workers if workers is None else workers
-        cpu = self.prep_cpu_per_batch_s / self.cores if self.cores and k > 0 else 0.0
-        c = cycle_time(self.step_s, self.loader_busy_per_batch_s, self.storage_per_batch_s, cache_fraction, k,
-                       self.storage_model, cpu)
-        return self.batch_size / c
+        return self.batch_size / self.cycle(cache_fraction, workers)
+
+    def echo_row(self, echo: int) -> Dict[str, float]:
+        """The echo what-if at the cold cache: data stall per step and fresh samples per second."""
+        c = self.cycle(0.0, echo=echo)
+        stall = max(0.0, c - self.step_s)
+        return {"echo": echo, "step_s": c, "stall_s": stall, "stall_fraction": stall / c if c > 0 else 0.0,
+                "samples_per_s": self.batch_size / c, "fresh_samples_per_s": self.batch_size / (echo * c),
+                "fresh_fraction": 1.0 / echo}
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -202,6 +227,8 @@ def analyze(runs: Mapping[str, Run], dataset_bytes: int, num_samples: int, stora
     a.cpu_curve = [{"workers": k, "samples_per_s_cold": a.predict(0.0, k), "samples_per_s_cached": a.predict(1.0, k)}
                    for k in range(0, kmax + 1)]
     a.cheapest = _cheapest(a, kmax)
+    a.echo = cold.echo
+    a.echo_curve = [a.echo_row(e) for e in sorted({*ECHO_GRID, a.echo})]
     return a
 
 

@@ -82,6 +82,7 @@ def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[st
         load = machine.get("load_average")
         lines.append(f"    (workers: their prep's CPU time shares the cold run's machine's {machine['cpu_count']} cores"
                      + (f", load average {load:.1f})" if load is not None else ")"))
+    lines += echo_lines(a)
     c = a.cheapest or {}
     if not c.get("found"):
         lines.append(f"  {c.get('message', 'no configuration removes the stall')}")
@@ -93,6 +94,28 @@ def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[st
             f"({_bytes(c['cache_bytes'])}) with {c['workers']} loader workers -> {_rate(c['samples_per_s'])} "
             f"(~${c['cost_per_hour']:.3f}/h at ${a.prices['core_hour']}/core-h, ${a.prices['gib_hour']}/GiB-h)")
     return "\n".join(lines) + "\n"
+
+
+def echo_lines(a: Analysis) -> List[str]:
+    """The data-echoing what-if (``model``'s module doc states the model)."""
+    rows = a.echo_curve
+    if not rows:
+        return []
+    now = next(r for r in rows if r["echo"] == a.echo)
+    lines = ["    echo    " + "  ".join(f"{r['echo']:>7}" for r in rows)
+             + f"   (data echoing; the job runs with echo={a.echo})",
+             "    stall   " + "  ".join(f"{100 * r['stall_fraction']:>6.1f}%" for r in rows),
+             "    fresh/s " + "  ".join(f"{r['fresh_samples_per_s']:>7.1f}" for r in rows)]
+    better = [r for r in rows if r["echo"] > a.echo and r["stall_s"] < now["stall_s"] * (1 - 1e-9)]
+    if better:
+        r = better[0]
+        lines.append(f"  with echo={r['echo']} the data stall would drop from {100 * now['stall_fraction']:.1f}% to "
+                     f"{100 * r['stall_fraction']:.1f}% of the step ({1000 * now['stall_s']:.1f} -> "
+                     f"{1000 * r['stall_s']:.1f} ms) at the cost of fresh samples = 1/{r['echo']} per step "
+                     f"({r['fresh_samples_per_s']:.1f} fresh samples/s)")
+    else:
+        lines.append("  more data echoing would not reduce the stall: the loader keeps up (or the model says no)")
+    return lines
 
 
 def validation_text(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -240,6 +263,10 @@ def _section_html(sec: Section) -> str:
         ("fetch stall", f"{100 * a.fetch_stall_fraction:.1f}%"),
         ("storage", f"{_bytes(a.storage_bandwidth_Bps)}/s ({a.storage_model})"),
     ]))
+    if a.echo_curve:
+        parts.append(_table(("echo (predicted, cold cache)", "data stall", "stall ms/step", "fresh samples/s"), [
+            (f"{r['echo']}" + (" (as run)" if r["echo"] == a.echo else ""), f"{100 * r['stall_fraction']:.1f}%",
+             f"{1000 * r['stall_s']:.1f}", f"{r['fresh_samples_per_s']:.1f}") for r in a.echo_curve]))
     if sec.validation:
         parts.append(_table(("workers", "predicted samples/s", "measured samples/s", "error"), [
             (r["workers"], "-", "-", f"not checked: {r['error']}") if r.get("error") is not None else

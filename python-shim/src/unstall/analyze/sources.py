@@ -102,6 +102,11 @@ class TorchSource:
     def num_workers(self) -> int:
         return int(self.loader.num_workers)
 
+    @property
+    def echo(self) -> int:
+        """The loader's data echoing factor (``unstall.echo``)."""
+        return int(self.loader.echo.factor)
+
     def batch_size(self, batch: Any) -> Optional[float]:
         loader = self.loader
         if loader.batch_size is not None:
@@ -152,10 +157,11 @@ class TfSource:
 
     kind = "tf.data.Dataset"
 
-    def __init__(self, dataset: Any, membership: Any, counters: Any) -> None:
+    def __init__(self, dataset: Any, membership: Any, counters: Any, echo: int = 1) -> None:
         self.dataset = dataset
         self.m = membership
         self.counters = counters
+        self.echo = echo  # the unstall.tf.dataset's data echoing factor
 
     def describe(self) -> Dict[str, Any]:
         doc: Dict[str, Any] = {"name": self.m.dataset}
