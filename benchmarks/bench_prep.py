@@ -106,7 +106,8 @@ def _go() -> None:
     sys.stdin.readline()
 
 
-def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str) -> dict[str, Any]:
+def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str,
+                window: Optional[int]) -> dict[str, Any]:
     import torch
     import unstall
     from unstall import prep
@@ -117,7 +118,7 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
     _go()  # joining is on the clock: the group starts preparing only once all k joined
     t0, c0, n = time.time(), _cpu(), 0
     loader = prep.PrepLoader("bench", pipe, batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client,
-                             window=4, transport=transport)
+                             window=window, transport=transport)
     for images, labels in loader:
         n += images.shape[0]
         checksum = float(images.sum())  # read every byte, as the copy to the GPU would
@@ -257,11 +258,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
     ap.add_argument("--k", type=int, default=1)
+    ap.add_argument("--window", type=int, help="unstall: pin the prep window (default: autotuned)")
     args = ap.parse_args()
 
     if args.job:
         if args.job == "unstall":
-            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport)  # same seed: one group
+            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport,
+                            args.window)  # same seed: one group
         elif args.job == "torch":
             r = job_torch(args.data, args.seed)
         else:
@@ -293,15 +296,18 @@ def main() -> None:
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
             extra = ["--location", sidecar.flight_location, "--dtype", dtype, "--transport", transport]
+            if args.window is not None:
+                extra += ["--window", str(args.window)]
             run_jobs("unstall", 1, data, extra + ["--k", "1"], env_u)  # warm-up: JIT, the cache
             for k in ks:
                 c0 = proc_cpu(sidecar.pid)
                 res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
                 row = summarize(res, proc_cpu(sidecar.pid) - c0)
                 with sidecar.flight_client() as c:
-                    g = json.loads(c.do_action("prep.stats")[0])["groups"][res[0]["group"]]
+                    st = json.loads(c.do_action("prep.stats")[0])
+                g = st["groups"][res[0]["group"]]
                 row["prepared"] = g["samples_prepared"]
-                row["decoder"] = g.get("decoder", "opencv")
+                row["decoder"] = st["decode"]["decoder"]
                 if k == ks[0]:
                     row["per_core"] = g["samples_prepared"] / g["decode_cpu_seconds"]
                 table[(f"unstall {transport} {dtype}", k)] = row

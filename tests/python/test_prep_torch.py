@@ -123,6 +123,20 @@ def test_staging_memory_stays_within_its_bound(env: PrepEnv) -> None:
             prep.join("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=10, staging_bytes=1000, client=client)
 
 
+def test_the_window_is_tuned_unless_given_or_autotune_is_off(env: PrepEnv) -> None:
+    with env.client() as client:
+        tuned = prep.join("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=11, epochs=1, client=client)
+        off = prep.join("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=12, epochs=1, autotune=False, client=client)
+        for m in (tuned, off):
+            assert sum(rb.num_rows for rb in m.epoch(0)) == N_SAMPLES
+        a = env.group_stats(tuned.group)["autotune"]
+        assert a["window_tuned"] and a["threads_tuned"]
+        assert 1 <= a["threads"] <= a["max_threads"] and a["window"] <= a["max_window"]
+        b = env.group_stats(off.group)["autotune"]
+        assert not b["window_tuned"] and not b["threads_tuned"] and b["decisions_total"] == 0
+        assert b["window"] == off.info["window"]
+
+
 def test_raw_groups_share_batches_without_prep(env: PrepEnv) -> None:
     with env.client() as client, prep.PrepLoader("imgs", None, batch_size=BATCH, seed=3, epochs=1, client=client,
                                                  with_ids=True) as loader:

@@ -454,8 +454,9 @@ def join(
     group_size: int = 1,
     join_timeout: float = 60.0,
     member_timeout: float = 30.0,
-    window: int = 4,
+    window: Optional[int] = None,
     staging_bytes: Optional[int] = None,
+    autotune: bool = True,
     epochs: Optional[int] = None,
     start_epoch: Optional[int] = None,
     start_batch: int = 0,
@@ -474,6 +475,9 @@ def join(
     ``transport``: ``"auto"`` (shared memory when the sidecar is on this host's loopback and /dev/shm
     exists, else Flight), ``"shm"`` or ``"flight"``; the first joiner decides whether the group stages
     in shared memory, Flight always works.
+
+    ``window`` (batches prepared ahead of the slowest member) is tuned online from the measured rates unless
+    given; ``autotune=False`` also keeps the prep threads at ``--prep-threads`` (docs/PREP.md, "Autotuning").
 
     ``start_epoch``/``start_batch``: a resumed member (a job restored from a checkpoint) starts at that
     batch of that epoch, and the group never prepares the batches before it for this member; a group
@@ -510,9 +514,12 @@ def join(
         "group_size": int(group_size),
         "join_timeout_s": float(join_timeout),
         "member_timeout_s": float(member_timeout),
-        "window": int(window),
         "name": name or f"pid {os.getpid()}",
     }
+    if window is not None:
+        body["window"] = int(window)
+    if not autotune:
+        body["autotune"] = False
     if staging_bytes is not None:
         body["staging_bytes"] = int(staging_bytes)
     if epochs is not None:

@@ -97,13 +97,19 @@ final class PrepRequests {
       throw new IllegalArgumentException(
           "prep.join: \"staging_bytes\" must be a non-negative integer (0: the default), got " + staging);
     }
+    JsonNode autotune = b.get("autotune");
+    if (autotune != null && !autotune.isNull() && !autotune.isBoolean()) {
+      throw new IllegalArgumentException("prep.join: \"autotune\" must be true or false, got " + autotune);
+    }
     PrepGroup.Settings s = new PrepGroup.Settings(
         intIn(b, "window", 1, 1024, 4),
         b.path("staging_bytes").asLong(0),
         seconds(b, "member_timeout_s", 30),
         intIn(b, "group_size", 1, 1024, 1),
         seconds(b, "join_timeout_s", 60),
-        b.path("shm").asBoolean(false));
+        b.path("shm").asBoolean(false),
+        b.path("autotune").asBoolean(true),
+        b.hasNonNull("window"));
     long epochs = intIn(b, "epochs", 0, Integer.MAX_VALUE, 0);
     // A resumed member (restored from a checkpoint) starts at batch start_batch of epoch start_epoch.
     long startEpoch = b.hasNonNull("start_epoch") ? intIn(b, "start_epoch", 0, Integer.MAX_VALUE, 0) : -1;

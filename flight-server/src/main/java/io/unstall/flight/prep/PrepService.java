@@ -43,7 +43,8 @@ import org.slf4j.LoggerFactory;
 /**
  * Coordinated prep (docs/PREP.md): the {@code prep.*} actions and PREP tickets. Jobs that join with the same
  * dataset, pipeline fingerprint, seed, batch size, shuffle and drop_last share one {@link PrepGroup}; every
- * batch is fetched and prepared once, by a pool of prep threads sized to the cores, and served to all members.
+ * batch is fetched and prepared once, by a pool of prep threads (each group tunes how many it uses, {@link
+ * Autotuner}), and served to all members.
  * All staging memory comes from the "prep" child of the data plane's streams allocator (half its limit), one
  * child per group bounded by the group's staging limit; the native memory of decodes in progress is reserved in
  * the {@link DecodeBudget}, another child of the streams allocator. At most {@code --prep-groups} groups are open
@@ -265,8 +266,7 @@ public final class PrepService implements AutoCloseable {
     Dataset d = registry.get(j.dataset(), caller::mayRead);
     PrepGroup.Settings s = j.settings();
     if (!caller.owner()) { // a tenant cannot open the owner's /dev/shm files
-      s = new PrepGroup.Settings(s.window(), s.stagingBytes(), s.memberTimeoutNanos(), s.groupSize(),
-          s.joinTimeoutNanos(), false);
+      s = s.withShm(false);
     }
     PrepGroup.Key key = new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
     long member = memberIds.incrementAndGet();
@@ -313,7 +313,7 @@ public final class PrepService implements AutoCloseable {
     String out = switch (type) {
       case PEER_ENLIST -> peerGroup(b).enlist(memberIds.incrementAndGet(), b.path("name").asText("")).toString();
       case PEER_CLAIM -> {
-        PrepGroup.WorkerTurn t = peerGroup(b).workerClaim(worker(type, b), PEER_CLAIM_WAIT_NANOS);
+        RemoteWorkers.Turn t = peerGroup(b).workerClaim(worker(type, b), PEER_CLAIM_WAIT_NANOS);
         ObjectNode o = JsonNodeFactory.instance.objectNode().put("v", 1).put("state", t.state());
         if (t.state().equals("produce")) {
           o.put("epoch", t.epoch()).put("batch", t.batch());
@@ -392,7 +392,7 @@ public final class PrepService implements AutoCloseable {
   }
 
   /** The worker's copy of an owner's group, from the owner's {@code peer.prep.enlist} answer. */
-  PrepGroup replica(JsonNode spec) {
+  PrepReplica replica(JsonNode spec) {
     Dataset d = registry.get(spec.path("dataset").asText());
     if (d.size() != spec.path("num_samples").asInt()) {
       throw new IllegalArgumentException("remote prep worker: dataset '" + d.name() + "' has " + d.size()
@@ -405,9 +405,8 @@ public final class PrepService implements AutoCloseable {
     }
     PrepGroup.Key key = new PrepGroup.Key(d.name(), p.fingerprint(), spec.path("seed").asLong(),
         spec.path("batch_size").asInt(), spec.path("shuffle").asBoolean(), spec.path("drop_last").asBoolean());
-    PrepGroup.Settings s = new PrepGroup.Settings(1, 0, TimeUnit.SECONDS.toNanos(30), 1, 0, false);
-    return new PrepGroup(spec.path("group").asText(), key, d, p, assembler, pool, threads, allocator, decodeBudget, s,
-        limits, true);
+    return new PrepReplica(spec.path("group").asText(), key, d, p, assembler, pool, threads, allocator, decodeBudget,
+        limits);
   }
 
   private void trimHistory() {

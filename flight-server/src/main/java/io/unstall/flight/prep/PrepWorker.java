@@ -24,7 +24,7 @@ import org.slf4j.LoggerFactory;
  * This sidecar as a remote prep worker of a group another sidecar owns (docs/ARCHITECTURE.md, "Across nodes":
  * remote prep workers). Over the owner's peer port (cluster token) it enlists, then loops: claim a batch, fetch
  * its samples through this sidecar's own tiers (cache, peers, storage), prepare it with the group's pipeline and
- * the same per-(seed, epoch, sample) randomness (a {@link PrepGroup} replica runs the very code the owner runs),
+ * the same per-(seed, epoch, sample) randomness (a {@link PrepReplica} runs the very code the owner runs),
  * and upload it. The owner stages one upload per batch; a claim not uploaded in time goes back to the owner.
  * Closing leaves: claims in flight are given back at once.
  */
@@ -45,7 +45,7 @@ public final class PrepWorker implements AutoCloseable {
   private volatile String state = "enlisting";
   private volatile String lastError;
   private long workerId;
-  private PrepGroup replica;
+  private PrepReplica replica;
   private Thread thread;
 
   PrepWorker(PrepService service, FlightClient owner, String ownerAddress, CallOption[] options, String group,
@@ -91,7 +91,7 @@ public final class PrepWorker implements AutoCloseable {
         long batch = turn.path("batch").asLong();
         VectorSchemaRoot root;
         try {
-          root = replica.prepareClaimed(epoch, batch);
+          root = replica.prepare(epoch, batch);
         } catch (Exception e) {
           // The owner prepares it itself (and reports a bad image to the members as its own failure would).
           released.incrementAndGet();
@@ -120,11 +120,7 @@ public final class PrepWorker implements AutoCloseable {
       if (!state.equals("group closed")) {
         leave();
       }
-      try {
-        replica.close();
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-      }
+      replica.close();
     }
   }
 

@@ -751,4 +751,78 @@ class PrepServiceTest {
         "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"center_crop\",\"size\":[16384,16000]}],\"dtype\":\"uint8\"}")
         .sampleBytes() * 4, "long arithmetic for sizes");
   }
+
+  // -- autotuning --------------------------------------------------------------------------------------------
+
+  /**
+   * Reads batch {@code batch} only once it is staged (one member, positions prepared in order): a member slower than
+   * production, that never waits.
+   */
+  Batch getWhenStaged(JsonNode j, long epoch, long batch) throws Exception {
+    long pos = epoch * j.get("num_batches").asLong() + batch;
+    await().atMost(Duration.ofSeconds(60)).pollInterval(Duration.ofMillis(10))
+        .until(() -> groupStats(j).get("batches_prepared").asLong() > pos);
+    return get(j, epoch, batch);
+  }
+
+  @Test
+  void autotuningStaysWithinTheCpuAndMemoryBudgetAndASlowMemberNeverGrowsTheWindow() throws Exception {
+    JsonNode j = action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":" + PIPELINE + ",\"batch_size\":2}");
+    int startWindow = j.get("window").asInt();
+    long e = 0;
+    JsonNode s = groupStats(j);
+    while (s.get("autotune").get("periods").asLong() <= Autotuner.QUIET_PERIODS) {
+      for (int b = 0; b < j.get("num_batches").asInt(); b++) {
+        getWhenStaged(j, e, b);
+      }
+      e++;
+      s = groupStats(j);
+    }
+    JsonNode all = action("prep.stats", "");
+    JsonNode a = s.get("autotune");
+    assertEquals(0, a.get("stalls").asLong(), "the member never asked for a batch not staged yet: " + a);
+    assertTrue(a.get("window").asInt() <= startWindow, "a member that never waits shrinks or holds the window: " + a);
+    assertTrue(a.get("threads").asInt() >= 1 && a.get("threads").asInt() <= all.get("threads").asInt(), a.toString());
+    assertTrue(a.get("window").asInt() <= a.get("max_window").asInt(), a.toString());
+    assertTrue(s.get("staged_batches_peak").asInt() <= s.get("window").asInt(), s.toString());
+    assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong(), s.toString());
+    assertTrue(s.get("staging_limit_bytes").asLong() <= all.get("staging").get("limit_bytes").asLong(), all.toString());
+  }
+
+  @Test
+  void aMemberStalledOnBatchesWithRoomGrowsTheWindowWithinStaging() throws Exception {
+    JsonNode j = action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":" + PIPELINE + ",\"batch_size\":1}");
+    int startWindow = j.get("window").asInt();
+    long[] epoch = {0};
+    // Batch 0 of each next epoch lies beyond the window: every read waits for its batch.
+    await().atMost(Duration.ofSeconds(120)).until(() -> {
+      get(j, epoch[0]++, 0);
+      return groupStats(j).get("autotune").get("window").asInt() > startWindow;
+    });
+    JsonNode s = groupStats(j);
+    JsonNode a = s.get("autotune");
+    assertTrue(a.get("stalls").asLong() > 0, a.toString());
+    assertTrue(a.get("window").asInt() <= a.get("max_window").asInt(), a.toString());
+    assertTrue(a.get("decisions").toString().contains("\"what\":\"window\""), a.toString());
+    assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong(), s.toString());
+  }
+
+  @Test
+  void aPinnedWindowOrAutotuneOffIsKept() throws Exception {
+    JsonNode pinned = join(",\"window\":3");
+    JsonNode off = join(",\"seed\":5,\"autotune\":false");
+    for (long e = 0; e < 3; e++) {
+      get(pinned, e, 0);
+      get(off, e, 0);
+    }
+    JsonNode a = groupStats(pinned).get("autotune");
+    assertFalse(a.get("window_tuned").asBoolean(), a.toString());
+    assertTrue(a.get("threads_tuned").asBoolean(), a.toString());
+    assertEquals(3, a.get("window").asInt());
+    JsonNode b = groupStats(off).get("autotune");
+    assertFalse(b.get("window_tuned").asBoolean() || b.get("threads_tuned").asBoolean(), b.toString());
+    assertEquals(0, b.get("decisions_total").asLong(), b.toString());
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> join(",\"autotune\":\"yes\""));
+    assertTrue(e.getMessage().contains("\"autotune\" must be true or false"), e.getMessage());
+  }
 }

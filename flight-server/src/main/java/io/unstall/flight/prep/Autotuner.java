@@ -1,0 +1,198 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.lang.management.ManagementFactory;
+import java.util.ArrayDeque;
+
+/**
+ * Online tuning of one group, in the spirit of tf.data's AUTOTUNE, from what the group measures each period: the
+ * production rate (batches staged per second), the consumption rate (batches members read per second), member
+ * stalls (a member asked for a batch not staged yet) and each batch's CPU and wall time.
+ * <ul>
+ *   <li>Window: grows by one when members stalled and staging has room for one more batch (within the group's
+ *       staging limit and the sidecar's prep budget); shrinks by one after {@link #QUIET_PERIODS} periods in which
+ *       no member waited.
+ *   <li>Threads (sidecar prep: decode chunks of a batch in flight on the prep pool): when members stall and the
+ *       machine's CPU is not saturated, tries one more and keeps it only if production improved by
+ *       {@link #GAIN}; gives one back when production outpaces consumption by {@link #SLACK} with nobody waiting.
+ *       Never more than the pool's {@code --prep-threads}.
+ * </ul>
+ * Either is pinned by the joiner ({@code window=}, or {@code autotune=false} for both). Guarded by the group lock;
+ * the threads it picks reach {@link SidecarPrep#parallelism} for the next batch.
+ */
+final class Autotuner {
+  static final long PERIOD_NANOS = 500_000_000L;
+  static final int QUIET_PERIODS = 4;
+  static final double GAIN = 1.05;
+  static final double SLACK = 1.5;
+  private static final int DECISIONS = 16;
+
+  private final boolean tuneWindow;
+  private final boolean tuneThreads;
+  private final int maxThreads;
+  private final Staging staging;
+  private final BatchSource source;
+  private final PrepCounts counts;
+  private int threads;
+  private int maxWindowUsed;
+  private long periodStart = System.nanoTime();
+  private long preparedAt;
+  private long servedAt;
+  private long cpuAt;
+  private long wallAt;
+  private long stalls;
+  private long stallsTotal;
+  private long periods;
+  private int quiet;
+  private int hold;
+  private int trialFrom = -1; // threads before a trial of one more; -1: no trial running
+  private double trialBase;
+  private double productionRate;
+  private double consumptionRate;
+  private double cpuPerBatch;
+  private double wallPerBatch;
+  private final ArrayDeque<ObjectNode> decisions = new ArrayDeque<>();
+  private long decisionsTotal;
+
+  Autotuner(boolean tuneWindow, boolean tuneThreads, int maxThreads, Staging staging, BatchSource source,
+      PrepCounts counts) {
+    this.tuneWindow = tuneWindow;
+    this.tuneThreads = tuneThreads && source instanceof SidecarPrep;
+    this.maxThreads = Math.max(1, maxThreads);
+    this.threads = this.maxThreads; // today's parallelism first: tuning gives back what does not help
+    this.staging = staging;
+    this.source = source;
+    this.counts = counts;
+    this.maxWindowUsed = staging.window();
+  }
+
+  /** The largest window used so far: no more batches were ever staged ahead. Caller holds the lock. */
+  int maxWindowUsed() {
+    return maxWindowUsed;
+  }
+
+  /** A member asked for a batch that was not staged yet. Caller holds the lock. */
+  void stalled() {
+    stalls++;
+    stallsTotal++;
+  }
+
+  /** Measures the period that ended and decides; called on the reaper's tick. Caller holds the lock. */
+  void tick(long now) {
+    long dt = now - periodStart;
+    if (dt < PERIOD_NANOS) {
+      return;
+    }
+    long prepared = counts.batchesPrepared - preparedAt;
+    long served = counts.batchesServed - servedAt;
+    double secs = dt / 1e9;
+    productionRate = prepared / secs;
+    consumptionRate = served / secs;
+    if (prepared > 0) {
+      cpuPerBatch = (counts.prepCpuNanos.get() - cpuAt) / 1e9 / prepared;
+      wallPerBatch = (counts.prepNanos - wallAt) / 1e9 / prepared;
+    }
+    boolean active = prepared > 0 || served > 0 || stalls > 0;
+    if (active) {
+      periods++;
+      if (tuneWindow) {
+        tuneWindow();
+      }
+      if (tuneThreads) {
+        tuneThreads();
+      }
+    }
+    periodStart = now;
+    preparedAt = counts.batchesPrepared;
+    servedAt = counts.batchesServed;
+    cpuAt = counts.prepCpuNanos.get();
+    wallAt = counts.prepNanos;
+    stalls = 0;
+  }
+
+  private void tuneWindow() {
+    int w = staging.window();
+    if (stalls > 0) {
+      quiet = 0;
+      if (staging.roomForWindow(w + 1, source)) {
+        staging.window(w + 1);
+        maxWindowUsed = Math.max(maxWindowUsed, w + 1);
+        decide("window", w, w + 1, "members waited " + stalls + " times for batches; staging has room");
+      }
+    } else if (++quiet >= QUIET_PERIODS) {
+      quiet = 0;
+      if (w > 1) {
+        staging.window(w - 1);
+        decide("window", w, w - 1, "no member waited for a batch in " + QUIET_PERIODS + " periods");
+      }
+    }
+  }
+
+  private void tuneThreads() {
+    int t = threads;
+    if (trialFrom >= 0) {
+      if (productionRate < trialBase * GAIN) {
+        threads = trialFrom;
+        ((SidecarPrep) source).parallelism(threads);
+        decide("threads", t, trialFrom, String.format("production %.2f/s did not improve on %.2f/s", productionRate,
+            trialBase));
+      }
+      trialFrom = -1;
+      hold = QUIET_PERIODS;
+    } else if (hold > 0) {
+      hold--;
+    } else if (stalls > 0 && t < maxThreads && cpuAvailable()) {
+      trialFrom = t;
+      trialBase = productionRate;
+      threads = t + 1;
+      ((SidecarPrep) source).parallelism(threads);
+      decide("threads", t, t + 1, "members waited " + stalls + " times and CPU is available");
+    } else if (stalls == 0 && t > 1 && productionRate > SLACK * consumptionRate && consumptionRate > 0) {
+      threads = t - 1;
+      ((SidecarPrep) source).parallelism(threads);
+      hold = QUIET_PERIODS;
+      decide("threads", t, t - 1, String.format("production %.2f/s outpaces consumption %.2f/s", productionRate,
+          consumptionRate));
+    }
+  }
+
+  /** The machine's CPU is not saturated (other groups and processes included). */
+  private static boolean cpuAvailable() {
+    if (ManagementFactory.getOperatingSystemMXBean() instanceof com.sun.management.OperatingSystemMXBean os) {
+      double load = os.getCpuLoad();
+      return load >= 0 && load < 0.9;
+    }
+    return true;
+  }
+
+  private void decide(String what, int from, int to, String why) {
+    decisionsTotal++;
+    decisions.addLast(JsonNodeFactory.instance.objectNode().put("period", periods).put("what", what)
+        .put("from", from).put("to", to).put("why", why));
+    if (decisions.size() > DECISIONS) {
+      decisions.removeFirst();
+    }
+  }
+
+  /** Caller holds the lock. */
+  void stats(ObjectNode o) {
+    ObjectNode a = o.putObject("autotune");
+    a.put("window_tuned", tuneWindow);
+    a.put("threads_tuned", tuneThreads);
+    a.put("threads", threads);
+    a.put("max_threads", maxThreads);
+    a.put("window", staging.window());
+    a.put("max_window", staging.maxWindow(source));
+    a.put("periods", periods);
+    a.put("production_rate", productionRate);
+    a.put("consumption_rate", consumptionRate);
+    a.put("stalls", stallsTotal);
+    a.put("cpu_seconds_per_batch", cpuPerBatch);
+    a.put("wall_seconds_per_batch", wallPerBatch);
+    a.put("decisions_total", decisionsTotal);
+    ArrayNode d = a.putArray("decisions");
+    decisions.forEach(d::add);
+  }
+}

@@ -1,0 +1,45 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.types.pojo.Schema;
+
+/**
+ * Where a group's batches come from, one implementation per mode: {@link RawBatches} (no prep: the fetched batch),
+ * {@link SidecarPrep} (the sidecar's pipeline on the prep pool) and {@link MemberUploads} (members transform and
+ * upload). {@link Production} asks it for each position it takes, on its producer threads and without the group
+ * lock; a source whose batches arrive by upload asks for no producer thread.
+ *
+ * <p>A new mode is a new implementation: say what a batch costs in staging, make it in {@link #prepare}, and add
+ * its fields to the join answer and the stats; {@code PrepGroup} picks the source from the join.
+ */
+interface BatchSource {
+  /** Stats' {@code "prep"}: "none" (raw), "sidecar" or "members". */
+  String mode();
+
+  /** The schema of the batches it stages. */
+  Schema schema();
+
+  /** Producer threads it needs: 0 when its batches arrive by upload instead. */
+  int producers();
+
+  /** An upper bound of one staged batch's bytes; 0 when known only as uploads arrive (checked then). */
+  long batchBytes();
+
+  /** Memory besides the staged batch while one is made (sidecar prep: the raw batch it decodes). */
+  long workingBytes();
+
+  /** " and output [3, 224, 224] float32": the batch for messages; empty when the batch is the raw one. */
+  default String describeOutput() {
+    return "";
+  }
+
+  /** Makes the batch at {@code pos} in {@code staging}'s allocator. Called without the group lock. */
+  VectorSchemaRoot prepare(long pos, Staging staging) throws Exception;
+
+  /** This mode's fields of the join answer. */
+  default void describe(ObjectNode join) {}
+
+  /** This mode's fields of the group's stats. Caller holds the group lock. */
+  default void stats(ObjectNode o) {}
+}

@@ -1,0 +1,222 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.protocol.BatchSchema;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.function.BooleanSupplier;
+import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.FieldVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.types.pojo.Schema;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The member-upload source (a group joined with {@code {"python": fingerprint}}): members transform batches with
+ * their own code. A member asks for a position ({@code prep.claim}); if nobody alive makes it and it is within the
+ * window, the member gets its ids, makes it and uploads it (DoPut), and the batch is staged for all. Claims of
+ * members that go, and claims held past {@code --prep-claim-timeout}, go back to the group. No producer thread:
+ * uploads wait for room in staging instead. Guarded by the group lock.
+ */
+final class MemberUploads implements BatchSource {
+  private static final Logger LOG = LoggerFactory.getLogger(MemberUploads.class);
+
+  /** A member's claim on a position: who makes the batch, since when. */
+  private record Claim(long member, long since) {}
+
+  private final BatchOrder order;
+  private final Membership members;
+  private final PrepCounts counts;
+  private final PrepGroup.Limits limits;
+  private final GroupLock lock;
+  private Staging staging; // set by bind(): staging is sized from this source
+  private final Map<Long, Claim> claimedBy = new HashMap<>(); // position -> the member making it
+  private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
+  private final Map<Long, Long> producedBy = new HashMap<>(); // member -> batches uploaded
+  private long claimsExpired;
+
+  MemberUploads(BatchOrder order, Membership members, PrepCounts counts, PrepGroup.Limits limits, GroupLock lock) {
+    this.order = order;
+    this.members = members;
+    this.counts = counts;
+    this.limits = limits;
+    this.lock = lock;
+  }
+
+  void bind(Staging staging) {
+    this.staging = staging;
+  }
+
+  @Override
+  public String mode() {
+    return "members";
+  }
+
+  @Override
+  public Schema schema() {
+    return BatchSchema.SCHEMA;
+  }
+
+  @Override
+  public int producers() {
+    return 0;
+  }
+
+  @Override
+  public long batchBytes() {
+    return 0;
+  }
+
+  @Override
+  public long workingBytes() {
+    return 0;
+  }
+
+  @Override
+  public VectorSchemaRoot prepare(long pos, Staging staging) {
+    throw new IllegalStateException("prep group " + order.group + ": members upload its batches");
+  }
+
+  /** Who holds the claim on {@code pos}, for messages of calls waiting for it. Caller holds the lock. */
+  String claimer(long pos) {
+    Claim c = claimedBy.get(pos);
+    return c == null ? " (nobody has claimed it)" : " (member " + c.member() + " claimed it)";
+  }
+
+  /**
+   * Waits until the batch at {@code pos} is staged ({@code "ready"}) or nobody alive makes it and it is within the
+   * window ({@code "produce"}: member {@code m} makes the returned ids and uploads them). Caller holds the lock and
+   * has checked the position.
+   */
+  ObjectNode claim(Membership.Member m, long pos, BooleanSupplier cancelled) throws InterruptedException {
+    long deadline = limits.deadline();
+    while (true) {
+      ObjectNode o = JsonNodeFactory.instance.objectNode();
+      o.put("v", 1);
+      if (staging.has(pos)) {
+        return o.put("state", "ready");
+      }
+      members.maybeStart(System.nanoTime());
+      if (members.started() && !claimedBy.containsKey(pos) && pos < members.minCursor() + staging.window()) {
+        claimedBy.put(pos, new Claim(m.id, System.nanoTime()));
+        expiredClaims.remove(pos, m.id);
+        o.put("state", "produce");
+        ArrayNode ids = o.putArray("ids");
+        for (int id : order.ids(pos)) {
+          ids.add(id);
+        }
+        return o;
+      }
+      if (cancelled.getAsBoolean()) {
+        throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
+      }
+      if (!members.isMember(m.id)) {
+        members.member(m.id);
+      }
+      if (members.closed()) {
+        throw CallStatus.UNAVAILABLE.withDescription("prep group " + order.group + " closed").toRuntimeException();
+      }
+      limits.check(deadline, order.group, order.at(pos) + (!members.started()
+          ? " (the group has not started: group_size not reached)"
+          : claimedBy.containsKey(pos) ? claimer(pos) : " to come within the window of the slowest member"));
+      m.lastSeen = System.nanoTime();
+      lock.await(10);
+    }
+  }
+
+  /** Stages a batch a member made (DoPut): its ids must be the claimed batch's, its size within staging. */
+  void upload(long memberId, long epoch, long batch, VectorSchemaRoot in, BooleanSupplier cancelled)
+      throws InterruptedException {
+    long pos = order.pos(epoch, batch);
+    long bytes = 0;
+    for (FieldVector v : in.getFieldVectors()) {
+      bytes += v.getBufferSize();
+    }
+    String group = order.group;
+    synchronized (lock) {
+      Membership.Member m = members.member(memberId);
+      Claim claim = claimedBy.get(pos);
+      if (claim == null || claim.member() != m.id) {
+        Long expired = expiredClaims.get(pos);
+        if (expired != null && expired == m.id) {
+          throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + group + ": member " + m.id + "'s claim on"
+              + " epoch " + epoch + " batch " + batch + " expired: it was not uploaded within "
+              + PrepGroup.seconds(limits.claimTimeoutNanos()) + " s (--prep-claim-timeout), so the batch went back"
+              + " to the group; ask prep.claim again").toRuntimeException();
+        }
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + group + ": member " + m.id
+            + " did not claim epoch " + epoch + " batch " + batch + " (prep.claim first)").toRuntimeException();
+      }
+      int[] ids = order.ids(pos);
+      FieldVector idv = in.getVector(PrepSchema.ID);
+      boolean idsOk = idv instanceof BigIntVector && in.getRowCount() == ids.length;
+      for (int i = 0; idsOk && i < ids.length; i++) {
+        idsOk = ((BigIntVector) idv).get(i) == ids[i];
+      }
+      if (!idsOk) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + group + ": the uploaded batch's \"id\""
+            + " column (int64) must be the claimed ids, in order (" + ids.length + " rows)").toRuntimeException();
+      }
+      if (bytes > staging.limit()) {
+        throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group " + group + ": an uploaded batch of " + bytes
+            + " bytes exceeds staging_bytes " + staging.limit()).toRuntimeException();
+      }
+      long deadline = limits.deadline();
+      while (staging.allocated() + bytes > staging.limit()) { // bounded staging: wait for readers to free
+        if (cancelled.getAsBoolean() || members.closed()) {
+          throw CallStatus.CANCELLED.withDescription("upload cancelled").toRuntimeException();
+        }
+        limits.check(deadline, group, "staging room for " + order.at(pos) + " (staging_bytes " + staging.limit()
+            + ")");
+        m.lastSeen = System.nanoTime();
+        claimedBy.put(pos, new Claim(m.id, m.lastSeen)); // it has come back: the upload, not the claim, waits
+        lock.await(10);
+      }
+      claimedBy.remove(pos);
+      producedBy.merge(m.id, 1L, Long::sum);
+      int rows = staging.adopt(in, pos, members.minCursor(), 0); // no shared memory: no sidecar pipeline
+      counts.prepared(epoch, rows);
+    }
+  }
+
+  /**
+   * Gives back claims held past the claim timeout (a member whose transform raised may live on). Caller holds the
+   * lock.
+   */
+  void reap(long now) {
+    for (var it = claimedBy.entrySet().iterator(); it.hasNext(); ) {
+      var e = it.next();
+      if (now - e.getValue().since() > limits.claimTimeoutNanos()) {
+        long pos = e.getKey();
+        it.remove();
+        expiredClaims.put(pos, e.getValue().member());
+        claimsExpired++;
+        LOG.warn("prep group {}: member {} did not upload epoch {} batch {} within {} s of claiming it"
+            + " (--prep-claim-timeout); another member may claim it", order.group, e.getValue().member(),
+            pos / order.numBatches, pos % order.numBatches, PrepGroup.seconds(limits.claimTimeoutNanos()));
+        lock.changed();
+      }
+    }
+  }
+
+  /** A member went: another member makes what it had claimed. Caller holds the lock. */
+  void memberGone(long memberId) {
+    claimedBy.values().removeIf(c -> c.member() == memberId);
+  }
+
+  /** Forgets expired claims every member is past. Caller holds the lock. */
+  void release(long minCursor) {
+    expiredClaims.keySet().removeIf(p -> p < minCursor);
+  }
+
+  @Override
+  public void stats(ObjectNode o) {
+    o.put("claims_expired", claimsExpired);
+    ObjectNode pb = o.putObject("batches_uploaded_by_member");
+    producedBy.forEach((mem, c) -> pb.put(Long.toString(mem), c));
+  }
+}

@@ -1,0 +1,269 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.protocol.BatchSchema;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.rounding.RoundingPolicy;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.BitVectorHelper;
+import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.types.pojo.Schema;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The sidecar-prep source: fetches a position's raw batch ({@link RawBatches}) and runs the group's pipeline
+ * ({@link ImagePrep}) on every row, spread in chunks over the shared prep pool, into the batch tensor; bad images
+ * fail their batch or (on_error "skip") are left out and remembered for stats. Remote prep workers
+ * ({@link RemoteWorkers}) prepare some of the same positions elsewhere with the very same code ({@link PrepReplica}).
+ */
+final class SidecarPrep implements BatchSource {
+  private static final Logger LOG = LoggerFactory.getLogger(SidecarPrep.class);
+  private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
+  /** The last skipped samples kept for stats. */
+  static final int SKIPPED_HISTORY = 64;
+
+  private final BatchOrder order;
+  private final RawBatches raw;
+  private final PrepPipeline pipeline;
+  private final ImagePrep imagePrep;
+  private final ExecutorService pool;
+  private final int threads;
+  private volatile int parallelism; // decode tasks of one batch in flight on the pool (the Autotuner sets it)
+  private final boolean skip; // on_error "skip": a bad image is left out of its batch instead of failing it
+  private final Schema schema;
+  private final long cost;
+  private final PrepCounts counts;
+  private final GroupLock lock;
+  // Guarded by the group lock.
+  private long samplesSkipped;
+  private final ArrayDeque<ObjectNode> skippedRecent = new ArrayDeque<>();
+  private final Set<Integer> skippedLogged = new HashSet<>(); // samples warned about once
+
+  SidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, DecodeBudget decodeBudget, ExecutorService pool,
+      int threads, RoundingPolicy rounding, PrepCounts counts, GroupLock lock) {
+    this.order = order;
+    this.raw = raw;
+    this.pipeline = pipeline;
+    this.imagePrep = new ImagePrep(pipeline, decodeBudget);
+    this.pool = pool;
+    this.threads = threads;
+    this.parallelism = threads;
+    this.skip = pipeline.decode().onError() == PrepPipeline.OnError.SKIP;
+    this.schema = PrepSchema.of(pipeline);
+    int b = order.key.batchSize();
+    this.cost = rounding.getRoundedSize((long) pipeline.sampleBytes() * b) + b * PrepGroup.ROW_OVERHEAD
+        + PrepGroup.BATCH_OVERHEAD;
+    this.counts = counts;
+    this.lock = lock;
+  }
+
+  /** At most {@code n} (1..pool size) decode tasks of one batch run at once from now on. */
+  void parallelism(int n) {
+    parallelism = Math.max(1, Math.min(threads, n));
+  }
+
+  PrepPipeline pipeline() {
+    return pipeline;
+  }
+
+  @Override
+  public String mode() {
+    return "sidecar";
+  }
+
+  @Override
+  public Schema schema() {
+    return schema;
+  }
+
+  @Override
+  public int producers() {
+    return Production.PRODUCERS;
+  }
+
+  @Override
+  public long batchBytes() {
+    return cost;
+  }
+
+  @Override
+  public long workingBytes() {
+    return raw.batchBytes(); // one raw batch being decoded
+  }
+
+  @Override
+  public String describeOutput() {
+    return " and output " + Arrays.toString(pipeline.sampleShape()) + " " + pipeline.dtype().wire();
+  }
+
+  @Override
+  public VectorSchemaRoot prepare(long pos, Staging staging) throws Exception {
+    int[] ids = order.ids(pos);
+    VectorSchemaRoot in = raw.fetch(pos, ids, staging);
+    try {
+      return decode(in, pos, ids, staging);
+    } finally {
+      in.close();
+    }
+  }
+
+  /**
+   * Runs the pipeline on every row of {@code raw}, spread over the prep pool. A sample that is not a decodable image
+   * within the pipeline's rules fails the batch, naming it, or (on_error "skip") is left out: the kept rows close
+   * up, and the batch's schema lists the skipped ones ({@link PrepSchema#SKIPPED}).
+   */
+  private VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Staging staging) throws Exception {
+    long epoch = pos / order.numBatches;
+    long seed = order.key.seed();
+    int n = ids.length;
+    VectorSchemaRoot out = VectorSchemaRoot.create(schema, staging.allocator());
+    try {
+      BigIntVector idOut = (BigIntVector) out.getVector(PrepSchema.ID);
+      BigIntVector labelOut = (BigIntVector) out.getVector(PrepSchema.LABEL);
+      FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) out.getVector(PrepSchema.TENSOR);
+      BigIntVector labelIn = (BigIntVector) raw.getVector(BatchSchema.LABEL);
+      VarBinaryVector payload = (VarBinaryVector) raw.getVector(BatchSchema.PAYLOAD);
+      idOut.allocateNew(n);
+      labelOut.allocateNew(n);
+      staging.allocateTensor(tensor, pos, n, pipeline.sampleBytes());
+      int sb = (int) pipeline.sampleBytes(); // at most Integer.MAX_VALUE (PrepPipeline.parse)
+      ArrowBuf in = payload.getDataBuffer();
+      ArrowBuf dst = tensor.getDataBuffer();
+      String[] bad = new String[n]; // why each skipped sample was skipped
+      int chunks = Math.min(n, threads * 4); // small chunks even out the threads' finishing times
+      int runners = Math.min(chunks, parallelism);
+      AtomicInteger nextChunk = new AtomicInteger();
+      List<Callable<Void>> tasks = new ArrayList<>(runners);
+      for (int r = 0; r < runners; r++) {
+        tasks.add(() -> {
+          long cpu0 = CPU.getCurrentThreadCpuTime();
+          for (int c = nextChunk.getAndIncrement(); c < chunks; c = nextChunk.getAndIncrement()) {
+            int lo = (int) ((long) n * c / chunks);
+            int hi = (int) ((long) n * (c + 1) / chunks);
+            for (int i = lo; i < hi; i++) {
+              int start = payload.getStartOffset(i);
+              int len = payload.getEndOffset(i) - start;
+              try {
+                imagePrep.run(in.nioBuffer(start, len), ImagePrep.rng(seed, epoch, ids[i]),
+                    dst.nioBuffer((long) i * sb, sb));
+              } catch (ImagePrep.BadImageException e) {
+                if (!skip) {
+                  throw CallStatus.INTERNAL.withDescription(order.sample(ids[i]) + ": " + e.getMessage()
+                      + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();
+                }
+                bad[i] = e.getMessage();
+              } catch (DecodeBudget.ExhaustedException e) {
+                throw CallStatus.RESOURCE_EXHAUSTED.withDescription(order.sample(ids[i]) + ": " + e.getMessage())
+                    .toRuntimeException();
+              }
+            }
+          }
+          counts.prepCpuNanos.addAndGet(CPU.getCurrentThreadCpuTime() - cpu0);
+          return null;
+        });
+      }
+      for (Future<Void> f : pool.invokeAll(tasks)) {
+        try {
+          f.get();
+        } catch (ExecutionException e) {
+          if (e.getCause() instanceof Exception ex) {
+            throw ex;
+          }
+          throw e;
+        }
+      }
+      // The kept rows, in order, close up over the skipped ones: row k is the k-th kept sample.
+      ArrowBuf validity = tensor.getValidityBuffer();
+      int kept = 0;
+      ArrayNode skipped = JsonNodeFactory.instance.arrayNode();
+      for (int i = 0; i < n; i++) {
+        if (bad[i] != null) {
+          skipped.addObject().put("id", ids[i]).put("key", order.dataset.key(ids[i])).put("reason", bad[i]);
+          continue;
+        }
+        if (kept != i) {
+          dst.setBytes((long) kept * sb, dst, (long) i * sb, sb);
+        }
+        idOut.set(kept, ids[i]);
+        if (labelIn.isNull(i)) {
+          labelOut.setNull(kept);
+        } else {
+          labelOut.set(kept, labelIn.get(i));
+        }
+        BitVectorHelper.setBit(validity, kept);
+        kept++;
+      }
+      out.setRowCount(kept);
+      if (skipped.isEmpty()) {
+        return out;
+      }
+      noteSkipped(epoch, pos % order.numBatches, skipped);
+      Map<String, String> meta = new HashMap<>(schema.getCustomMetadata());
+      meta.put(PrepSchema.SKIPPED, skipped.toString());
+      return new VectorSchemaRoot(new Schema(schema.getFields(), meta), out.getFieldVectors(), kept);
+    } catch (Exception | Error e) {
+      out.close();
+      throw e;
+    }
+  }
+
+  private void noteSkipped(long epoch, long batch, ArrayNode skipped) {
+    synchronized (lock) {
+      for (var it = skipped.elements(); it.hasNext(); ) {
+        ObjectNode s = ((ObjectNode) it.next()).deepCopy();
+        samplesSkipped++;
+        int sampleId = s.get("id").asInt();
+        if (skippedLogged.add(sampleId)) { // each epoch skips it again: warn once
+          LOG.warn("prep group {}: skipped {} (on_error skip): {}", order.group, order.sample(sampleId),
+              s.get("reason").asText());
+        }
+        s.put("epoch", epoch);
+        s.put("batch", batch);
+        skippedRecent.addLast(s);
+        if (skippedRecent.size() > SKIPPED_HISTORY) {
+          skippedRecent.removeFirst();
+        }
+      }
+    }
+  }
+
+  @Override
+  public void describe(ObjectNode join) {
+    ArrayNode shape = join.putArray("shape");
+    for (int s : pipeline.sampleShape()) {
+      shape.add(s);
+    }
+    join.put("dtype", pipeline.dtype().wire());
+    join.put("layout", pipeline.layout().name());
+    join.put("on_error", pipeline.decode().onError().wire());
+  }
+
+  @Override
+  public void stats(ObjectNode o) {
+    o.put("on_error", pipeline.decode().onError().wire());
+    o.put("samples_skipped", samplesSkipped);
+    ArrayNode sk = o.putArray("skipped");
+    skippedRecent.forEach(sk::add);
+  }
+}

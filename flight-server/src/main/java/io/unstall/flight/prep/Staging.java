@@ -1,0 +1,318 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.shm.SharedMemory;
+import io.unstall.flight.shm.ShmBuffer;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.TimeUnit;
+import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.flight.FlightRuntimeException;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VectorLoader;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.VectorUnloader;
+import org.apache.arrow.vector.ipc.message.ArrowFieldNode;
+import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * A group's bounded staging: its own child allocator (limit: the group's staging bytes), the prepared batches by
+ * position until every member's cursor has passed them, the failures members are told about, the /dev/shm files of
+ * shared-memory groups, and the sends still holding staged buffers. What may be prepared ahead is the window; the
+ * allocator's limit bounds the bytes whatever the window. Guarded by the group lock, but for the allocator, which
+ * sources allocate from as they prepare.
+ */
+final class Staging {
+  private static final Logger LOG = LoggerFactory.getLogger(Staging.class);
+  /** Default staging of groups whose batch size is known only when members upload (external groups). */
+  static final long UPLOAD_STAGING = 256L << 20;
+
+  /** The staging limit and window a group gets for what it asked and what a batch costs. */
+  record Size(long limit, int window) {}
+
+  private final String group;
+  private final GroupLock lock;
+  private final BufferAllocator alloc;
+  private final long limit;
+  private final Path shmDir; // null: prepared tensors live in ordinary Arrow memory
+  private int window;
+  private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
+  private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
+  private final Map<Long, String> shmPaths = new HashMap<>();
+  private int stagedPeak;
+  private int inFlight; // sends holding views of staged batches
+  private boolean freed;
+
+  /**
+   * Sizes staging for a source: {@code staging_bytes} if given, else what {@code window} batches need (times
+   * {@link #AUTOTUNE_HEADROOM} when the window is tuned; for uploads: {@link #UPLOAD_STAGING}), within the sidecar's
+   * prep budget {@code parentLimit}; the window shrinks to what the limit holds.
+   */
+  static Size size(BatchSource source, PrepGroup.Settings requested, long parentLimit, int batchSize) {
+    long perBatch = source.batchBytes();
+    long fixed = source.workingBytes();
+    boolean uploads = perBatch == 0;
+    long staging = requested.stagingBytes() > 0
+        ? requested.stagingBytes()
+        : Math.min(parentLimit, uploads ? UPLOAD_STAGING : fixed + perBatch * requested.window() * headroom(requested));
+    if (staging > parentLimit) {
+      throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
+          + " exceeds the sidecar's prep staging budget of " + parentLimit + " bytes").toRuntimeException();
+    }
+    if (uploads) {
+      return new Size(staging, requested.window()); // uploads wait for room in staging_bytes instead
+    }
+    if (fixed + perBatch > staging) {
+      throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
+          + " cannot hold one batch (" + (fixed + perBatch) + " bytes for batch_size " + batchSize
+          + source.describeOutput() + "); raise staging_bytes or lower batch_size").toRuntimeException();
+    }
+    return new Size(staging, (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch)));
+  }
+
+  /** How many times the window's batches default staging holds: room for the autotuner to grow the window. */
+  static int headroom(PrepGroup.Settings requested) {
+    return requested.tunesWindow() ? AUTOTUNE_HEADROOM : 1;
+  }
+
+  /** Default staging of a group whose window is tuned: this many times what its starting window needs. */
+  static final int AUTOTUNE_HEADROOM = 2;
+  /** The largest window ever. */
+  static final int MAX_WINDOW = 1024;
+
+  Staging(String group, String allocatorName, BufferAllocator parent, Size size, Path shmDir, GroupLock lock) {
+    this.group = group;
+    this.lock = lock;
+    this.limit = size.limit();
+    this.window = size.window();
+    this.shmDir = shmDir;
+    this.alloc = parent.newChildAllocator(allocatorName, 0, size.limit());
+  }
+
+  /** A fresh /dev/shm directory for a shared-memory group, or null (none here, or it could not be made). */
+  static Path sharedMemory(String group) {
+    if (!SharedMemory.available()) {
+      return null;
+    }
+    try {
+      return SharedMemory.create(PrepService.SHM_PREFIX).dir();
+    } catch (IOException e) {
+      LOG.warn("prep group {}: no shared memory ({}); members get batches over Flight", group, e.toString());
+      return null;
+    }
+  }
+
+  BufferAllocator allocator() {
+    return alloc;
+  }
+
+  long limit() {
+    return limit;
+  }
+
+  /** Positions that may be prepared ahead of the slowest member. Caller holds the lock. */
+  int window() {
+    return window;
+  }
+
+  /** Sets the window (the autotuner). Caller holds the lock. */
+  void window(int w) {
+    window = w;
+    lock.changed();
+  }
+
+  /** The largest window this staging holds for {@code source}'s batches. */
+  int maxWindow(BatchSource source) {
+    long perBatch = source.batchBytes();
+    return perBatch == 0 ? MAX_WINDOW
+        : (int) Math.max(1, Math.min(MAX_WINDOW, (limit - source.workingBytes()) / perBatch));
+  }
+
+  /**
+   * Whether a window of {@code w} fits: its batches within this group's limit, and one more batch within what the
+   * sidecar's prep budget (shared by every group) has left.
+   */
+  boolean roomForWindow(int w, BatchSource source) {
+    BufferAllocator parent = alloc.getParentAllocator();
+    return w <= maxWindow(source)
+        && parent.getLimit() - parent.getAllocatedMemory() >= Math.max(source.batchBytes(), 1);
+  }
+
+  boolean shm() {
+    return shmDir != null;
+  }
+
+  long allocated() {
+    return alloc.getAllocatedMemory();
+  }
+
+  boolean has(long pos) {
+    return staged.containsKey(pos);
+  }
+
+  VectorSchemaRoot get(long pos) {
+    return staged.get(pos);
+  }
+
+  String shmPath(long pos) {
+    return shmPaths.get(pos);
+  }
+
+  FlightRuntimeException failure(long pos) {
+    return failed.get(pos);
+  }
+
+  /** Members asking for {@code pos} get this error. Caller holds the lock. */
+  void fail(long pos, FlightRuntimeException e) {
+    failed.put(pos, e);
+    lock.changed();
+  }
+
+  /**
+   * Stages a prepared batch, or frees it when nobody will read it (every member past it, or the group closed).
+   * Caller holds the lock.
+   */
+  void put(long pos, VectorSchemaRoot root, long minCursor, boolean closed) {
+    if (closed || pos < minCursor) {
+      root.close();
+    } else {
+      staged.put(pos, root);
+      stagedPeak = Math.max(stagedPeak, staged.size());
+    }
+    lock.changed();
+  }
+
+  /**
+   * Takes an uploaded batch's buffers into this allocator (and, for a shared-memory group, its tensor into a
+   * /dev/shm file) and stages it; returns its rows, or -1 when /dev/shm could not take it (nothing staged).
+   * Caller holds the lock.
+   */
+  int adopt(VectorSchemaRoot in, long pos, long minCursor, int sampleBytes) {
+    VectorSchemaRoot copy = VectorSchemaRoot.create(in.getSchema(), alloc);
+    for (int i = 0; i < in.getFieldVectors().size(); i++) {
+      in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
+    }
+    copy.setRowCount(in.getRowCount());
+    if (shmDir != null) {
+      try {
+        toSharedMemory(copy, pos, sampleBytes);
+      } catch (IOException | RuntimeException e) { // /dev/shm full
+        copy.close();
+        LOG.warn("prep group {}: batch at {} could not be staged in shared memory ({})", group, pos, e.toString());
+        return -1;
+      }
+    }
+    int rows = copy.getRowCount();
+    put(pos, copy, minCursor, false);
+    return rows;
+  }
+
+  /**
+   * Gives the tensor column of a batch being prepared at {@code pos} its buffers: ordinary memory, or a /dev/shm file
+   * mapped here and counted by the staging allocator like any other. Called without the lock.
+   */
+  void allocateTensor(FixedSizeBinaryVector tensor, long pos, int n, long sampleBytes) throws IOException {
+    if (shmDir == null) {
+      tensor.allocateNew(n);
+      return;
+    }
+    ShmBuffer shm = ShmBuffer.create(shmDir.resolve(group + "-" + pos), (long) n * sampleBytes, false);
+    try (ArrowBuf data = alloc.wrapForeignAllocation(shm);
+        ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
+      validity.setZero(0, validity.capacity());
+      tensor.loadFieldBuffers(new ArrowFieldNode(n, 0), List.of(validity, data));
+    }
+    synchronized (lock) {
+      shmPaths.put(pos, shm.path().toString());
+    }
+  }
+
+  /** Moves an uploaded batch's tensor column into a /dev/shm file, as {@link #allocateTensor} makes prepared ones. */
+  private void toSharedMemory(VectorSchemaRoot r, long pos, int sampleBytes) throws IOException {
+    FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) r.getVector(PrepSchema.TENSOR);
+    int n = r.getRowCount();
+    long bytes = (long) n * sampleBytes;
+    ShmBuffer shm = ShmBuffer.create(shmDir.resolve(group + "-" + pos), bytes, false);
+    try (ArrowBuf data = alloc.wrapForeignAllocation(shm);
+        ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
+      data.setBytes(0, tensor.getDataBuffer(), 0, bytes);
+      validity.setZero(0, validity.capacity());
+      validity.setBytes(0, tensor.getValidityBuffer(), 0, (n + 7) / 8);
+      tensor.loadFieldBuffers(new ArrowFieldNode(n, tensor.getNullCount()), List.of(validity, data));
+    }
+    shmPaths.put(pos, shm.path().toString());
+  }
+
+  /**
+   * A root over the staged batch's buffers (reference counted), for one send without copies; the send ends with
+   * {@link #sent}. Caller holds the lock.
+   */
+  VectorSchemaRoot share(long pos) {
+    VectorSchemaRoot src = staged.get(pos);
+    VectorSchemaRoot view = VectorSchemaRoot.create(src.getSchema(), alloc);
+    try (ArrowRecordBatch rb = new VectorUnloader(src).getRecordBatch()) {
+      new VectorLoader(view).load(rb);
+    }
+    inFlight++;
+    return view;
+  }
+
+  /** A send started by {@link #share} is over. Caller holds the lock. */
+  void sent() {
+    inFlight--;
+  }
+
+  /** Frees every staged batch below {@code minCursor} (every member is past it), and its failures. */
+  void release(long minCursor) {
+    while (!staged.isEmpty() && staged.firstKey() < minCursor) {
+      shmPaths.remove(staged.firstKey());
+      staged.pollFirstEntry().getValue().close();
+    }
+    failed.keySet().removeIf(p -> p < minCursor);
+  }
+
+  /** Waits for sends still holding staged buffers, then frees everything and closes the allocator (once). */
+  void free() {
+    synchronized (lock) {
+      if (freed) {
+        return;
+      }
+      freed = true;
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+      while (inFlight > 0 && System.nanoTime() < deadline) {
+        try {
+          lock.await(10);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          break;
+        }
+      }
+      staged.values().forEach(VectorSchemaRoot::close);
+      staged.clear();
+      shmPaths.clear();
+    }
+    try {
+      alloc.close();
+    } catch (RuntimeException e) {
+      LOG.warn("prep group {}: {}", group, e.getMessage());
+    }
+  }
+
+  /** Caller holds the lock. */
+  void stats(ObjectNode o, boolean closed) {
+    o.put("window", window);
+    o.put("staging_limit_bytes", limit);
+    o.put("staging_allocated_bytes", closed ? 0 : alloc.getAllocatedMemory());
+    o.put("staging_peak_bytes", alloc.getPeakMemoryAllocation());
+    o.put("staged_batches", staged.size());
+    o.put("staged_batches_peak", stagedPeak);
+  }
+}
