@@ -13,6 +13,14 @@ from typing import Callable, Iterator
 
 import pytest
 
+# TensorFlow and triton (which torchvision's ops import through torch._dynamo) each bundle LLVM; loading
+# triton after TensorFlow aborts the process ("Option ... registered more than once"). Test modules import
+# TensorFlow at collection, so torchvision goes first, here.
+try:
+    import torchvision.ops  # noqa: F401
+except ImportError:
+    pass
+
 sys.path.insert(0, str(Path(__file__).parent))
 # Test this checkout's shim even if the venv's editable install points at another clone.
 _SRC = str(Path(__file__).resolve().parents[2] / "python-shim" / "src")
