@@ -46,6 +46,7 @@ import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorLoader;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.VectorUnloader;
+import org.apache.arrow.vector.compression.CompressionUtil;
 import org.apache.arrow.vector.ipc.message.ArrowFieldNode;
 import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
 import org.apache.arrow.vector.types.pojo.Schema;
@@ -160,6 +161,8 @@ final class PrepGroup {
   private final Map<Long, Claim> claimedBy = new HashMap<>(); // external groups: position -> producing member
   private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
   private long claimsExpired;
+  private long claimsReleased; // given back by their member (a worker process died or its transform raised)
+  private final CompressedBatches compressed; // LZ4/ZSTD copies of staged batches for members that asked
   private final Map<Long, Long> producedBy = new HashMap<>(); // external groups: member -> batches uploaded
   private final Map<Long, Worker> workers = new LinkedHashMap<>(); // remote prep workers enlisted now
   private final Map<Long, Claim> workerClaims = new HashMap<>(); // position -> the remote worker preparing it
@@ -261,6 +264,7 @@ final class PrepGroup {
         requested.joinTimeoutNanos(), shm != null);
     this.schema = pipeline == null ? BatchSchema.SCHEMA : PrepSchema.of(pipeline);
     this.alloc = parent.newChildAllocator((replica ? "prep-worker-" : "prep-group-") + id, 0, staging);
+    this.compressed = new CompressedBatches(id, parent, staging);
     this.liveProducers = external || replica ? 0 : PRODUCERS;
     for (int i = 0; i < liveProducers; i++) {
       Thread t = new Thread(this::produceLoop, "unstall-prep-" + id + "-" + i);
@@ -450,6 +454,7 @@ final class PrepGroup {
     gone.put(m.id, why);
     releaseConsumed();
     claimedBy.values().removeIf(c -> c.member() == m.id); // another member prepares what it had claimed
+    compressed.removeMember(m.id);
     if (members.isEmpty() && started) {
       closed = true; // the producers free everything on their way out
       if (external) {
@@ -484,6 +489,7 @@ final class PrepGroup {
       shmPaths.remove(staged.firstKey());
       staged.pollFirstEntry().getValue().close();
     }
+    compressed.freeBelow(min);
     failed.keySet().removeIf(p -> p < min);
     expiredClaims.keySet().removeIf(p -> p < min);
     expiredWorkerClaims.keySet().removeIf(p -> p < min);
@@ -814,6 +820,7 @@ final class PrepGroup {
       shmPaths.clear();
     }
     try {
+      compressed.close();
       alloc.close();
     } catch (RuntimeException e) {
       LOG.warn("prep group {}: {}", id, e.getMessage());
@@ -1036,8 +1043,14 @@ final class PrepGroup {
       inFlight++;
     }
     boolean sent = false;
+    ArrowRecordBatch compressedSend = null; // the compressed batch sent instead of the view's buffers
     try {
-      listener.start(view);
+      CompressionUtil.CodecType codec = compressed.of(t.member());
+      if (codec == null) {
+        listener.start(view);
+      } else {
+        compressedSend = compressed.send(listener, view, pos, codec);
+      }
       long deadline = waitDeadline();
       while (!listener.isReady() && !listener.isCancelled()) {
         checkDeadline(deadline, "member " + t.member() + " to take " + at(pos));
@@ -1050,6 +1063,9 @@ final class PrepGroup {
       }
     } finally {
       view.close();
+      if (compressedSend != null) {
+        compressedSend.close();
+      }
       synchronized (this) {
         inFlight--;
         Member m = members.get(t.member());
@@ -1212,13 +1228,7 @@ final class PrepGroup {
             claimedBy.put(pos, new Claim(m.id, System.nanoTime()));
             expiredClaims.remove(pos, m.id);
             o.put("state", "produce");
-            ArrayNode ids = o.putArray("ids");
-            int from = (int) (pos % numBatches) * key.batchSize();
-            int to = Math.min(from + key.batchSize(), numSamples);
-            int[] order = order(pos / numBatches);
-            for (int i = from; i < to; i++) {
-              ids.add(order[i]);
-            }
+            putIds(o, pos);
             return o;
           }
           if (cancelled.getAsBoolean()) {
@@ -1239,6 +1249,114 @@ final class PrepGroup {
         m.waiting--;
       }
     }
+  }
+
+  /** The sample ids of batch position {@code pos}, in order, as the {@code "ids"} array of a claim's answer. */
+  private void putIds(ObjectNode o, long pos) {
+    ArrayNode ids = o.putArray("ids");
+    int from = (int) (pos % numBatches) * key.batchSize();
+    int to = Math.min(from + key.batchSize(), numSamples);
+    int[] order = order(pos / numBatches);
+    for (int i = from; i < to; i++) {
+      ids.add(order[i]);
+    }
+  }
+
+  /**
+   * DataLoader worker processes of an external group's members ({@code prep.claim} with {@code "next": true}): the
+   * lowest batch of {@code epoch}, from the member's cursor on, that nobody has staged or claimed and that lies within
+   * the window ({@code "produce"} with its {@code "batch"} and {@code "ids"}). Unlike {@link #claim} it does not move
+   * the member's cursor (its main process reads in order), so one member's workers hold several claims at once.
+   * {@code "done"}: every batch of the epoch from the cursor on is staged; {@code "wait"}: none was free within
+   * {@code waitNanos} (ask again: a claim may still be given back).
+   */
+  ObjectNode claimNext(long memberId, long epoch, long waitNanos, BooleanSupplier cancelled)
+      throws InterruptedException {
+    requireExternal("prep.claim");
+    synchronized (this) {
+      Member m = member(memberId);
+      long first = epoch * numBatches;
+      long end = Math.min(first + numBatches, m.endPos);
+      if (end <= m.startPos) {
+        throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + ": member " + m.id + " reads epochs "
+            + m.startPos / numBatches + " to " + (m.endPos - 1) / numBatches + ", not " + epoch).toRuntimeException();
+      }
+      long deadline = System.nanoTime() + waitNanos;
+      m.waiting++;
+      try {
+        while (true) {
+          long now = System.nanoTime();
+          maybeStart(now);
+          boolean done = true;
+          long limit = Math.min(end, minCursor() + window);
+          for (long pos = Math.max(first, m.cursor); pos < end && (done || pos < limit); pos++) {
+            if (staged.containsKey(pos)) {
+              continue;
+            }
+            done = false;
+            if (started && pos < limit && !claimedBy.containsKey(pos)) {
+              claimedBy.put(pos, new Claim(m.id, now));
+              expiredClaims.remove(pos, m.id);
+              ObjectNode o = JsonNodeFactory.instance.objectNode().put("v", 1).put("state", "produce")
+                  .put("epoch", epoch).put("batch", pos - first);
+              putIds(o, pos);
+              return o;
+            }
+          }
+          if (done || now >= deadline) {
+            return JsonNodeFactory.instance.objectNode().put("v", 1).put("state", done ? "done" : "wait");
+          }
+          if (cancelled.getAsBoolean()) {
+            throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
+          }
+          if (!members.containsKey(m.id)) {
+            member(m.id);
+          }
+          if (closed) {
+            throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed").toRuntimeException();
+          }
+          m.lastSeen = now;
+          wait(10);
+        }
+      } finally {
+        m.waiting--;
+      }
+    }
+  }
+
+  /**
+   * A member gives back its claim on batch {@code (epoch, batch)} ({@code prep.release}): its worker process died or
+   * its transform raised, so another worker or member makes the batch. False when it held no such claim (expired).
+   */
+  synchronized boolean release(long memberId, long epoch, long batch, String reason) {
+    requireExternal("prep.release");
+    Member m = member(memberId);
+    long pos = epoch * numBatches + batch;
+    Claim c = claimedBy.get(pos);
+    if (c == null || c.member() != m.id) {
+      return false;
+    }
+    claimedBy.remove(pos);
+    claimsReleased++;
+    LOG.info("prep group {}: member {} gave back its claim on epoch {} batch {} ({}); another may make it", id, m.id,
+        epoch, batch, reason.isEmpty() ? "no reason given" : reason);
+    notifyAll();
+    return true;
+  }
+
+  private void requireExternal(String action) {
+    if (!external) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + " is prepared by the sidecar; " + action
+          + " is for groups joined with {\"python\": fingerprint}").toRuntimeException();
+    }
+  }
+
+  /** Sets (or clears) the Arrow IPC body compression of the batches {@code member} reads over Flight. */
+  void setCompression(long memberId, CompressionUtil.CodecType codec) {
+    synchronized (this) {
+      member(memberId);
+    }
+    compressed.setMember(memberId, codec);
   }
 
   /** Stages a batch a member prepared (DoPut): its ids must be the claimed batch's, its size within staging. */
@@ -1390,8 +1508,10 @@ final class PrepGroup {
     o.put("fetch_seconds", fetchNanos.get() / 1e9); // of which: assembling the raw batch (cache or storage)
     o.put("decode_cpu_seconds", prepCpuNanos.get() / 1e9); // CPU time of decode + augment on the prep threads
     o.put("threads", threads);
+    compressed.stats(o);
     if (external) {
       o.put("claims_expired", claimsExpired);
+      o.put("claims_released", claimsReleased);
     }
     ObjectNode per = o.putObject("batches_prepared_per_epoch");
     preparedPerEpoch.forEach((e, c) -> per.put(Long.toString(e), c));
