@@ -102,7 +102,8 @@ def _go() -> None:
     sys.stdin.readline()
 
 
-def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str) -> dict[str, Any]:
+def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str,
+                compression: Optional[str] = None, python_workers: int = 0) -> dict[str, Any]:
     import torch
     import unstall
     from unstall import prep
@@ -112,8 +113,17 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
     pipe = prep.imagenet_train(SIZE, dtype=dtype)
     _go()  # joining is on the clock: the group starts preparing only once all k joined
     t0, c0, n = time.time(), _cpu(), 0
-    loader = prep.PrepLoader("bench", pipe, batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client,
-                             window=4, transport=transport)
+    common = dict(batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client, transport=transport,
+                  compression=compression)
+    if python_workers:  # torchvision transforms in DataLoader worker processes, shared through the group
+        from torchvision import transforms
+
+        tf = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
+                                 transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+        loader: Any = prep.SharedTransformLoader("bench", tf, fingerprint="bench-rrc-flip-norm",
+                                                 num_workers=python_workers, **common)
+    else:
+        loader = prep.PrepLoader("bench", pipe, window=4, **common)
     for images, labels in loader:
         n += images.shape[0]
         checksum = float(images.sum())  # read every byte, as the copy to the GPU would
@@ -234,6 +244,10 @@ def main() -> None:
     ap.add_argument("--systems", default="unstall,torch,tf")
     ap.add_argument("--dtype", default="float32", help="unstall output dtype: float32 (normalized) or uint8")
     ap.add_argument("--transport", default="auto", help="unstall: auto (shared memory on this host), shm, flight")
+    ap.add_argument("--compression", choices=("lz4", "zstd"), help="unstall over Flight: Arrow IPC body compression")
+    ap.add_argument("--python-transforms", type=int, default=0, metavar="W",
+                    help="unstall: torchvision transforms in W DataLoader worker processes per job, shared through "
+                         "the group (SharedTransformLoader), instead of the sidecar's pipeline")
     ap.add_argument("--job")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
@@ -242,7 +256,8 @@ def main() -> None:
 
     if args.job:
         if args.job == "unstall":
-            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport)  # same seed: one group
+            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport,  # same seed: one group
+                            args.compression, args.python_transforms)
         elif args.job == "torch":
             r = job_torch(args.data, args.seed)
         else:
@@ -260,7 +275,8 @@ def main() -> None:
     print(f"# unstall coordinated-prep benchmark, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"# {platform.node()}: {os.cpu_count()} cores; {len(files)} JPEGs 500x375, {avg_kb:.0f} KB avg; "
           f"batch {BATCH}; RandomResizedCrop {SIZE} + flip + normalize; unstall output {args.dtype}, "
-          f"transport {args.transport}; every job reads every byte of every batch (a sum)")
+          f"transport {args.transport}, compression {args.compression}, python transforms in "
+          f"{args.python_transforms} workers per job; every job reads every byte of every batch (a sum)")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=str(REPO / "python-shim" / "src"))
     table: dict[tuple[str, int], dict[str, float]] = {}
@@ -273,7 +289,9 @@ def main() -> None:
                              java_options=["-XX:MaxDirectMemorySize=3g"]) as sidecar:
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
-            extra = ["--location", sidecar.flight_location, "--dtype", args.dtype, "--transport", args.transport]
+            extra = ["--location", sidecar.flight_location, "--dtype", args.dtype, "--transport", args.transport,
+                     "--python-transforms", str(args.python_transforms)]
+            extra += ["--compression", args.compression] if args.compression else []
             run_jobs("unstall", 1, data, extra + ["--k", "1"], env_u)  # warm-up: JIT, the cache
             for k in ks:
                 c0 = proc_cpu(sidecar.pid)
@@ -282,7 +300,7 @@ def main() -> None:
                 with sidecar.flight_client() as c:
                     g = json.loads(c.do_action("prep.stats")[0])["groups"][res[0]["group"]]
                 table[("unstall", k)]["prepared"] = g["samples_prepared"]
-                if k == 1:
+                if k == 1 and g["decode_cpu_seconds"]:
                     decode_ratio = g["samples_prepared"] / g["decode_cpu_seconds"]
     for kind in ("torch", "tf"):
         if kind in systems:
