@@ -229,7 +229,9 @@ def tjbench_rate(data: Path, samples: int = 4) -> Optional[float]:
         return None
     rates = []
     for f in sorted(data.rglob("*.jpg"))[:samples]:
-        p = subprocess.run([exe, str(f), "-benchtime", "2", "-warmup", "1"], capture_output=True, text=True)
+        # -nowrite: tjbench would otherwise write <name>_full.ppm next to the image, into the dataset
+        p = subprocess.run([exe, str(f), "-benchtime", "2", "-warmup", "1", "-nowrite"], capture_output=True,
+                           text=True)
         m = re.search(r"Decompress\s+-->\s+Frame rate:\s+([\d.]+)", p.stdout)
         if m:
             rates.append(float(m.group(1)))

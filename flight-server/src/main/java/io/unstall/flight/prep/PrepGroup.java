@@ -1231,15 +1231,7 @@ final class PrepGroup {
             putIds(o, pos);
             return o;
           }
-          if (cancelled.getAsBoolean()) {
-            throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
-          }
-          if (!members.containsKey(m.id)) {
-            member(m.id);
-          }
-          if (closed) {
-            throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed").toRuntimeException();
-          }
+          checkClaimerStays(m, cancelled);
           checkDeadline(deadline, at(pos) + (!started ? " (the group has not started: group_size not reached)"
               : claimedBy.containsKey(pos) ? claimer(pos) : " to come within the window of the slowest member"));
           m.lastSeen = System.nanoTime();
@@ -1306,15 +1298,7 @@ final class PrepGroup {
           if (done || now >= deadline) {
             return JsonNodeFactory.instance.objectNode().put("v", 1).put("state", done ? "done" : "wait");
           }
-          if (cancelled.getAsBoolean()) {
-            throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
-          }
-          if (!members.containsKey(m.id)) {
-            member(m.id);
-          }
-          if (closed) {
-            throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed").toRuntimeException();
-          }
+          checkClaimerStays(m, cancelled);
           m.lastSeen = now;
           wait(10);
         }
@@ -1357,6 +1341,19 @@ final class PrepGroup {
       member(memberId);
     }
     compressed.setMember(memberId, codec);
+  }
+
+  /** A claim that waits ends when its call is cancelled, its member is gone (naming why) or the group closed. */
+  private void checkClaimerStays(Member m, BooleanSupplier cancelled) {
+    if (cancelled.getAsBoolean()) {
+      throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
+    }
+    if (!members.containsKey(m.id)) {
+      member(m.id);
+    }
+    if (closed) {
+      throw CallStatus.UNAVAILABLE.withDescription("prep group " + id + " closed").toRuntimeException();
+    }
   }
 
   /** Stages a batch a member prepared (DoPut): its ids must be the claimed batch's, its size within staging. */
