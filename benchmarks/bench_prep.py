@@ -107,7 +107,8 @@ def _go() -> None:
 
 
 def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str,
-                window: Optional[int]) -> dict[str, Any]:
+                window: Optional[int], compression: Optional[str] = None,
+                python_workers: int = 0) -> dict[str, Any]:
     import torch
     import unstall
     from unstall import prep
@@ -117,8 +118,17 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
     pipe = prep.imagenet_train(SIZE, dtype=dtype)
     _go()  # joining is on the clock: the group starts preparing only once all k joined
     t0, c0, n = time.time(), _cpu(), 0
-    loader = prep.PrepLoader("bench", pipe, batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client,
-                             window=window, transport=transport)
+    common = dict(batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client, transport=transport,
+                  compression=compression)
+    if python_workers:  # torchvision transforms in DataLoader worker processes, shared through the group
+        from torchvision import transforms
+
+        tf = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
+                                 transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+        loader: Any = prep.SharedTransformLoader("bench", tf, fingerprint="bench-rrc-flip-norm",
+                                                 num_workers=python_workers, **common)
+    else:
+        loader = prep.PrepLoader("bench", pipe, window=window, **common)
     for images, labels in loader:
         n += images.shape[0]
         checksum = float(images.sum())  # read every byte, as the copy to the GPU would
@@ -254,6 +264,10 @@ def main() -> None:
                          "shm, flight; dtype float32 (normalized), uint8, float16, bfloat16)")
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)  # a job's own
     ap.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
+    ap.add_argument("--compression", choices=("lz4", "zstd"), help="unstall over Flight: Arrow IPC body compression")
+    ap.add_argument("--python-transforms", type=int, default=0, metavar="W",
+                    help="unstall: torchvision transforms in W DataLoader worker processes per job, shared through "
+                         "the group (SharedTransformLoader), instead of the sidecar's pipeline")
     ap.add_argument("--job")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
@@ -263,8 +277,8 @@ def main() -> None:
 
     if args.job:
         if args.job == "unstall":
-            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport,
-                            args.window)  # same seed: one group
+            r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport,  # same seed: one group
+                            args.window, args.compression, args.python_transforms)
         elif args.job == "torch":
             r = job_torch(args.data, args.seed)
         else:
@@ -281,7 +295,8 @@ def main() -> None:
     systems = args.systems.split(",")
     print(f"# unstall coordinated-prep benchmark, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"# {platform.node()}: {os.cpu_count()} cores; {len(files)} JPEGs 500x375, {avg_kb:.0f} KB avg; "
-          f"batch {BATCH}; RandomResizedCrop {SIZE} + flip + normalize; unstall configurations {args.unstall}; "
+          f"batch {BATCH}; RandomResizedCrop {SIZE} + flip + normalize; unstall configurations {args.unstall}, "
+          f"compression {args.compression}, python transforms in {args.python_transforms} workers per job; "
           "every job reads every byte of every batch (a sum)")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=str(REPO / "python-shim" / "src"))
@@ -298,6 +313,8 @@ def main() -> None:
             extra = ["--location", sidecar.flight_location, "--dtype", dtype, "--transport", transport]
             if args.window is not None:
                 extra += ["--window", str(args.window)]
+            extra += ["--python-transforms", str(args.python_transforms)]
+            extra += ["--compression", args.compression] if args.compression else []
             run_jobs("unstall", 1, data, extra + ["--k", "1"], env_u)  # warm-up: JIT, the cache
             for k in ks:
                 c0 = proc_cpu(sidecar.pid)
@@ -308,7 +325,7 @@ def main() -> None:
                 g = st["groups"][res[0]["group"]]
                 row["prepared"] = g["samples_prepared"]
                 row["decoder"] = st["decode"]["decoder"]
-                if k == ks[0]:
+                if k == ks[0] and g["decode_cpu_seconds"]:
                     row["per_core"] = g["samples_prepared"] / g["decode_cpu_seconds"]
                 table[(f"unstall {transport} {dtype}", k)] = row
     for kind in ("torch", "tf"):
@@ -338,7 +355,7 @@ def main() -> None:
     print("|---|---|---|")
     for t, d in configs:
         r = table.get((f"unstall {t} {d}", ks[0]))
-        if r is not None and tj:
+        if r is not None and tj and "per_core" in r:
             print(f"| sidecar pipeline per core ({t}, {d}, decoder {r['decoder']}) vs tjbench decode-only | "
                   f"{r['per_core']:.0f} / {tj:.0f} = {r['per_core'] / tj:.2f}x | >= 1.0x |")
     tf1 = table.get(("tf", 1))

@@ -141,6 +141,30 @@ def digest(a: np.ndarray) -> str:
 # Member processes
 
 
+class RecordingTransform:
+    """A transform run in DataLoader worker processes (pickled to them): appends its pid to ``DIR/pids`` per call.
+    ``hang``: the first call to create ``DIR/victim`` writes its pid there and blocks (the test kills it);
+    ``fail``: every call raises ValueError."""
+
+    def __init__(self, inner: Any, where: str, hang: bool = False, fail: bool = False) -> None:
+        self.inner, self.where, self.hang, self.fail = inner, where, hang, fail
+
+    def __call__(self, img: Any) -> Any:
+        with open(os.path.join(self.where, "pids"), "a") as f:
+            f.write(f"{os.getpid()}\n")
+        if self.fail:
+            raise ValueError("this transform refuses every image")
+        if self.hang:
+            try:
+                fd = os.open(os.path.join(self.where, "victim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return self.inner(img)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            wait_until(lambda: False, "the test to kill this worker", timeout=600)
+        return self.inner(img)
+
+
 def _member(location: str, out: str, framework: str, seed: int, group_size: int, epochs: int,
             member_timeout: float, kill_after: int, layout: str = "NCHW", transport: str = "auto") -> None:
     import unstall
@@ -189,7 +213,7 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
                 loss.backward()
                 opt.step()
                 note(epoch, ids.numpy(), images.numpy(), labels.numpy())
-    elif framework == "torch-py":  # Python-side transforms, shared through the group
+    elif framework in ("torch-py", "torch-pyw"):  # Python-side transforms, shared through the group
         import torch
         from torchvision import transforms
 
@@ -197,6 +221,10 @@ def _member(location: str, out: str, framework: str, seed: int, group_size: int,
                                   transforms.ToTensor(), transforms.Normalize((0.485, 0.456, 0.406),
                                                                               (0.229, 0.224, 0.225))])
         join.pop("transport")
+        if framework == "torch-pyw":  # in DataLoader worker processes: UNSTALL_TEST_WORKERS="w:DIR[:hang|:fail]"
+            w, where, *mode = os.environ["UNSTALL_TEST_WORKERS"].split(":")
+            tf_ = RecordingTransform(tf_, where, hang="hang" in mode, fail="fail" in mode)
+            join.update(num_workers=int(w), window=4)
         loader = prep.SharedTransformLoader("imgs", tf_, fingerprint="rrc32-flip-norm", with_ids=True, **join)
         record["info"] = loader.membership.info
         for _ in range(epochs):

@@ -412,6 +412,20 @@ class Membership:
         return self._at(epoch, index, lambda: json.loads(
             self.client.do_action("prep.claim", self._at_body(epoch, index), recover=False)[0]))
 
+    def claim_next(self, epoch: int) -> dict[str, Any]:
+        """DataLoader worker processes: the next batch of ``epoch`` nobody made or claimed yet (``{"state":
+        "produce", "batch", "ids"}``), ``{"state": "wait"}`` (ask again) or ``{"state": "done"}``. Unlike
+        :meth:`claim` it does not move this member's read position, so its workers hold several claims at once."""
+        body = json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "next": True}).encode()
+        return dict(json.loads(self.client.do_action("prep.claim", body, recover=False)[0]))
+
+    def release(self, epoch: int, index: int, reason: str = "") -> bool:
+        """Gives back this member's claim on a batch (its worker died or its transform raised): another worker or
+        member makes it. False when the claim was not held (it expired)."""
+        body = json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "batch": index,
+                           "reason": reason}).encode()
+        return bool(json.loads(self.client.do_action("prep.release", body, recover=False)[0]).get("released"))
+
     def _at_body(self, epoch: int, index: int) -> bytes:
         return json.dumps({"group": self.group, "member": self.member, "epoch": epoch, "batch": index}).encode()
 
@@ -463,6 +477,7 @@ def join(
     name: Optional[str] = None,
     transport: str = "auto",
     on_error: Optional[str] = None,
+    compression: Optional[str] = None,
     client: Optional[FlightClient] = None,
     sidecar: Any = None,
 ) -> Membership:
@@ -488,11 +503,17 @@ def join(
     aspect caps) does: ``"raise"`` (the batch fails, naming the sample) or ``"skip"`` (the sample is left out of
     its batch, which is then smaller; ``membership.skipped`` and the group's stats say which). It sets the
     pipeline's decode op (:func:`decode`), so it is part of the group's key.
+
+    ``compression``: ``"lz4"`` or ``"zstd"`` has the sidecar send this member's Flight batches with Arrow IPC body
+    compression (compressed once per batch for all such members; pyarrow decompresses on receipt). For remote
+    members on a slow link with uint8 output; on loopback or shared memory it only costs CPU (docs/PREP.md).
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if compression not in (None, "lz4", "zstd"):
+        raise ValueError(f"compression must be 'lz4', 'zstd' or None, got {compression!r}")
     if transport not in ("auto", "shm", "flight"):
         raise ValueError(f"transport must be 'auto', 'shm' or 'flight', got {transport!r}")
     if on_error is not None:
@@ -522,6 +543,8 @@ def join(
         body["autotune"] = False
     if staging_bytes is not None:
         body["staging_bytes"] = int(staging_bytes)
+    if compression is not None:
+        body["compression"] = compression
     if epochs is not None:
         body["epochs"] = int(epochs)
     if start_epoch is not None:
@@ -762,9 +785,15 @@ class SharedTransformLoader(_GroupLoader):
     """Python-side transforms, coordinated: members with the same ``fingerprint`` share the batches one of them
     made.
 
-    For each batch the member asks the sidecar (``prep.claim``); if nobody made it yet and it is this member's
-    turn, it fetches the raw samples, runs ``transform(loader(bytes))`` on its ``workers`` threads, stacks
-    them and uploads the batch; every member (the maker too) then reads the group's copy. ``fingerprint``
+    With ``num_workers=w > 0`` (torch's DataLoader names: ``worker_init_fn``, ``multiprocessing_context``,
+    ``persistent_workers``, ``prefetch_factor``) the member runs w worker processes
+    (:mod:`unstall.prep_workers`) that claim the group's next free batches as this member, fetch, run
+    ``transform(loader(bytes))`` and upload; the main process only reads the group's batches (``prefetch_factor *
+    w`` ahead), and re-raises a worker's error ("Caught X in DataLoader worker process N", naming the batch and
+    sample). With ``num_workers=0`` (the default) the main process makes its turns itself: for each batch it asks
+    the sidecar (``prep.claim``); if nobody made it yet and it is this member's turn, it fetches the raw samples,
+    runs the transforms on ``workers`` threads (deprecated: GIL-bound; use ``num_workers``), stacks them and
+    uploads the batch; every member (the maker too) then reads the group's copy. ``fingerprint``
     names the transforms: jobs that pass the same one promise the same transforms. A member that dies while
     making a batch is dropped after ``member_timeout`` and another one makes it. Yields ``(images, labels)``
     torch tensors (plus ``ids`` with ``with_ids=True``). Joined on first use; ``state_dict``/
@@ -779,7 +808,12 @@ class SharedTransformLoader(_GroupLoader):
         fingerprint: str,
         batch_size: int,
         loader: Any = None,
-        workers: int = 2,
+        workers: Optional[int] = None,
+        num_workers: int = 0,
+        worker_init_fn: Optional[Callable[[int], None]] = None,
+        multiprocessing_context: Any = None,
+        persistent_workers: bool = False,
+        prefetch_factor: int = 2,
         with_ids: bool = False,
         **join_kwargs: Any,
     ) -> None:
@@ -787,13 +821,30 @@ class SharedTransformLoader(_GroupLoader):
 
         if not fingerprint:
             raise ValueError("fingerprint (a name for the transforms, shared by the jobs that use them) is required")
+        if num_workers < 0 or prefetch_factor < 1:
+            raise ValueError(f"num_workers must be >= 0 and prefetch_factor >= 1, got {num_workers}, {prefetch_factor}")
+        if workers is not None:
+            if num_workers:
+                raise ValueError("workers= (threads of the main process) and num_workers= (worker processes) "
+                                 "exclude each other; use num_workers")
+            warnings.warn("SharedTransformLoader(workers=) runs the transforms on threads of the main process and is "
+                          "deprecated: use num_workers= (DataLoader-style worker processes)", DeprecationWarning,
+                          stacklevel=2)
         join_kwargs.setdefault("transport", "flight")
+        if num_workers:  # every worker busy: the window holds a claim per worker and what the reader prefetches
+            join_kwargs.setdefault("window", max(4, num_workers * prefetch_factor))
         super().__init__(dataset, {"python": fingerprint}, batch_size, join_kwargs)
         self.transform = transform
         self.loader = loader if loader is not None else _pil_rgb
         self.with_ids = with_ids
-        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="unstall-transform")
-        self.made = 0  # batches this member prepared for the group
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, workers or 2), thread_name_prefix="unstall-transform")
+        self.made = 0  # batches this member's main process prepared for the group (num_workers=0)
+        self.num_workers = num_workers
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self._workers: Any = None  # prep_workers.WorkerPool while running
 
     def _make(self, epoch: int, index: int, ids: Sequence[int]) -> None:
         import torch
@@ -806,24 +857,78 @@ class SharedTransformLoader(_GroupLoader):
         self.membership.upload(epoch, index, tensor_batch(images, labels, np.asarray(ids)))
         self.made += 1
 
-    def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
+    def _tensors(self, arr: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> Tuple[Any, ...]:
         import torch
 
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a view of the received buffer
+            out: Tuple[Any, ...] = (to_torch(arr, self.membership.dtype),
+                                    torch.from_numpy(np.array(labels, dtype=np.int64)))
+        return out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+
+    def _worker_batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
+        """``num_workers > 0``: the workers make the batches; a reader thread reads the group's copies in order."""
+        import queue as queue_mod
+
+        from . import prep_workers
+
+        m = self.membership
+        if self._workers is None:
+            spec = prep_workers.WorkerSpec(m.client, m.dataset, dict(m.info), self.transform, self.loader,
+                                           self.worker_init_fn)
+            ctx = self.multiprocessing_context or prep_workers.default_context()
+            self._workers = prep_workers.WorkerPool(m, spec, self.num_workers, ctx)
+        items: queue_mod.Queue[Any] = queue_mod.Queue(maxsize=self.prefetch_factor * self.num_workers + 1)
+        stop = threading.Event()
+
+        def read() -> None:
+            try:
+                for b in range(first, m.num_batches):
+                    if stop.is_set():
+                        return
+                    items.put(("batch", m.arrays(epoch, b)))
+            except Exception as e:  # the group's error (dropped, closed): raised in the loop
+                items.put(("failed", e))
+
+        self._workers.start_epoch(epoch, items)
+        threading.Thread(target=read, name="unstall-prep-reader", daemon=True).start()
+        try:
+            for _ in range(first, m.num_batches):
+                kind, payload = items.get()
+                if kind == "error":
+                    payload.reraise()
+                if kind == "failed":
+                    raise payload
+                yield self._tensors(*payload)
+        finally:
+            stop.set()
+            if not self.persistent_workers:
+                self._workers.close()
+                self._workers = None
+
+    def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
+        if self.num_workers:
+            yield from self._worker_batches(epoch, first)
+            self._close_after(epoch)
+            return
         m = self.membership
         for b in range(first, m.num_batches):
             r = m.claim(epoch, b)
             if r["state"] == "produce":
                 self._make(epoch, b, r["ids"])
-            arr, labels, ids = batch_to_numpy(m.batch(epoch, b))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # a view of the received buffer
-                out: Tuple[Any, ...] = (to_torch(arr, m.dtype), torch.from_numpy(np.array(labels, dtype=np.int64)))
-            yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+            yield self._tensors(*batch_to_numpy(m.batch(epoch, b)))
+        self._close_after(epoch)
+
+    def _close_after(self, epoch: int) -> None:
+        m = self.membership
         last = m.info.get("epochs")
         if last is not None and epoch >= m.start_epoch + int(last) - 1:
             self.close()
 
     def close(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
         super().close()
         self._pool.shutdown(wait=False)
 

@@ -38,6 +38,7 @@ final class MemberUploads implements BatchSource {
   private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
   private final Map<Long, Long> producedBy = new HashMap<>(); // member -> batches uploaded
   private long claimsExpired;
+  private long claimsReleased; // given back by their member (a worker process died or its transform raised)
 
   MemberUploads(BatchOrder order, Membership members, PrepCounts counts, PrepGroup.Limits limits, GroupLock lock) {
     this.order = order;
@@ -111,20 +112,92 @@ final class MemberUploads implements BatchSource {
         }
         return o;
       }
-      if (cancelled.getAsBoolean()) {
-        throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
-      }
-      if (!members.isMember(m.id)) {
-        members.member(m.id);
-      }
-      if (members.closed()) {
-        throw CallStatus.UNAVAILABLE.withDescription("prep group " + order.group + " closed").toRuntimeException();
-      }
+      checkClaimerStays(m, cancelled);
       limits.check(deadline, order.group, order.at(pos) + (!members.started()
           ? " (the group has not started: group_size not reached)"
           : claimedBy.containsKey(pos) ? claimer(pos) : " to come within the window of the slowest member"));
       m.lastSeen = System.nanoTime();
       lock.await(10);
+    }
+  }
+
+  /**
+   * DataLoader worker processes of a member ({@code prep.claim} with {@code "next": true}): the lowest batch of
+   * {@code epoch}, from the member's cursor on, that nobody has staged or claimed and that lies within the window
+   * ({@code "produce"} with its {@code "batch"} and {@code "ids"}). Unlike {@link #claim} it does not move the
+   * member's cursor (its main process reads in order), so one member's workers hold several claims at once.
+   * {@code "done"}: every batch of the epoch from the cursor on is staged; {@code "wait"}: none was free within
+   * {@code waitNanos} (ask again: a claim may still be given back). Caller holds the lock.
+   */
+  ObjectNode claimNext(Membership.Member m, long epoch, long waitNanos, BooleanSupplier cancelled)
+      throws InterruptedException {
+    long first = order.pos(epoch, 0);
+    long end = Math.min(first + order.numBatches, m.endPos);
+    if (end <= m.startPos) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + order.group + ": member " + m.id
+          + " reads epochs " + m.startPos / order.numBatches + " to " + (m.endPos - 1) / order.numBatches + ", not "
+          + epoch).toRuntimeException();
+    }
+    long deadline = System.nanoTime() + waitNanos;
+    while (true) {
+      long now = System.nanoTime();
+      members.maybeStart(now);
+      boolean done = true;
+      long limit = Math.min(end, members.minCursor() + staging.window());
+      for (long pos = Math.max(first, m.cursor); pos < end && (done || pos < limit); pos++) {
+        if (staging.has(pos)) {
+          continue;
+        }
+        done = false;
+        if (members.started() && pos < limit && !claimedBy.containsKey(pos)) {
+          claimedBy.put(pos, new Claim(m.id, now));
+          expiredClaims.remove(pos, m.id);
+          ObjectNode o = JsonNodeFactory.instance.objectNode().put("v", 1).put("state", "produce")
+              .put("epoch", epoch).put("batch", pos - first);
+          ArrayNode ids = o.putArray("ids");
+          for (int id : order.ids(pos)) {
+            ids.add(id);
+          }
+          return o;
+        }
+      }
+      if (done || now >= deadline) {
+        return JsonNodeFactory.instance.objectNode().put("v", 1).put("state", done ? "done" : "wait");
+      }
+      checkClaimerStays(m, cancelled);
+      m.lastSeen = now;
+      lock.await(10);
+    }
+  }
+
+  /**
+   * A member gives back its claim on {@code pos} ({@code prep.release}): its worker process died or its transform
+   * raised, so another worker or member makes the batch. False when it held no such claim (expired). Caller holds
+   * the lock.
+   */
+  boolean giveBack(Membership.Member m, long pos, String reason) {
+    Claim c = claimedBy.get(pos);
+    if (c == null || c.member() != m.id) {
+      return false;
+    }
+    claimedBy.remove(pos);
+    claimsReleased++;
+    LOG.info("prep group {}: member {} gave back its claim on {} ({}); another may make it", order.group, m.id,
+        order.at(pos), reason.isEmpty() ? "no reason given" : reason);
+    lock.changed();
+    return true;
+  }
+
+  /** A claim that waits ends when its call is cancelled, its member is gone (naming why) or the group closed. */
+  private void checkClaimerStays(Membership.Member m, BooleanSupplier cancelled) {
+    if (cancelled.getAsBoolean()) {
+      throw CallStatus.CANCELLED.withDescription("the call was cancelled").toRuntimeException();
+    }
+    if (!members.isMember(m.id)) {
+      members.member(m.id);
+    }
+    if (members.closed()) {
+      throw CallStatus.UNAVAILABLE.withDescription("prep group " + order.group + " closed").toRuntimeException();
     }
   }
 
@@ -216,6 +289,7 @@ final class MemberUploads implements BatchSource {
   @Override
   public void stats(ObjectNode o) {
     o.put("claims_expired", claimsExpired);
+    o.put("claims_released", claimsReleased);
     ObjectNode pb = o.putObject("batches_uploaded_by_member");
     producedBy.forEach((mem, c) -> pb.put(Long.toString(mem), c));
   }

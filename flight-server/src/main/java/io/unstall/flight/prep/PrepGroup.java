@@ -18,6 +18,8 @@ import org.apache.arrow.flight.FlightRuntimeException;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.vector.BigIntVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.compression.CompressionUtil;
+import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
 
 /**
  * One coordinated-prep group: the jobs that declared the same dataset, pipeline, seed, batch size, shuffle and
@@ -96,6 +98,7 @@ final class PrepGroup {
   private final Production production;
   private final RemoteWorkers workers;
   private final Autotuner tuner;
+  private final CompressedBatches compressed; // LZ4/ZSTD copies of staged batches for members that asked
   private final int threads;
 
   /**
@@ -124,6 +127,8 @@ final class PrepGroup {
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());
     this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, lock);
+    this.compressed = new CompressedBatches(id, parent, size.limit());
+    staging.freeWith(compressed);
     if (uploads != null) {
       uploads.bind(staging);
     }
@@ -233,6 +238,7 @@ final class PrepGroup {
    */
   private void afterRemoval(long memberId, boolean closedGroup) {
     release();
+    compressed.removeMember(memberId);
     if (source instanceof MemberUploads uploads) {
       uploads.memberGone(memberId);
     }
@@ -248,6 +254,7 @@ final class PrepGroup {
   private void release() {
     long min = members.minCursor();
     staging.release(min);
+    compressed.freeBelow(min);
     if (source instanceof MemberUploads uploads) {
       uploads.release(min);
     }
@@ -315,7 +322,16 @@ final class PrepGroup {
 
   /** Sends one staged batch (a view of it) on a DoGet stream; false when the member cancelled. No lock held. */
   private boolean send(ServerStreamListener listener, VectorSchemaRoot view, long member, long pos) {
-    listener.start(view);
+    CompressionUtil.CodecType codec = compressed.of(member);
+    try (ArrowRecordBatch sentCompressed = codec == null ? null : compressed.send(listener, view, pos, codec)) {
+      if (codec == null) {
+        listener.start(view);
+      }
+      return awaitAndPut(listener, member, pos);
+    }
+  }
+
+  private boolean awaitAndPut(ServerStreamListener listener, long member, long pos) {
     long deadline = limits.deadline();
     while (!listener.isReady() && !listener.isCancelled()) {
       limits.check(deadline, id, "member " + member + " to take " + order.at(pos));
@@ -435,6 +451,45 @@ final class PrepGroup {
     }
   }
 
+  /** DataLoader worker processes' claims ({@code prep.claim} with {@code "next": true}): see MemberUploads. */
+  ObjectNode claimNext(long memberId, long epoch, long waitNanos, BooleanSupplier cancelled)
+      throws InterruptedException {
+    MemberUploads uploads = uploads("prep.claim");
+    synchronized (lock) {
+      Membership.Member m = members.member(memberId);
+      m.waiting++;
+      try {
+        return uploads.claimNext(m, epoch, waitNanos, cancelled);
+      } finally {
+        m.waiting--;
+      }
+    }
+  }
+
+  /** A member gives back its claim on batch {@code (epoch, batch)} ({@code prep.release}); false if it held none. */
+  boolean release(long memberId, long epoch, long batch, String reason) {
+    MemberUploads uploads = uploads("prep.release");
+    synchronized (lock) {
+      return uploads.giveBack(members.member(memberId), order.pos(epoch, batch), reason);
+    }
+  }
+
+  /** Sets (or clears) the Arrow IPC body compression of the batches {@code member} reads over Flight. */
+  void setCompression(long memberId, CompressionUtil.CodecType codec) {
+    synchronized (lock) {
+      members.member(memberId);
+    }
+    compressed.setMember(memberId, codec);
+  }
+
+  private MemberUploads uploads(String action) {
+    if (!(source instanceof MemberUploads uploads)) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + " is prepared by the sidecar; " + action
+          + " is for groups joined with {\"python\": fingerprint}").toRuntimeException();
+    }
+    return uploads;
+  }
+
   /** Stages a batch a member prepared (DoPut): its ids must be the claimed batch's, its size within staging. */
   void upload(long memberId, long epoch, long batch, VectorSchemaRoot in, BooleanSupplier cancelled)
       throws InterruptedException {
@@ -519,6 +574,7 @@ final class PrepGroup {
       members.stats(o);
       workers.stats(o);
       tuner.stats(o);
+      compressed.stats(o);
       return o;
     }
   }

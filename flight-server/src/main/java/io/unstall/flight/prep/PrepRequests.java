@@ -3,6 +3,7 @@ package io.unstall.flight.prep;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
+import org.apache.arrow.vector.compression.CompressionUtil;
 
 /**
  * The JSON bodies of the {@code prep.*} actions and the descriptor command of a {@code prep.put} upload
@@ -52,6 +53,25 @@ final class PrepRequests {
 
   static At at(String action, JsonNode b) {
     return new At(group(b), memberOf(b), u32(action, b, "epoch"), u32(action, b, "batch"));
+  }
+
+  /** {@code prep.claim} with {@code "next": true}: a member's epoch (the batch is the sidecar's to pick; 0 here). */
+  static At epochOf(String action, JsonNode b) {
+    JsonNode e = b.get("epoch");
+    if (e == null || !e.isIntegralNumber() || !e.canConvertToLong() || e.asLong() < 0 || e.asLong() > MAX_U32) {
+      throw new IllegalArgumentException(action + ": \"epoch\" (an integer in 0.." + MAX_U32 + ") is required, got "
+          + e);
+    }
+    return new At(group(b), memberOf(b), e.asLong(), 0);
+  }
+
+  /** {@code prep.join}'s {@code "compression"}: {@code "lz4"}, {@code "zstd"}, or absent/null for none. */
+  static CompressionUtil.CodecType compression(JsonNode b) {
+    JsonNode c = b.get("compression");
+    if (c != null && !c.isNull() && !c.isTextual()) {
+      throw new IllegalArgumentException("prep.join: \"compression\" must be \"lz4\", \"zstd\" or null, got " + c);
+    }
+    return c == null || c.isNull() ? null : CompressedBatches.codec(c.asText());
   }
 
   /** The descriptor command of a DoPut upload: {@code {"prep.put":{"group","member","epoch","batch"}}}. */

@@ -28,6 +28,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.BooleanSupplier;
 import org.apache.arrow.flight.Action;
+import org.apache.arrow.vector.compression.CompressionUtil;
 import org.apache.arrow.flight.ActionType;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightDescriptor;
@@ -59,6 +60,7 @@ public final class PrepService implements AutoCloseable {
   public static final String ACTION_STATS = "prep.stats";
   public static final String ACTION_NEXT = "prep.next";
   public static final String ACTION_CLAIM = "prep.claim";
+  public static final String ACTION_RELEASE = "prep.release";
   /** Peer-port actions (cluster token) of remote prep workers: protocol/README.md, "Remote prep workers". */
   public static final String PEER_ENLIST = "peer.prep.enlist";
   public static final String PEER_CLAIM = "peer.prep.claim";
@@ -164,6 +166,7 @@ public final class PrepService implements AutoCloseable {
     listener.onNext(new ActionType(ACTION_LEAVE, "leave a group: {\"group\",\"member\"}"));
     listener.onNext(new ActionType(ACTION_NEXT, "shared-memory read: wait for a batch, get its /dev/shm file"));
     listener.onNext(new ActionType(ACTION_CLAIM, "external groups: wait for a batch or the turn to prepare it"));
+    listener.onNext(new ActionType(ACTION_RELEASE, "external groups: give back a claim another member should make"));
     listener.onNext(new ActionType(ACTION_STATS, "prep groups, staging memory and prepared/served counts as JSON"));
   }
 
@@ -174,8 +177,7 @@ public final class PrepService implements AutoCloseable {
   public byte[] doAction(Action action, BooleanSupplier cancelled, Principal caller) throws Exception {
     String type = action.getType();
     String out = switch (type) {
-      case ACTION_JOIN -> join(PrepRequests.join(PrepRequests.body(type, action.getBody()), decodeLimits), caller)
-          .toString();
+      case ACTION_JOIN -> joinCompressed(PrepRequests.body(type, action.getBody()), caller).toString();
       case ACTION_HEARTBEAT -> {
         PrepRequests.Member m = PrepRequests.member(PrepRequests.body(type, action.getBody()));
         group(m.group(), caller).heartbeat(m.member());
@@ -188,8 +190,21 @@ public final class PrepService implements AutoCloseable {
       }
       case ACTION_STATS -> statsJson(caller);
       case ACTION_CLAIM -> {
-        PrepRequests.At at = PrepRequests.at(type, PrepRequests.body(type, action.getBody()));
+        JsonNode b = PrepRequests.body(type, action.getBody());
+        if (b.path("next").asBoolean(false)) { // a DataLoader worker process: the next free batch of the epoch
+          PrepRequests.At at = PrepRequests.epochOf(type, b);
+          yield group(at.group(), caller).claimNext(at.member(), at.epoch(), PEER_CLAIM_WAIT_NANOS, cancelled)
+              .toString();
+        }
+        PrepRequests.At at = PrepRequests.at(type, b);
         yield group(at.group(), caller).claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
+      }
+      case ACTION_RELEASE -> {
+        JsonNode b = PrepRequests.body(type, action.getBody());
+        PrepRequests.At at = PrepRequests.at(type, b);
+        boolean released = group(at.group(), caller).release(at.member(), at.epoch(), at.batch(),
+            b.path("reason").asText(""));
+        yield "{\"v\":1,\"released\":" + released + "}";
       }
       case ACTION_NEXT -> {
         PrepRequests.At at = PrepRequests.at(type, PrepRequests.body(type, action.getBody()));
@@ -201,7 +216,8 @@ public final class PrepService implements AutoCloseable {
         yield g.next(at.member(), at.epoch(), at.batch(), cancelled).toString();
       }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
-          + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_STATS))
+          + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_RELEASE,
+              ACTION_STATS))
           .toRuntimeException();
     };
     return out.getBytes(StandardCharsets.UTF_8);
@@ -259,6 +275,17 @@ public final class PrepService implements AutoCloseable {
     if (!caller.mayRead(g.key.dataset())) {
       throw new PermissionDeniedException(caller + " may not use prep group '" + g.id + "'");
     }
+  }
+
+  /** {@code prep.join} with its {@code "compression"} option: the member's Flight reads come LZ4- or ZSTD-compressed. */
+  private ObjectNode joinCompressed(JsonNode body, Principal caller) throws Exception {
+    CompressionUtil.CodecType codec = PrepRequests.compression(body);
+    ObjectNode r = join(PrepRequests.join(body, decodeLimits), caller);
+    if (codec != null) {
+      group(r.path("group").asText(), caller).setCompression(r.path("member").asLong(), codec);
+      r.put("compression", CompressedBatches.wire(codec));
+    }
+    return r;
   }
 
   ObjectNode join(PrepRequests.Join j, Principal caller) throws Exception {

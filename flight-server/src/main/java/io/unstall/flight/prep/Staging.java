@@ -9,6 +9,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightRuntimeException;
@@ -50,6 +51,7 @@ final class Staging {
   private int stagedPeak;
   private int inFlight; // sends holding views of staged batches
   private boolean freed;
+  private final List<AutoCloseable> freedWith = new CopyOnWriteArrayList<>(); // closed by free()
 
   /**
    * Sizes staging for a source: {@code staging_bytes} if given, else what {@code window} batches need (times
@@ -280,6 +282,11 @@ final class Staging {
   }
 
   /** Waits for sends still holding staged buffers, then frees everything and closes the allocator (once). */
+  /** Closes {@code c} when staging is freed (after the last send): memory kept beside the staged batches. */
+  void freeWith(AutoCloseable c) {
+    freedWith.add(c);
+  }
+
   void free() {
     synchronized (lock) {
       if (freed) {
@@ -298,6 +305,13 @@ final class Staging {
       staged.values().forEach(VectorSchemaRoot::close);
       staged.clear();
       shmPaths.clear();
+    }
+    for (AutoCloseable c : freedWith) {
+      try {
+        c.close();
+      } catch (Exception e) {
+        LOG.warn("prep group {}: {}", group, e.getMessage());
+      }
     }
     try {
       alloc.close();
