@@ -26,6 +26,11 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#endif
+
 #define PRECISION_BITS (32 - 8 - 2) /* Pillow's fixed point for 8-bit resampling */
 
 enum { OK = 0, FAILED = 1 };
@@ -59,10 +64,16 @@ typedef struct {
   size_t bx_cap, by_cap;
   double *wd;
   size_t wd_cap;
+  int32_t *kv; /* the horizontal coefficients laid out for the AVX2 pass (horizontal_avx2) */
+  size_t kv_cap;
+  const uint8_t **rows; /* the vertical pass's source rows */
+  size_t rows_cap;
 } scratch;
 
 static pthread_key_t scratch_key;
 static jclass bad_image_class;
+/* The AVX2 passes run when the CPU has AVX2 and UNSTALL_JPEG_SIMD is not "0" (tests compare both paths). */
+static int use_avx2;
 
 static void free_scratch(void *p) {
   scratch *s = p;
@@ -81,6 +92,8 @@ static void free_scratch(void *p) {
   free(s->bx);
   free(s->by);
   free(s->wd);
+  free(s->kv);
+  free(s->rows);
   free(s);
 }
 
@@ -98,6 +111,11 @@ JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM *vm, void *reserved) {
   if (pthread_key_create(&scratch_key, free_scratch) != 0) {
     return JNI_ERR;
   }
+#ifdef HAVE_AVX2_PATH
+  __builtin_cpu_init();
+  const char *simd = getenv("UNSTALL_JPEG_SIMD");
+  use_avx2 = __builtin_cpu_supports("avx2") && !(simd != NULL && strcmp(simd, "0") == 0);
+#endif
   return JNI_VERSION_1_8;
 }
 
@@ -222,6 +240,151 @@ static void horizontal(const uint8_t *in, uint8_t *out, int out_w, const int32_t
   }
 }
 
+/* The vertical pass of one output row into 8-bit RGB: row[i] from src[t][i], t < taps, with weights k[t]. */
+static void vertical_scalar(const uint8_t *const *src, const int32_t *k, int taps, uint8_t *row, int32_t *acc,
+                            size_t from, size_t n) {
+  for (size_t i = from; i < n; i++) {
+    acc[i] = 1 << (PRECISION_BITS - 1);
+  }
+  for (int t = 0; t < taps; t++) {
+    for (size_t i = from; i < n; i++) {
+      acc[i] += src[t][i] * k[t];
+    }
+  }
+  for (size_t i = from; i < n; i++) {
+    row[i] = clip8(acc[i]);
+  }
+}
+
+#ifdef HAVE_AVX2_PATH
+/*
+ * The AVX2 passes: the same integer sums as the scalar ones (32-bit lanes, Pillow's 22-bit coefficients, no
+ * overflow: the weights are non-negative and sum to ~1 << 22), so their output is identical, byte for byte.
+ * Each step of the horizontal pass reads two input pixels (8 bytes, 6 used) into 8 lanes
+ * [r0 g0 b0 r1 g1 b1 r2 g2] and multiplies them by [k0 k0 k0 k1 k1 k1 0 0] (kv, laid out by layout_kv); lanes
+ * 3..5 are folded onto 0..2 once per output pixel. Every output pixel takes the same number of steps (pairs):
+ * coefficients past a pixel's own taps are 0, and the row buffer is padded so that those reads stay inside it.
+ */
+/* One output pixel's sum in lanes 0..2 (r, g, b; lanes 3..7 are not used). */
+__attribute__((target("avx2"), always_inline)) static inline __m128i h_avx2_pixel(const uint8_t *p,
+                                                                                  const int32_t *kk, int pairs) {
+  const __m256i bias = _mm256_setr_epi32(1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
+                                         1 << (PRECISION_BITS - 1), 0, 0, 0, 0, 0);
+  const __m256i fold = _mm256_setr_epi32(3, 4, 5, 3, 3, 3, 3, 3);
+  __m256i acc = bias;
+  for (int j = 0; j < pairs; j++) {
+    __m256i px = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + j * 6)));
+    acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, _mm256_loadu_si256((const __m256i *)(kk + j * 8))));
+  }
+  acc = _mm256_add_epi32(acc, _mm256_permutevar8x32_epi32(acc, fold));
+  return _mm_srai_epi32(_mm256_castsi256_si128(acc), PRECISION_BITS);
+}
+
+/*
+ * Two output pixels a step: clip8 is a saturating pack (>> PRECISION_BITS, then 0..255), and both pixels' 6
+ * bytes leave in one shuffle, in either order (flip). pairs is a constant in the callers below, so the tap loop
+ * unrolls.
+ */
+__attribute__((target("avx2"), always_inline)) static inline void h_avx2_row(const uint8_t *in, uint8_t *out,
+                                                                             int out_w, const int32_t *kv,
+                                                                             int pairs, const int *b, int x0,
+                                                                             int flip) {
+  const __m128i keep = _mm_setr_epi8(0, 1, 2, 4, 5, 6, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i swap = _mm_setr_epi8(4, 5, 6, 0, 1, 2, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i order = flip ? swap : keep;
+  size_t stride = (size_t)pairs * 8;
+  int xx = 0;
+  for (; xx + 2 <= out_w; xx += 2) {
+    __m128i a = h_avx2_pixel(in + (size_t)(b[xx * 2] - x0) * 3, kv + xx * stride, pairs);
+    __m128i c = h_avx2_pixel(in + (size_t)(b[xx * 2 + 2] - x0) * 3, kv + (xx + 1) * stride, pairs);
+    __m128i v = _mm_packs_epi32(a, c); /* 16 bits: ra ga ba - rc gc bc - */
+    v = _mm_shuffle_epi8(_mm_packus_epi16(v, v), order);
+    uint64_t six = (uint64_t)_mm_cvtsi128_si64(v);
+    memcpy(out + (size_t)(flip ? out_w - 2 - xx : xx) * 3, &six, 6);
+  }
+  if (xx < out_w) {
+    __m128i v = h_avx2_pixel(in + (size_t)(b[xx * 2] - x0) * 3, kv + xx * stride, pairs);
+    v = _mm_packs_epi32(v, v);
+    v = _mm_packus_epi16(v, v);
+    uint32_t rgb = (uint32_t)_mm_cvtsi128_si32(v);
+    uint8_t *o = out + (size_t)(flip ? out_w - 1 - xx : xx) * 3;
+    o[0] = (uint8_t)rgb;
+    o[1] = (uint8_t)(rgb >> 8);
+    o[2] = (uint8_t)(rgb >> 16);
+  }
+}
+
+#define H_AVX2_FIXED(n)                                                                                        \
+  __attribute__((target("avx2"))) static void h_avx2_##n(const uint8_t *in, uint8_t *out, int out_w,           \
+                                                         const int32_t *kv, const int *b, int x0, int flip) {  \
+    h_avx2_row(in, out, out_w, kv, n, b, x0, flip);                                                            \
+  }
+H_AVX2_FIXED(1)
+H_AVX2_FIXED(2)
+H_AVX2_FIXED(3)
+H_AVX2_FIXED(4)
+
+__attribute__((target("avx2"))) static void horizontal_avx2(const uint8_t *in, uint8_t *out, int out_w,
+                                                            const int32_t *kv, int pairs, const int *b, int x0,
+                                                            int flip) {
+  switch (pairs) {
+  case 1:
+    h_avx2_1(in, out, out_w, kv, b, x0, flip);
+    break;
+  case 2:
+    h_avx2_2(in, out, out_w, kv, b, x0, flip);
+    break;
+  case 3:
+    h_avx2_3(in, out, out_w, kv, b, x0, flip);
+    break;
+  case 4:
+    h_avx2_4(in, out, out_w, kv, b, x0, flip);
+    break;
+  default:
+    h_avx2_row(in, out, out_w, kv, pairs, b, x0, flip);
+  }
+}
+
+/* vertical_scalar, 16 bytes a step (the rest, under 16, through vertical_scalar). */
+__attribute__((target("avx2"))) static void vertical_avx2(const uint8_t *const *src, const int32_t *k, int taps,
+                                                          uint8_t *row, int32_t *acc, size_t n) {
+  const __m256i bias = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i a = bias, c = bias;
+    for (int t = 0; t < taps; t++) {
+      __m256i w = _mm256_set1_epi32(k[t]);
+      a = _mm256_add_epi32(a, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src[t] + i))), w));
+      c = _mm256_add_epi32(
+          c, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src[t] + i + 8))), w));
+    }
+    a = _mm256_srai_epi32(a, PRECISION_BITS);
+    c = _mm256_srai_epi32(c, PRECISION_BITS);
+    __m128i a16 = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storeu_si128((__m128i *)(row + i), _mm_packus_epi16(a16, c16));
+  }
+  vertical_scalar(src, k, taps, row, acc, i, n);
+}
+#endif
+
+/* The horizontal coefficients (stride ksize) as horizontal_avx2 reads them; 0 when out of memory. */
+static int layout_kv(scratch *s, int out_w, int ksize, int pairs) {
+  if (!RESERVE(s, kv, (size_t)out_w * pairs * 8)) {
+    return 0;
+  }
+  for (int xx = 0; xx < out_w; xx++) {
+    const int32_t *kk = s->kx + (size_t)xx * ksize;
+    int32_t *v = s->kv + (size_t)xx * pairs * 8;
+    for (int j = 0; j < pairs; j++) {
+      int32_t k0 = 2 * j < ksize ? kk[2 * j] : 0, k1 = 2 * j + 1 < ksize ? kk[2 * j + 1] : 0;
+      int32_t lanes[8] = {k0, k0, k0, k1, k1, k1, 0, 0};
+      memcpy(v + j * 8, lanes, sizeof lanes);
+    }
+  }
+  return 1;
+}
+
 /* The 8-bit row to the output through the table, in NHWC or NCHW, for one element type. */
 #define CONVERT(T)                                                                                             \
   {                                                                                                            \
@@ -248,21 +411,20 @@ static void horizontal(const uint8_t *in, uint8_t *out, int out_w, const int32_t
 static void vertical_row(scratch *s, const uint8_t *tmp, int y0, int out_h, int out_w, int y, const int32_t *k,
                          const int *b, int ksize, uint8_t *dst, const uint8_t *lut, int elem, int nchw) {
   size_t n = (size_t)out_w * 3;
-  int32_t *acc = s->acc;
   uint8_t *row = s->row8;
-  for (size_t i = 0; i < n; i++) {
-    acc[i] = 1 << (PRECISION_BITS - 1);
-  }
   const int32_t *kk = k + (size_t)y * ksize;
-  for (int t = 0; t < b[y * 2 + 1]; t++) {
-    const uint8_t *src = tmp + (size_t)(b[y * 2] + t - y0) * n;
-    int32_t w = kk[t];
-    for (size_t i = 0; i < n; i++) {
-      acc[i] += src[i] * w;
-    }
+  int taps = b[y * 2 + 1];
+  const uint8_t **src = s->rows;
+  for (int t = 0; t < taps; t++) {
+    src[t] = tmp + (size_t)(b[y * 2] + t - y0) * n;
   }
-  for (size_t i = 0; i < n; i++) {
-    row[i] = clip8(acc[i]);
+#ifdef HAVE_AVX2_PATH
+  if (use_avx2) {
+    vertical_avx2(src, kk, taps, row, s->acc, n);
+  } else
+#endif
+  {
+    vertical_scalar(src, kk, taps, row, s->acc, 0, n);
   }
   size_t plane = (size_t)out_h * out_w;
   size_t at = (size_t)y * out_w;
@@ -408,8 +570,9 @@ static __attribute__((noinline)) int prep(JNIEnv *env, scratch *s, const uint8_t
     return fail(env, "out of native memory for the resampling coefficients");
   }
   /* Bounds to decoded-image coordinates, and the rows and columns the filters read. */
-  int xa = sw, xb = 0, ya = sh, yb = 0;
+  int xa = sw, xb = 0, ya = sh, yb = 0, maxn = 1;
   for (int i = 0; i < out_w; i++) {
+    maxn = s->bx[i * 2 + 1] > maxn ? s->bx[i * 2 + 1] : maxn;
     s->bx[i * 2] += cx0;
     xa = s->bx[i * 2] < xa ? s->bx[i * 2] : xa;
     xb = s->bx[i * 2] + s->bx[i * 2 + 1] > xb ? s->bx[i * 2] + s->bx[i * 2 + 1] : xb;
@@ -432,11 +595,16 @@ static __attribute__((noinline)) int prep(JNIEnv *env, scratch *s, const uint8_t
   }
   size_t row_bytes = (size_t)out_w * 3;
   int rows = yb - ya;
-  if (!RESERVE(s, line, (size_t)ci->output_width * ci->output_components)
-      || !RESERVE(s, tmp, (size_t)rows * row_bytes) || !RESERVE(s, acc, row_bytes) || !RESERVE(s, row8, row_bytes)) {
+  int pairs = (maxn + 1) / 2; /* horizontal_avx2's steps per output pixel */
+  size_t line_bytes = (size_t)ci->output_width * ci->output_components;
+  size_t line_pad = (size_t)pairs * 6 + 16; /* its reads past a row's end (multiplied by 0) */
+  if (!RESERVE(s, line, line_bytes + line_pad) || !RESERVE(s, tmp, (size_t)rows * row_bytes)
+      || !RESERVE(s, acc, row_bytes) || !RESERVE(s, row8, row_bytes) || !RESERVE(s, rows, (size_t)kys)
+      || (use_avx2 && !layout_kv(s, out_w, kxs, pairs))) {
     jpeg_abort_decompress(ci);
     return fail(env, "out of native memory for the decoded rows");
   }
+  memset(s->line + line_bytes, 0, line_pad);
   int y = 0;
   if (window && ya > MARGIN) {
     y = (int)jpeg_skip_scanlines(ci, (JDIMENSION)(ya - MARGIN));
@@ -448,7 +616,15 @@ static __attribute__((noinline)) int prep(JNIEnv *env, scratch *s, const uint8_t
       return fail(env, "libjpeg returned no row (suspended decoder)");
     }
     if (y >= ya) {
-      horizontal(s->line, s->tmp + (size_t)(y - ya) * row_bytes, out_w, s->kx, s->bx, kxs, (int)x0, flip);
+      uint8_t *out = s->tmp + (size_t)(y - ya) * row_bytes;
+#ifdef HAVE_AVX2_PATH
+      if (use_avx2) {
+        horizontal_avx2(s->line, out, out_w, s->kv, pairs, s->bx, (int)x0, flip);
+      } else
+#endif
+      {
+        horizontal(s->line, out, out_w, s->kx, s->bx, kxs, (int)x0, flip);
+      }
     }
     y++;
   }
