@@ -434,11 +434,7 @@ final class PrepGroup {
    * gets an error if it uploads late).
    */
   ObjectNode claim(long memberId, long epoch, long batch, BooleanSupplier cancelled) throws InterruptedException {
-    if (!(source instanceof MemberUploads uploads)) {
-      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
-          + " is prepared by the sidecar; prep.claim is for groups joined with {\"python\": fingerprint}")
-          .toRuntimeException();
-    }
+    MemberUploads uploads = uploads("prep.claim");
     synchronized (lock) {
       Membership.Member m = members.member(memberId);
       long pos = checkedPosition(m, epoch, batch);
