@@ -107,6 +107,31 @@ def test_the_same_seed_gives_the_same_crops(env: PrepEnv) -> None:
     assert -2.2 < x.min() < 0 < x.max() < 2.7
 
 
+def test_shared_memory_slots_are_reused_and_a_held_tensor_never_changes(env: PrepEnv) -> None:
+    """The sidecar writes a /dev/shm slot again only after the member's views of the batch in it are gone: a
+    trainer that keeps some batches' tensors sees them unchanged, while the batches it lets go of make room."""
+    import torch
+
+    with env.client() as client:
+        loader = prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=21, epochs=3, transport="shm",
+                                 client=client)
+        kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # (the loader's tensor, a copy of it)
+        seen = 0
+        for epoch in range(3):
+            for b, (images, labels) in enumerate(loader):
+                seen += images.shape[0]
+                if b % 2 == 0:  # hold every other batch to the end
+                    kept.append((images, images.clone()))
+        assert loader.membership.shm and seen == 3 * N_SAMPLES
+        for held, copy in kept:
+            assert torch.equal(held, copy), "a tensor the trainer holds never changes"
+        s = env.group_stats(loader.membership.group)
+        slots = s["shm_slots"]
+        assert slots["reused"] > 0, slots  # the batches let go of were written again
+        assert slots["created"] < 3 * NUM_BATCHES, slots
+        assert 0 < s["staging_peak_bytes"] <= s["staging_limit_bytes"]
+
+
 def test_staging_memory_stays_within_its_bound(env: PrepEnv) -> None:
     one = BATCH * 3 * SIZE * SIZE * 4 + BATCH * 512 + (256 << 10)
     with env.client() as client:

@@ -32,6 +32,7 @@ import pyarrow.flight as fl
 from .client import FlightClient
 from .echo import Echo
 from .recovery import call_with_recovery
+from .shm_slots import SlotMaps
 from .errors import PrepGroupNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from .protocol import KIND_PREP, PROTOCOL_VERSION, encode_prep_ticket
 from .state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
@@ -270,6 +271,7 @@ class Membership:
     # {"epoch", "batch", "id", "key", "reason"} each.
     skipped: list[dict[str, Any]] = field(default_factory=list)
     _warned: set[int] = field(default_factory=set, repr=False)
+    _slots: SlotMaps = field(default_factory=SlotMaps, repr=False)  # shared memory: the group's slot files
 
     @property
     def group(self) -> str:
@@ -384,19 +386,26 @@ class Membership:
 
     def arrays(self, epoch: int, index: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(tensors, labels, ids)`` of a prepared batch without copying the tensors: a view of the Flight
-        buffer, or of the group's /dev/shm file mapped read-only (held until this member asks for a later
-        batch; the mapping stays valid after that)."""
+        buffer, or of the group's /dev/shm slot file mapped read-only: the sidecar writes that slot again only
+        after this member reported the view gone (the view, and every array or tensor over it, dropped;
+        :mod:`unstall.shm_slots`), so a batch never changes under a tensor the trainer holds."""
         if not self.shm:
             return batch_to_numpy(self.batch(epoch, index))
-        r = self._at(epoch, index, lambda: json.loads(self.client.do_action("prep.next", self._at_body(epoch, index),
-                                                                          recover=False)[0]))
+
+        def next_batch() -> dict[str, Any]:
+            # "released": the batches whose views are gone, so the sidecar may write their slots again
+            body = dict(group=self.group, member=self.member, epoch=epoch, batch=index,
+                        released=self._slots.take_released())
+            return dict(json.loads(self.client.do_action("prep.next", json.dumps(body).encode(), recover=False)[0]))
+
+        r = self._at(epoch, index, next_batch)
         self._note_skipped(epoch, index, r.get("skipped", ()))
         shape = (int(r["rows"]),) + tuple(int(v) for v in r["shape"])
         dtype = numpy_dtype(r["dtype"])
         if shape[0] == 0:  # every sample of the batch was skipped
             tensors: np.ndarray = np.empty(shape, dtype=dtype)
         else:
-            tensors = np.memmap(r["path"], dtype=dtype, mode="r", shape=shape)
+            tensors = self._slots.view(r["path"], dtype, shape, epoch, index)
         return tensors, np.asarray(r["labels"], dtype=np.int64), np.asarray(r["ids"], dtype=np.int64)
 
     def epoch_arrays(self, epoch: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -444,6 +453,7 @@ class Membership:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._slots.clear()
         try:
             self.client.do_action("prep.leave", json.dumps({"group": self.group, "member": self.member}).encode(),
                                   recover=False)

@@ -30,6 +30,7 @@ final class Membership {
     long cursor;
     long lastSeen;
     int waiting; // calls of this member waiting in the group now: such a member is alive
+    boolean reportsReleases; // shared memory: it says which batches it let go of (prep.next "released")
 
     Member(long id, String name, long startPos, long endPos, long now) {
       this.id = id;

@@ -237,6 +237,7 @@ final class PrepGroup {
    * last, frees staging of a group without producer threads (those free it on their way out). Caller holds the lock.
    */
   private void afterRemoval(long memberId, boolean closedGroup) {
+    staging.memberGone(memberId);
     release();
     compressed.removeMember(memberId);
     if (source instanceof MemberUploads uploads) {
@@ -348,15 +349,24 @@ final class PrepGroup {
   /**
    * Shared-memory read (the {@code prep.next} action): waits until batch {@code (epoch, batch)} is staged and
    * names its /dev/shm file. The member holds that batch until it asks for a later one (or leaves), since
-   * it maps the file after this returns.
+   * it maps the file after this returns. {@code released}: the batches whose files the member no longer maps
+   * (null: it does not say; then no file it mapped is written again, {@link ShmSlots}).
    */
-  ObjectNode next(long memberId, long epoch, long batch, BooleanSupplier cancelled) throws InterruptedException {
+  ObjectNode next(long memberId, long epoch, long batch, long[][] released, BooleanSupplier cancelled)
+      throws InterruptedException {
     if (!staging.shm() || !(source instanceof SidecarPrep prep)) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
           + " does not stage in shared memory; read batches with PREP DoGet tickets").toRuntimeException();
     }
     synchronized (lock) {
       Membership.Member m = members.member(memberId);
+      if (released != null) {
+        m.reportsReleases = true;
+        for (long[] at : released) {
+          staging.releasedBy(m.id, at[0] * order.numBatches + at[1]);
+        }
+        lock.changed();
+      }
       long pos = checkedPosition(m, epoch, batch);
       m.waiting++;
       try {
@@ -365,6 +375,9 @@ final class PrepGroup {
         m.waiting--;
       }
       VectorSchemaRoot r = staging.get(pos);
+      if (r.getRowCount() > 0) { // an empty batch has nothing to map
+        staging.mapped(pos, m.id, m.reportsReleases);
+      }
       BigIntVector ids = (BigIntVector) r.getVector(PrepSchema.ID);
       BigIntVector labels = (BigIntVector) r.getVector(PrepSchema.LABEL);
       ObjectNode o = JsonNodeFactory.instance.objectNode();

@@ -1,6 +1,8 @@
 package io.unstall.flight.prep;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import org.apache.arrow.vector.compression.CompressionUtil;
@@ -54,6 +56,36 @@ final class PrepRequests {
   static At at(String action, JsonNode b) {
     return new At(group(b), memberOf(b), u32(action, b, "epoch"), u32(action, b, "batch"));
   }
+
+  /**
+   * {@code prep.next}'s {@code "released"}: the batches, {@code [[epoch, batch], ...]}, whose /dev/shm files the
+   * member no longer maps; null when absent (a shim that does not report: its slots are never reused).
+   */
+  static long[][] released(String action, JsonNode b) {
+    JsonNode r = b.get("released");
+    if (r == null || r.isNull()) {
+      return null;
+    }
+    if (!r.isArray() || r.size() > MAX_RELEASED) {
+      throw new IllegalArgumentException(action + ": \"released\" must be a list of at most " + MAX_RELEASED
+          + " [epoch, batch] pairs, got " + (r.isArray() ? r.size() + " entries" : r.getNodeType().toString()));
+    }
+    long[][] out = new long[r.size()][];
+    for (int i = 0; i < r.size(); i++) {
+      JsonNode e = r.get(i);
+      if (!e.isArray() || e.size() != 2) {
+        throw new IllegalArgumentException(action + ": \"released\"[" + i + "] must be [epoch, batch], got " + e);
+      }
+      ObjectNode at = JsonNodeFactory.instance.objectNode();
+      at.set("epoch", e.get(0));
+      at.set("batch", e.get(1));
+      out[i] = new long[] {u32(action, at, "epoch"), u32(action, at, "batch")};
+    }
+    return out;
+  }
+
+  /** The most batches one {@code prep.next} may report released. */
+  static final int MAX_RELEASED = 4096;
 
   /** {@code prep.claim} with {@code "next": true}: a member's epoch (the batch is the sidecar's to pick; 0 here). */
   static At epochOf(String action, JsonNode b) {

@@ -207,13 +207,15 @@ public final class PrepService implements AutoCloseable {
         yield "{\"v\":1,\"released\":" + released + "}";
       }
       case ACTION_NEXT -> {
-        PrepRequests.At at = PrepRequests.at(type, PrepRequests.body(type, action.getBody()));
+        JsonNode body = PrepRequests.body(type, action.getBody());
+        PrepRequests.At at = PrepRequests.at(type, body);
+        long[][] released = PrepRequests.released(type, body);
         PrepGroup g = group(at.group(), caller);
         if (!caller.owner()) {
           throw new PermissionDeniedException(ACTION_NEXT + " hands out the sidecar owner's shared-memory files; "
               + caller + " reads prepared batches with PREP DoGet tickets");
         }
-        yield g.next(at.member(), at.epoch(), at.batch(), cancelled).toString();
+        yield g.next(at.member(), at.epoch(), at.batch(), released, cancelled).toString();
       }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
           + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_RELEASE,

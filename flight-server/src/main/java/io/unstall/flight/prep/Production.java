@@ -71,8 +71,21 @@ final class Production {
    * conservative, so an allocation never fails. Caller holds the lock.
    */
   boolean roomFor(int local, int remote) {
-    return staging.allocated() + (preparing + local) * (source.batchBytes() + source.workingBytes())
+    return staging.allocated() - staging.reusableBytes() + (preparing + local) * (source.batchBytes() + source.workingBytes())
         + remote * source.batchBytes() <= staging.limit();
+  }
+
+  /**
+   * {@link #roomFor} one more batch made here, after retiring shared-memory slots that members still map but no
+   * member's cursor needs (their memory becomes theirs, as with a file per batch). Caller holds the lock.
+   */
+  private boolean roomOrReclaim(int remote) {
+    while (!roomFor(1, remote)) {
+      if (!staging.reclaim()) {
+        return false;
+      }
+    }
+    return true;
   }
 
   /**
@@ -113,7 +126,7 @@ final class Production {
             if (members.running()) {
               // Every member is past what lies below the slowest cursor (resumed members, skips): never prepared.
               next = Math.max(next, members.minCursor());
-              if (roomFor(1, remoteClaims.getAsInt())) {
+              if (roomOrReclaim(remoteClaims.getAsInt())) {
                 long p = take();
                 if (p >= 0) {
                   pos = p;

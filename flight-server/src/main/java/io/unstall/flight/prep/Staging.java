@@ -44,6 +44,7 @@ final class Staging {
   private final BufferAllocator alloc;
   private final long limit;
   private final Path shmDir; // null: prepared tensors live in ordinary Arrow memory
+  private final ShmSlots slots; // the reused /dev/shm files of prepared tensors; null without shmDir
   private int window;
   private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
   private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
@@ -97,6 +98,7 @@ final class Staging {
     this.window = size.window();
     this.shmDir = shmDir;
     this.alloc = parent.newChildAllocator(allocatorName, 0, size.limit());
+    this.slots = shmDir == null ? null : new ShmSlots(group, shmDir, alloc, lock);
   }
 
   /** A fresh /dev/shm directory for a shared-memory group, or null (none here, or it could not be made). */
@@ -175,6 +177,7 @@ final class Staging {
   /** Members asking for {@code pos} get this error. Caller holds the lock. */
   void fail(long pos, FlightRuntimeException e) {
     failed.put(pos, e);
+    unstaged(pos);
     lock.changed();
   }
 
@@ -185,6 +188,7 @@ final class Staging {
   void put(long pos, VectorSchemaRoot root, long minCursor, boolean closed) {
     if (closed || pos < minCursor) {
       root.close();
+      unstaged(pos);
     } else {
       staged.put(pos, root);
       stagedPeak = Math.max(stagedPeak, staged.size());
@@ -218,22 +222,64 @@ final class Staging {
   }
 
   /**
-   * Gives the tensor column of a batch being prepared at {@code pos} its buffers: ordinary memory, or a /dev/shm file
-   * mapped here and counted by the staging allocator like any other. Called without the lock.
+   * Gives the tensor column of a batch being prepared at {@code pos} its buffers: ordinary memory, or a slot of
+   * {@link ShmSlots} (a /dev/shm file mapped here, reused, counted by the staging allocator like any other) big
+   * enough for a whole batch of {@code batchSize}. Called without the lock.
    */
-  void allocateTensor(FixedSizeBinaryVector tensor, long pos, int n, long sampleBytes) throws IOException {
+  void allocateTensor(FixedSizeBinaryVector tensor, long pos, int n, long sampleBytes, int batchSize)
+      throws IOException {
     if (shmDir == null) {
       tensor.allocateNew(n);
       return;
     }
-    ShmBuffer shm = ShmBuffer.create(shmDir.resolve(group + "-" + pos), (long) n * sampleBytes, false);
-    try (ArrowBuf data = alloc.wrapForeignAllocation(shm);
+    ShmSlots.Tensor t = slots.take(pos, (long) n * sampleBytes, (long) Math.max(n, batchSize) * sampleBytes);
+    try (ArrowBuf data = t.data();
         ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
       validity.setZero(0, validity.capacity());
       tensor.loadFieldBuffers(new ArrowFieldNode(n, 0), List.of(validity, data));
     }
     synchronized (lock) {
-      shmPaths.put(pos, shm.path().toString());
+      shmPaths.put(pos, t.path());
+    }
+  }
+
+  /**
+   * A member got the /dev/shm file of the batch at {@code pos} ({@code reports}: it says when it lets go,
+   * {@link #releasedBy}). Caller holds the lock.
+   */
+  void mapped(long pos, long member, boolean reports) {
+    if (slots != null) {
+      slots.mapped(pos, member, reports);
+    }
+  }
+
+  /** The member let go of its mapping of the batch at {@code pos}. Caller holds the lock. */
+  void releasedBy(long member, long pos) {
+    if (slots != null) {
+      slots.released(pos, member);
+    }
+  }
+
+  /** A member left or was dropped: the slots it may still map are never written again. Caller holds the lock. */
+  void memberGone(long member) {
+    if (slots != null) {
+      slots.memberGone(member);
+    }
+  }
+
+  /** Allocated bytes that the next batches reuse (free slots). Caller holds the lock. */
+  long reusableBytes() {
+    return slots == null ? 0 : slots.reusableBytes();
+  }
+
+  /** Frees memory a member still maps so staging has room (see {@link ShmSlots#reclaim}). Caller holds the lock. */
+  boolean reclaim() {
+    return slots != null && slots.reclaim();
+  }
+
+  private void unstaged(long pos) {
+    if (slots != null) {
+      slots.unstaged(pos);
     }
   }
 
@@ -275,8 +321,10 @@ final class Staging {
   /** Frees every staged batch below {@code minCursor} (every member is past it), and its failures. */
   void release(long minCursor) {
     while (!staged.isEmpty() && staged.firstKey() < minCursor) {
-      shmPaths.remove(staged.firstKey());
+      long pos = staged.firstKey();
+      shmPaths.remove(pos);
       staged.pollFirstEntry().getValue().close();
+      unstaged(pos);
     }
     failed.keySet().removeIf(p -> p < minCursor);
   }
@@ -305,6 +353,9 @@ final class Staging {
       staged.values().forEach(VectorSchemaRoot::close);
       staged.clear();
       shmPaths.clear();
+      if (slots != null) {
+        slots.close();
+      }
     }
     for (AutoCloseable c : freedWith) {
       try {
@@ -328,5 +379,8 @@ final class Staging {
     o.put("staging_peak_bytes", alloc.getPeakMemoryAllocation());
     o.put("staged_batches", staged.size());
     o.put("staged_batches_peak", stagedPeak);
+    if (slots != null) {
+      slots.stats(o);
+    }
   }
 }

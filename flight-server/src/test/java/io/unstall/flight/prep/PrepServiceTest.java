@@ -306,9 +306,11 @@ class PrepServiceTest {
         for (int i = 0; i < ids.length; i++) {
           ids[i] = r.get("ids").get(i).asLong();
         }
-        viaShm.add(new Batch(ids, Files.readAllBytes(p)));
+        viaShm.add(new Batch(ids, head(p, ids.length * SAMPLE_BYTES)));
         paths.add(p.toString());
       }
+      // this member does not report releases (no "released"): no file it mapped was written again
+      assertEquals(paths.size(), new java.util.HashSet<>(paths).size(), paths.toString());
       List<Batch> got = viaFlight.get();
       for (int b = 0; b < got.size(); b++) {
         assertArrayEquals(got.get(b).ids(), viaShm.get(b).ids());
@@ -326,6 +328,111 @@ class PrepServiceTest {
     }
   }
 
+
+  /** Bytes of one sample of {@link #PIPELINE}'s output: float32 [3, 32, 32]. */
+  static final int SAMPLE_BYTES = 3 * 32 * 32 * 4;
+
+  /** The first {@code n} bytes of a file (a batch at the start of its shared-memory slot). */
+  static byte[] head(Path p, int n) throws Exception {
+    byte[] all = Files.readAllBytes(p);
+    assertTrue(all.length >= n, p + " holds " + all.length + " bytes, the batch " + n);
+    return java.util.Arrays.copyOf(all, n);
+  }
+
+  static byte[] read(java.nio.channels.FileChannel ch, int n) throws Exception {
+    java.nio.ByteBuffer buf = java.nio.ByteBuffer.allocate(n);
+    while (buf.hasRemaining() && ch.read(buf, buf.position()) > 0) {
+      // reads from the start, through the open file
+    }
+    return buf.array();
+  }
+
+  JsonNode next(JsonNode j, long epoch, long batch, String released) throws Exception {
+    return action("prep.next", "{\"group\":\"" + j.get("group").asText() + "\",\"member\":" + j.get("member")
+        + ",\"epoch\":" + epoch + ",\"batch\":" + batch + (released == null ? "" : ",\"released\":" + released)
+        + "}");
+  }
+
+  @Test
+  void sharedMemorySlotsAreWrittenAgainOnlyAfterEveryMemberReleasedThem() throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeTrue(io.unstall.flight.shm.SharedMemory.available(), "no /dev/shm");
+    String opts = ",\"group_size\":2,\"seed\":5,\"epochs\":3,\"shm\":true,\"window\":2,\"staging_bytes\":8388608";
+    JsonNode a = join(opts);
+    JsonNode b = join(opts);
+    int nb = a.get("num_batches").asInt();
+    // b reads every batch and lets go of each as it reads the next; a does too, but holds epoch 0's batch 0
+    // to the end, as a trainer that keeps a tensor would
+    JsonNode first = next(a, 0, 0, "[]");
+    Path held = Path.of(first.get("path").asText());
+    byte[] heldBytes = head(held, first.get("rows").asInt() * SAMPLE_BYTES);
+    java.nio.channels.FileChannel heldMap = java.nio.channels.FileChannel.open(held); // as a mapping, outlives unlink
+    java.util.Set<String> files = new java.util.HashSet<>();
+    files.add(held.toString());
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try {
+      Future<?> other = pool.submit(() -> {
+        String prev = "[]";
+        for (int e = 0; e < 3; e++) {
+          for (int k = 0; k < nb; k++) {
+            next(b, e, k, prev);
+            prev = "[[" + e + "," + k + "]]";
+          }
+        }
+        return null;
+      });
+      String prev = "[]";
+      for (int e = 0; e < 3; e++) {
+        for (int k = (e == 0 ? 1 : 0); k < nb; k++) {
+          JsonNode r = next(a, e, k, prev);
+          files.add(r.get("path").asText());
+          prev = "[[" + e + "," + k + "]]";
+        }
+      }
+      other.get();
+      assertArrayEquals(heldBytes, read(heldMap, heldBytes.length), "a held batch never changes");
+      JsonNode slots = groupStats(a).get("shm_slots");
+      assertTrue(slots.get("reused").asInt() > 0, slots.toString());
+      assertTrue(files.size() < 3 * nb, "files reused: " + files.size() + " for " + 3 * nb + " batches");
+      assertTrue(slots.get("held").asInt() >= 1, "epoch 0's batch 0 is still held: " + slots);
+      action("prep.leave", "{\"group\":\"" + a.get("group").asText() + "\",\"member\":" + a.get("member") + "}");
+      action("prep.leave", "{\"group\":\"" + b.get("group").asText() + "\",\"member\":" + b.get("member") + "}");
+      JsonNode s = groupStats(a);
+      assertEquals(3L * nb, s.get("batches_prepared").asLong());
+      assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong());
+      heldMap.close();
+      for (String f : files) { // the group closed: every slot retired, its file gone
+        await("removal of " + f).atMost(Duration.ofSeconds(5)).until(() -> !Files.exists(Path.of(f)));
+      }
+    } finally {
+      pool.shutdownNow();
+    }
+  }
+
+  @Test
+  void aSlotAMemberStillMapsWhenItIsDroppedIsNeverWrittenAgain() throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeTrue(io.unstall.flight.shm.SharedMemory.available(), "no /dev/shm");
+    JsonNode a = join(",\"group_size\":2,\"seed\":6,\"epochs\":2,\"shm\":true,\"window\":2,"
+        + "\"member_timeout_s\":1");
+    JsonNode b = join(",\"group_size\":2,\"seed\":6,\"epochs\":2,\"shm\":true,\"window\":2,"
+        + "\"member_timeout_s\":1");
+    JsonNode r = next(a, 0, 0, "[]"); // a maps batch 0, then goes silent (and is dropped)
+    Path held = Path.of(r.get("path").asText());
+    byte[] heldBytes = head(held, r.get("rows").asInt() * SAMPLE_BYTES);
+    java.nio.channels.FileChannel heldMap = java.nio.channels.FileChannel.open(held); // as a mapping, outlives unlink
+    String prev = "[]";
+    for (int e = 0; e < 2; e++) {
+      for (int k = 0; k < a.get("num_batches").asInt(); k++) {
+        JsonNode got = next(b, e, k, prev);
+        prev = "[[" + e + "," + k + "]]";
+        assertArrayEquals(heldBytes, read(heldMap, heldBytes.length), "a dropped member's batch never changes");
+        assertTrue(!got.get("path").asText().equals(held.toString()) || (e == 0 && k == 0),
+            "the dropped member's slot is not given to another batch: " + got);
+      }
+    }
+    heldMap.close();
+    assertTrue(groupStats(b).get("shm_slots").get("retired").asInt() >= 1);
+    action("prep.leave", "{\"group\":\"" + b.get("group").asText() + "\",\"member\":" + b.get("member") + "}");
+  }
 
   JsonNode claim(JsonNode j, long epoch, long batch) throws Exception {
     return action("prep.claim", "{\"group\":\"" + j.get("group").asText() + "\",\"member\":" + j.get("member")
