@@ -7,13 +7,15 @@ For k = 1, 2, 4 it runs, one after the other:
   * tf.data: k independent tf.data pipelines (decode_jpeg + crop + resize + flip + normalize, AUTOTUNE);
 and prints aggregate images/s (all jobs' images over the wall time from the common start to the last
 job's end) and CPU seconds per epoch (all processes involved: jobs, their workers, and the sidecar).
-unstall runs once per configuration (`--unstall auto:float32,flight:uint8` by default: shared memory with
-normalized float32, and Flight, as remote members would read, with uint8). It also prints tjbench's
-single-thread decode rate on the same images, the sidecar's single-job decode+augment rate per core (samples /
-CPU seconds of the prep threads) as a ratio to it, and a table of issue 13's bars against this run's numbers.
+unstall runs per configuration (`--unstall auto:float32,flight:uint8` by default: shared memory with
+normalized float32, and Flight, as remote members would read, with uint8). The ks run `--repeats` times,
+interleaved, and every ratio is taken within a repeat (the machine's speed drifts by 20% over minutes on a
+shared VM), then the median and the range are printed. It also measures tjbench's single-thread decode rate on
+the same images just before each k=1 unstall run, the sidecar's single-job decode+augment rate per core
+(samples / CPU seconds of the prep threads) as a ratio to it, and prints a table of issue 13's bars.
 
     python benchmarks/bench_prep.py [--images 640] [--data ~/.cache/unstall/bench-prep] [--ks 1,2,4]
-                                    [--unstall auto:float32,flight:uint8] [--systems unstall,torch,tf]
+                                    [--repeats 3] [--unstall auto:float32,flight:uint8] [--systems unstall,torch,tf]
 
 Needs the sidecar jar (mvn -pl flight-server,sidecar -am package), torch, torchvision, tensorflow-cpu,
 and tjbench (apt-get install libjpeg-turbo-progs) for the decode reference.
@@ -30,6 +32,7 @@ import platform
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -243,7 +246,7 @@ def summarize(results: list[dict[str, Any]], extra_cpu: float = 0.0) -> dict[str
             "wall_s": wall, "images": images}
 
 
-def tjbench_rate(data: Path, samples: int = 4) -> Optional[float]:
+def tjbench_rate(data: Path, samples: int = 4, seconds: float = 2) -> Optional[float]:
     """Single-thread libjpeg-turbo decode rate (images per CPU second) on a few of the dataset's images."""
     exe = shutil.which("tjbench")
     if exe is None:
@@ -254,7 +257,7 @@ def tjbench_rate(data: Path, samples: int = 4) -> Optional[float]:
         copies = [Path(shutil.copy(f, scratch / f.name)) for f in sorted(data.rglob("*.jpg"))[:samples]]
         for f in copies:
             c0, t0 = _children_cpu(), time.time()
-            p = subprocess.run([exe, str(f), "-benchtime", "2", "-warmup", "1"], capture_output=True, text=True)
+            p = subprocess.run([exe, str(f), "-benchtime", str(seconds), "-warmup", "1"], capture_output=True, text=True)
             share = (_children_cpu() - c0) / (time.time() - t0)  # of a core: < 1 when others use the machine
             m = re.search(r"Decompress\s+-->\s+Frame rate:\s+([\d.]+)", p.stdout)
             if m:  # tjbench reports frames per wall second; per CPU second is what the sidecar's rate is
@@ -269,6 +272,9 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=640)
     ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-prep")
     ap.add_argument("--ks", default="1,2,4")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="run the ks this many times, interleaved (each repeat's ratios against its own k=1 run; "
+                         "tjbench just before each k=1 run of unstall); medians and min-max are reported")
     ap.add_argument("--systems", default="unstall,torch,tf")
     ap.add_argument("--unstall", default="auto:float32,flight:uint8",
                     help="unstall configurations, each TRANSPORT:DTYPE (transport auto = shared memory on this host, "
@@ -311,11 +317,19 @@ def main() -> None:
           "every job reads every byte of every batch (a sum of its bytes as 64-bit words)")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=str(REPO / "python-shim" / "src"))
-    table: dict[tuple[str, int], dict[str, float]] = {}
-    tj = tjbench_rate(data)
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}  # (system, k) -> one row per repeat
+    per_core: dict[str, list[float]] = {}  # unstall system -> per repeat: sidecar per core / tjbench just before
+    tjs: list[float] = []
+
+    def tj_now() -> Optional[float]:
+        tj = tjbench_rate(data, samples=2, seconds=1)
+        if tj is not None:
+            tjs.append(tj)
+        return tj
 
     configs = [tuple(c.split(":")) for c in args.unstall.split(",")] if "unstall" in systems else []
     for transport, dtype in configs:
+        kind = f"unstall {transport} {dtype}"
         home = Path(os.environ.get("TMPDIR", "/tmp")) / f"unstall-bench-{os.getpid()}-{transport}-{dtype}"
         with unstall.Sidecar(home=home, cache_capacity="512MiB", memory_budget="2GiB",
                              java_options=["-XX:MaxDirectMemorySize=3g"]) as sidecar:
@@ -327,69 +341,88 @@ def main() -> None:
             extra += ["--python-transforms", str(args.python_transforms)]
             extra += ["--compression", args.compression] if args.compression else []
             run_jobs("unstall", 1, data, extra + ["--k", "1"], env_u)  # warm-up: JIT, the cache
-            for k in ks:
-                c0 = proc_cpu(sidecar.pid)
-                res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
-                row = summarize(res, proc_cpu(sidecar.pid) - c0)
-                with sidecar.flight_client() as c:
-                    st = json.loads(c.do_action("prep.stats")[0])
-                g = st["groups"][res[0]["group"]]
-                row["prepared"] = g["samples_prepared"]
-                row["decoder"] = st["decode"]["decoder"]
-                if "shm_slots" in g:
-                    row["slots"] = g["shm_slots"]
-                if k == ks[0] and g["decode_cpu_seconds"]:
-                    row["per_core"] = g["samples_prepared"] / g["decode_cpu_seconds"]
-                table[(f"unstall {transport} {dtype}", k)] = row
+            for rep in range(args.repeats):  # the ks interleaved, so that drift hits every k alike
+                for k in ks:
+                    tj = tj_now() if k == ks[0] else None
+                    c0 = proc_cpu(sidecar.pid)
+                    res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
+                    row = summarize(res, proc_cpu(sidecar.pid) - c0)
+                    with sidecar.flight_client() as c:
+                        st = json.loads(c.do_action("prep.stats")[0])
+                    g = st["groups"][res[0]["group"]]
+                    row["prepared"] = g["samples_prepared"]
+                    row["decoder"] = st["decode"]["decoder"]
+                    if "shm_slots" in g:
+                        row["slots"] = g["shm_slots"]
+                    if tj and g["decode_cpu_seconds"]:
+                        per_core.setdefault(kind, []).append(g["samples_prepared"] / g["decode_cpu_seconds"] / tj)
+                    runs.setdefault((kind, k), []).append(row)
     for kind in ("torch", "tf"):
         if kind in systems:
-            for k in ks:
-                table[(kind, k)] = summarize(run_jobs(kind, k, data, [], env))
+            for rep in range(args.repeats):
+                for k in ks:
+                    runs.setdefault((kind, k), []).append(summarize(run_jobs(kind, k, data, [], env)))
+
+    def med(xs: list[float]) -> float:
+        return float(statistics.median(xs))
+
+    def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
+        return "" if len(xs) < 2 else f" ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+    def ratios(kind: str, k: int) -> list[float]:  # per repeat: k's aggregate over k = ks[0]'s of that repeat
+        return [a["images_per_s"] / b["images_per_s"] for a, b in zip(runs[(kind, k)], runs[(kind, ks[0])])]
 
     names = {"torch": "torch DataLoader x k (w=2)", "tf": "tf.data x k (AUTOTUNE)"}
     kinds = [f"unstall {t} {d}" for t, d in configs] + [k for k in ("torch", "tf") if k in systems]
     print()
-    print("| system | k | aggregate images/s | CPU s per epoch (all jobs) | x of k=1 |")
+    print(f"Medians of {args.repeats} repeats (min-max in brackets); x of k={ks[0]}: the median of each repeat's ratio.")
+    print()
+    print(f"| system | k | aggregate images/s | CPU s per epoch (all jobs) | x of k={ks[0]} |")
     print("|---|---|---|---|---|")
     for kind in kinds:
         for k in ks:
-            r = table.get((kind, k))
-            if r is None:
+            rows = runs.get((kind, k))
+            if not rows:
                 continue
-            base = table[(kind, ks[0])]
+            ips = [r["images_per_s"] for r in rows]
+            cpu = [r["cpu_s_per_epoch"] for r in rows]
+            x = ratios(kind, k)
             label = names.get(kind, kind.replace("unstall", "unstall coordinated,", 1))
-            print(f"| {label} | {k} | {r['images_per_s']:.0f} | {r['cpu_s_per_epoch']:.1f} | "
-                  f"{r['images_per_s'] / base['images_per_s']:.2f} |")
-    for (kind, k), r in table.items():
-        if "slots" in r:
-            sl = r["slots"]
-            print(f"{kind}, k = {k}: /dev/shm slots created {sl['created']}, reused {sl['reused']}, "
-                  f"retired {sl['retired']} for {r['prepared'] // BATCH + 1} batches")
+            print(f"| {label} | {k} | {med(ips):.0f}{spread(ips, '{:.0f}')} | {med(cpu):.1f}{spread(cpu, '{:.1f}')} | "
+                  f"{med(x):.2f}{spread(x)} |")
+    for (kind, k), rows in runs.items():
+        for r in rows[:1]:
+            if "slots" in r:
+                sl = r["slots"]
+                print(f"{kind}, k = {k}: /dev/shm slots created {sl['created']}, reused {sl['reused']}, "
+                      f"retired {sl['retired']} for {r['prepared'] // BATCH + 1} batches (first repeat)")
     print()
-    if tj is not None:
-        print(f"tjbench (libjpeg-turbo, 1 thread) decode only: {tj:.0f} images/s")
+    if tjs:
+        print(f"tjbench (libjpeg-turbo, 1 thread) decode only, before each k={ks[0]} run: "
+              + ", ".join(f"{t:.0f}" for t in tjs) + " images per CPU-second")
     print()
     print("| the issue's bar | measured | aim |")
     print("|---|---|---|")
     for t, d in configs:
-        r = table.get((f"unstall {t} {d}", ks[0]))
-        if r is not None and tj and "per_core" in r:
-            print(f"| sidecar pipeline per core ({t}, {d}, decoder {r['decoder']}) vs tjbench decode-only | "
-                  f"{r['per_core']:.0f} / {tj:.0f} = {r['per_core'] / tj:.2f}x | >= 1.0x |")
-    tf1 = table.get(("tf", 1))
-    if configs and tf1 is not None and ks[0] == 1:
+        kind = f"unstall {t} {d}"
+        pc = per_core.get(kind)
+        if pc:
+            rows = runs[(kind, ks[0])]
+            print(f"| sidecar pipeline per core ({t}, {d}, decoder {rows[0]['decoder']}) vs tjbench decode-only "
+                  f"just before | {med(pc):.2f}x{spread(pc)} | >= 1.0x |")
+    tf1 = runs.get(("tf", 1))
+    if configs and tf1 and ks[0] == 1:
         t, d = configs[0]
-        u1 = table[(f"unstall {t} {d}", 1)]
-        print(f"| one unstall job ({t}, {d}) vs one tf.data job (AUTOTUNE) | "
-              f"{u1['images_per_s']:.0f} / {tf1['images_per_s']:.0f} = {u1['images_per_s'] / tf1['images_per_s']:.2f}x "
-              "| >= 1.5x |")
+        u1 = med([r["images_per_s"] for r in runs[(f"unstall {t} {d}", 1)]])
+        f1 = med([r["images_per_s"] for r in tf1])
+        print(f"| one unstall job ({t}, {d}) vs one tf.data job (AUTOTUNE), medians | {u1:.0f} / {f1:.0f} = "
+              f"{u1 / f1:.2f}x | >= 1.5x |")
     if ks[0] == 1 and ks[-1] > 1:
         for t, d in configs:
             kind = f"unstall {t} {d}"
             aim = "3.0x" if t == "flight" else "3.8x"
-            print(f"| k = {ks[-1]} vs k = 1 ({t}, {d}) | "
-                  f"{table[(kind, ks[-1])]['images_per_s'] / table[(kind, 1)]['images_per_s']:.2f}x | >= {aim} |")
-
+            x = ratios(kind, ks[-1])
+            print(f"| k = {ks[-1]} vs k = 1 ({t}, {d}) | {med(x):.2f}x{spread(x)} | >= {aim} |")
 
 if __name__ == "__main__":
     main()

@@ -323,6 +323,9 @@ final class PrepGroup {
 
   /** Sends one staged batch (a view of it) on a DoGet stream; false when the member cancelled. No lock held. */
   private boolean send(ServerStreamListener listener, VectorSchemaRoot view, long member, long pos) {
+    // gRPC writes from the staged buffers themselves: they are reference counted and never written while a send
+    // holds them (a staged batch is immutable; a shared-memory slot is reused only once its count drops)
+    listener.setUseZeroCopy(true);
     CompressionUtil.CodecType codec = compressed.of(member);
     try (ArrowRecordBatch sentCompressed = codec == null ? null : compressed.send(listener, view, pos, codec)) {
       if (codec == null) {

@@ -11,6 +11,7 @@ import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.LockSupport;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightRuntimeException;
 import org.apache.arrow.memory.ArrowBuf;
@@ -363,6 +364,11 @@ final class Staging {
       } catch (Exception e) {
         LOG.warn("prep group {}: {}", group, e.getMessage());
       }
+    }
+    // sends write from the staged buffers themselves (zero copy): gRPC lets go of the last ones once written
+    long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+    while (alloc.getAllocatedMemory() > 0 && System.nanoTime() < until) {
+      LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(5));
     }
     try {
       alloc.close();
