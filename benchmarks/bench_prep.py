@@ -143,10 +143,13 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
                                                  num_workers=python_workers, **common)
     else:
         loader = prep.PrepLoader("bench", pipe, window=window, **common)
+    first = None
     for images, labels in loader:
+        first = first or time.time()
         n += images.shape[0]
         checksum = read_every_byte(images)
-    return {"start": t0, "end": time.time(), "cpu": _cpu() - c0, "images": n, "group": loader.membership.group,
+    return {"start": t0, "end": time.time(), "first": first, "cpu": _cpu() - c0, "images": n,
+            "group": loader.membership.group,
             "shm": loader.membership.shm}
 
 
@@ -241,9 +244,13 @@ def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str
 
 def summarize(results: list[dict[str, Any]], extra_cpu: float = 0.0) -> dict[str, float]:
     images = sum(r["images"] for r in results)
-    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return {"images_per_s": images / wall, "cpu_s_per_epoch": sum(r["cpu"] for r in results) + extra_cpu,
-            "wall_s": wall, "images": images}
+    start = min(r["start"] for r in results)
+    wall = max(r["end"] for r in results) - start
+    row = {"images_per_s": images / wall, "cpu_s_per_epoch": sum(r["cpu"] for r in results) + extra_cpu,
+           "wall_s": wall, "images": images}
+    if all(r.get("first") for r in results):  # until every job had its first batch: joins, the first prep
+        row["first_batch_s"] = max(r["first"] for r in results) - start
+    return row
 
 
 def tjbench_rate(data: Path, samples: int = 4, seconds: float = 2) -> Optional[float]:
@@ -377,8 +384,8 @@ def main() -> None:
     print()
     print(f"Medians of {args.repeats} repeats (min-max in brackets); x of k={ks[0]}: the median of each repeat's ratio.")
     print()
-    print(f"| system | k | aggregate images/s | CPU s per epoch (all jobs) | x of k={ks[0]} |")
-    print("|---|---|---|---|---|")
+    print(f"| system | k | aggregate images/s | CPU s per epoch (all jobs) | x of k={ks[0]} | s to every job's first batch |")
+    print("|---|---|---|---|---|---|")
     for kind in kinds:
         for k in ks:
             rows = runs.get((kind, k))
@@ -388,8 +395,9 @@ def main() -> None:
             cpu = [r["cpu_s_per_epoch"] for r in rows]
             x = ratios(kind, k)
             label = names.get(kind, kind.replace("unstall", "unstall coordinated,", 1))
+            fb = [r["first_batch_s"] for r in rows if "first_batch_s" in r]
             print(f"| {label} | {k} | {med(ips):.0f}{spread(ips, '{:.0f}')} | {med(cpu):.1f}{spread(cpu, '{:.1f}')} | "
-                  f"{med(x):.2f}{spread(x)} |")
+                  f"{med(x):.2f}{spread(x)} | {f'{med(fb):.2f}' + spread(fb) if fb else '-'} |")
     for (kind, k), rows in runs.items():
         for r in rows[:1]:
             if "slots" in r:

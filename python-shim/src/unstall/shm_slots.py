@@ -41,10 +41,13 @@ class SlotMaps:
         else:
             self._maps.move_to_end(path)
         count = int(np.prod(shape, dtype=np.int64))
-        arr = np.frombuffer(mm, dtype=dtype, count=count).reshape(shape)
-        f = weakref.finalize(arr, self._released.append, (epoch, batch))
+        flat = np.frombuffer(mm, dtype=dtype, count=count)
+        # The finalizer goes on `flat`, not on the view handed out: numpy points every view of a view (a slice, a
+        # reshape, a transpose) at the first array of the chain, so `flat` lives exactly as long as any array or
+        # tensor over this batch does (torch.from_numpy keeps its array, which keeps `flat`).
+        f = weakref.finalize(flat, self._released.append, (epoch, batch))
         f.atexit = False
-        return arr
+        return flat.reshape(shape)
 
     def take_released(self) -> list[list[int]]:
         """The batches let go of since the last call (each once), as ``prep.next``'s ``"released"``."""

@@ -141,7 +141,9 @@ static int reserve(void **buf, size_t *cap, size_t n, size_t sz) {
  * straddle the pending stores and wait for them, which made the whole sample ~30% slower (native_prep_bench:
  * ~650 vs ~850 images per CPU-second, by the row's offset alone; malloc placed it either way, run to run).
  */
+#ifndef LINE_OFFSET /* native_prep_bench.sh can build it with another (NATIVE_BENCH_CFLAGS=-DLINE_OFFSET=0) */
 #define LINE_OFFSET 16
+#endif
 
 static int reserve_line(scratch *s, size_t n) {
   if (s->line_cap >= n) {

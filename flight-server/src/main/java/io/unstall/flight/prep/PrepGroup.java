@@ -106,7 +106,8 @@ final class PrepGroup {
    * whose members upload their batches.
    */
   PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
-      int threads, BufferAllocator parent, DecodeBudget decodeBudget, Settings requested, Limits limits) {
+      int threads, BufferAllocator parent, SlotPool slotPool, DecodeBudget decodeBudget, Settings requested,
+      Limits limits) {
     this.id = id;
     this.key = key;
     this.limits = limits;
@@ -126,7 +127,7 @@ final class PrepGroup {
     Path shm = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());
-    this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, lock);
+    this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, slotPool, lock);
     this.compressed = new CompressedBatches(id, parent, size.limit());
     staging.freeWith(compressed);
     if (uploads != null) {

@@ -83,6 +83,7 @@ public final class PrepService implements AutoCloseable {
   private final PrepGroup.Limits limits;
   private final ExecutorService pool;
   private final ScheduledExecutorService reaper;
+  private final SlotPool slotPool; // free /dev/shm slot files between groups
   private final AtomicLong memberIds = new AtomicLong();
   // Guarded by this: the open group of each key, and every group by id (closed ones kept for stats).
   private final Map<PrepGroup.Key, PrepGroup> open = new HashMap<>();
@@ -113,6 +114,7 @@ public final class PrepService implements AutoCloseable {
     this.decodeLimits = decodeLimits;
     this.allocator = prep;
     this.decodeBudget = new DecodeBudget(decode, timeoutSeconds, TimeUnit.SECONDS);
+    this.slotPool = new SlotPool(prep);
     this.threads = bounds.prepThreads();
     this.maxGroups = bounds.prepGroups();
     this.limits = new PrepGroup.Limits(bounds.prepClaimTimeout().toNanos(), bounds.waitTimeout().toNanos(),
@@ -311,7 +313,8 @@ public final class PrepService implements AutoCloseable {
               + " --prep-groups").toRuntimeException();
         }
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, decodeBudget, s, limits);
+        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, slotPool, decodeBudget, s,
+            limits);
         try {
           r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
         } catch (RuntimeException e) {
@@ -450,6 +453,7 @@ public final class PrepService implements AutoCloseable {
   }
 
   private void reap() {
+    slotPool.expire(System.nanoTime());
     List<PrepGroup> groups;
     synchronized (this) {
       groups = new ArrayList<>(open.values());
@@ -511,6 +515,7 @@ public final class PrepService implements AutoCloseable {
     st.put("limit_bytes", allocator.getLimit());
     st.put("allocated_bytes", allocator.getAllocatedMemory());
     st.put("peak_bytes", allocator.getPeakMemoryAllocation());
+    slotPool.stats(st);
     ObjectNode dc = o.putObject("decode");
     dc.put("max_pixels", decodeLimits.maxPixels());
     dc.put("max_aspect_ratio", decodeLimits.maxAspectRatio());
@@ -565,6 +570,7 @@ public final class PrepService implements AutoCloseable {
     }
     pool.shutdownNow();
     pool.awaitTermination(10, TimeUnit.SECONDS);
+    slotPool.close();
     SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
     decodeBudget.close(); // the data plane closes the prep and decode allocators next: they throw if memory is held
   }

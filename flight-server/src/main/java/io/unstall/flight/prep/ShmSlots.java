@@ -11,6 +11,7 @@ import java.util.Map;
 import java.util.TreeMap;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.OutOfMemoryException;
 
 /**
  * The /dev/shm files that hold a shared-memory group's batch tensors, reused batch after batch. A fresh tmpfs file
@@ -21,45 +22,46 @@ import org.apache.arrow.memory.BufferAllocator;
  * (a member that left or was dropped, a shim that does not report) is never written again: it is retired (its
  * file unlinked; the member keeps its pages until it unmaps, as with a file per batch). So a member never sees a
  * batch change under a tensor it holds. Slots count against the staging allocator like any other tensor buffer;
- * when staging needs room, the oldest slot still held by a member (its batch already freed) is retired.
- * Guarded by the group lock, except {@link #create}'s file work.
+ * when staging needs room, the oldest slot still held by a member (its batch already freed) is retired. When the
+ * group closes, its free slots go to the sidecar's {@link SlotPool} for the next group (and new slots come from it
+ * first). Guarded by the group lock, except {@link #create}'s file work.
  */
 final class ShmSlots {
   /** Free slots kept beyond this many are retired (a slot is a whole batch). */
   static final int MAX_FREE = 4;
 
   private static final class Slot {
-    final int id;
     final ShmBuffer shm;
-    final ArrowBuf buf; // the pool's own reference; a staged batch's tensor holds another
+    ArrowBuf buf; // this group's own reference (a SlotPool.Lease); a staged batch's tensor holds another
     long pos = -1; // the batch in it; -1 while free
     boolean staged; // the batch is still staged
     boolean unreported; // a member that does not report releases mapped it: retire once unstaged
+    volatile boolean reusable; // nobody maps it: when its last reference goes, it goes to the pool, not unlinked
     final Map<Long, Integer> holders = new HashMap<>(); // member -> mappings not yet released
 
-    Slot(int id, ShmBuffer shm, ArrowBuf buf) {
-      this.id = id;
+    Slot(ShmBuffer shm) {
       this.shm = shm;
-      this.buf = buf;
     }
   }
 
   private final String group;
   private final Path dir;
   private final BufferAllocator alloc;
+  private final SlotPool pool;
   private final Object lock;
   private final TreeMap<Long, Slot> byPos = new TreeMap<>();
   private final ArrayDeque<Slot> free = new ArrayDeque<>();
-  private int nextId;
   private long created;
+  private long fromPool;
   private long reused;
   private long retired;
   private boolean closed;
 
-  ShmSlots(String group, Path dir, BufferAllocator alloc, Object lock) {
+  ShmSlots(String group, Path dir, BufferAllocator alloc, SlotPool pool, Object lock) {
     this.group = group;
     this.dir = dir;
     this.alloc = alloc;
+    this.pool = pool;
     this.lock = lock;
   }
 
@@ -101,25 +103,33 @@ final class ShmSlots {
   record Tensor(ArrowBuf data, String path) {}
 
   private Slot create(long pos, long size) throws IOException {
-    int id;
-    synchronized (lock) {
-      id = nextId++;
+    ShmBuffer shm = pool.take(size);
+    boolean pooled = shm != null;
+    if (shm == null) {
+      shm = pool.create(dir, size);
     }
-    ShmBuffer shm = ShmBuffer.create(dir.resolve(group + "-slot-" + id), size, false);
-    ArrowBuf buf;
+    Slot s = new Slot(shm);
     try {
-      buf = alloc.wrapForeignAllocation(shm);
+      s.buf = lease(s);
+    } catch (OutOfMemoryException e) { // the budget may be held by pooled files: free them and try once more
+      pool.drain();
+      try {
+        s.buf = lease(s);
+      } catch (RuntimeException again) {
+        shm.discard();
+        throw again;
+      }
     } catch (RuntimeException e) {
       shm.discard();
       throw e;
     }
-    Slot s = new Slot(id, shm, buf);
     synchronized (lock) {
       if (closed) { // the group closed while this file was made
-        buf.close();
+        s.buf.close();
         throw new IOException("prep group " + group + " closed");
       }
       created++;
+      fromPool += pooled ? 1 : 0;
       s.pos = pos;
       s.staged = true;
       byPos.put(pos, s);
@@ -206,12 +216,12 @@ final class ShmSlots {
     return false;
   }
 
-  /** Retires every slot (the group closed). Caller holds the lock. */
+  /** Retires every slot a member may still map, and pools the free ones (the group closed). Caller holds the lock. */
   void close() {
     closed = true;
     byPos.values().forEach(this::retire);
     byPos.clear();
-    free.forEach(this::retire);
+    free.forEach(this::toPool);
     free.clear();
   }
 
@@ -220,8 +230,10 @@ final class ShmSlots {
       return;
     }
     byPos.remove(s.pos);
-    if (s.unreported || closed || free.size() >= MAX_FREE) {
+    if (s.unreported) {
       retire(s);
+    } else if (closed || free.size() >= MAX_FREE) {
+      toPool(s);
     } else {
       s.pos = -1;
       s.unreported = false;
@@ -229,9 +241,27 @@ final class ShmSlots {
     }
   }
 
-  /** Drops the pool's reference: the file goes when the last staged tensor over it does; mappings stay valid. */
+  /** The slot's memory, counted in this group's allocator; when the last reference goes, the file is pooled or not. */
+  private ArrowBuf lease(Slot s) {
+    return alloc.wrapForeignAllocation(new SlotPool.Lease(s.shm, () -> {
+      if (s.reusable) {
+        pool.offer(s.shm);
+      } else {
+        s.shm.discard(); // unlinked: members that still map it keep its pages
+      }
+    }));
+  }
+
+  /** Drops this group's reference: the file goes when the last tensor over it does; mappings stay valid. */
   private void retire(Slot s) {
     retired++;
+    s.reusable = false;
+    s.buf.close();
+  }
+
+  /** A free slot nobody maps (the group closed, or it has too many): to the sidecar's pool. */
+  private void toPool(Slot s) {
+    s.reusable = true;
     s.buf.close();
   }
 
@@ -242,6 +272,7 @@ final class ShmSlots {
     n.put("free", free.size());
     n.put("held", byPos.values().stream().filter(s -> !s.staged).count());
     n.put("created", created);
+    n.put("from_pool", fromPool);
     n.put("reused", reused);
     n.put("retired", retired);
   }

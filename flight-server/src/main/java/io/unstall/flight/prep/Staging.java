@@ -46,6 +46,7 @@ final class Staging {
   private final long limit;
   private final Path shmDir; // null: prepared tensors live in ordinary Arrow memory
   private final ShmSlots slots; // the reused /dev/shm files of prepared tensors; null without shmDir
+  private final SlotPool slotPool;
   private int window;
   private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
   private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
@@ -92,14 +93,17 @@ final class Staging {
   /** The largest window ever. */
   static final int MAX_WINDOW = 1024;
 
-  Staging(String group, String allocatorName, BufferAllocator parent, Size size, Path shmDir, GroupLock lock) {
+  /** {@code slotPool}: where the slot files of a shared-memory group ({@code shmDir} not null) come from and go. */
+  Staging(String group, String allocatorName, BufferAllocator parent, Size size, Path shmDir, SlotPool slotPool,
+      GroupLock lock) {
     this.group = group;
     this.lock = lock;
     this.limit = size.limit();
     this.window = size.window();
     this.shmDir = shmDir;
     this.alloc = parent.newChildAllocator(allocatorName, 0, size.limit());
-    this.slots = shmDir == null ? null : new ShmSlots(group, shmDir, alloc, lock);
+    this.slotPool = slotPool;
+    this.slots = shmDir == null ? null : new ShmSlots(group, shmDir, alloc, slotPool, lock);
   }
 
   /** A fresh /dev/shm directory for a shared-memory group, or null (none here, or it could not be made). */
@@ -147,8 +151,9 @@ final class Staging {
    */
   boolean roomForWindow(int w, BatchSource source) {
     BufferAllocator parent = alloc.getParentAllocator();
+    long pooled = slotPool == null ? 0 : slotPool.bytes(); // freed when a group needs the memory
     return w <= maxWindow(source)
-        && parent.getLimit() - parent.getAllocatedMemory() >= Math.max(source.batchBytes(), 1);
+        && parent.getLimit() - parent.getAllocatedMemory() + pooled >= Math.max(source.batchBytes(), 1);
   }
 
   boolean shm() {

@@ -73,6 +73,11 @@ public final class ShmBuffer extends ForeignAllocation {
     return path;
   }
 
+  /** Where the mapping starts, for an allocation that accounts for it without owning it. */
+  public long address() {
+    return memoryAddress();
+  }
+
   @Override
   protected void release0() {
     MappedByteBuffer m = map;

@@ -400,9 +400,21 @@ class PrepServiceTest {
       assertEquals(3L * nb, s.get("batches_prepared").asLong());
       assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong());
       heldMap.close();
-      for (String f : files) { // the group closed: every slot retired, its file gone
-        await("removal of " + f).atMost(Duration.ofSeconds(5)).until(() -> !Files.exists(Path.of(f)));
+      // the group closed: the slot a member still held is retired (its file gone), the free ones wait in the
+      // sidecar's pool, and the next group with batches of the same size takes them instead of making new files
+      await("removal of " + held).atMost(Duration.ofSeconds(5)).until(() -> !Files.exists(held));
+      JsonNode pooled = action("prep.stats", "").get("staging").get("shm_slot_pool");
+      assertTrue(pooled.get("files").asInt() >= 1, pooled.toString());
+      JsonNode c = join(",\"seed\":7,\"epochs\":1,\"shm\":true,\"window\":2,\"staging_bytes\":8388608");
+      String prevC = "[]";
+      java.util.Set<String> filesC = new java.util.HashSet<>();
+      for (int k = 0; k < nb; k++) {
+        filesC.add(next(c, 0, k, prevC).get("path").asText());
+        prevC = "[[0," + k + "]]";
       }
+      action("prep.leave", "{\"group\":\"" + c.get("group").asText() + "\",\"member\":" + c.get("member") + "}");
+      assertTrue(groupStats(c).get("shm_slots").get("from_pool").asInt() >= 1, groupStats(c).toString());
+      assertTrue(filesC.stream().anyMatch(files::contains), "a file of the first group: " + filesC + " " + files);
     } finally {
       pool.shutdownNow();
     }
