@@ -125,6 +125,7 @@ final class PrepGroup {
     }
     Staging.Size size = Staging.size(source, requested, parent.getLimit(), key.batchSize());
     Path shm = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;
+    slotPool.keepOnly(shm != null ? ((SidecarPrep) source).pipeline().sampleBytes() * key.batchSize() : 0);
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());
     this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, slotPool, lock);

@@ -17,8 +17,9 @@ import org.apache.arrow.memory.OutOfMemoryException;
  * page fault and a zeroed page per 4 KiB (~45 ms of CPU per 38.5 MB float32 batch on the development VM) where a
  * file that is already there costs nothing. Only files nobody maps any more come here (a slot a member may still
  * map is retired, never pooled). A pooled file is counted in the prep allocator (the groups' parent) while it waits,
- * at most {@link #MAX_FILES} of them, each for at most {@link #IDLE_NANOS}; a group that cannot get its memory empties
- * the pool first ({@link #drain}). One per {@link PrepService}; thread-safe.
+ * at most {@link #MAX_FILES} of them, each for at most {@link #IDLE_NANOS}, and only while the prep allocator stays
+ * at most half full with it; a new group keeps only the files it can use ({@link #keepOnly}), and a group that
+ * cannot get its memory empties the pool first ({@link #drain}). One per {@link PrepService}; thread-safe.
  */
 final class SlotPool implements AutoCloseable {
   static final int MAX_FILES = 8;
@@ -80,7 +81,7 @@ final class SlotPool implements AutoCloseable {
 
   /** Keeps a file that no member maps for the next group, or unlinks it (pool full or closed, no room). */
   synchronized void offer(ShmBuffer shm) {
-    if (!closed && files.size() < MAX_FILES) {
+    if (!closed && files.size() < MAX_FILES && prep.getAllocatedMemory() + shm.getSize() <= prep.getLimit() / 2) {
       try {
         files.addLast(new Pooled(shm, prep.wrapForeignAllocation(new Lease(shm, () -> { })), System.nanoTime()));
         return;
@@ -99,6 +100,20 @@ final class SlotPool implements AutoCloseable {
       bytes += discard(files.pollFirst());
     }
     return bytes;
+  }
+
+  /**
+   * A group was made: keeps the files of its slot size ({@code slotBytes}; 0 for a group without shared memory, which
+   * can use none) and unlinks the others, so the memory they hold is free for it.
+   */
+  synchronized void keepOnly(long slotBytes) {
+    for (Iterator<Pooled> it = files.iterator(); it.hasNext(); ) {
+      Pooled p = it.next();
+      if (p.shm().getSize() != slotBytes) {
+        it.remove();
+        discard(p);
+      }
+    }
   }
 
   /** Unlinks files pooled for longer than {@link #IDLE_NANOS}. */

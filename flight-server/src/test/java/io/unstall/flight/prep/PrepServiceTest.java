@@ -415,6 +415,12 @@ class PrepServiceTest {
       action("prep.leave", "{\"group\":\"" + c.get("group").asText() + "\",\"member\":" + c.get("member") + "}");
       assertTrue(groupStats(c).get("shm_slots").get("from_pool").asInt() >= 1, groupStats(c).toString());
       assertTrue(filesC.stream().anyMatch(files::contains), "a file of the first group: " + filesC + " " + files);
+      // a group that cannot use the pooled files (no shared memory) frees them for itself when it is made
+      await("the closed group's slots pooled").atMost(Duration.ofSeconds(5))
+          .until(() -> action("prep.stats", "").get("staging").get("shm_slot_pool").get("files").asInt() > 0);
+      JsonNode d = join(",\"seed\":8,\"epochs\":1");
+      assertEquals(0, action("prep.stats", "").get("staging").get("shm_slot_pool").get("files").asInt());
+      action("prep.leave", "{\"group\":\"" + d.get("group").asText() + "\",\"member\":" + d.get("member") + "}");
     } finally {
       pool.shutdownNow();
     }
