@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,8 @@ def test_a_torch_tensor_over_the_view_keeps_the_batch_held(tmp_path: Path) -> No
     maps = SlotMaps()
     t = torch.from_numpy(maps.view(_slot(tmp_path, "s0", values), np.dtype("<f4"), (8,), 0, 1).copy())
     assert maps.take_released() == [[0, 1]], "a copy does not hold the slot"
-    with pytest.warns(UserWarning):  # torch warns that the mapping is not writable
+    with warnings.catch_warnings():  # torch warns (once per process) that the mapping is not writable
+        warnings.simplefilter("ignore", UserWarning)
         t = torch.from_numpy(maps.view(_slot(tmp_path, "s1", values), np.dtype("<f4"), (8,), 0, 2))
     gc.collect()
     assert maps.take_released() == []
