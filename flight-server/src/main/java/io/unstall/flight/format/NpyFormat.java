@@ -193,7 +193,9 @@ public final class NpyFormat implements ContentIndexed {
       }
       byte[] all = new byte[total];
       ch.readFully(offset, ByteBuffer.wrap(all));
-      return NpyHeader.parse(all);
+      NpyHeader h = NpyHeader.parse(all);
+      h.dataBytes(); // a shape past what a row or a file can hold is this file's error, named with it
+      return h;
     } catch (IllegalArgumentException e) {
       throw new CorruptRecordException("corrupt " + name() + " file '" + storage.describe(f) + "' at byte offset "
           + offset + ": " + e.getMessage());

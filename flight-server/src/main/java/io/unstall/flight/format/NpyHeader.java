@@ -136,17 +136,22 @@ record NpyHeader(String descr, int itemSize, List<Long> shape, int dataOffset) {
   long rowBytes() {
     long n = itemSize;
     for (int i = 1; i < shape.size(); i++) {
-      n = Math.multiplyExact(n, shape.get(i));
-      if (n > Integer.MAX_VALUE - 8) {
+      if (shape.get(i) != 0 && n > (Integer.MAX_VALUE - 8) / shape.get(i)) {
         throw new IllegalArgumentException("a row of shape " + shape.subList(1, shape.size()) + " has over 2 GiB");
       }
+      n *= shape.get(i);
     }
     return n;
   }
 
-  /** The data's size in bytes: rows times row bytes. */
+  /** The data's size in bytes: rows times row bytes; an error past what a file can hold. */
   long dataBytes() {
-    return Math.multiplyExact(rows(), rowBytes());
+    long row = rowBytes();
+    if (row != 0 && rows() > Long.MAX_VALUE / row) {
+      throw new IllegalArgumentException("shape " + shape + " of " + itemSize + "-byte items is more bytes than a"
+          + " file can hold");
+    }
+    return rows() * row;
   }
 
   private static String once(String seen, String value, String key) {
