@@ -124,11 +124,13 @@ final class PrepGroup {
           parent.getRoundingPolicy(), counts, lock);
     }
     Staging.Size size = Staging.size(source, requested, parent.getLimit(), key.batchSize());
-    Path shm = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;
-    slotPool.keepOnly(shm != null ? ((SidecarPrep) source).pipeline().sampleBytes() * key.batchSize() : 0);
+    Path dir = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;
+    ShmSlots.Files shm = dir == null ? null
+        : new ShmSlots.Files(dir, slotPool, ((SidecarPrep) source).pipeline().sampleBytes() * key.batchSize());
+    slotPool.keepOnly(shm == null ? 0 : shm.slotBytes());
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());
-    this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, slotPool, lock);
+    this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, lock);
     this.compressed = new CompressedBatches(id, parent, size.limit());
     staging.freeWith(compressed);
     if (uploads != null) {

@@ -1,8 +1,6 @@
 package io.unstall.flight.prep;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.JsonNodeFactory;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import org.apache.arrow.vector.compression.CompressionUtil;
@@ -76,10 +74,7 @@ final class PrepRequests {
       if (!e.isArray() || e.size() != 2) {
         throw new IllegalArgumentException(action + ": \"released\"[" + i + "] must be [epoch, batch], got " + e);
       }
-      ObjectNode at = JsonNodeFactory.instance.objectNode();
-      at.set("epoch", e.get(0));
-      at.set("batch", e.get(1));
-      out[i] = new long[] {u32(action, at, "epoch"), u32(action, at, "batch")};
+      out[i] = new long[] {u32Value(action, e.get(0), "epoch"), u32Value(action, e.get(1), "batch")};
     }
     return out;
   }
@@ -196,7 +191,10 @@ final class PrepRequests {
   }
 
   private static long u32(String action, JsonNode b, String field) {
-    JsonNode v = b.get(field);
+    return u32Value(action, b.get(field), field);
+  }
+
+  private static long u32Value(String action, JsonNode v, String field) {
     if (v == null || !v.isIntegralNumber() || !v.canConvertToLong() || v.asLong() < 0 || v.asLong() > MAX_U32) {
       throw new IllegalArgumentException(action + ": \"epoch\" and \"batch\" (integers in 0.." + MAX_U32
           + ") are required; \"" + field + "\" is " + v);

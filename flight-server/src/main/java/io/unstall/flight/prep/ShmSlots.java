@@ -27,8 +27,11 @@ import org.apache.arrow.memory.OutOfMemoryException;
  * first). Guarded by the group lock, except {@link #create}'s file work.
  */
 final class ShmSlots {
-  /** Free slots kept beyond this many are retired (a slot is a whole batch). */
+  /** Free slots kept beyond this many go to the pool (a slot is a whole batch). */
   static final int MAX_FREE = 4;
+
+  /** Where a group's slot files are made ({@code dir}), where they come from and go ({@code pool}), their size. */
+  record Files(Path dir, SlotPool pool, long slotBytes) {}
 
   private static final class Slot {
     final ShmBuffer shm;
@@ -45,9 +48,9 @@ final class ShmSlots {
   }
 
   private final String group;
-  private final Path dir;
-  private final BufferAllocator alloc;
+  private final Files files;
   private final SlotPool pool;
+  private final BufferAllocator alloc;
   private final Object lock;
   private final TreeMap<Long, Slot> byPos = new TreeMap<>();
   private final ArrayDeque<Slot> free = new ArrayDeque<>();
@@ -57,20 +60,19 @@ final class ShmSlots {
   private long retired;
   private boolean closed;
 
-  ShmSlots(String group, Path dir, BufferAllocator alloc, SlotPool pool, Object lock) {
+  ShmSlots(String group, Files files, BufferAllocator alloc, Object lock) {
     this.group = group;
-    this.dir = dir;
+    this.files = files;
+    this.pool = files.pool();
     this.alloc = alloc;
-    this.pool = pool;
     this.lock = lock;
   }
 
   /**
-   * A slot of {@code slotBytes} for the batch at {@code pos}: a free one, or a new file. Returns a buffer of
-   * {@code bytes} over it for the batch's tensor (the vector that loads it holds its own reference) and the path.
-   * Called without the lock.
+   * A slot for the batch at {@code pos}: a free one, or a file from the pool or new. Returns a buffer of {@code bytes}
+   * (at most a slot) over it for the batch's tensor (the vector that loads it holds its own reference) and the path.
    */
-  Tensor take(long pos, long bytes, long slotBytes) throws IOException {
+  Tensor take(long pos, long bytes) throws IOException {
     Slot s;
     synchronized (lock) {
       s = null;
@@ -81,10 +83,6 @@ final class ShmSlots {
           s = f;
         }
       }
-      if (s != null && s.shm.getSize() < bytes) { // batches of another size (never for one pipeline)
-        retire(s);
-        s = null;
-      }
       if (s != null) {
         reused++;
         s.pos = pos;
@@ -93,7 +91,7 @@ final class ShmSlots {
       }
     }
     if (s == null) {
-      s = create(pos, Math.max(bytes, slotBytes));
+      s = create(pos);
     }
     s.buf.getReferenceManager().retain(); // the caller's reference: it closes the slice once a vector holds it
     return new Tensor(s.buf.slice(0, bytes), s.shm.path().toString());
@@ -102,11 +100,11 @@ final class ShmSlots {
   /** A batch's tensor buffer in a slot (one reference, the caller's to close), and the slot's file. */
   record Tensor(ArrowBuf data, String path) {}
 
-  private Slot create(long pos, long size) throws IOException {
-    ShmBuffer shm = pool.take(size);
+  private Slot create(long pos) throws IOException {
+    ShmBuffer shm = pool.take(files.slotBytes());
     boolean pooled = shm != null;
     if (shm == null) {
-      shm = pool.create(dir, size);
+      shm = pool.create(files.dir(), files.slotBytes());
     }
     Slot s = new Slot(shm);
     try {
@@ -189,6 +187,11 @@ final class ShmSlots {
         }
       }
     }
+  }
+
+  /** Bytes of the sidecar's pooled files: counted in the prep allocator, freed when a group needs the memory. */
+  long pooledBytes() {
+    return pool.bytes();
   }
 
   /** Bytes of free slots: allocated, but the next batches reuse them. Caller holds the lock. */

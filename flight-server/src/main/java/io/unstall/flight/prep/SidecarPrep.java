@@ -146,7 +146,7 @@ final class SidecarPrep implements BatchSource {
       VarBinaryVector payload = (VarBinaryVector) raw.getVector(BatchSchema.PAYLOAD);
       idOut.allocateNew(n);
       labelOut.allocateNew(n);
-      staging.allocateTensor(tensor, pos, n, pipeline.sampleBytes(), order.key.batchSize());
+      staging.allocateTensor(tensor, pos, n, pipeline.sampleBytes());
       int sb = (int) pipeline.sampleBytes(); // at most Integer.MAX_VALUE (PrepPipeline.parse)
       ArrowBuf in = payload.getDataBuffer();
       ArrowBuf dst = tensor.getDataBuffer();

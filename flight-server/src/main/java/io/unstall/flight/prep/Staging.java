@@ -2,7 +2,6 @@ package io.unstall.flight.prep;
 
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.shm.SharedMemory;
-import io.unstall.flight.shm.ShmBuffer;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.HashMap;
@@ -44,9 +43,7 @@ final class Staging {
   private final GroupLock lock;
   private final BufferAllocator alloc;
   private final long limit;
-  private final Path shmDir; // null: prepared tensors live in ordinary Arrow memory
-  private final ShmSlots slots; // the reused /dev/shm files of prepared tensors; null without shmDir
-  private final SlotPool slotPool;
+  private final ShmSlots slots; // the reused /dev/shm files of prepared tensors; null: ordinary Arrow memory
   private int window;
   private final TreeMap<Long, VectorSchemaRoot> staged = new TreeMap<>();
   private final Map<Long, FlightRuntimeException> failed = new HashMap<>();
@@ -93,17 +90,14 @@ final class Staging {
   /** The largest window ever. */
   static final int MAX_WINDOW = 1024;
 
-  /** {@code slotPool}: where the slot files of a shared-memory group ({@code shmDir} not null) come from and go. */
-  Staging(String group, String allocatorName, BufferAllocator parent, Size size, Path shmDir, SlotPool slotPool,
-      GroupLock lock) {
+  /** {@code shm}: a shared-memory group's slot files (where, their pool, their size); null for ordinary memory. */
+  Staging(String group, String allocatorName, BufferAllocator parent, Size size, ShmSlots.Files shm, GroupLock lock) {
     this.group = group;
     this.lock = lock;
     this.limit = size.limit();
     this.window = size.window();
-    this.shmDir = shmDir;
     this.alloc = parent.newChildAllocator(allocatorName, 0, size.limit());
-    this.slotPool = slotPool;
-    this.slots = shmDir == null ? null : new ShmSlots(group, shmDir, alloc, slotPool, lock);
+    this.slots = shm == null ? null : new ShmSlots(group, shm, alloc, lock);
   }
 
   /** A fresh /dev/shm directory for a shared-memory group, or null (none here, or it could not be made). */
@@ -151,13 +145,13 @@ final class Staging {
    */
   boolean roomForWindow(int w, BatchSource source) {
     BufferAllocator parent = alloc.getParentAllocator();
-    long pooled = slotPool == null ? 0 : slotPool.bytes(); // freed when a group needs the memory
+    long pooled = slots == null ? 0 : slots.pooledBytes(); // freed when a group needs the memory
     return w <= maxWindow(source)
         && parent.getLimit() - parent.getAllocatedMemory() + pooled >= Math.max(source.batchBytes(), 1);
   }
 
   boolean shm() {
-    return shmDir != null;
+    return slots != null;
   }
 
   long allocated() {
@@ -213,11 +207,13 @@ final class Staging {
       in.getVector(i).makeTransferPair(copy.getVector(i)).transfer();
     }
     copy.setRowCount(in.getRowCount());
-    if (shmDir != null) {
+    if (slots != null) {
       try {
-        toSharedMemory(copy, pos, sampleBytes);
+        FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) copy.getVector(PrepSchema.TENSOR);
+        toSlot(tensor, pos, copy.getRowCount(), (long) copy.getRowCount() * sampleBytes, tensor);
       } catch (IOException | RuntimeException e) { // /dev/shm full
         copy.close();
+        unstaged(pos);
         LOG.warn("prep group {}: batch at {} could not be staged in shared memory ({})", group, pos, e.toString());
         return -1;
       }
@@ -229,20 +225,34 @@ final class Staging {
 
   /**
    * Gives the tensor column of a batch being prepared at {@code pos} its buffers: ordinary memory, or a slot of
-   * {@link ShmSlots} (a /dev/shm file mapped here, reused, counted by the staging allocator like any other) big
-   * enough for a whole batch of {@code batchSize}. Called without the lock.
+   * {@link ShmSlots} (a /dev/shm file mapped here, reused, counted by the staging allocator like any other). Called
+   * without the lock.
    */
-  void allocateTensor(FixedSizeBinaryVector tensor, long pos, int n, long sampleBytes, int batchSize)
-      throws IOException {
-    if (shmDir == null) {
+  void allocateTensor(FixedSizeBinaryVector tensor, long pos, int n, long sampleBytes) throws IOException {
+    if (slots == null) {
       tensor.allocateNew(n);
       return;
     }
-    ShmSlots.Tensor t = slots.take(pos, (long) n * sampleBytes, (long) Math.max(n, batchSize) * sampleBytes);
+    toSlot(tensor, pos, n, (long) n * sampleBytes, null);
+  }
+
+  /**
+   * Loads {@code tensor} with {@code n} rows ({@code bytes}) over a slot taken for {@code pos}, copying in the bytes
+   * and validity of {@code from} (the same vector, for an uploaded batch) if given.
+   */
+  private void toSlot(FixedSizeBinaryVector tensor, long pos, int n, long bytes, FixedSizeBinaryVector from)
+      throws IOException {
+    ShmSlots.Tensor t = slots.take(pos, bytes);
     try (ArrowBuf data = t.data();
         ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
       validity.setZero(0, validity.capacity());
-      tensor.loadFieldBuffers(new ArrowFieldNode(n, 0), List.of(validity, data));
+      int nulls = 0;
+      if (from != null) {
+        data.setBytes(0, from.getDataBuffer(), 0, bytes);
+        validity.setBytes(0, from.getValidityBuffer(), 0, (n + 7) / 8);
+        nulls = from.getNullCount();
+      }
+      tensor.loadFieldBuffers(new ArrowFieldNode(n, nulls), List.of(validity, data));
     }
     synchronized (lock) {
       shmPaths.put(pos, t.path());
@@ -287,22 +297,6 @@ final class Staging {
     if (slots != null) {
       slots.unstaged(pos);
     }
-  }
-
-  /** Moves an uploaded batch's tensor column into a /dev/shm file, as {@link #allocateTensor} makes prepared ones. */
-  private void toSharedMemory(VectorSchemaRoot r, long pos, int sampleBytes) throws IOException {
-    FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) r.getVector(PrepSchema.TENSOR);
-    int n = r.getRowCount();
-    long bytes = (long) n * sampleBytes;
-    ShmBuffer shm = ShmBuffer.create(shmDir.resolve(group + "-" + pos), bytes, false);
-    try (ArrowBuf data = alloc.wrapForeignAllocation(shm);
-        ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
-      data.setBytes(0, tensor.getDataBuffer(), 0, bytes);
-      validity.setZero(0, validity.capacity());
-      validity.setBytes(0, tensor.getValidityBuffer(), 0, (n + 7) / 8);
-      tensor.loadFieldBuffers(new ArrowFieldNode(n, tensor.getNullCount()), List.of(validity, data));
-    }
-    shmPaths.put(pos, shm.path().toString());
   }
 
   /**
