@@ -403,7 +403,7 @@ def main() -> None:
             if "slots" in r:
                 sl = r["slots"]
                 print(f"{kind}, k = {k}: /dev/shm slots created {sl['created']}, reused {sl['reused']}, "
-                      f"retired {sl['retired']} for {r['prepared'] // BATCH + 1} batches (first repeat)")
+                      f"retired {sl['retired']} for {-(-r['prepared'] // BATCH)} batches (first repeat)")
     print()
     if tjs:
         print(f"tjbench (libjpeg-turbo, 1 thread) decode only, before each k={ks[0]} run: "
