@@ -195,6 +195,26 @@ def test_local_fetch_request_matches_its_golden_bytes(fixtures_dir: Path) -> Non
     assert (req.kind, req.session, req.epoch, req.ids.tolist()) == (3, doc["session"], doc["epoch"], doc["ids"])
 
 
+def test_local_prep_request_matches_its_golden_bytes(fixtures_dir: Path) -> None:
+    doc = json.loads((fixtures_dir / "local-prep-next-v1.json").read_text())
+    golden = (fixtures_dir / "local-prep-next-v1.bin").read_bytes()
+    assert doc["kind"] == protocol.LOCAL_PREP
+    assert protocol.encode_local_prep(doc["action"], doc["body"].encode()) == golden
+    req = protocol.decode_local_request(golden)
+    assert (req.kind, req.action, req.body) == (6, "prep.next", doc["body"].encode())
+    assert json.loads(req.body)["released"] == [[1, 3], [1, 4]]
+
+
+def test_local_prep_request_carries_prep_actions_only() -> None:
+    with pytest.raises(ValueError, match="prep.\\* actions"):
+        protocol.encode_local_prep("stats", b"")
+    bad = protocol.encode_local_prep("prep.next", b"{}").replace(b"prep.next", b"drop.next")
+    with pytest.raises(ValueError, match="malformed request: PREP carries prep.\\* actions only, not 'drop.next'"):
+        protocol.decode_local_request(bad)
+    with pytest.raises(ValueError, match="malformed request: PREP action type length 0"):
+        protocol.decode_local_request(b"\x06\x00\x00{}")
+
+
 def test_local_batch_reply_matches_its_golden_bytes(fixtures_dir: Path) -> None:
     doc = json.loads((fixtures_dir / "local-batch-v1.json").read_text())
     golden = (fixtures_dir / "local-batch-v1.bin").read_bytes()

@@ -144,6 +144,9 @@ def test_golden_fixtures_decode_to_the_values_java_asserts() -> None:
     doc = _doc("local-fetch-v1.json")
     r = decode_local_request(_fixture("local-fetch-v1.bin"))
     assert (r.kind, r.session, r.epoch, r.ids.tolist()) == (doc["kind"], doc["session"], doc["epoch"], doc["ids"])
+    doc = _doc("local-prep-next-v1.json")
+    r = decode_local_request(_fixture("local-prep-next-v1.bin"))
+    assert (r.kind, r.action, r.body) == (doc["kind"], doc["action"], doc["body"].encode())
     doc = _doc("local-batch-v1.json")
     b = decode_local_reply(_fixture("local-batch-v1.bin"))
     assert isinstance(b, LocalBatch)
@@ -204,6 +207,9 @@ def _check_local_request(data: bytes) -> None:
         assert struct.pack("<BQII", r.kind, r.session, r.epoch, r.ids.size) + r.ids.tobytes() == data
     elif r.kind == protocol.LOCAL_CLOSE:
         assert protocol.encode_local_close(r.session or 0) == data
+    elif r.kind == protocol.LOCAL_PREP:
+        assert r.action is not None and r.body is not None
+        assert protocol.encode_local_prep(r.action, r.body) == data
     else:
         assert r.kind == protocol.LOCAL_OPEN and isinstance(r.doc, dict)
 
@@ -251,6 +257,7 @@ GOLDEN: dict[str, list[Callable[[bytes], object]]] = {
     "bad-utf8-name.bin": TICKET_DECODERS,
     "peer-ticket-v1.bin": TICKET_DECODERS,  # sidecar to sidecar: every shim decoder refuses it
     "local-fetch-v1.bin": [_check_local_request],
+    "local-prep-next-v1.bin": [_check_local_request],
     "local-batch-v1.bin": [_check_local_reply],
 }
 

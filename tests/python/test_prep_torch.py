@@ -132,6 +132,27 @@ def test_shared_memory_slots_are_reused_and_a_held_tensor_never_changes(env: Pre
         assert 0 < s["staging_peak_bytes"] <= s["staging_limit_bytes"]
 
 
+def test_shared_memory_members_ask_prep_next_on_the_local_socket(env: PrepEnv) -> None:
+    """A shared-memory member's per-batch prep.next goes over the sidecar's local socket (the join reply names it),
+    not a gRPC round trip; a socket that does not take the connection leaves the member on Flight, which reads
+    every batch the same way."""
+    with env.client() as client:
+        a = prep.join("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=31, epochs=1, transport="shm", client=client)
+        assert a.shm and a.info["local"].endswith("/data.sock"), a.info
+        batches = a.epoch_arrays(0)
+        _, _, ids = next(batches)
+        seen = ids.tolist()
+        assert a._local is not None and a._local.connection_id is not None, "prep.next went over the local socket"
+        seen += [i for _, _, ids in batches for i in ids.tolist()]
+        assert sorted(seen) == list(range(N_SAMPLES))
+
+        b = prep.join("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=32, epochs=1, transport="shm", client=client)
+        b.info["local"] = str(Path(env.tmp) / "no-such.sock")
+        got = [i for _, _, ids in b.epoch_arrays(0) for i in ids.tolist()]
+        assert b._local is None and b._local_refused == b.info["local"]
+        assert sorted(got) == list(range(N_SAMPLES))
+
+
 def test_staging_memory_stays_within_its_bound(env: PrepEnv) -> None:
     one = BATCH * 3 * SIZE * SIZE * 4 + BATCH * 512 + (256 << 10)
     with env.client() as client:

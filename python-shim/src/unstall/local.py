@@ -324,6 +324,13 @@ class LocalClient:
             for k in [k for k, v in self._default_sessions.items() if v == session]:
                 del self._default_sessions[k]
 
+    def prep_action(self, action: str, body: bytes) -> dict[str, Any]:
+        """PREP: a ``prep.*`` action (``prep.next``) run as a Flight DoAction would run it for the owner; its JSON
+        result. Not sent again after a sidecar fault: a prep member recovers by joining the restarted sidecar's
+        group (``Membership``)."""
+        with self._lock:
+            return self._ok(self._exchange(self._conn(), protocol.encode_local_prep(action, body), action), action)
+
     def plan(self, session: int, ids: Union[Sequence[int], np.ndarray], epoch: int,
              dataset: Optional[str] = None) -> int:
         """PLAN: the epoch's whole order for clairvoyant prefetch; returns how many samples were planned.

@@ -31,6 +31,7 @@ import pyarrow.flight as fl
 
 from .client import FlightClient
 from .echo import Echo
+from .local import LocalClient
 from .recovery import call_with_recovery
 from .shm_slots import SlotMaps
 from .errors import PrepGroupNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
@@ -272,6 +273,9 @@ class Membership:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     _warned: set[int] = field(default_factory=set, repr=False)
     _slots: SlotMaps = field(default_factory=SlotMaps, repr=False)  # shared memory: the group's slot files
+    # shared memory: prep.next goes over the sidecar's local socket (the join reply's "local"), not gRPC
+    _local: Optional[LocalClient] = field(default=None, repr=False)
+    _local_refused: Optional[str] = field(default=None, repr=False)  # a socket that did not take a connection
 
     @property
     def group(self) -> str:
@@ -394,9 +398,12 @@ class Membership:
 
         def next_batch() -> dict[str, Any]:
             # "released": the batches whose views are gone, so the sidecar may write their slots again
-            body = dict(group=self.group, member=self.member, epoch=epoch, batch=index,
-                        released=self._slots.take_released())
-            return dict(json.loads(self.client.do_action("prep.next", json.dumps(body).encode(), recover=False)[0]))
+            body = json.dumps(dict(group=self.group, member=self.member, epoch=epoch, batch=index,
+                                   released=self._slots.take_released())).encode()
+            local = self._local_client()
+            if local is not None:
+                return local.prep_action("prep.next", body)
+            return dict(json.loads(self.client.do_action("prep.next", body, recover=False)[0]))
 
         r = self._at(epoch, index, next_batch)
         self._note_skipped(epoch, index, r.get("skipped", ()))
@@ -407,6 +414,27 @@ class Membership:
         else:
             tensors = self._slots.view(r["path"], dtype, shape, epoch, index)
         return tensors, np.asarray(r["labels"], dtype=np.int64), np.asarray(r["ids"], dtype=np.int64)
+
+    def _local_client(self) -> Optional[LocalClient]:
+        """The sidecar's local socket for ``prep.next`` (a round trip without gRPC: docs/PREP.md), or None: the
+        sidecar named none, or it did not take a connection (then Flight, which recovers if the sidecar is gone).
+        A member that joined a restarted sidecar's group connects to that sidecar's socket."""
+        path = self.info.get("local")
+        if not path or path == self._local_refused:
+            return None
+        if self._local is None or self._local.socket_path != path:
+            if self._local is not None:
+                self._local.close()
+            local = LocalClient(path, self.client.endpoint().token, timeout=self.client.timeout)
+            try:
+                local.connect()
+            except SidecarError as e:
+                log.debug("unstall: prep.next over Flight: the local socket %s refused: %s", path, e)
+                self._local_refused = path
+                self._local = None
+                return None
+            self._local = local
+        return self._local
 
     def epoch_arrays(self, epoch: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         for b in range(self.first_batch(epoch), self.num_batches):
@@ -454,6 +482,8 @@ class Membership:
             return
         self._stop.set()
         self._slots.clear()
+        if self._local is not None:
+            self._local.close()
         try:
             self.client.do_action("prep.leave", json.dumps({"group": self.group, "member": self.member}).encode(),
                                   recover=False)

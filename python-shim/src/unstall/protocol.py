@@ -65,6 +65,7 @@ __all__ = [
     "encode_local_fetch",
     "encode_local_plan",
     "encode_local_close",
+    "encode_local_prep",
     "decode_local_request",
     "encode_local_ok",
     "encode_local_error",
@@ -654,7 +655,8 @@ LOCAL_MAGIC = b"UNSL"
 LOCAL_VERSION = 1
 LOCAL_MAX_FRAME = 256 << 20
 LOCAL_FRAME = struct.Struct("<I")  # every frame: u32 length of the body, then the body
-LOCAL_HELLO, LOCAL_OPEN, LOCAL_FETCH, LOCAL_PLAN, LOCAL_CLOSE = 1, 2, 3, 4, 5
+LOCAL_HELLO, LOCAL_OPEN, LOCAL_FETCH, LOCAL_PLAN, LOCAL_CLOSE, LOCAL_PREP = 1, 2, 3, 4, 5, 6
+LOCAL_MAX_ACTION_TYPE = 64  # PREP: the longest action type
 LOCAL_MAX_PLAN_IDS = 1 << 25
 REPLY_OK, REPLY_ERROR, REPLY_BATCH = 0, 1, 2
 LOCAL_ERROR_CODES = {
@@ -669,7 +671,9 @@ _LOCAL_IDS = struct.Struct("<BQII")  # kind, session, epoch, n (FETCH, PLAN)
 _LOCAL_SESSION = struct.Struct("<BQ")  # kind, session (CLOSE)
 _LOCAL_HELLO = struct.Struct("<B4sBH")  # kind, magic, version, token length
 _LOCAL_BATCH = struct.Struct("<B3xIII")  # kind, pad, n, nseg, keyBytes
-_LOCAL_NAMES = {LOCAL_HELLO: "HELLO", LOCAL_OPEN: "OPEN", LOCAL_FETCH: "FETCH", LOCAL_PLAN: "PLAN", LOCAL_CLOSE: "CLOSE"}
+_LOCAL_PREP = struct.Struct("<BH")  # kind, action type length (PREP)
+_LOCAL_NAMES = {LOCAL_HELLO: "HELLO", LOCAL_OPEN: "OPEN", LOCAL_FETCH: "FETCH", LOCAL_PLAN: "PLAN", LOCAL_CLOSE: "CLOSE",
+                LOCAL_PREP: "PREP"}
 
 
 @dataclass(frozen=True)
@@ -682,6 +686,8 @@ class LocalRequest:
     session: Optional[int] = None  # FETCH, PLAN, CLOSE
     epoch: Optional[int] = None  # FETCH, PLAN
     ids: Optional[np.ndarray] = None  # FETCH, PLAN (uint64)
+    action: Optional[str] = None  # PREP: the prep.* action
+    body: Optional[bytes] = None  # PREP: its body (UTF-8 JSON, as DoAction's)
 
 
 @dataclass(frozen=True)
@@ -747,6 +753,15 @@ def encode_local_close(session: int) -> bytes:
     return _LOCAL_SESSION.pack(LOCAL_CLOSE, _u64(session, "session"))
 
 
+def encode_local_prep(action: str, body: bytes) -> bytes:
+    """PREP: ``u8 6, u16 L, action[L], body``: a ``prep.*`` action (``prep.next``) on the local socket instead of
+    a Flight DoAction; the reply is OK with the same JSON document."""
+    t = action.encode()
+    if not action.startswith("prep.") or not 1 <= len(t) <= LOCAL_MAX_ACTION_TYPE:
+        raise ValueError(f"PREP carries prep.* actions of at most {LOCAL_MAX_ACTION_TYPE} bytes, not {action!r}")
+    return _LOCAL_PREP.pack(LOCAL_PREP, len(t)) + t + bytes(body)
+
+
 def _u64(v: int, what: str) -> int:
     v = int(v)
     if not 0 <= v <= _U64_MAX:
@@ -792,6 +807,21 @@ def decode_local_request(body: Union[bytes, bytearray, memoryview]) -> LocalRequ
         _expect_size(buf, _LOCAL_IDS.size + 8 * n, _LOCAL_NAMES[kind])
         ids = np.frombuffer(buf, dtype="<u8", count=n, offset=_LOCAL_IDS.size)
         return LocalRequest(kind, session=session, epoch=epoch, ids=ids)
+    if kind == LOCAL_PREP:
+        if len(buf) < _LOCAL_PREP.size:
+            raise ValueError(f"malformed request: truncated PREP: {len(buf)} bytes")
+        n = _LOCAL_PREP.unpack_from(buf)[1]
+        if not 1 <= n <= LOCAL_MAX_ACTION_TYPE:
+            raise ValueError(f"malformed request: PREP action type length {n} is outside 1..{LOCAL_MAX_ACTION_TYPE}")
+        if len(buf) < _LOCAL_PREP.size + n:
+            raise ValueError(f"malformed request: truncated PREP: {len(buf)} bytes")
+        try:
+            action = bytes(buf[_LOCAL_PREP.size : _LOCAL_PREP.size + n]).decode()
+        except UnicodeDecodeError:
+            raise ValueError("malformed request: PREP action type is not UTF-8") from None
+        if not action.startswith("prep."):
+            raise ValueError(f"malformed request: PREP carries prep.* actions only, not {action!r}")
+        return LocalRequest(kind, action=action, body=bytes(buf[_LOCAL_PREP.size + n :]))
     if kind == LOCAL_CLOSE:
         _expect_size(buf, _LOCAL_SESSION.size, "CLOSE")
         return LocalRequest(kind, session=_LOCAL_SESSION.unpack_from(buf)[1])

@@ -135,7 +135,7 @@ public final class DataPlane implements AutoCloseable {
           new PrepService(registry, assembler, prepMemory, decodeMemory, bounds, b.decodeLimits, b.budgetTimeoutSeconds),
           sessions, calls, bounds, tenants);
       this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
-          new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds),
+          new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds, producer.prep()),
           bounds.localConnections());
       Location location = b.tls ? Location.forGrpcTls(b.host, b.port) : Location.forGrpcInsecure(b.host, b.port);
       // A message no call could use is refused by gRPC before it is buffered: the longest is a PLAN at the bound or
@@ -192,6 +192,7 @@ public final class DataPlane implements AutoCloseable {
       server.start();
       if (local != null) {
         local.start();
+        producer.prep().localSocket(local.path()); // same-host members ask prep.next on it, not over gRPC
       }
       if (clusterSettings != null) {
         startCluster();

@@ -127,6 +127,10 @@ final class LocalConnection implements Runnable {
         int planned = service.plan(service.session(req.session()), req.epoch(), req.ids());
         return ok(JSON.createObjectNode().put("v", 1).put("planned", planned));
       }
+      case PREP -> {
+        byte[] result = service.prepAction(LocalFrames.parsePrep(body), () -> !ch.isOpen());
+        return ByteBuffer.wrap(LocalFrames.ok(result));
+      }
       case CLOSE -> {
         long id = LocalFrames.parseSession(body);
         service.close(id);
@@ -136,7 +140,7 @@ final class LocalConnection implements Runnable {
         return ok(JSON.createObjectNode().put("v", 1).put("closed", true));
       }
       default -> throw new IllegalArgumentException(
-          "malformed local request: unknown kind " + kind + " (1 HELLO, 2 OPEN, 3 FETCH, 4 PLAN, 5 CLOSE)");
+          "malformed local request: unknown kind " + kind + " (1 HELLO, 2 OPEN, 3 FETCH, 4 PLAN, 5 CLOSE, 6 PREP)");
     }
   }
 
@@ -181,7 +185,7 @@ final class LocalConnection implements Runnable {
     FlightRuntimeException status = UnstallProducer.toStatus(e);
     FlightStatusCode code = status.status().code();
     int local = switch (code) {
-      case INVALID_ARGUMENT -> INVALID_ARGUMENT;
+      case INVALID_ARGUMENT, UNIMPLEMENTED -> INVALID_ARGUMENT; // UNIMPLEMENTED: an unknown prep.* action
       case NOT_FOUND -> NOT_FOUND;
       case RESOURCE_EXHAUSTED -> RESOURCE_EXHAUSTED;
       case UNAUTHENTICATED, UNAUTHORIZED -> UNAUTHENTICATED;

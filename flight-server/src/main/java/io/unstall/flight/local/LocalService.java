@@ -5,7 +5,10 @@ import io.unstall.flight.Bounds;
 import io.unstall.flight.Prefetcher;
 import io.unstall.flight.StreamBudget;
 import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.auth.Principal;
 import io.unstall.flight.dataset.DatasetRegistry;
+import io.unstall.flight.prep.PrepService;
+import io.unstall.flight.protocol.LocalFrames;
 import io.unstall.flight.session.FetchSession;
 import io.unstall.flight.session.Sessions;
 import io.unstall.flight.shm.SharedMemory;
@@ -15,10 +18,15 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BooleanSupplier;
+import org.apache.arrow.flight.Action;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 
-/** What the local socket's requests do, apart from framing: sessions, batches in shared memory, plans. */
+/**
+ * What the local socket's requests do, apart from framing: sessions, batches in shared memory, plans, and the
+ * prep group actions of same-host members (a {@code prep.next} a batch, without gRPC).
+ */
 public final class LocalService {
   private final byte[] token;
   private final DatasetRegistry registry;
@@ -28,12 +36,14 @@ public final class LocalService {
   private final StreamBudget budget;
   private final SharedMemory shm;
   private final Bounds bounds;
+  private final PrepService prep;
   private final AtomicLong stagingFiles = new AtomicLong();
 
   public LocalService(
       String token, DatasetRegistry registry, Sessions sessions, BatchAssembler assembler, BufferAllocator streams,
-      StreamBudget budget, SharedMemory shm, Bounds bounds) {
+      StreamBudget budget, SharedMemory shm, Bounds bounds, PrepService prep) {
     this.bounds = bounds;
+    this.prep = prep;
     this.token = token.getBytes(StandardCharsets.UTF_8);
     this.registry = registry;
     this.sessions = sessions;
@@ -66,6 +76,14 @@ public final class LocalService {
 
   Bounds bounds() {
     return bounds;
+  }
+
+  /**
+   * A {@code prep.*} action, run as DoAction runs it for the owner: HELLO took the owner's token, the only one the
+   * socket accepts. Its result is the same JSON document.
+   */
+  byte[] prepAction(LocalFrames.PrepAction a, BooleanSupplier cancelled) throws Exception {
+    return prep.doAction(new Action(a.type(), a.body()), cancelled, Principal.OWNER);
   }
 
   int plan(FetchSession s, long epoch, long[] requested) {

@@ -13,6 +13,7 @@ import io.unstall.flight.auth.Principal;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -84,6 +85,7 @@ public final class PrepService implements AutoCloseable {
   private final ExecutorService pool;
   private final ScheduledExecutorService reaper;
   private final SlotPool slotPool; // free /dev/shm slot files between groups
+  private volatile String localSocket; // the local socket's path once it listens (localSocket)
   private final AtomicLong memberIds = new AtomicLong();
   // Guarded by this: the open group of each key, and every group by id (closed ones kept for stats).
   private final Map<PrepGroup.Key, PrepGroup> open = new HashMap<>();
@@ -292,6 +294,14 @@ public final class PrepService implements AutoCloseable {
     return r;
   }
 
+  /**
+   * The sidecar's local socket, once it listens: an owner's join of a group staging in shared memory names it
+   * ({@code "local"}), where the member then sends its {@code prep.next} requests (protocol/README.md, kind 6).
+   */
+  public void localSocket(Path socket) {
+    this.localSocket = socket == null ? null : socket.toString();
+  }
+
   ObjectNode join(PrepRequests.Join j, Principal caller) throws Exception {
     caller.checkRead(j.dataset());
     Dataset d = registry.get(j.dataset(), caller::mayRead);
@@ -327,6 +337,8 @@ public final class PrepService implements AutoCloseable {
       }
       if (!caller.owner()) {
         r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets
+      } else if (r.path("shm").asBoolean(false) && localSocket != null) {
+        r.put("local", localSocket);
       }
       return r;
     }

@@ -5,6 +5,8 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 import java.util.List;
@@ -27,6 +29,9 @@ public final class LocalFrames {
   public static final int FETCH = 3;
   public static final int PLAN = 4;
   public static final int CLOSE = 5;
+  public static final int PREP = 6;
+  /** The longest action type a PREP request may name ({@code prep.*}, as DoAction would). */
+  public static final int MAX_ACTION_TYPE = 64;
 
   public static final int REPLY_OK = 0;
   public static final int REPLY_ERROR = 1;
@@ -127,8 +132,50 @@ public final class LocalFrames {
     return b.array();
   }
 
+  /** A PREP request: a {@code prep.*} action and its body (UTF-8 JSON), as a Flight DoAction would carry them. */
+  public record PrepAction(String type, byte[] body) {}
+
+  /**
+   * A PREP body (after the kind byte): {@code u16 L, type[L]} (UTF-8, {@code prep.*}), then the action's body to
+   * the end of the frame. The body is the action's to parse, as over Flight.
+   */
+  public static PrepAction parsePrep(ByteBuffer b) {
+    need(b, 2, "PREP action type length");
+    int len = Short.toUnsignedInt(b.getShort());
+    if (len < 1 || len > MAX_ACTION_TYPE) {
+      throw malformed("PREP action type length " + len + " not in 1.." + MAX_ACTION_TYPE);
+    }
+    need(b, len, "PREP action type");
+    byte[] t = new byte[len];
+    b.get(t);
+    String type;
+    try {
+      type = StandardCharsets.UTF_8.newDecoder().onMalformedInput(CodingErrorAction.REPORT)
+          .onUnmappableCharacter(CodingErrorAction.REPORT).decode(ByteBuffer.wrap(t)).toString();
+    } catch (CharacterCodingException e) {
+      throw malformed("PREP action type is not UTF-8");
+    }
+    if (!type.startsWith("prep.")) {
+      throw malformed("PREP carries prep.* actions only, not '" + type + "'");
+    }
+    byte[] body = new byte[b.remaining()];
+    b.get(body);
+    return new PrepAction(type, body);
+  }
+
+  /** The request body of a PREP (kind byte included), as a client sends it. */
+  public static byte[] encodePrep(String type, byte[] body) {
+    byte[] t = type.getBytes(StandardCharsets.UTF_8);
+    return ByteBuffer.allocate(3 + t.length + body.length).order(ByteOrder.LITTLE_ENDIAN)
+        .put((byte) PREP).putShort((short) t.length).put(t).put(body).array();
+  }
+
   public static byte[] ok(String json) {
-    byte[] j = json.getBytes(StandardCharsets.UTF_8);
+    return ok(json.getBytes(StandardCharsets.UTF_8));
+  }
+
+  /** An OK reply of UTF-8 JSON bytes. */
+  public static byte[] ok(byte[] j) {
     byte[] out = new byte[1 + j.length];
     out[0] = REPLY_OK;
     System.arraycopy(j, 0, out, 1, j.length);

@@ -164,6 +164,47 @@ class LocalPlaneTest {
   }
 
   @Test
+  void prepActionsRunOnTheSocketAsOverFlightAndAJoinNamesIt() throws Exception {
+    start("minio", 4 * SAMPLE);
+    try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
+      LocalTestClient.ok(c.call(LocalTestClient.hello(TOKEN)));
+      byte[] join = ("{\"v\":1,\"dataset\":\"imgs\",\"pipeline\":{\"ops\":[{\"op\":\"decode\"},"
+          + "{\"op\":\"resize\",\"size\":[8,8]}]},\"batch_size\":4,\"seed\":1,\"group_size\":1,"
+          + "\"shm\":true,\"name\":\"local test\"}").getBytes(StandardCharsets.UTF_8);
+      JsonNode joined = c.ok(LocalFrames.encodePrep("prep.join", join));
+      String group = joined.get("group").asText();
+      long member = joined.get("member").asLong();
+      assertTrue(joined.get("shm").asBoolean(), joined.toString());
+      assertEquals(plane.localEndpoint().toString(), joined.get("local").asText(), "where to send prep.next");
+      JsonNode stats = c.ok(LocalFrames.encodePrep("prep.stats", new byte[0]));
+      assertTrue(stats.get("groups").has(group), stats.toString());
+      // An unknown group: the error Flight's DoAction gives, and the connection goes on.
+      ByteBuffer r = c.call(LocalFrames.encodePrep("prep.next",
+          "{\"group\":\"nope\",\"member\":1,\"epoch\":0,\"batch\":0}".getBytes(StandardCharsets.UTF_8)));
+      assertEquals(LocalFrames.REPLY_ERROR, r.get());
+      assertEquals(LocalFrames.NOT_FOUND, r.get());
+      String msg = StandardCharsets.UTF_8.decode(r).toString();
+      assertTrue(msg.contains("nope"), msg);
+      // Only prep.* actions: the socket is no back door to the rest of DoAction.
+      r = c.call(LocalFrames.encodePrep("prep.x", new byte[0]));
+      assertEquals(LocalFrames.REPLY_ERROR, r.get());
+      assertEquals(LocalFrames.INVALID_ARGUMENT, r.get());
+      msg = StandardCharsets.UTF_8.decode(r).toString();
+      assertTrue(msg.contains("unknown action 'prep.x'"), msg);
+      byte[] stats2 = LocalFrames.encodePrep("prep.stats", new byte[0]);
+      System.arraycopy("stats".getBytes(StandardCharsets.UTF_8), 0, stats2, 3, 5); // "statsstats"
+      r = c.call(stats2);
+      assertEquals(LocalFrames.REPLY_ERROR, r.get());
+      assertEquals(LocalFrames.INVALID_ARGUMENT, r.get());
+      msg = StandardCharsets.UTF_8.decode(r).toString();
+      assertTrue(msg.startsWith("malformed local request: PREP carries prep.* actions only, not 'statsstats'"), msg);
+      JsonNode left = c.ok(LocalFrames.encodePrep("prep.leave",
+          ("{\"group\":\"" + group + "\",\"member\":" + member + "}").getBytes(StandardCharsets.UTF_8)));
+      assertTrue(left.get("left").asBoolean());
+    }
+  }
+
+  @Test
   void malformedRequestsAreInvalidArgumentsAndBigFramesWaitForHello() throws Exception {
     start("minio", 4 * SAMPLE);
     try (LocalTestClient c = new LocalTestClient(plane.localEndpoint(), TOKEN)) {

@@ -226,6 +226,20 @@ class ProtocolFixturesTest {
   }
 
   @Test
+  void localPrepRequestMatchesItsGoldenBytes() throws Exception {
+    JsonNode expected = JSON.readTree(FIXTURES.resolve("local-prep-next-v1.json").toFile());
+    byte[] golden = Files.readAllBytes(FIXTURES.resolve("local-prep-next-v1.bin"));
+    byte[] body = expected.get("body").asText().getBytes(java.nio.charset.StandardCharsets.UTF_8);
+    assertArrayEquals(golden, LocalFrames.encodePrep(expected.get("action").asText(), body));
+    java.nio.ByteBuffer b = java.nio.ByteBuffer.wrap(golden).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+    assertEquals(LocalFrames.PREP, b.get());
+    LocalFrames.PrepAction parsed = LocalFrames.parsePrep(b);
+    assertEquals("prep.next", parsed.type());
+    assertArrayEquals(body, parsed.body());
+    assertEquals(2, JSON.readTree(parsed.body()).get("released").size());
+  }
+
+  @Test
   void localBatchReplyMatchesItsGoldenBytes() throws Exception {
     JsonNode e = JSON.readTree(FIXTURES.resolve("local-batch-v1.json").toFile());
     int n = e.get("ids").size();

@@ -99,6 +99,11 @@ class ProtocolFuzzTest {
           LocalFrames.parseSession(b);
           assertEquals(9, body.length);
         }
+        case LocalFrames.PREP -> {
+          LocalFrames.PrepAction r = LocalFrames.parsePrep(b);
+          assertTrue(r.type().startsWith("prep."), r.type());
+          assertArrayEquals(body, LocalFrames.encodePrep(r.type(), r.body()));
+        }
         default -> {
           return; // LocalConnection answers an unknown kind with an error naming the known ones
         }

@@ -1,0 +1,82 @@
+"""CPU per prep group call: a Flight DoAction from pyarrow against the local socket's PREP frame.
+
+A shared-memory member asks ``prep.next`` once per batch. This probe sends ``prep.heartbeat`` (the same path
+through the sidecar, without waiting for a batch) N times each way, after a warm-up so that the sidecar's JIT
+has compiled both paths, and prints the CPU seconds each call cost this process (the client) and the sidecar,
+per call, as medians over rounds. Interleaved rounds, so drift on this shared machine hits both alike.
+
+    .venv/bin/python benchmarks/probe_prep_rpc.py [--calls 2000] [--rounds 5]
+
+Needs the sidecar jar (mvn -pl flight-server,sidecar -am package) and the dataset bench_prep makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import resource
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python-shim" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import unstall  # noqa: E402
+from unstall import prep  # noqa: E402
+
+from bench_prep import make_dataset, proc_cpu  # noqa: E402
+
+
+def _self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-prep")
+    args = ap.parse_args()
+    data = make_dataset(args.data.expanduser() / "n128", 128)
+    print(f"# prep group calls, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"{args.rounds} rounds of {args.calls} calls each way")
+    with tempfile.TemporaryDirectory(prefix="unstall-probe-") as home, unstall.Sidecar(home=Path(home)) as sc:
+        sc.register_dataset("probe", data)
+        client = unstall.FlightClient(sc.flight_location, sc.token)
+        m = prep.join("probe", prep.imagenet_train(224, dtype="uint8"), batch_size=64, client=client,
+                      transport="shm")
+        local = m._local_client()
+        if local is None:
+            raise SystemExit("the sidecar named no local socket (no writable /dev/shm?)")
+        body = json.dumps({"group": m.group, "member": m.member}).encode()
+        ways = {
+            "Flight DoAction (pyarrow, gRPC)": lambda: client.do_action("prep.heartbeat", body, recover=False),
+            "local socket PREP frame": lambda: local.prep_action("prep.heartbeat", body),
+        }
+        per: dict[str, dict[str, list[float]]] = {w: {"client": [], "sidecar": []} for w in ways}
+        for rnd in range(args.rounds + 2):  # the first two rounds warm the JIT up and are not counted
+            for name, call in ways.items():
+                c0, s0 = _self_cpu(), proc_cpu(sc.pid)
+                for _ in range(args.calls):
+                    call()
+                if rnd >= 2:
+                    per[name]["client"].append((_self_cpu() - c0) / args.calls * 1e3)
+                    per[name]["sidecar"].append((proc_cpu(sc.pid) - s0) / args.calls * 1e3)
+        m.leave()
+        client.close()
+    print()
+    print("| way | client CPU ms per call | sidecar CPU ms per call | both |")
+    print("|---|---|---|---|")
+    for name, p in per.items():
+        c, s = statistics.median(p["client"]), statistics.median(p["sidecar"])
+        print(f"| {name} | {c:.3f} ({min(p['client']):.3f}-{max(p['client']):.3f}) | "
+              f"{s:.3f} ({min(p['sidecar']):.3f}-{max(p['sidecar']):.3f}) | {c + s:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
