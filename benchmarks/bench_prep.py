@@ -363,6 +363,7 @@ def main() -> None:
                         st = json.loads(c.do_action("prep.stats")[0])
                     g = st["groups"][res[0]["group"]]
                     row["prepared"] = g["samples_prepared"]
+                    row["prep_ms"] = 1e3 * g["decode_cpu_seconds"] / max(1, g["samples_prepared"])
                     row["decoder"] = st["decode"]["decoder"]
                     if "shm_slots" in g:
                         row["slots"] = g["shm_slots"]
@@ -390,8 +391,8 @@ def main() -> None:
     print(f"Medians of {args.repeats} repeats (min-max in brackets); x of k={ks[0]}: the median of each repeat's ratio.")
     print()
     print(f"| system | k | aggregate images/s | CPU s per epoch (all processes) | of which the jobs' | x of k={ks[0]} | "
-          "s to every job's first batch |")
-    print("|---|---|---|---|---|---|---|")
+          "s to every job's first batch | sidecar prep, CPU ms per image |")
+    print("|---|---|---|---|---|---|---|---|")
     for kind in kinds:
         for k in ks:
             rows = runs.get((kind, k))
@@ -403,8 +404,10 @@ def main() -> None:
             x = ratios(kind, k)
             label = names.get(kind, kind.replace("unstall", "unstall coordinated,", 1))
             fb = [r["first_batch_s"] for r in rows if "first_batch_s" in r]
+            pm = [r["prep_ms"] for r in rows if "prep_ms" in r]
             print(f"| {label} | {k} | {med(ips):.0f}{spread(ips, '{:.0f}')} | {med(cpu):.1f}{spread(cpu, '{:.1f}')} | "
-                  f"{med(jobs):.2f}{spread(jobs)} | {med(x):.2f}{spread(x)} | {f'{med(fb):.2f}' + spread(fb) if fb else '-'} |")
+                  f"{med(jobs):.2f}{spread(jobs)} | {med(x):.2f}{spread(x)} | "
+                  f"{f'{med(fb):.2f}' + spread(fb) if fb else '-'} | {f'{med(pm):.2f}' + spread(pm) if pm else '-'} |")
     for (kind, k), rows in runs.items():
         for r in rows[:1]:
             if "slots" in r:
