@@ -1,0 +1,88 @@
+"""CPU per MB of a Flight DoGet over loopback, both sides, for a few pyarrow client gRPC options.
+
+Fetches the same ~9.7 MB raw batch (90 cached samples of bench_prep's images: the size of a uint8 prep batch of
+64) many times through each client configuration, in interleaved rounds after four warm-up rounds, and prints the
+CPU milliseconds per MB received, in this process (the client: pyarrow's gRPC receive and its copy into one
+buffer) and in the sidecar (Netty and the kernel's send, which on loopback also runs the receiver's TCP
+processing), as medians over the rounds.
+
+    .venv/bin/python benchmarks/probe_flight_doget.py [--calls 30] [--rounds 6]
+
+Needs the sidecar jar (mvn -pl flight-server,sidecar -am package) and the dataset bench_prep makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import resource
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python-shim" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pyarrow.flight as fl  # noqa: E402
+
+import unstall  # noqa: E402
+
+from bench_prep import make_dataset, proc_cpu  # noqa: E402
+
+OPTIONS: dict[str, list[tuple[str, Any]]] = {
+    "defaults": [],
+    "max_frame_size 4 MiB": [("grpc.http2.max_frame_size", 4 << 20)],
+    "16 MiB window, no BDP probe": [("grpc.http2.lookahead_bytes", 16 << 20), ("grpc.http2.bdp_probe", 0)],
+}
+
+
+def _self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-prep")
+    args = ap.parse_args()
+    data = make_dataset(args.data.expanduser() / "n128", 128)
+    ids = list(range(90))
+    print(f"# Flight DoGet CPU per MB, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"{args.rounds} rounds of {args.calls} DoGets per configuration")
+    with tempfile.TemporaryDirectory(prefix="unstall-probe-") as home, \
+            unstall.Sidecar(home=Path(home), cache_capacity="256MiB") as sc:
+        sc.register_dataset("probe", data)
+        clients = {}
+        for name, opts in OPTIONS.items():
+            c = unstall.FlightClient(sc.flight_location, sc.token)
+            c._conn, c._pid = fl.FlightClient(sc.flight_location, generic_options=opts), os.getpid()
+            clients[name] = c
+        per: dict[str, list[tuple[float, float]]] = {n: [] for n in OPTIONS}
+        for rnd in range(args.rounds + 4):  # the first four rounds fill the cache and warm the JIT up
+            for name, c in clients.items():
+                c0, s0, nbytes = _self_cpu(), proc_cpu(sc.pid), 0
+                for _ in range(args.calls):
+                    nbytes += c.fetch("probe", ids).nbytes
+                if rnd >= 4:
+                    mb = nbytes / 1e6
+                    per[name].append(((_self_cpu() - c0) / mb * 1e3, (proc_cpu(sc.pid) - s0) / mb * 1e3))
+        for c in clients.values():
+            c.close()
+    print()
+    print("| client options | client CPU ms per MB | sidecar CPU ms per MB | both |")
+    print("|---|---|---|---|")
+    for name, xs in per.items():
+        cl, sd = [x[0] for x in xs], [x[1] for x in xs]
+        print(f"| {name} | {statistics.median(cl):.2f} ({min(cl):.2f}-{max(cl):.2f}) | "
+              f"{statistics.median(sd):.2f} ({min(sd):.2f}-{max(sd):.2f}) | "
+              f"{statistics.median(cl) + statistics.median(sd):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
