@@ -27,9 +27,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
+import resource
+import statistics
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-__all__ = ["CpuMeter", "ProcStat", "proc_stat", "scan", "descendants", "io_read_bytes"]
+__all__ = ["CpuMeter", "ProcStat", "proc_stat", "scan", "descendants", "io_read_bytes", "self_cpu", "client_server_rounds",
+           "print_client_server"]
 
 _TCK = os.sysconf("SC_CLK_TCK")
 
@@ -203,3 +206,45 @@ if __name__ == "__main__":  # a quick self-check: a busy child is counted, an ex
         a.wait()
         b.wait()
     print(f"{m.seconds:.2f} CPU s over {time.perf_counter() - t0:.2f} s wall; {m.by_process}; exited {m.exited}")
+
+
+def self_cpu() -> float:
+    """This process's CPU seconds (all threads), from getrusage."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def client_server_rounds(ways: Mapping[str, Callable[[], float]], server_pid: int, rounds: int,
+                         warmup: int) -> Dict[str, List[Tuple[float, float]]]:
+    """Runs every way once a round, the ways interleaved so that drift on a shared machine hits them alike; the
+    first ``warmup`` rounds (the JIT, caches) are not kept. A way returns how many units it did (calls, MB). Per
+    way, one pair a kept round: (this process's CPU ms per unit, ``server_pid``'s CPU ms per unit)."""
+    def server() -> float:
+        st = proc_stat(server_pid)
+        if st is None:
+            raise RuntimeError(f"process {server_pid} is gone")
+        return st.cpu_s
+
+    per: Dict[str, List[Tuple[float, float]]] = {name: [] for name in ways}
+    for rnd in range(warmup + rounds):
+        for name, way in ways.items():
+            c0, s0 = self_cpu(), server()
+            units = way()
+            if rnd >= warmup:
+                per[name].append(((self_cpu() - c0) / units * 1e3, (server() - s0) / units * 1e3))
+    return per
+
+
+def print_client_server(per: Mapping[str, List[Tuple[float, float]]], first_column: str, unit: str,
+                        digits: int = 3) -> None:
+    """A markdown table of client_server_rounds: medians, the rounds' min-max in brackets."""
+    def cell(xs: List[float]) -> str:
+        return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
+
+    print()
+    print(f"| {first_column} | client CPU ms per {unit} | sidecar CPU ms per {unit} | both |")
+    print("|---|---|---|---|")
+    for name, pairs in per.items():
+        client, server = [p[0] for p in pairs], [p[1] for p in pairs]
+        print(f"| {name} | {cell(client)} | {cell(server)} | "
+              f"{statistics.median(client) + statistics.median(server):.{digits}f} |")

@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import resource
-import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python-shim" / "src"))
@@ -31,18 +29,14 @@ import pyarrow.flight as fl  # noqa: E402
 
 import unstall  # noqa: E402
 
-from bench_prep import make_dataset, proc_cpu  # noqa: E402
+from _cpu import client_server_rounds, print_client_server  # noqa: E402
+from bench_prep import make_dataset  # noqa: E402
 
 OPTIONS: dict[str, list[tuple[str, Any]]] = {
     "defaults": [],
     "max_frame_size 4 MiB": [("grpc.http2.max_frame_size", 4 << 20)],
     "16 MiB window, no BDP probe": [("grpc.http2.lookahead_bytes", 16 << 20), ("grpc.http2.bdp_probe", 0)],
 }
-
-
-def _self_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -63,25 +57,17 @@ def main() -> None:
             c = unstall.FlightClient(sc.flight_location, sc.token)
             c._conn, c._pid = fl.FlightClient(sc.flight_location, generic_options=opts), os.getpid()
             clients[name] = c
-        per: dict[str, list[tuple[float, float]]] = {n: [] for n in OPTIONS}
-        for rnd in range(args.rounds + 4):  # the first four rounds fill the cache and warm the JIT up
-            for name, c in clients.items():
-                c0, s0, nbytes = _self_cpu(), proc_cpu(sc.pid), 0
-                for _ in range(args.calls):
-                    nbytes += c.fetch("probe", ids).nbytes
-                if rnd >= 4:
-                    mb = nbytes / 1e6
-                    per[name].append(((_self_cpu() - c0) / mb * 1e3, (proc_cpu(sc.pid) - s0) / mb * 1e3))
+
+        def fetches(c: unstall.FlightClient) -> Callable[[], float]:
+            def run() -> float:
+                return sum(c.fetch("probe", ids).nbytes for _ in range(args.calls)) / 1e6
+            return run
+
+        # the four warm-up rounds fill the cache and let the JIT compile
+        per = client_server_rounds({n: fetches(c) for n, c in clients.items()}, sc.pid, args.rounds, warmup=4)
         for c in clients.values():
             c.close()
-    print()
-    print("| client options | client CPU ms per MB | sidecar CPU ms per MB | both |")
-    print("|---|---|---|---|")
-    for name, xs in per.items():
-        cl, sd = [x[0] for x in xs], [x[1] for x in xs]
-        print(f"| {name} | {statistics.median(cl):.2f} ({min(cl):.2f}-{max(cl):.2f}) | "
-              f"{statistics.median(sd):.2f} ({min(sd):.2f}-{max(sd):.2f}) | "
-              f"{statistics.median(cl) + statistics.median(sd):.2f} |")
+    print_client_server(per, "client options", "MB", digits=2)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import resource
-import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python-shim" / "src"))
@@ -28,12 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import unstall  # noqa: E402
 from unstall import prep  # noqa: E402
 
-from bench_prep import make_dataset, proc_cpu  # noqa: E402
-
-
-def _self_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from _cpu import client_server_rounds, print_client_server  # noqa: E402
+from bench_prep import make_dataset  # noqa: E402
 
 
 def main() -> None:
@@ -54,28 +49,21 @@ def main() -> None:
         if local is None:
             raise SystemExit("the sidecar named no local socket (no writable /dev/shm?)")
         body = json.dumps({"group": m.group, "member": m.member}).encode()
-        ways = {
-            "Flight DoAction (pyarrow, gRPC)": lambda: client.do_action("prep.heartbeat", body, recover=False),
-            "local socket PREP frame": lambda: local.prep_action("prep.heartbeat", body),
-        }
-        per: dict[str, dict[str, list[float]]] = {w: {"client": [], "sidecar": []} for w in ways}
-        for rnd in range(args.rounds + 2):  # the first two rounds warm the JIT up and are not counted
-            for name, call in ways.items():
-                c0, s0 = _self_cpu(), proc_cpu(sc.pid)
+
+        def repeated(call: Callable[[], object]) -> Callable[[], float]:
+            def run() -> float:
                 for _ in range(args.calls):
                     call()
-                if rnd >= 2:
-                    per[name]["client"].append((_self_cpu() - c0) / args.calls * 1e3)
-                    per[name]["sidecar"].append((proc_cpu(sc.pid) - s0) / args.calls * 1e3)
+                return args.calls
+            return run
+
+        per = client_server_rounds({
+            "Flight DoAction (pyarrow, gRPC)": repeated(lambda: client.do_action("prep.heartbeat", body, recover=False)),
+            "local socket PREP frame": repeated(lambda: local.prep_action("prep.heartbeat", body)),
+        }, sc.pid, args.rounds, warmup=2)  # the two warm-up rounds let the JIT compile both paths
         m.leave()
         client.close()
-    print()
-    print("| way | client CPU ms per call | sidecar CPU ms per call | both |")
-    print("|---|---|---|---|")
-    for name, p in per.items():
-        c, s = statistics.median(p["client"]), statistics.median(p["sidecar"])
-        print(f"| {name} | {c:.3f} ({min(p['client']):.3f}-{max(p['client']):.3f}) | "
-              f"{s:.3f} ({min(p['sidecar']):.3f}-{max(p['sidecar']):.3f}) | {c + s:.3f} |")
+    print_client_server(per, "way", "call")
 
 
 if __name__ == "__main__":
