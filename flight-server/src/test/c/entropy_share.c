@@ -8,18 +8,9 @@
  * alternated round by round. A crop window cannot skip the entropy decoding of the rows above its bottom edge or
  * of the columns beside it (docs/PREP.md). Build and run with entropy_share.sh.
  */
-#include <glob.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "bench_files.h"
 /* jpeglib.h needs FILE from stdio.h first */
 #include <jpeglib.h>
-#include <time.h>
-
-static double cpu(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv) {
   if (argc < 3) {
@@ -27,26 +18,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   glob_t g;
-  if (glob(argv[1], 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-    fprintf(stderr, "no files match %s\n", argv[1]);
-    return 2;
-  }
+  long *len;
+  uint8_t **data = read_files(argv[1], &g, &len);
   int n = (int)g.gl_pathc, rounds = atoi(argv[2]);
-  unsigned char **data = malloc(sizeof *data * n);
-  long *len = malloc(sizeof *len * n);
-  for (int i = 0; i < n; i++) {
-    FILE *f = fopen(g.gl_pathv[i], "rb");
-    if (f == NULL || fseek(f, 0, SEEK_END) != 0 || (len[i] = ftell(f)) <= 0 || fseek(f, 0, SEEK_SET) != 0) {
-      fprintf(stderr, "cannot read %s\n", g.gl_pathv[i]);
-      return 1;
-    }
-    data[i] = malloc((size_t)len[i]);
-    if (fread(data[i], 1, (size_t)len[i], f) != (size_t)len[i]) {
-      fprintf(stderr, "cannot read %s\n", g.gl_pathv[i]);
-      return 1;
-    }
-    fclose(f);
-  }
   struct jpeg_decompress_struct ci;
   struct jpeg_error_mgr err;
   ci.err = jpeg_std_error(&err);
@@ -56,7 +30,7 @@ int main(int argc, char **argv) {
   double secs[3] = {0, 0, 0};
   for (int r = 0; r < rounds; r++) {
     for (int mode = 0; mode < 3; mode++) {
-      double t0 = cpu();
+      double t0 = thread_cpu_seconds();
       for (int i = 0; i < n; i++) {
         jpeg_mem_src(&ci, data[i], (unsigned long)len[i]);
         jpeg_read_header(&ci, TRUE);
@@ -74,7 +48,7 @@ int main(int argc, char **argv) {
         }
         jpeg_abort_decompress(&ci);
       }
-      secs[mode] += cpu() - t0;
+      secs[mode] += thread_cpu_seconds() - t0;
     }
   }
   for (int mode = 0; mode < 3; mode++) {

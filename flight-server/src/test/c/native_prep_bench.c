@@ -6,31 +6,9 @@
  * print the same hash produced the same bytes. Build and run with flight-server/src/test/c/native_prep_bench.sh.
  * Not a test: the JVM is left out so that changes to the C code can be compared without its noise.
  */
-#include <glob.h>
-#include <time.h>
-
 #include UNSTALL_JPEG_C
 
-static double thread_cpu_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static uint8_t *read_file(const char *path, long *len) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL || fseek(f, 0, SEEK_END) != 0 || (*len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    fprintf(stderr, "cannot read %s\n", path);
-    exit(1);
-  }
-  uint8_t *data = malloc((size_t)*len);
-  if (data == NULL || fread(data, 1, (size_t)*len, f) != (size_t)*len) {
-    fprintf(stderr, "cannot read %s\n", path);
-    exit(1);
-  }
-  fclose(f);
-  return data;
-}
+#include "bench_files.h"
 
 int main(int argc, char **argv) {
   if (argc < 3) {
@@ -38,20 +16,15 @@ int main(int argc, char **argv) {
     return 2;
   }
   glob_t files;
-  if (glob(argv[1], 0, NULL, &files) != 0 || files.gl_pathc == 0) {
-    fprintf(stderr, "no files match %s\n", argv[1]);
-    return 2;
-  }
+  long *len;
+  uint8_t **data = read_files(argv[1], &files, &len);
   int n = (int)files.gl_pathc, repeats = atoi(argv[2]);
 #ifdef HAVE_AVX2_PATH
   __builtin_cpu_init();
   use_avx2 = __builtin_cpu_supports("avx2") && (argc < 4 || atoi(argv[3]) != 0);
 #endif
-  uint8_t **data = malloc(sizeof *data * n);
-  long *len = malloc(sizeof *len * n);
   int *dims = malloc(sizeof *dims * 2 * n); /* the header's size, as the Java side passes it */
   for (int i = 0; i < n; i++) {
-    data[i] = read_file(files.gl_pathv[i], &len[i]);
     struct jpeg_decompress_struct h;
     struct jpeg_error_mgr e;
     h.err = jpeg_std_error(&e);
