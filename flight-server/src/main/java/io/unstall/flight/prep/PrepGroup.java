@@ -125,8 +125,8 @@ final class PrepGroup {
     }
     Staging.Size size = Staging.size(source, requested, parent.getLimit(), key.batchSize());
     Path dir = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;
-    ShmSlots.Files shm = dir == null ? null
-        : new ShmSlots.Files(dir, slotPool, ((SidecarPrep) source).pipeline().sampleBytes() * key.batchSize());
+    ShmSlots.Files shm = dir == null || !(source instanceof SidecarPrep prep) ? null
+        : new ShmSlots.Files(dir, slotPool, prep.pipeline().sampleBytes() * key.batchSize());
     slotPool.keepOnly(shm == null ? 0 : shm.slotBytes());
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());

@@ -49,7 +49,6 @@ final class ShmSlots {
 
   private final String group;
   private final Files files;
-  private final SlotPool pool;
   private final BufferAllocator alloc;
   private final Object lock;
   private final TreeMap<Long, Slot> byPos = new TreeMap<>();
@@ -63,7 +62,6 @@ final class ShmSlots {
   ShmSlots(String group, Files files, BufferAllocator alloc, Object lock) {
     this.group = group;
     this.files = files;
-    this.pool = files.pool();
     this.alloc = alloc;
     this.lock = lock;
   }
@@ -101,16 +99,16 @@ final class ShmSlots {
   record Tensor(ArrowBuf data, String path) {}
 
   private Slot create(long pos) throws IOException {
-    ShmBuffer shm = pool.take(files.slotBytes());
+    ShmBuffer shm = files.pool().take(files.slotBytes());
     boolean pooled = shm != null;
     if (shm == null) {
-      shm = pool.create(files.dir(), files.slotBytes());
+      shm = files.pool().create(files.dir(), files.slotBytes());
     }
     Slot s = new Slot(shm);
     try {
       s.buf = lease(s);
     } catch (OutOfMemoryException e) { // the budget may be held by pooled files: free them and try once more
-      pool.drain();
+      files.pool().drain();
       try {
         s.buf = lease(s);
       } catch (RuntimeException again) {
@@ -191,7 +189,7 @@ final class ShmSlots {
 
   /** Bytes of the sidecar's pooled files: counted in the prep allocator, freed when a group needs the memory. */
   long pooledBytes() {
-    return pool.bytes();
+    return files.pool().bytes();
   }
 
   /** Bytes of free slots: allocated, but the next batches reuse them. Caller holds the lock. */
@@ -248,7 +246,7 @@ final class ShmSlots {
   private ArrowBuf lease(Slot s) {
     return alloc.wrapForeignAllocation(new SlotPool.Lease(s.shm, () -> {
       if (s.reusable) {
-        pool.offer(s.shm);
+        files.pool().offer(s.shm);
       } else {
         s.shm.discard(); // unlinked: members that still map it keep its pages
       }
@@ -262,7 +260,7 @@ final class ShmSlots {
     s.buf.close();
   }
 
-  /** A free slot nobody maps (the group closed, or it has too many): to the sidecar's pool. */
+  /** A free slot nobody maps (the group closed, or it has too many): to the sidecar's files.pool(). */
   private void toPool(Slot s) {
     s.reusable = true;
     s.buf.close();

@@ -93,13 +93,11 @@ final class SlotPool implements AutoCloseable {
     shm.discard();
   }
 
-  /** Unlinks every pooled file (memory is needed, or the sidecar stops); returns the bytes freed. */
-  synchronized long drain() {
-    long bytes = 0;
+  /** Unlinks every pooled file (memory is needed, or the sidecar stops). */
+  synchronized void drain() {
     while (!files.isEmpty()) {
-      bytes += discard(files.pollFirst());
+      discard(files.pollFirst());
     }
-    return bytes;
   }
 
   /**
@@ -132,11 +130,10 @@ final class SlotPool implements AutoCloseable {
     return b;
   }
 
-  private long discard(Pooled p) {
+  private void discard(Pooled p) {
     discarded++;
     p.counted().close();
     p.shm().discard();
-    return p.shm().getSize();
   }
 
   @Override

@@ -210,7 +210,7 @@ final class Staging {
     if (slots != null) {
       try {
         FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) copy.getVector(PrepSchema.TENSOR);
-        toSlot(tensor, pos, copy.getRowCount(), (long) copy.getRowCount() * sampleBytes, tensor);
+        toSlot(tensor, pos, copy.getRowCount(), (long) copy.getRowCount() * sampleBytes, true);
       } catch (IOException | RuntimeException e) { // /dev/shm full
         copy.close();
         unstaged(pos);
@@ -233,24 +233,24 @@ final class Staging {
       tensor.allocateNew(n);
       return;
     }
-    toSlot(tensor, pos, n, (long) n * sampleBytes, null);
+    toSlot(tensor, pos, n, (long) n * sampleBytes, false);
   }
 
   /**
-   * Loads {@code tensor} with {@code n} rows ({@code bytes}) over a slot taken for {@code pos}, copying in the bytes
-   * and validity of {@code from} (the same vector, for an uploaded batch) if given.
+   * Loads {@code tensor} with {@code n} rows ({@code bytes}) over a slot taken for {@code pos}; {@code keep}: its
+   * bytes and validity so far (an uploaded batch) are copied in, else it is left to be written (a batch being
+   * prepared).
    */
-  private void toSlot(FixedSizeBinaryVector tensor, long pos, int n, long bytes, FixedSizeBinaryVector from)
-      throws IOException {
+  private void toSlot(FixedSizeBinaryVector tensor, long pos, int n, long bytes, boolean keep) throws IOException {
     ShmSlots.Tensor t = slots.take(pos, bytes);
     try (ArrowBuf data = t.data();
         ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
       validity.setZero(0, validity.capacity());
       int nulls = 0;
-      if (from != null) {
-        data.setBytes(0, from.getDataBuffer(), 0, bytes);
-        validity.setBytes(0, from.getValidityBuffer(), 0, (n + 7) / 8);
-        nulls = from.getNullCount();
+      if (keep) {
+        data.setBytes(0, tensor.getDataBuffer(), 0, bytes);
+        validity.setBytes(0, tensor.getValidityBuffer(), 0, (n + 7) / 8);
+        nulls = tensor.getNullCount();
       }
       tensor.loadFieldBuffers(new ArrowFieldNode(n, nulls), List.of(validity, data));
     }
