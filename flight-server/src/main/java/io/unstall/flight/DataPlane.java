@@ -61,6 +61,7 @@ public final class DataPlane implements AutoCloseable {
   private final BufferAllocator streams; // "streams": batches in flight, same-host staging; parent of the next three
   private final BufferAllocator prepMemory; // "prep": prep staging (each group opens its child in it)
   private final BufferAllocator decodeMemory; // "decode": the decode budget (reservations only)
+  private final BufferAllocator reindexMemory; // "reindexed": restart-indexed JPEG copies, never evicted
   private final BufferAllocator peerMemory; // "peer-clients": batches from peers; null without a cluster
   private final BufferAllocator formatMemory; // "formats": decoded Parquet row groups, HDF5 chunks
   private final UnstallProducer producer;
@@ -94,6 +95,11 @@ public final class DataPlane implements AutoCloseable {
       throw new IllegalArgumentException("--decode-memory (" + decodeBytes + " bytes) must be in 1.."
           + streamsLimit + ", the memory left for batches in flight");
     }
+    long reindexBytes = b.reindexMemory >= 0 ? b.reindexMemory : PrepService.defaultReindexMemory(streamsLimit);
+    if (reindexBytes > streamsLimit / 2) {
+      throw new IllegalArgumentException("--reindex-memory (" + reindexBytes + " bytes) must be at most "
+          + streamsLimit / 2 + ", half the memory left for batches in flight (" + streamsLimit + " bytes)");
+    }
     Bounds bounds = new Bounds(b.flightThreads, b.flightQueue, b.localConnections, b.waitTimeout, b.maxPlanIds,
         b.statsEpochs, b.prepGroups, b.prepThreads, b.prepClaimTimeout);
     // Every allocator below the root is built here, handed to the one service that draws from it, and closed
@@ -104,6 +110,7 @@ public final class DataPlane implements AutoCloseable {
     this.streams = b.parent.newChildAllocator("streams", 0, streamsLimit);
     this.prepMemory = streams.newChildAllocator("prep", 0, streams.getLimit() / 2);
     this.decodeMemory = streams.newChildAllocator("decode", 0, decodeBytes);
+    this.reindexMemory = streams.newChildAllocator("reindexed", 0, reindexBytes);
     this.peerMemory = b.cluster == null ? null : streams.newChildAllocator("peer-clients", 0, Long.MAX_VALUE);
     this.formatMemory = streams.newChildAllocator("formats", 0, streams.getLimit() / 4);
     try {
@@ -132,7 +139,7 @@ public final class DataPlane implements AutoCloseable {
       this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
       this.calls = new FlightCalls(bounds);
       this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
-          new PrepService(registry, assembler, prepMemory, decodeMemory, bounds, b.decodeLimits, b.budgetTimeoutSeconds),
+          new PrepService(registry, assembler, prepMemory, decodeMemory, reindexMemory, bounds, b.decodeLimits, b.budgetTimeoutSeconds),
           sessions, calls, bounds, tenants);
       this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
           new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds, producer.prep()),
@@ -173,7 +180,7 @@ public final class DataPlane implements AutoCloseable {
       }
     } catch (Throwable t) { // no allocator of a failed start stays open: the root must close cleanly
       try {
-        AutoCloseables.close(java.util.Arrays.asList(formatMemory, peerMemory, decodeMemory, prepMemory, streams,
+        AutoCloseables.close(java.util.Arrays.asList(formatMemory, peerMemory, reindexMemory, decodeMemory, prepMemory, streams,
             prefetchMemory, cacheMemory));
       } catch (Exception e) {
         t.addSuppressed(e);
@@ -351,7 +358,7 @@ public final class DataPlane implements AutoCloseable {
       producer.logStats();
       try {
         AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache, disk,
-            formatMemory, peerMemory, decodeMemory, prepMemory, streams, prefetchMemory, cacheMemory);
+            formatMemory, peerMemory, reindexMemory, decodeMemory, prepMemory, streams, prefetchMemory, cacheMemory);
       } finally {
         if (shm != null) {
           shm.remove();
@@ -370,6 +377,7 @@ public final class DataPlane implements AutoCloseable {
     private long budgetTimeoutSeconds = 60;
     private PrepPipeline.DecodeLimits decodeLimits = PrepPipeline.DecodeLimits.DEFAULT;
     private long decodeMemory; // 0: PrepService's default
+    private long reindexMemory = -1; // -1: PrepService's default
     private String cachePolicy = "minio";
     private Path diskDir;
     private long diskCapacity;
@@ -458,6 +466,15 @@ public final class DataPlane implements AutoCloseable {
     public Builder decode(long maxPixels, double maxAspectRatio, long memoryBytes) {
       this.decodeLimits = new PrepPipeline.DecodeLimits(maxPixels, maxAspectRatio);
       this.decodeMemory = memoryBytes;
+      return this;
+    }
+
+    /**
+     * Memory for restart-indexed JPEG copies ({@code --reindex-memory}; -1: a quarter of the streams budget; 0:
+     * none).
+     */
+    public Builder reindexMemory(long bytes) {
+      this.reindexMemory = bytes;
       return this;
     }
 

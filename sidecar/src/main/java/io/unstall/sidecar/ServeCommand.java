@@ -105,6 +105,12 @@ public final class ServeCommand implements Callable<Integer> {
       description = "Prep: native memory that decodes in progress may hold at once, within --memory-budget"
           + " (default ${DEFAULT-VALUE}: a quarter of what the cache and prefetch leave); decodes wait for it.")
   String decodeMemory;
+
+  @Option(names = "--reindex-memory", defaultValue = "${env:UNSTALL_REINDEX_MEMORY:-auto}", paramLabel = "SIZE",
+      description = "Prep: memory for restart-indexed copies of JPEGs, made on a sample's first decode and never"
+          + " evicted, from which later crops decode only the part they keep, within --memory-budget (default"
+          + " ${DEFAULT-VALUE}: a quarter of what the cache and prefetch leave; 0 turns them off).")
+  String reindexMemory;
   @Option(names = "--flight-threads", defaultValue = "" + Bounds.FLIGHT_THREADS,
       description = "Flight executor threads; a quarter of them serve only calls that never wait, and a call that"
           + " would wait beyond the rest is refused with RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
@@ -235,6 +241,7 @@ public final class ServeCommand implements Callable<Integer> {
     if (!decodeMemory.equals("auto") && decodeBytes < 1) {
       throw new IllegalArgumentException("invalid value for option '--decode-memory': it must be above 0 (or auto)");
     }
+    long reindexBytes = reindexMemory.equals("auto") ? -1 : size("--reindex-memory", reindexMemory);
     Bounds bounds = new Bounds(flightThreads, flightQueue, localConnections, seconds("--wait-timeout",
         waitTimeoutSeconds), maxPlanIds, statsEpochs, prepGroups, prepThreads(), seconds("--prep-claim-timeout",
         prepClaimTimeoutSeconds));
@@ -256,7 +263,7 @@ public final class ServeCommand implements Callable<Integer> {
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
         size("--storage-bandwidth", storageBandwidth), !noShm,
-        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, bounds, h, List.copyOf(roots), cluster, prepWorker);
+        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, reindexBytes, bounds, h, List.copyOf(roots), cluster, prepWorker);
   }
 
   private int prepThreads() {

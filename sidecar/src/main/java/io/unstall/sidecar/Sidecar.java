@@ -72,6 +72,7 @@ public final class Sidecar implements AutoCloseable {
               .storageBandwidth(s.storageBandwidth())
               .sharedMemory(s.sharedMemory())
               .decode(s.maxDecodePixels(), s.maxDecodeAspectRatio(), s.decodeMemory())
+              .reindexMemory(s.reindexMemory())
               .bounds(s.bounds())
               .tenants(tenants);
       if (s.diskCacheDir() != null) {

@@ -28,6 +28,7 @@ public record SidecarSettings(
     long maxDecodePixels,
     double maxDecodeAspectRatio,
     long decodeMemory,
+    long reindexMemory, // --reindex-memory; -1: the default (a quarter of the streams budget)
     Bounds bounds,
     Path home,
     List<Path> allowRoots,

@@ -27,6 +27,7 @@ import io.unstall.flight.prep.PrepPipeline.Normalize;
 import io.unstall.flight.prep.PrepPipeline.Op;
 import io.unstall.flight.prep.PrepPipeline.RandomResizedCrop;
 import io.unstall.flight.prep.PrepPipeline.Resize;
+import io.unstall.flight.cache.Digest;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
@@ -76,18 +77,21 @@ public final class ImagePrep {
   private final PrepPipeline pipeline;
   private final Decode decode;
   private final DecodeBudget budget;
+  private final ReindexedJpegs reindexed; // null: decode the bytes as given
   private final Decoder decoder;
   /** The native path's output table (3 x 256 elements; null for uint8). */
   private final ByteBuffer table;
 
   public ImagePrep(PrepPipeline pipeline, DecodeBudget budget) {
-    this(pipeline, budget, NativeJpeg.AVAILABLE ? Decoder.NATIVE : Decoder.OPENCV);
+    this(pipeline, budget, NativeJpeg.AVAILABLE ? Decoder.NATIVE : Decoder.OPENCV, null);
   }
 
-  ImagePrep(PrepPipeline pipeline, DecodeBudget budget, Decoder decoder) {
+  /** {@code reindexed}: where the native path keeps restart-indexed copies of the JPEGs it decodes (null: none). */
+  ImagePrep(PrepPipeline pipeline, DecodeBudget budget, Decoder decoder, ReindexedJpegs reindexed) {
     this.pipeline = pipeline;
     this.decode = pipeline.decode();
     this.budget = budget;
+    this.reindexed = reindexed;
     this.decoder = decoder != Decoder.OPENCV && nativeOps(pipeline) ? decoder : Decoder.OPENCV;
     this.table = NativeJpeg.table(pipeline.dtype(), normalize(pipeline));
   }
@@ -182,10 +186,21 @@ public final class ImagePrep {
    */
   public void run(ByteBuffer encoded, SplittableRandom rng, ByteBuffer out)
       throws BadImageException, InterruptedException {
+    run(encoded, null, rng, out);
+  }
+
+  /**
+   * {@link #run(ByteBuffer, SplittableRandom, ByteBuffer)} of a sample whose bytes hash to {@code digest} (null:
+   * unknown): the native path decodes its restart-indexed copy when there is one (or makes it), which gives the
+   * same pixels from less work.
+   */
+  public void run(ByteBuffer encoded, Digest digest, SplittableRandom rng, ByteBuffer out)
+      throws BadImageException, InterruptedException {
     ImageHeader h = check(encoded);
     if (takesNative(h) && encoded.isDirect() && out.isDirect()) {
+      ByteBuffer src = reindexed == null ? encoded : reindexed.forDecode(digest, encoded, h, budget);
       try (DecodeBudget.Reservation r = budget.acquire(nativeWorkingBytes(h), h)) {
-        runNative(encoded, h, rng, out);
+        runNative(src, h, rng, out);
       }
       NativeJpeg.NATIVE_SAMPLES.increment();
       return;

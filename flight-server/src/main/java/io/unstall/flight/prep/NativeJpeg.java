@@ -87,6 +87,27 @@ public final class NativeJpeg {
   static native int run(ByteBuffer src, int srcPos, int srcLen, ByteBuffer dst, int dstPos, ByteBuffer lut,
       int[] geom, double[] box) throws ImagePrep.BadImageException;
 
+  /**
+   * Rewrites the JPEG {@code src} (position {@code pos}, {@code len} bytes, a direct buffer) losslessly, the same
+   * DCT coefficients as one sequential scan with a restart marker at least every {@code spanPx} pixels of an MCU
+   * row, into this thread's native scratch; returns its length for {@link #takeReindexed}, or 0 when it cannot be
+   * rewritten (the caller decodes the original). {@link #run} decodes such a copy's crop from only the restart
+   * intervals the crop covers, to the same pixels as the original's.
+   */
+  static native int reindex(ByteBuffer src, int pos, int len, int spanPx);
+
+  /** Copies this thread's last {@link #reindex} result ({@code len} bytes) into {@code dst} at {@code pos}. */
+  static void takeReindexed(ByteBuffer dst, int pos, int len) {
+    if (takeReindexed0(dst, pos, len) != 0) {
+      throw new IllegalStateException("no rewritten JPEG of " + len + " bytes on this thread");
+    }
+  }
+
+  private static native int takeReindexed0(ByteBuffer dst, int pos, int len);
+
+  /** How many {@link #run} calls in this process decoded only the restart intervals their crop covers. */
+  static native long splicedDecodes();
+
   /** The DCT scale denominator run() picks for a box of bw x bh image pixels and an out_w x out_h output. */
   static native int scaleDenom(double bw, double bh, int outW, int outH, int maxDenom, double gap);
 

@@ -17,12 +17,13 @@ final class PrepReplica implements AutoCloseable {
   private final Staging staging;
 
   PrepReplica(String group, PrepGroup.Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler,
-      ExecutorService pool, int threads, BufferAllocator parent, DecodeBudget decodeBudget, PrepGroup.Limits limits) {
+      ExecutorService pool, int threads, BufferAllocator parent, DecodeBudget decodeBudget, ReindexedJpegs reindexed,
+      PrepGroup.Limits limits) {
     GroupLock lock = new GroupLock();
     PrepCounts counts = new PrepCounts(limits.statsEpochs());
     this.order = new BatchOrder(group, key, dataset);
     RawBatches raw = new RawBatches(order, assembler, parent.getRoundingPolicy(), counts);
-    this.prep = new SidecarPrep(order, raw, pipeline, decodeBudget, pool, threads, parent.getRoundingPolicy(), counts,
+    this.prep = new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool, threads, parent.getRoundingPolicy(), counts,
         lock);
     PrepGroup.Settings one = new PrepGroup.Settings(1, 0, 0, 1, 0, false, false, true);
     this.staging = new Staging(group, "prep-worker-" + group, parent,

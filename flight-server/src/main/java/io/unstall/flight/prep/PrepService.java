@@ -78,6 +78,7 @@ public final class PrepService implements AutoCloseable {
   private final BatchAssembler assembler;
   private final BufferAllocator allocator;
   private final DecodeBudget decodeBudget;
+  private final ReindexedJpegs reindexed;
   private final PrepPipeline.DecodeLimits decodeLimits;
   private final int threads;
   private final int maxGroups;
@@ -97,6 +98,11 @@ public final class PrepService implements AutoCloseable {
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
   static final String SHM_PREFIX = "unstall-prep-";
 
+  /** Memory for restart-indexed JPEG copies when {@code --reindex-memory} is not given: a quarter of the streams budget. */
+  public static long defaultReindexMemory(long streamsLimit) {
+    return streamsLimit / 4;
+  }
+
   /** Decode memory when {@code --decode-memory} is not given: a quarter of the streams budget. */
   public static long defaultDecodeMemory(long streamsLimit) {
     return streamsLimit / 4;
@@ -106,16 +112,18 @@ public final class PrepService implements AutoCloseable {
    * {@code bounds}: the prep bounds (threads, groups, claim and wait timeouts, stats epochs);
    * {@code decodeLimits}: the caps of pipelines that name none; {@code prep}: the data plane's "prep" allocator
    * (staging; each group opens its own child of it); {@code decode}: its "decode" allocator (the decode budget);
-   * {@code timeoutSeconds}: how long a decode waits for memory before its batch fails. Neither allocator is
-   * closed here: the data plane closes them after this service.
+   * {@code reindexed}: its "reindexed" allocator (restart-indexed JPEG copies, {@link ReindexedJpegs}; null or a
+   * zero limit: none); {@code timeoutSeconds}: how long a decode waits for memory before its batch fails. No
+   * allocator is closed here: the data plane closes them after this service.
    */
   public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator prep, BufferAllocator decode,
-      Bounds bounds, PrepPipeline.DecodeLimits decodeLimits, long timeoutSeconds) {
+      BufferAllocator reindexed, Bounds bounds, PrepPipeline.DecodeLimits decodeLimits, long timeoutSeconds) {
     this.registry = registry;
     this.assembler = assembler;
     this.decodeLimits = decodeLimits;
     this.allocator = prep;
     this.decodeBudget = new DecodeBudget(decode, timeoutSeconds, TimeUnit.SECONDS);
+    this.reindexed = new ReindexedJpegs(reindexed);
     this.slotPool = new SlotPool(prep);
     this.threads = bounds.prepThreads();
     this.maxGroups = bounds.prepGroups();
@@ -323,8 +331,8 @@ public final class PrepService implements AutoCloseable {
               + " --prep-groups").toRuntimeException();
         }
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, slotPool, decodeBudget, s,
-            limits);
+        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, slotPool, decodeBudget, reindexed,
+            s, limits);
         try {
           r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
         } catch (RuntimeException e) {
@@ -450,7 +458,7 @@ public final class PrepService implements AutoCloseable {
     PrepGroup.Key key = new PrepGroup.Key(d.name(), p.fingerprint(), spec.path("seed").asLong(),
         spec.path("batch_size").asInt(), spec.path("shuffle").asBoolean(), spec.path("drop_last").asBoolean());
     return new PrepReplica(spec.path("group").asText(), key, d, p, assembler, pool, threads, allocator, decodeBudget,
-        limits);
+        reindexed, limits);
   }
 
   private void trimHistory() {
@@ -542,6 +550,10 @@ public final class PrepService implements AutoCloseable {
     }
     dc.put("samples_native", NativeJpeg.NATIVE_SAMPLES.sum()); // this process, every group
     dc.put("samples_opencv", NativeJpeg.OPENCV_SAMPLES.sum());
+    if (NativeJpeg.AVAILABLE) {
+      dc.put("samples_spliced", NativeJpeg.splicedDecodes()); // of samples_native: only the crop's MCUs decoded
+    }
+    reindexed.stats(dc.putObject("reindexed"));
     ObjectNode gs = o.putObject("groups");
     byId.forEach((id, g) -> {
       if (caller.mayRead(g.key.dataset())) {
@@ -582,6 +594,7 @@ public final class PrepService implements AutoCloseable {
     }
     pool.shutdownNow();
     pool.awaitTermination(10, TimeUnit.SECONDS);
+    reindexed.close(); // after the decode threads, which read its copies
     slotPool.close();
     SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
     decodeBudget.close(); // the data plane closes the prep and decode allocators next: they throw if memory is held

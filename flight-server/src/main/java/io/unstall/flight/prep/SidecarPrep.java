@@ -60,12 +60,14 @@ final class SidecarPrep implements BatchSource {
   private final ArrayDeque<ObjectNode> skippedRecent = new ArrayDeque<>();
   private final Set<Integer> skippedLogged = new HashSet<>(); // samples warned about once
 
-  SidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, DecodeBudget decodeBudget, ExecutorService pool,
+  SidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, DecodeBudget decodeBudget, ReindexedJpegs reindexed,
+      ExecutorService pool,
       int threads, RoundingPolicy rounding, PrepCounts counts, GroupLock lock) {
     this.order = order;
     this.raw = raw;
     this.pipeline = pipeline;
-    this.imagePrep = new ImagePrep(pipeline, decodeBudget);
+    this.imagePrep = new ImagePrep(pipeline, decodeBudget,
+        NativeJpeg.AVAILABLE ? ImagePrep.Decoder.NATIVE : ImagePrep.Decoder.OPENCV, reindexed);
     this.pool = pool;
     this.threads = threads;
     this.parallelism = threads;
@@ -165,7 +167,7 @@ final class SidecarPrep implements BatchSource {
               int start = payload.getStartOffset(i);
               int len = payload.getEndOffset(i) - start;
               try {
-                imagePrep.run(in.nioBuffer(start, len), ImagePrep.rng(seed, epoch, ids[i]),
+                imagePrep.run(in.nioBuffer(start, len), order.dataset.digest(ids[i]), ImagePrep.rng(seed, epoch, ids[i]),
                     dst.nioBuffer((long) i * sb, sb));
               } catch (ImagePrep.BadImageException e) {
                 if (!skip) {

@@ -94,7 +94,7 @@ class NativeJpegTest {
   static final DecodeBudget BUDGET = new DecodeBudget(ROOT, 60, TimeUnit.SECONDS);
 
   static ImagePrep prep(String pipeline, Decoder d) {
-    return new ImagePrep(PrepPipeline.parse(pipeline), BUDGET, d);
+    return new ImagePrep(PrepPipeline.parse(pipeline), BUDGET, d, null);
   }
 
   static String rrc(int size, String scale, String ratio, String dtype, String layout) {
@@ -175,6 +175,98 @@ class NativeJpegTest {
           k == 0 ? "crop window" : "DCT-scaled", count[k], n, worstMax[k], worstMean[k], sumMean[k] / count[k]);
     }
     assertTrue(count[1] > 20, "few crops took the DCT-scaled path: " + count[1]);
+  }
+
+  /** The restart-indexed copy NativeJpeg.reindex makes of {@code img}. */
+  static ByteBuffer reindexed(ByteBuffer img) {
+    int n = NativeJpeg.reindex(img, img.position(), img.remaining(), ReindexedJpegs.SPAN_PX);
+    assertTrue(n > 0, "not rewritten");
+    ByteBuffer b = ByteBuffer.allocateDirect(n);
+    NativeJpeg.takeReindexed(b, 0, n);
+    return b;
+  }
+
+  @Test
+  void restartIndexedCopiesDecodeEveryCropToTheSamePixels() throws Exception {
+    int[][] sizes = {{500, 375}, {333, 257}, {1203, 901}, {64, 48}, {17, 13}, {2001, 97}};
+    String[][] crops = {{"[0.08,1.0]", "[0.75,1.3333333333333333]"}, {"[0.005,0.01]", "[0.75,1.3333333333333333]"},
+        {"[0.95,1.0]", "[0.75,1.3333333333333333]"}, {"[0.5,1.0]", "[20,30]"}};
+    long spliced0 = NativeJpeg.splicedDecodes();
+    int n = 0;
+    for (int[] sz : sizes) {
+      for (Sampling s : Sampling.values()) {
+        ByteBuffer img = jpeg(sz[0], sz[1], s, sz[0] * 31L + s.ordinal());
+        ByteBuffer copy = reindexed(img);
+        assertEquals(ImageHeader.read(img).width(), ImageHeader.read(copy).width());
+        assertTrue(copy.remaining() < img.remaining() * 1.2 + 1024, "copy of " + img.remaining() + " bytes: "
+            + copy.remaining());
+        for (String[] crop : crops) {
+          for (String dtype : List.of("uint8", "float32")) {
+            ImagePrep fast = prep(rrc(sz[0] > 1000 ? 64 : 224, crop[0], crop[1], dtype, "NCHW"), Decoder.NATIVE);
+            for (long id = 0; id < 4; id++) {
+              assertArrayEquals(run(fast, img, id), run(fast, copy, id),
+                  sz[0] + "x" + sz[1] + " " + s + " crop " + crop[0] + crop[1] + " " + dtype + " #" + id);
+              n++;
+            }
+          }
+        }
+      }
+    }
+    long spliced = NativeJpeg.splicedDecodes() - spliced0;
+    System.out.println("restart-indexed copies: " + n + " crops, the same bytes as the originals'; " + spliced
+        + " decoded only the intervals their crop covers");
+    assertTrue(spliced > n / 2, "few crops were spliced: " + spliced + " of " + n);
+  }
+
+  @Test
+  void theStoreMakesEachCopyOnceAndStopsAtItsMemory() throws Exception {
+    String pl = rrc(224, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW");
+    List<ByteBuffer> imgs = new ArrayList<>();
+    for (int i = 0; i < 6; i++) {
+      imgs.add(jpeg(500, 375, Sampling.S420, 100 + i));
+    }
+    // Room for one slab: the copies that fit in it, then the originals.
+    try (BufferAllocator mem = ROOT.newChildAllocator("reindexed-test", 0, ReindexedJpegs.SLAB);
+        ReindexedJpegs store = new ReindexedJpegs(mem)) {
+      ImagePrep p = new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, store);
+      ImagePrep plain = prep(pl, Decoder.NATIVE);
+      for (int epoch = 0; epoch < 3; epoch++) {
+        for (int i = 0; i < imgs.size(); i++) {
+          ByteBuffer img = imgs.get(i);
+          ByteBuffer out = ByteBuffer.allocateDirect((int) p.pipeline().sampleBytes());
+          p.run(img.duplicate(), io.unstall.flight.cache.Digest.of(img.duplicate()), ImagePrep.rng(7, epoch, i), out);
+          ByteBuffer ref = ByteBuffer.allocateDirect(out.capacity());
+          plain.run(img.duplicate(), ImagePrep.rng(7, epoch, i), ref);
+          assertEquals(ref, out, "epoch " + epoch + " sample " + i);
+        }
+      }
+      com.fasterxml.jackson.databind.node.ObjectNode st =
+          com.fasterxml.jackson.databind.node.JsonNodeFactory.instance.objectNode();
+      store.stats(st);
+      assertEquals(6, st.get("made").asInt(), st.toString()); // each made once, on its first decode
+      assertEquals(12, st.get("hits").asInt(), st.toString());
+      assertTrue(mem.getAllocatedMemory() <= ReindexedJpegs.SLAB, st.toString());
+
+      // A sample whose bytes changed under the same digest is decoded from its own bytes, never the copy.
+      ByteBuffer other = imgs.get(1);
+      ByteBuffer out = ByteBuffer.allocateDirect((int) p.pipeline().sampleBytes());
+      p.run(other.duplicate(), io.unstall.flight.cache.Digest.of(imgs.get(0).duplicate()), ImagePrep.rng(7, 0, 1), out);
+      ByteBuffer ref = ByteBuffer.allocateDirect(out.capacity());
+      plain.run(other.duplicate(), ImagePrep.rng(7, 0, 1), ref);
+      assertEquals(ref, out);
+
+      // Full: no more copies, every sample still decoded from its original.
+      int made = st.get("made").asInt();
+      for (int i = 0; i < 60; i++) {
+        ByteBuffer img = jpeg(640, 480, Sampling.S444, 1000 + i);
+        p.run(img.duplicate(), io.unstall.flight.cache.Digest.of(img.duplicate()), ImagePrep.rng(7, 0, i),
+            ByteBuffer.allocateDirect((int) p.pipeline().sampleBytes()));
+      }
+      store.stats(st);
+      assertTrue(st.get("full").asBoolean(), st.toString());
+      assertTrue(st.get("no_room").asInt() > 0 && st.get("made").asInt() > made, st.toString());
+      assertTrue(mem.getAllocatedMemory() <= ReindexedJpegs.SLAB, st.toString());
+    }
   }
 
   @Test
@@ -305,11 +397,20 @@ class NativeJpegTest {
     String pl = rrc(64, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW");
     ImagePrep p = prep(pl, Decoder.NATIVE);
     ImagePrep full = prep(pl, Decoder.NATIVE_FULL);
-    ByteBuffer img = jpeg(500, 375, Sampling.S420, 9);
+    for (ByteBuffer img : List.of(jpeg(500, 375, Sampling.S420, 9), reindexed(jpeg(500, 375, Sampling.S420, 9)))) {
+      cutAndCorrupt(p, full, img); // the original, and its restart-indexed copy (cut into intervals when decoded)
+    }
+  }
+
+  private static void cutAndCorrupt(ImagePrep p, ImagePrep full, ByteBuffer img) throws Exception {
     byte[] bytes = new byte[img.remaining()];
     img.duplicate().get(bytes);
     byte[] before = run(p, img, 3);
-    for (int len = bytes.length * 3 / 4; len > 200; len -= 97) { // cuts in the entropy-coded data
+    int scan = 2;
+    while (!(bytes[scan] == (byte) 0xFF && bytes[scan + 1] == (byte) 0xDA)) { // the start-of-scan marker
+      scan++;
+    }
+    for (int len = bytes.length * 3 / 4; len > scan + 20; len -= 97) { // cuts in the entropy-coded data
       ByteBuffer cut = direct(java.util.Arrays.copyOf(bytes, len));
       BadImageException e = assertThrows(BadImageException.class, () -> run(p, cut, 0), "cut at " + len);
       assertTrue(e.getMessage().contains("truncated"), e.getMessage()); // the header check, before native code

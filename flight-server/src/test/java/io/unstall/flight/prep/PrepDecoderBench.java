@@ -63,7 +63,7 @@ public final class PrepDecoderBench {
       List<ImagePrep> preps = new ArrayList<>();
       for (String[] c : configs) {
         preps.add(c[0].equals("imdecode") ? null : new ImagePrep(PrepPipeline.parse(pipeline(c[1])), budget,
-            c[0].equals("opencv") ? Decoder.OPENCV : Decoder.NATIVE));
+            c[0].equals("opencv") ? Decoder.OPENCV : Decoder.NATIVE, null));
       }
       ByteBuffer out = ByteBuffer.allocateDirect(3 * 224 * 224 * 4);
       long[] images = new long[configs.length];

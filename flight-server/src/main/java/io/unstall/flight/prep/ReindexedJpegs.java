@@ -1,0 +1,164 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.cache.Digest;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.LongAdder;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.OutOfMemoryException;
+
+/**
+ * Restart-indexed copies of the JPEGs the native path prepares, so that each later decode entropy-decodes only
+ * the restart intervals its crop covers (docs/PREP.md, "Decoding only the crop's MCUs"). A crop window alone still
+ * Huffman-decodes every MCU above its bottom edge, most of a decode on photographs; the copy
+ * ({@link NativeJpeg#reindex}) holds the same DCT coefficients, so it decodes to the same pixels.
+ *
+ * <p>Copies are keyed by the sample's content digest (shared by every group and dataset with the same bytes),
+ * made the first time a sample is prepared while there is room, and never evicted: CoorDL's MinIO policy, since
+ * under random-order epochs over more samples than fit an evicting store would rewrite every sample every epoch
+ * (a rewrite costs about one and a half decodes). They live in {@link #SLAB}-byte slabs of the data plane's
+ * "reindexed" allocator ({@code --reindex-memory}), filled in order and freed when the sidecar closes.
+ */
+final class ReindexedJpegs implements AutoCloseable {
+  private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
+  /** Bytes per slab: a power of two, which Arrow's allocator does not round up. */
+  static final int SLAB = 4 << 20;
+  /** Restart intervals span at most this many pixels of an MCU row: the crop's columns at this granularity. */
+  static final int SPAN_PX = 32;
+  /** Samples remembered as not rewritable (so not tried again each epoch), at most. */
+  static final int MAX_REFUSED = 65536;
+
+  private record Copy(ByteBuffer jpeg, int sourceLength) {}
+
+  private final BufferAllocator memory; // null: off
+  private final ConcurrentHashMap<Digest, Copy> copies = new ConcurrentHashMap<>();
+  private final Set<Digest> refused = ConcurrentHashMap.newKeySet();
+  // Guarded by this.
+  private final List<ArrowBuf> slabs = new ArrayList<>();
+  private ArrowBuf slab;
+  private long slabUsed;
+  private long bytes;
+  private volatile boolean full;
+  private final LongAdder hits = new LongAdder();
+  private final LongAdder made = new LongAdder();
+  private final LongAdder notRewritable = new LongAdder();
+  private final LongAdder noRoom = new LongAdder();
+  private final LongAdder cpuNanos = new LongAdder();
+
+  /** Copies in {@code memory} (its limit is the store's size); null or a zero limit: off. */
+  ReindexedJpegs(BufferAllocator memory) {
+    this.memory = memory == null || memory.getLimit() <= 0 || !NativeJpeg.AVAILABLE ? null : memory;
+  }
+
+  /**
+   * What the native path should decode for the JPEG {@code src} (its bytes hash to {@code digest}; null: unknown):
+   * its copy, made now if there is none and there is room ({@code h} and {@code budget}: the rewrite's working
+   * memory is reserved like a decode's), or {@code src} itself.
+   */
+  ByteBuffer forDecode(Digest digest, ByteBuffer src, ImageHeader h, DecodeBudget budget)
+      throws ImagePrep.BadImageException, InterruptedException {
+    if (memory == null || digest == null) {
+      return src;
+    }
+    Copy c = copies.get(digest);
+    if (c != null) {
+      if (c.sourceLength != src.remaining()) { // not the bytes the digest was learned from: never a wrong image
+        return src;
+      }
+      hits.increment();
+      return c.jpeg.duplicate();
+    }
+    if (full || refused.contains(digest)) {
+      if (full) {
+        noRoom.increment();
+      }
+      return src;
+    }
+    // The rewrite holds every DCT coefficient of the image and its output; one that would crowd out decodes is
+    // not made (the sample is decoded from its original, as it would be without the store).
+    long working = h.pixels() * h.components() * 2 + 2L * src.remaining() + 65536;
+    if (working > budget.limit() / 4) {
+      noRoom.increment();
+      return src;
+    }
+    try (DecodeBudget.Reservation r = budget.acquire(working, h)) {
+      long t0 = CPU.getCurrentThreadCpuTime();
+      try {
+        int n = NativeJpeg.reindex(src, src.position(), src.remaining(), SPAN_PX);
+        if (n <= 0) {
+          notRewritable.increment();
+          if (refused.size() < MAX_REFUSED) {
+            refused.add(digest);
+          }
+          return src;
+        }
+        ByteBuffer dst = place(n);
+        if (dst == null) {
+          noRoom.increment();
+          return src;
+        }
+        NativeJpeg.takeReindexed(dst, 0, n);
+        made.increment();
+        Copy mine = new Copy(dst.asReadOnlyBuffer(), src.remaining());
+        Copy won = copies.putIfAbsent(digest, mine); // two groups rewrote it at once: both are the same bytes
+        return (won == null ? mine : won).jpeg.duplicate();
+      } finally {
+        cpuNanos.add(CPU.getCurrentThreadCpuTime() - t0);
+      }
+    }
+  }
+
+  /** Room for n bytes in the current slab or a new one; null (and full from now on) when the memory is used up. */
+  private synchronized ByteBuffer place(int n) {
+    if (full) {
+      return null;
+    }
+    if (slab == null || slabUsed + n > slab.capacity()) {
+      ArrowBuf next;
+      try {
+        next = memory.buffer(Math.max(SLAB, n));
+      } catch (OutOfMemoryException e) {
+        full = true;
+        return null;
+      }
+      slabs.add(next);
+      slab = next;
+      slabUsed = 0;
+    }
+    ByteBuffer b = slab.nioBuffer(slabUsed, n);
+    slabUsed += n;
+    bytes += n;
+    return b;
+  }
+
+  /** prep.stats "reindexed". */
+  synchronized void stats(ObjectNode o) {
+    o.put("enabled", memory != null);
+    o.put("memory_limit_bytes", memory == null ? 0 : memory.getLimit());
+    o.put("memory_allocated_bytes", memory == null ? 0 : memory.getAllocatedMemory());
+    o.put("copies", copies.size());
+    o.put("bytes", bytes);
+    o.put("full", full);
+    o.put("made", made.sum());
+    o.put("hits", hits.sum());
+    o.put("not_rewritable", notRewritable.sum());
+    o.put("no_room", noRoom.sum());
+    o.put("rewrite_cpu_ms", cpuNanos.sum() / 1_000_000);
+  }
+
+  @Override
+  public synchronized void close() {
+    copies.clear();
+    slabs.forEach(ArrowBuf::close);
+    slabs.clear();
+    slab = null;
+    full = true;
+  }
+}
