@@ -338,6 +338,7 @@ def main() -> None:
             tjs.append(tj)
         return tj
 
+    notes: list[str] = []  # printed after the tables
     configs = [tuple(c.split(":")) for c in args.unstall.split(",")] if "unstall" in systems else []
     for transport, dtype in configs:
         kind = f"unstall {transport} {dtype}"
@@ -351,8 +352,12 @@ def main() -> None:
                 extra += ["--window", str(args.window)]
             extra += ["--python-transforms", str(args.python_transforms)]
             extra += ["--compression", args.compression] if args.compression else []
+            warm = []
             for k in [ks[0]] * args.warmup + ks[1:]:  # warm-up: the cache, and the JIT's steady state at every k
-                run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
+                c0 = proc_cpu(sidecar.pid)
+                w = summarize(run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u), proc_cpu(sidecar.pid) - c0)
+                warm.append(f"k={k} {w['images_per_s']:.0f} images/s {w['cpu_s_per_epoch']:.1f} CPU s")
+            notes.append(f"{kind}: warm-up epochs (the first makes the restart-indexed copies): " + "; ".join(warm))
             for rep in range(args.repeats):  # the ks interleaved, so that drift hits every k alike
                 for k in ks:
                     tj = tj_now() if k == ks[0] else None
@@ -370,6 +375,12 @@ def main() -> None:
                     if tj and g["decode_cpu_seconds"]:
                         per_core.setdefault(kind, []).append(g["samples_prepared"] / g["decode_cpu_seconds"] / tj)
                     runs.setdefault((kind, k), []).append(row)
+            dc = st["decode"]
+            rx = dc.get("reindexed", {})
+            notes.append(f"{kind}: restart-indexed copies {rx.get('copies', 0)} ({rx.get('bytes', 0) / 1e6:.0f} MB, "
+                         f"made {rx.get('made', 0)} in {rx.get('rewrite_cpu_ms', 0) / 1e3:.1f} CPU s, "
+                         f"{rx.get('hits', 0)} hits); decodes of only the crop's intervals: "
+                         f"{dc.get('samples_spliced', 0)} of {dc.get('samples_native', 0)} native")
     for kind in ("torch", "tf"):
         if kind in systems:
             for rep in range(args.repeats):
@@ -441,6 +452,10 @@ def main() -> None:
             aim = "3.0x" if t == "flight" else "3.8x"
             x = ratios(kind, ks[-1])
             print(f"| k = {ks[-1]} vs k = 1 ({t}, {d}) | {med(x):.2f}x{spread(x)} | >= {aim} |")
+    if notes:
+        print()
+        for n in notes:
+            print(f"* {n}")
 
 if __name__ == "__main__":
     main()
