@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -219,6 +219,45 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class Config(NamedTuple):
+    """One unstall configuration of --unstall: TRANSPORT:DTYPE[:REINDEX_MEMORY]."""
+
+    transport: str
+    dtype: str
+    reindex_memory: Optional[str]
+
+    @staticmethod
+    def parse(text: str) -> "Config":
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise SystemExit(f"--unstall {text!r}: expected TRANSPORT:DTYPE or TRANSPORT:DTYPE:REINDEX_MEMORY")
+        return Config(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
+
+    @property
+    def kind(self) -> str:
+        extra = "" if self.reindex_memory is None else f" reindex-memory {self.reindex_memory}"
+        return f"unstall {self.transport} {self.dtype}{extra}"
+
+    @property
+    def sidecar_args(self) -> list[str]:
+        return [] if self.reindex_memory is None else ["--reindex-memory", self.reindex_memory]
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a live process's threads by name, digits dropped (unstall-prep-worker-3 -> unstall-prep-worker-)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = re.sub(r"[0-9]+", "", stat[stat.index("(") + 1:stat.rindex(")")])
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
     procs = []
     for i in range(k):
@@ -288,14 +327,17 @@ def main() -> None:
                     help="unstall: epochs at the first k before measuring, then one at each other k: the sidecar's "
                          "JIT compiles for ~10 epochs of this size, and a training job runs for hours")
     ap.add_argument("--unstall", default="auto:float32,flight:uint8",
-                    help="unstall configurations, each TRANSPORT:DTYPE (transport auto = shared memory on this host, "
-                         "shm, flight; dtype float32 (normalized), uint8, float16, bfloat16)")
+                    help="unstall configurations, each TRANSPORT:DTYPE[:REINDEX_MEMORY] (transport auto = shared memory "
+                         "on this host, shm, flight; dtype float32 (normalized), uint8, float16, bfloat16; "
+                         "REINDEX_MEMORY: the sidecar's --reindex-memory, 0 to decode without restart-indexed copies)")
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)  # a job's own
     ap.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--compression", choices=("lz4", "zstd"), help="unstall over Flight: Arrow IPC body compression")
     ap.add_argument("--python-transforms", type=int, default=0, metavar="W",
                     help="unstall: torchvision transforms in W DataLoader worker processes per job, shared through "
                          "the group (SharedTransformLoader), instead of the sidecar's pipeline")
+    ap.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="unstall: note the sidecar's N busiest threads (by name) in each configuration's first repeat")
     ap.add_argument("--job")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
@@ -339,12 +381,12 @@ def main() -> None:
         return tj
 
     notes: list[str] = []  # printed after the tables
-    configs = [tuple(c.split(":")) for c in args.unstall.split(",")] if "unstall" in systems else []
-    for transport, dtype in configs:
-        kind = f"unstall {transport} {dtype}"
+    configs = [Config.parse(c) for c in args.unstall.split(",")] if "unstall" in systems else []
+    for cfg in configs:
+        transport, dtype, kind = cfg.transport, cfg.dtype, cfg.kind
         home = Path(os.environ.get("TMPDIR", "/tmp")) / f"unstall-bench-{os.getpid()}-{transport}-{dtype}"
         with unstall.Sidecar(home=home, cache_capacity="512MiB", memory_budget="2GiB",
-                             java_options=["-XX:MaxDirectMemorySize=3g"]) as sidecar:
+                             java_options=["-XX:MaxDirectMemorySize=3g"], extra_args=cfg.sidecar_args) as sidecar:
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
             extra = ["--location", sidecar.flight_location, "--dtype", dtype, "--transport", transport]
@@ -362,8 +404,14 @@ def main() -> None:
                 for k in ks:
                     tj = tj_now() if k == ks[0] else None
                     c0 = proc_cpu(sidecar.pid)
+                    t0 = thread_cpu(sidecar.pid) if args.threads and rep == 0 else {}
                     res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
                     row = summarize(res, proc_cpu(sidecar.pid) - c0)
+                    if t0:
+                        t1 = thread_cpu(sidecar.pid)
+                        top = sorted(((t1[n] - t0.get(n, 0.0), n) for n in t1), reverse=True)[:args.threads]
+                        notes.append(f"{kind}, k = {k}: sidecar threads' CPU s in the run: "
+                                     + ", ".join(f"{n} {d:.2f}" for d, n in top if d > 0))
                     with sidecar.flight_client() as c:
                         st = json.loads(c.do_action("prep.stats")[0])
                     g = st["groups"][res[0]["group"]]
@@ -397,7 +445,7 @@ def main() -> None:
         return [a["images_per_s"] / b["images_per_s"] for a, b in zip(runs[(kind, k)], runs[(kind, ks[0])])]
 
     names = {"torch": "torch DataLoader x k (w=2)", "tf": "tf.data x k (AUTOTUNE)"}
-    kinds = [f"unstall {t} {d}" for t, d in configs] + [k for k in ("torch", "tf") if k in systems]
+    kinds = [c.kind for c in configs] + [k for k in ("torch", "tf") if k in systems]
     print()
     print(f"Medians of {args.repeats} repeats (min-max in brackets); x of k={ks[0]}: the median of each repeat's ratio.")
     print()
@@ -432,8 +480,8 @@ def main() -> None:
     print()
     print("| the issue's bar | measured | aim |")
     print("|---|---|---|")
-    for t, d in configs:
-        kind = f"unstall {t} {d}"
+    for c in configs:
+        t, d, kind = c.transport, c.dtype, c.kind
         pc = per_core.get(kind)
         if pc:
             rows = runs[(kind, ks[0])]
@@ -441,14 +489,14 @@ def main() -> None:
                   f"just before | {med(pc):.2f}x{spread(pc)} | >= 1.0x |")
     tf1 = runs.get(("tf", 1))
     if configs and tf1 and ks[0] == 1:
-        t, d = configs[0]
-        u1 = med([r["images_per_s"] for r in runs[(f"unstall {t} {d}", 1)]])
+        t, d = configs[0].transport, configs[0].dtype
+        u1 = med([r["images_per_s"] for r in runs[(configs[0].kind, 1)]])
         f1 = med([r["images_per_s"] for r in tf1])
         print(f"| one unstall job ({t}, {d}) vs one tf.data job (AUTOTUNE), medians | {u1:.0f} / {f1:.0f} = "
               f"{u1 / f1:.2f}x | >= 1.5x |")
     if ks[0] == 1 and ks[-1] > 1:
-        for t, d in configs:
-            kind = f"unstall {t} {d}"
+        for c in configs:
+            t, d, kind = c.transport, c.dtype, c.kind
             aim = "3.0x" if t == "flight" else "3.8x"
             x = ratios(kind, ks[-1])
             print(f"| k = {ks[-1]} vs k = 1 ({t}, {d}) | {med(x):.2f}x{spread(x)} | >= {aim} |")

@@ -99,3 +99,40 @@ def test_float16_and_bfloat16_outputs_follow_float32(env: tuple[PrepEnv, list[Pa
         for i, x in got.items():
             assert x.dtype == torch_dtype and x.shape == (3, 32, 32)
             np.testing.assert_allclose(x.float().numpy(), ref[i].numpy(), atol=tol * 3, rtol=tol)
+
+
+def test_restart_indexed_copies_give_the_same_batches_as_the_originals(
+        env: tuple[PrepEnv, list[Path]], tmp_path: Path) -> None:
+    """A sidecar decodes each JPEG's later crops from a restart-indexed copy of it, only the intervals the crop
+    covers (docs/ARCHITECTURE.md, "Decoding only the crop's MCUs"): its batches equal, byte for byte, those of a
+    sidecar that decodes the original files (--reindex-memory 0), epoch after epoch."""
+    import unstall
+    from unstall.sidecar import find_jar
+
+    e, paths = env
+    if e.stats()["decode"]["decoder"] != "libjpeg-turbo-crop":
+        pytest.skip("the sidecar runs without its native JPEG library")
+    pipeline = prep.imagenet_train(64, dtype="uint8")
+    before = e.stats()["decode"]
+    with_copies = [_prepared(e, pipeline) for _ in range(2)]  # the first run makes the copies, the second hits them
+    after = e.stats()["decode"]
+    made = after["reindexed"]["made"] - before["reindexed"]["made"]
+    assert after["reindexed"]["enabled"] and made <= N and after["reindexed"]["copies"] >= N, after["reindexed"]
+    assert after["reindexed"]["hits"] - before["reindexed"]["hits"] >= N, after["reindexed"]
+    assert after["samples_spliced"] > before["samples_spliced"], after
+
+    plain = unstall.Sidecar(home=tmp_path / "home", jar=find_jar(), cache_capacity="16MiB", memory_budget="1GiB",
+                            extra_args=["--reindex-memory", "0"], start=True)
+    try:
+        plain.register_dataset("jpegs", paths[0].parent.parent)
+        plain_env = PrepEnv(plain, paths[0].parent.parent, tmp_path)
+        off = plain_env.stats()["decode"]
+        assert not off["reindexed"]["enabled"] and off["reindexed"]["copies"] == 0, off
+        originals = [_prepared(plain_env, pipeline) for _ in range(2)]
+        assert plain_env.stats()["decode"]["samples_spliced"] == off["samples_spliced"]  # nothing spliced there
+    finally:
+        plain.close()
+    for run, (got, want) in enumerate(zip(with_copies, originals)):
+        assert sorted(got) == sorted(want) == list(range(N))
+        for i in want:
+            assert np.array_equal(got[i].numpy(), want[i].numpy()), f"run {run}, {paths[i].name}: not the same crop"
