@@ -338,6 +338,9 @@ def main() -> None:
                          "the group (SharedTransformLoader), instead of the sidecar's pipeline")
     ap.add_argument("--threads", type=int, default=0, metavar="N",
                     help="unstall: note the sidecar's N busiest threads (by name) in each configuration's first repeat")
+    ap.add_argument("--java-option", action="append", default=[], metavar="OPT",
+                    help="unstall: a JVM option for the sidecar (repeatable), e.g. -XX:+PrintCompilation (its log: "
+                         "TMPDIR/unstall-bench-PID-*/sidecar.log)")
     ap.add_argument("--job")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
@@ -386,7 +389,8 @@ def main() -> None:
         transport, dtype, kind = cfg.transport, cfg.dtype, cfg.kind
         home = Path(os.environ.get("TMPDIR", "/tmp")) / f"unstall-bench-{os.getpid()}-{transport}-{dtype}"
         with unstall.Sidecar(home=home, cache_capacity="512MiB", memory_budget="2GiB",
-                             java_options=["-XX:MaxDirectMemorySize=3g"], extra_args=cfg.sidecar_args) as sidecar:
+                             java_options=["-XX:MaxDirectMemorySize=3g", *args.java_option],
+                             extra_args=cfg.sidecar_args) as sidecar:
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
             extra = ["--location", sidecar.flight_location, "--dtype", dtype, "--transport", transport]
