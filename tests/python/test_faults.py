@@ -67,6 +67,23 @@ def _assert_every_epoch_whole(epochs: list, files: dict, seed: int) -> None:
         assert sum(seen.values()) == N
 
 
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """Sends ``sig`` and returns once it took effect on every thread: a thread that was running when the signal
+    was sent can still answer a request already in flight (measured under load: a SIGSTOPped sidecar answered the
+    next prep.next 3 ms after os.kill), so a test that counts outages per signal waits for the stop or the death."""
+    os.kill(pid, sig)
+
+    def took_effect() -> bool:
+        try:
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{pid}/task").iterdir()]
+        except FileNotFoundError:  # the process is gone, or one of its threads ended while we read: read again
+            return not Path(f"/proc/{pid}").exists()
+        done = {"T", "t"} if sig == signal.SIGSTOP else {"Z", "X"}
+        return all(st in done for st in states)
+
+    wait_until(took_effect, f"signal {sig.name} to take effect on pid {pid}")
+
+
 def _epochs_signalling_the_sidecar(start_sidecar, tmp_path: Path, sig: signal.Signals, count: int,
                                    clairvoyant: bool) -> tuple[unstall.Sidecar, list[int]]:
     """EPOCHS epochs of a 2-worker shuffled DataLoader over an embedded sidecar (MinIO cache smaller than
@@ -89,7 +106,7 @@ def _epochs_signalling_the_sidecar(start_sidecar, tmp_path: Path, sig: signal.Si
             # a fresh outage each time: the previous one is over once the datasets are registered again
             wait_until(lambda: sidecar.restarts == len(signalled) and sidecar.healthy(), "the previous outage to end")
             signalled.append(sidecar.pid)
-            os.kill(sidecar.pid, sig)
+            _signal(sidecar.pid, sig)
         step += 1
 
     epochs = [count_epoch(loader, files, maybe_signal) for _ in range(EPOCHS)]
@@ -272,7 +289,7 @@ def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int],
             if step in kill_at:
                 wait_until(lambda: sidecar.restarts == len(killed) and sidecar.healthy(), "the previous outage to end")
                 killed.append(sidecar.pid)
-                os.kill(sidecar.pid, sig)
+                _signal(sidecar.pid, sig)
             step += 1
     rejoins = loader.membership.rejoins
     loader.close()
