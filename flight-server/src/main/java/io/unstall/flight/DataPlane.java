@@ -58,7 +58,7 @@ public final class DataPlane implements AutoCloseable {
   private final BatchAssembler assembler;
   private final BufferAllocator cacheMemory; // "cache": the memory cache's arena (limit: the capacity)
   private final BufferAllocator prefetchMemory; // "prefetch": the prefetch window's staging
-  private final BufferAllocator streams; // "streams": batches in flight, same-host staging; parent of the next three
+  private final BufferAllocator streams; // "streams": batches in flight, same-host staging; parent of the prep allocators below
   private final BufferAllocator prepMemory; // "prep": prep staging (each group opens its child in it)
   private final BufferAllocator decodeMemory; // "decode": the decode budget (reservations only)
   private final BufferAllocator reindexMemory; // "reindexed": restart-indexed JPEG copies, never evicted
@@ -139,7 +139,8 @@ public final class DataPlane implements AutoCloseable {
       this.sessions = new Sessions(s -> assembler.prefetcher().cancel(s.owner()));
       this.calls = new FlightCalls(bounds);
       this.producer = new UnstallProducer(registry, cache, disk, assembler, streams, streamBudget,
-          new PrepService(registry, assembler, prepMemory, decodeMemory, reindexMemory, bounds, b.decodeLimits, b.budgetTimeoutSeconds),
+          new PrepService(registry, assembler, prepMemory, decodeMemory, reindexMemory, bounds, b.decodeLimits,
+              b.budgetTimeoutSeconds),
           sessions, calls, bounds, tenants);
       this.local = shm == null ? null : new LocalServer(shm.resolve(SOCKET),
           new LocalService(b.token, registry, sessions, assembler, streams, streamBudget, shm, bounds, producer.prep()),
@@ -180,8 +181,8 @@ public final class DataPlane implements AutoCloseable {
       }
     } catch (Throwable t) { // no allocator of a failed start stays open: the root must close cleanly
       try {
-        AutoCloseables.close(java.util.Arrays.asList(formatMemory, peerMemory, reindexMemory, decodeMemory, prepMemory, streams,
-            prefetchMemory, cacheMemory));
+        AutoCloseables.close(java.util.Arrays.asList(formatMemory, peerMemory, reindexMemory, decodeMemory,
+            prepMemory, streams, prefetchMemory, cacheMemory));
       } catch (Exception e) {
         t.addSuppressed(e);
       }
@@ -358,7 +359,8 @@ public final class DataPlane implements AutoCloseable {
       producer.logStats();
       try {
         AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache, disk,
-            formatMemory, peerMemory, reindexMemory, decodeMemory, prepMemory, streams, prefetchMemory, cacheMemory);
+            formatMemory, peerMemory, reindexMemory, decodeMemory, prepMemory, streams, prefetchMemory,
+            cacheMemory);
       } finally {
         if (shm != null) {
           shm.remove();

@@ -83,10 +83,14 @@ public final class ImagePrep {
   private final ByteBuffer table;
 
   public ImagePrep(PrepPipeline pipeline, DecodeBudget budget) {
-    this(pipeline, budget, NativeJpeg.AVAILABLE ? Decoder.NATIVE : Decoder.OPENCV, null);
+    this(pipeline, budget, null);
   }
 
   /** {@code reindexed}: where the native path keeps restart-indexed copies of the JPEGs it decodes (null: none). */
+  ImagePrep(PrepPipeline pipeline, DecodeBudget budget, ReindexedJpegs reindexed) {
+    this(pipeline, budget, NativeJpeg.AVAILABLE ? Decoder.NATIVE : Decoder.OPENCV, reindexed);
+  }
+
   ImagePrep(PrepPipeline pipeline, DecodeBudget budget, Decoder decoder, ReindexedJpegs reindexed) {
     this.pipeline = pipeline;
     this.decode = pipeline.decode();

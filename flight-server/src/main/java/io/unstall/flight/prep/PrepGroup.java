@@ -107,8 +107,7 @@ final class PrepGroup {
    */
   PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
       int threads, BufferAllocator parent, SlotPool slotPool, DecodeBudget decodeBudget, ReindexedJpegs reindexed,
-      Settings requested,
-      Limits limits) {
+      Settings requested, Limits limits) {
     this.id = id;
     this.key = key;
     this.limits = limits;
@@ -121,8 +120,8 @@ final class PrepGroup {
       source = uploads = new MemberUploads(order, members, counts, limits, lock);
     } else {
       RawBatches raw = new RawBatches(order, assembler, parent.getRoundingPolicy(), counts);
-      source = pipeline == null ? raw : new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool, threads,
-          parent.getRoundingPolicy(), counts, lock);
+      source = pipeline == null ? raw : new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool,
+          threads, parent.getRoundingPolicy(), counts, lock);
     }
     Staging.Size size = Staging.size(source, requested, parent.getLimit(), key.batchSize());
     Path dir = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;

@@ -23,8 +23,8 @@ final class PrepReplica implements AutoCloseable {
     PrepCounts counts = new PrepCounts(limits.statsEpochs());
     this.order = new BatchOrder(group, key, dataset);
     RawBatches raw = new RawBatches(order, assembler, parent.getRoundingPolicy(), counts);
-    this.prep = new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool, threads, parent.getRoundingPolicy(), counts,
-        lock);
+    this.prep = new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool, threads,
+        parent.getRoundingPolicy(), counts, lock);
     PrepGroup.Settings one = new PrepGroup.Settings(1, 0, 0, 1, 0, false, false, true);
     this.staging = new Staging(group, "prep-worker-" + group, parent,
         Staging.size(prep, one, parent.getLimit(), key.batchSize()), null, lock);

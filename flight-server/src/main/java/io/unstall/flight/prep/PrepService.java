@@ -98,7 +98,7 @@ public final class PrepService implements AutoCloseable {
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
   static final String SHM_PREFIX = "unstall-prep-";
 
-  /** Memory for restart-indexed JPEG copies when {@code --reindex-memory} is not given: a quarter of the streams budget. */
+  /** Memory for restart-indexed JPEG copies when {@code --reindex-memory} is not given: a quarter of streams. */
   public static long defaultReindexMemory(long streamsLimit) {
     return streamsLimit / 4;
   }
@@ -331,8 +331,8 @@ public final class PrepService implements AutoCloseable {
               + " --prep-groups").toRuntimeException();
         }
         String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, slotPool, decodeBudget, reindexed,
-            s, limits);
+        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, slotPool, decodeBudget,
+            reindexed, s, limits);
         try {
           r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
         } catch (RuntimeException e) {

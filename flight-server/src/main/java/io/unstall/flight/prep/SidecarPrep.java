@@ -60,14 +60,13 @@ final class SidecarPrep implements BatchSource {
   private final ArrayDeque<ObjectNode> skippedRecent = new ArrayDeque<>();
   private final Set<Integer> skippedLogged = new HashSet<>(); // samples warned about once
 
-  SidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, DecodeBudget decodeBudget, ReindexedJpegs reindexed,
-      ExecutorService pool,
-      int threads, RoundingPolicy rounding, PrepCounts counts, GroupLock lock) {
+  SidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, DecodeBudget decodeBudget,
+      ReindexedJpegs reindexed, ExecutorService pool, int threads, RoundingPolicy rounding, PrepCounts counts,
+      GroupLock lock) {
     this.order = order;
     this.raw = raw;
     this.pipeline = pipeline;
-    this.imagePrep = new ImagePrep(pipeline, decodeBudget,
-        NativeJpeg.AVAILABLE ? ImagePrep.Decoder.NATIVE : ImagePrep.Decoder.OPENCV, reindexed);
+    this.imagePrep = new ImagePrep(pipeline, decodeBudget, reindexed);
     this.pool = pool;
     this.threads = threads;
     this.parallelism = threads;
@@ -167,8 +166,8 @@ final class SidecarPrep implements BatchSource {
               int start = payload.getStartOffset(i);
               int len = payload.getEndOffset(i) - start;
               try {
-                imagePrep.run(in.nioBuffer(start, len), order.dataset.digest(ids[i]), ImagePrep.rng(seed, epoch, ids[i]),
-                    dst.nioBuffer((long) i * sb, sb));
+                imagePrep.run(in.nioBuffer(start, len), order.dataset.digest(ids[i]),
+                    ImagePrep.rng(seed, epoch, ids[i]), dst.nioBuffer((long) i * sb, sb));
               } catch (ImagePrep.BadImageException e) {
                 if (!skip) {
                   throw CallStatus.INTERNAL.withDescription(order.sample(ids[i]) + ": " + e.getMessage()
