@@ -24,6 +24,7 @@ storage, i.e. page-cache misses and their readahead); None where /proc/<pid>/io 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ import resource
 import statistics
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-__all__ = ["CpuMeter", "ProcStat", "proc_stat", "scan", "descendants", "io_read_bytes", "self_cpu", "client_server_rounds",
-           "print_client_server"]
+__all__ = ["CpuMeter", "ProcStat", "proc_stat", "thread_cpu", "scan", "descendants", "io_read_bytes", "self_cpu",
+           "client_server_rounds", "print_client_server"]
 
 _TCK = os.sysconf("SC_CLK_TCK")
 
@@ -60,6 +61,21 @@ def proc_stat(pid: int) -> Optional[ProcStat]:
             return _parse(pid, fh.read())
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return None
+
+
+def thread_cpu(pid: int) -> Dict[str, float]:
+    """CPU seconds of a live process's threads, summed by name with digits dropped (unstall-prep-worker-3 ->
+    unstall-prep-worker-; the kernel keeps 15 characters of a name)."""
+    out: Dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                st = _parse(int(tid), fh.read())
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended
+            continue
+        name = re.sub(r"[0-9]+", "", st.comm)
+        out[name] = out.get(name, 0.0) + st.cpu_s
+    return out
 
 
 def scan() -> Dict[int, ProcStat]:

@@ -43,6 +43,9 @@ from typing import Any, NamedTuple, Optional
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "python-shim" / "src"))
+sys.path.insert(0, str(HERE))
+
+from _cpu import proc_stat, thread_cpu  # noqa: E402
 
 BATCH = 64
 SIZE = 224
@@ -215,8 +218,24 @@ def _children_cpu() -> float:
 
 def proc_cpu(pid: int) -> float:
     """utime + stime of a live process (the sidecar), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    st = proc_stat(pid)
+    if st is None:
+        raise SystemExit(f"process {pid} (the sidecar) is gone")
+    return st.cpu_s
+
+
+def utc_stamp() -> str:
+    return f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+
+
+def probe_arguments(doc: str, calls: int, rounds: int) -> tuple[argparse.Namespace, Path]:
+    """The probes' command line (--calls, --rounds, --data) and their dataset: 128 of this benchmark's images."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=calls)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-prep")
+    args = ap.parse_args()
+    return args, make_dataset(args.data.expanduser() / "n128", 128)
 
 
 class Config(NamedTuple):
@@ -241,21 +260,6 @@ class Config(NamedTuple):
     @property
     def sidecar_args(self) -> list[str]:
         return [] if self.reindex_memory is None else ["--reindex-memory", self.reindex_memory]
-
-
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a live process's threads by name, digits dropped (unstall-prep-worker-3 -> unstall-prep-worker-)."""
-    out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:  # the thread ended
-            continue
-        name = re.sub(r"[0-9]+", "", stat[stat.index("(") + 1:stat.rindex(")")])
-        fields = stat.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
 
 
 def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
@@ -366,7 +370,7 @@ def main() -> None:
     avg_kb = sum(f.stat().st_size for f in files) / len(files) / 1024
     ks = [int(k) for k in args.ks.split(",")]
     systems = args.systems.split(",")
-    print(f"# unstall coordinated-prep benchmark, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"# unstall coordinated-prep benchmark, {utc_stamp()}")
     print(f"# {platform.node()}: {os.cpu_count()} cores; {len(files)} JPEGs 500x375, {avg_kb:.0f} KB avg; "
           f"batch {BATCH}; RandomResizedCrop {SIZE} + flip + normalize; unstall configurations {args.unstall}, "
           f"compression {args.compression}, python transforms in {args.python_transforms} workers per job; "
@@ -398,19 +402,23 @@ def main() -> None:
                 extra += ["--window", str(args.window)]
             extra += ["--python-transforms", str(args.python_transforms)]
             extra += ["--compression", args.compression] if args.compression else []
+
+            def unstall_epoch(k: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+                """One epoch of k jobs: their results, and the summary with the sidecar's CPU in it."""
+                c0 = proc_cpu(sidecar.pid)
+                res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
+                return res, summarize(res, proc_cpu(sidecar.pid) - c0)
+
             warm = []
             for k in [ks[0]] * args.warmup + ks[1:]:  # warm-up: the cache, and the JIT's steady state at every k
-                c0 = proc_cpu(sidecar.pid)
-                w = summarize(run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u), proc_cpu(sidecar.pid) - c0)
+                w = unstall_epoch(k)[1]
                 warm.append(f"k={k} {w['images_per_s']:.0f} images/s {w['cpu_s_per_epoch']:.1f} CPU s")
             notes.append(f"{kind}: warm-up epochs (the first makes the restart-indexed copies): " + "; ".join(warm))
             for rep in range(args.repeats):  # the ks interleaved, so that drift hits every k alike
                 for k in ks:
                     tj = tj_now() if k == ks[0] else None
-                    c0 = proc_cpu(sidecar.pid)
                     t0 = thread_cpu(sidecar.pid) if args.threads and rep == 0 else {}
-                    res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
-                    row = summarize(res, proc_cpu(sidecar.pid) - c0)
+                    res, row = unstall_epoch(k)
                     if t0:
                         t1 = thread_cpu(sidecar.pid)
                         top = sorted(((t1[n] - t0.get(n, 0.0), n) for n in t1), reverse=True)[:args.threads]

@@ -13,8 +13,6 @@ Needs the sidecar jar (mvn -pl flight-server,sidecar -am package) and the datase
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
 import sys
 import tempfile
@@ -30,7 +28,7 @@ import pyarrow.flight as fl  # noqa: E402
 import unstall  # noqa: E402
 
 from _cpu import client_server_rounds, print_client_server  # noqa: E402
-from bench_prep import make_dataset  # noqa: E402
+from bench_prep import probe_arguments, utc_stamp  # noqa: E402
 
 OPTIONS: dict[str, list[tuple[str, Any]]] = {
     "defaults": [],
@@ -40,14 +38,9 @@ OPTIONS: dict[str, list[tuple[str, Any]]] = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-prep")
-    args = ap.parse_args()
-    data = make_dataset(args.data.expanduser() / "n128", 128)
+    args, data = probe_arguments(__doc__, calls=30, rounds=6)
     ids = list(range(90))
-    print(f"# Flight DoGet CPU per MB, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+    print(f"# Flight DoGet CPU per MB, {utc_stamp()}; "
           f"{args.rounds} rounds of {args.calls} DoGets per configuration")
     with tempfile.TemporaryDirectory(prefix="unstall-probe-") as home, \
             unstall.Sidecar(home=Path(home), cache_capacity="256MiB") as sc:

@@ -12,8 +12,6 @@ Needs the sidecar jar (mvn -pl flight-server,sidecar -am package) and the datase
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import sys
 import tempfile
@@ -28,17 +26,12 @@ import unstall  # noqa: E402
 from unstall import prep  # noqa: E402
 
 from _cpu import client_server_rounds, print_client_server  # noqa: E402
-from bench_prep import make_dataset  # noqa: E402
+from bench_prep import probe_arguments, utc_stamp  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-prep")
-    args = ap.parse_args()
-    data = make_dataset(args.data.expanduser() / "n128", 128)
-    print(f"# prep group calls, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+    args, data = probe_arguments(__doc__, calls=2000, rounds=5)
+    print(f"# prep group calls, {utc_stamp()}; "
           f"{args.rounds} rounds of {args.calls} calls each way")
     with tempfile.TemporaryDirectory(prefix="unstall-probe-") as home, unstall.Sidecar(home=Path(home)) as sc:
         sc.register_dataset("probe", data)
