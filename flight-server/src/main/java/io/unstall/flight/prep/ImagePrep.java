@@ -298,6 +298,11 @@ public final class ImagePrep {
     return true;
   }
 
+  /** Every DCT coefficient of the image at once (a multi-scan decode, a lossless rewrite), at most. */
+  static long coefficientBytes(ImageHeader h) {
+    return h.pixels() * h.components() * 2;
+  }
+
   /**
    * An upper bound of the native path's memory for one sample: libjpeg's whole-image coefficients (multi-scan
    * JPEGs), its row buffers (an iMCU row group with context: at most 48 rows of the image's width), the
@@ -307,7 +312,7 @@ public final class ImagePrep {
   long nativeWorkingBytes(ImageHeader h) {
     long w = h.width();
     long ht = h.height();
-    long coefficients = h.multiScan() ? h.pixels() * h.components() * 2 : 0;
+    long coefficients = h.multiScan() ? coefficientBytes(h) : 0;
     long rows = w * DECODED_CHANNELS * 49;
     long resampled = ht * pipeline.width() * DECODED_CHANNELS;
     long taps = 2 * (Math.max(w, ht) / Math.max(1, Math.min(pipeline.width(), pipeline.height())) + 2) + 1;

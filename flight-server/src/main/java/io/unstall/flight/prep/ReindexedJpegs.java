@@ -83,7 +83,7 @@ final class ReindexedJpegs implements AutoCloseable {
     }
     // The rewrite holds every DCT coefficient of the image and its output; one that would crowd out decodes is
     // not made (the sample is decoded from its original, as it would be without the store).
-    long working = h.pixels() * h.components() * 2 + 2L * src.remaining() + 65536;
+    long working = ImagePrep.coefficientBytes(h) + 2L * src.remaining() + 65536;
     if (working > budget.limit() / 4) {
       noRoom.increment();
       return src;
