@@ -32,7 +32,7 @@ import resource
 import statistics
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-__all__ = ["CpuMeter", "ProcStat", "proc_stat", "thread_cpu", "scan", "descendants", "io_read_bytes", "self_cpu",
+__all__ = ["CpuMeter", "ProcStat", "proc_stat", "thread_cpu", "machine_busy", "scan", "descendants", "io_read_bytes", "self_cpu",
            "client_server_rounds", "print_client_server"]
 
 _TCK = os.sysconf("SC_CLK_TCK")
@@ -76,6 +76,16 @@ def thread_cpu(pid: int) -> Dict[str, float]:
         name = re.sub(r"[0-9]+", "", st.comm)
         out[name] = out.get(name, 0.0) + st.cpu_s
     return out
+
+
+def machine_busy() -> Tuple[float, float]:
+    """(busy, idle) CPU seconds of the whole machine since boot, all cores, from /proc/stat's ``cpu`` line
+    (idle = idle + iowait; steal is left out of both)."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    idle = f[3] + f[4]
+    busy = f[0] + f[1] + f[2] + f[5] + f[6]  # user, nice, system, irq, softirq
+    return busy / _TCK, idle / _TCK
 
 
 def scan() -> Dict[int, ProcStat]:

@@ -14,6 +14,12 @@ shared VM), then the median and the range are printed. It also measures tjbench'
 the same images just before each k=1 unstall run, the sidecar's single-job decode+augment rate per core
 (samples / CPU seconds of the prep threads) as a ratio to it, and prints a table of issue 13's bars.
 
+Each unstall row also shows the CPU the sidecar's JIT compiler threads used during the run (they keep compiling
+for minutes on a short benchmark; a training job pays that once) and how many cores of the machine were idle
+between GO and the last job's result (0: the run was CPU-bound). A configuration may pin the sidecar and its jobs
+to different CPUs (`flight:uint8@0/1`: sidecar on CPU 0, jobs on CPU 1), as remote members would run on their own
+host; `--epochs E` has each job read E epochs per run (one join, as in training).
+
     python benchmarks/bench_prep.py [--images 640] [--data ~/.cache/unstall/bench-prep] [--ks 1,2,4]
                                     [--repeats 3] [--unstall auto:float32,flight:uint8] [--systems unstall,torch,tf]
 
@@ -24,6 +30,7 @@ and tjbench (apt-get install libjpeg-turbo-progs) for the decode reference.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import io
 import json
@@ -38,14 +45,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, NoReturn, Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "python-shim" / "src"))
 sys.path.insert(0, str(HERE))
 
-from _cpu import proc_stat, thread_cpu  # noqa: E402
+from _cpu import machine_busy, proc_stat, thread_cpu  # noqa: E402
 
 BATCH = 64
 SIZE = 224
@@ -125,7 +132,7 @@ def _go() -> None:
 
 def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transport: str,
                 window: Optional[int], compression: Optional[str] = None,
-                python_workers: int = 0) -> dict[str, Any]:
+                python_workers: int = 0, epochs: int = 1) -> dict[str, Any]:
     import torch
     import unstall
     from unstall import prep
@@ -135,7 +142,7 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
     pipe = prep.imagenet_train(SIZE, dtype=dtype)
     _go()  # joining is on the clock: the group starts preparing only once all k joined
     t0, c0, n = time.time(), _cpu(), 0
-    common = dict(batch_size=BATCH, seed=seed, group_size=k, epochs=1, client=client, transport=transport,
+    common = dict(batch_size=BATCH, seed=seed, group_size=k, epochs=epochs, client=client, transport=transport,
                   compression=compression)
     if python_workers:  # torchvision transforms in DataLoader worker processes, shared through the group
         from torchvision import transforms
@@ -147,10 +154,11 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
     else:
         loader = prep.PrepLoader("bench", pipe, window=window, **common)
     first = None
-    for images, labels in loader:
-        first = first or time.time()
-        n += images.shape[0]
-        checksum = read_every_byte(images)
+    for _ in range(epochs):
+        for images, labels in loader:
+            first = first or time.time()
+            n += images.shape[0]
+            checksum = read_every_byte(images)
     return {"start": t0, "end": time.time(), "first": first, "cpu": _cpu() - c0, "images": n,
             "group": loader.membership.group,
             "shm": loader.membership.shm}
@@ -224,6 +232,11 @@ def proc_cpu(pid: int) -> float:
     return st.cpu_s
 
 
+def jit_cpu(pid: int) -> float:
+    """CPU seconds the JVM's JIT compiler threads (C1/C2 CompilerThread) of a live process used so far."""
+    return sum(s for name, s in thread_cpu(pid).items() if "CompilerThre" in name)
+
+
 def utc_stamp() -> str:
     return f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
 
@@ -238,23 +251,52 @@ def probe_arguments(doc: str, calls: int, rounds: int) -> tuple[argparse.Namespa
     return args, make_dataset(args.data.expanduser() / "n128", 128)
 
 
+def cpu_set(text: str) -> set[int]:
+    """"0", "0,2", "0-3" -> a set of CPU numbers."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@contextlib.contextmanager
+def pinned(cpus: Optional[set[int]]) -> Iterator[None]:
+    """Runs the block on ``cpus`` only (None: unchanged): processes started inside it inherit them."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 class Config(NamedTuple):
-    """One unstall configuration of --unstall: TRANSPORT:DTYPE[:REINDEX_MEMORY]."""
+    """One unstall configuration of --unstall: TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS]."""
 
     transport: str
     dtype: str
     reindex_memory: Optional[str]
+    sidecar_cpus: Optional[set[int]] = None  # pinned: the sidecar on these CPUs, the jobs on job_cpus
+    job_cpus: Optional[set[int]] = None
 
     @staticmethod
     def parse(text: str) -> "Config":
-        parts = text.split(":")
-        if len(parts) not in (2, 3):
-            raise SystemExit(f"--unstall {text!r}: expected TRANSPORT:DTYPE or TRANSPORT:DTYPE:REINDEX_MEMORY")
-        return Config(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
+        spec, _, layout = text.partition("@")
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or (layout and layout.count("/") != 1):
+            raise SystemExit(f"--unstall {text!r}: expected TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS]")
+        cpus = [cpu_set(c) for c in layout.split("/")] if layout else [None, None]
+        return Config(parts[0], parts[1], parts[2] if len(parts) == 3 else None, cpus[0], cpus[1])
 
     @property
     def kind(self) -> str:
         extra = "" if self.reindex_memory is None else f" reindex-memory {self.reindex_memory}"
+        if self.sidecar_cpus is not None:
+            extra += f", sidecar on CPU {sorted(self.sidecar_cpus)}, jobs on {sorted(self.job_cpus or ())}"
         return f"unstall {self.transport} {self.dtype}{extra}"
 
     @property
@@ -262,36 +304,59 @@ class Config(NamedTuple):
         return [] if self.reindex_memory is None else ["--reindex-memory", self.reindex_memory]
 
 
-def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
-    procs = []
+def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str], cpus: Optional[set[int]] = None
+             ) -> tuple[list[dict[str, Any]], tuple[float, float]]:
+    """The k jobs' results, and the whole machine's (busy, idle) CPU seconds from GO until the last job printed
+    its result (its interpreter's exit left out)."""
+    procs, errs = [], []
     for i in range(k):
         cmd = [sys.executable, __file__, "--job", kind, "--data", str(data), "--seed", str(i), *extra]
-        procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env))
-    for p in procs:  # all set up (imports, joins) before the clock starts
+        errs.append(tempfile.TemporaryFile("w+"))  # a file, not a pipe: stdout is read line by line below
+        with pinned(cpus):
+            procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[-1],
+                                          text=True, env=env))
+
+    def fail(what: str, i: int, line: str = "") -> NoReturn:
+        procs[i].kill()
+        procs[i].wait()
+        errs[i].seek(0)
+        raise SystemExit(f"{kind} job {what}: {line}{errs[i].read()[-3000:]}")
+
+    for i, p in enumerate(procs):  # all set up (imports, joins) before the clock starts
         line = p.stdout.readline()
         if line.strip() != "READY":
-            raise SystemExit(f"{kind} job failed to start: {line}{p.stderr.read()[-3000:]}")
+            fail("failed to start", i, line)
+    m0 = machine_busy()
     for p in procs:
         p.stdin.write("GO\n")
         p.stdin.flush()
     results = []
-    for p in procs:
-        out, err = p.communicate()
-        got = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        if p.returncode != 0 or not got:
-            raise SystemExit(f"{kind} job failed ({p.returncode}): {err[-3000:]}")
-        results.append(json.loads(got[0][7:]))
-    return results
+    for i, p in enumerate(procs):
+        for line in p.stdout:
+            if line.startswith("RESULT "):
+                results.append(json.loads(line[7:]))
+                break
+        else:
+            fail(f"failed ({p.wait()})", i)
+    m1 = machine_busy()
+    for i, p in enumerate(procs):
+        p.stdin.close()
+        p.stdout.read()
+        if p.wait() != 0:
+            fail(f"failed ({p.returncode}) after its result", i)
+        errs[i].close()
+    return results, (m1[0] - m0[0], m1[1] - m0[1])
 
 
-def summarize(results: list[dict[str, Any]], extra_cpu: float = 0.0) -> dict[str, float]:
+def summarize(results: list[dict[str, Any]], machine: tuple[float, float], extra_cpu: float = 0.0,
+              epochs: int = 1) -> dict[str, float]:
+    """One run of k jobs that read ``epochs`` epochs each: its rates, and its CPU per epoch."""
     images = sum(r["images"] for r in results)
     start = min(r["start"] for r in results)
     wall = max(r["end"] for r in results) - start
-    jobs_cpu = sum(r["cpu"] for r in results)
-    row = {"images_per_s": images / wall, "cpu_s_per_epoch": jobs_cpu + extra_cpu, "jobs_cpu_s": jobs_cpu,
-           "wall_s": wall, "images": images}
+    jobs_cpu = sum(r["cpu"] for r in results) / epochs
+    row = {"images_per_s": images / wall, "cpu_s_per_epoch": jobs_cpu + extra_cpu / epochs, "jobs_cpu_s": jobs_cpu,
+           "wall_s": wall, "images": images, "machine_busy_s": machine[0], "machine_idle_s": machine[1]}
     if all(r.get("first") for r in results):  # until every job had its first batch: joins, the first prep
         row["first_batch_s"] = max(r["first"] for r in results) - start
     return row
@@ -328,12 +393,14 @@ def main() -> None:
                          "tjbench just before each k=1 run of unstall); medians and min-max are reported")
     ap.add_argument("--systems", default="unstall,torch,tf")
     ap.add_argument("--warmup", type=int, default=3,
-                    help="unstall: epochs at the first k before measuring, then one at each other k: the sidecar's "
-                         "JIT compiles for ~10 epochs of this size, and a training job runs for hours")
+                    help="unstall: runs (of --epochs epochs) at the first k before measuring, then one at each other "
+                         "k: the cache fills and the sidecar's JIT compiles most of the path (it goes on compiling "
+                         "for minutes; the JIT column shows how much), as it would early in a training job of hours")
     ap.add_argument("--unstall", default="auto:float32,flight:uint8",
-                    help="unstall configurations, each TRANSPORT:DTYPE[:REINDEX_MEMORY] (transport auto = shared memory "
-                         "on this host, shm, flight; dtype float32 (normalized), uint8, float16, bfloat16; "
-                         "REINDEX_MEMORY: the sidecar's --reindex-memory, 0 to decode without restart-indexed copies)")
+                    help="unstall configurations, each TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS] (transport "
+                         "auto = shared memory on this host, shm, flight; dtype float32 (normalized), uint8, float16, "
+                         "bfloat16; REINDEX_MEMORY: the sidecar's --reindex-memory, 0 to decode without "
+                         "restart-indexed copies; @0/1: the sidecar pinned to CPU 0 and the jobs to CPU 1)")
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)  # a job's own
     ap.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--compression", choices=("lz4", "zstd"), help="unstall over Flight: Arrow IPC body compression")
@@ -345,6 +412,9 @@ def main() -> None:
     ap.add_argument("--java-option", action="append", default=[], metavar="OPT",
                     help="unstall: a JVM option for the sidecar (repeatable), e.g. -XX:+PrintCompilation (its log: "
                          "TMPDIR/unstall-bench-PID-*/sidecar.log)")
+    ap.add_argument("--epochs", type=int, default=3,
+                    help="unstall: epochs each job reads in a measured run (one group membership; the join and the "
+                         "first batch are paid once per job, as in training)")
     ap.add_argument("--job")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--location")
@@ -355,7 +425,7 @@ def main() -> None:
     if args.job:
         if args.job == "unstall":
             r = job_unstall(args.data, args.location, args.k, 0, args.dtype, args.transport,  # same seed: one group
-                            args.window, args.compression, args.python_transforms)
+                            args.window, args.compression, args.python_transforms, args.epochs)
         elif args.job == "torch":
             r = job_torch(args.data, args.seed)
         else:
@@ -392,33 +462,39 @@ def main() -> None:
     for cfg in configs:
         transport, dtype, kind = cfg.transport, cfg.dtype, cfg.kind
         home = Path(os.environ.get("TMPDIR", "/tmp")) / f"unstall-bench-{os.getpid()}-{transport}-{dtype}"
-        with unstall.Sidecar(home=home, cache_capacity="512MiB", memory_budget="2GiB",
-                             java_options=["-XX:MaxDirectMemorySize=3g", *args.java_option],
-                             extra_args=cfg.sidecar_args) as sidecar:
+        with contextlib.ExitStack() as stack:
+            with pinned(cfg.sidecar_cpus):  # the JVM sizes its pools to the CPUs it starts on
+                sidecar = stack.enter_context(unstall.Sidecar(
+                    home=home, cache_capacity="512MiB", memory_budget="2GiB",
+                    java_options=["-XX:MaxDirectMemorySize=3g", *args.java_option], extra_args=cfg.sidecar_args))
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
             extra = ["--location", sidecar.flight_location, "--dtype", dtype, "--transport", transport]
             if args.window is not None:
                 extra += ["--window", str(args.window)]
-            extra += ["--python-transforms", str(args.python_transforms)]
+            extra += ["--python-transforms", str(args.python_transforms), "--epochs", str(args.epochs)]
             extra += ["--compression", args.compression] if args.compression else []
 
-            def unstall_epoch(k: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-                """One epoch of k jobs: their results, and the summary with the sidecar's CPU in it."""
-                c0 = proc_cpu(sidecar.pid)
-                res = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u)
-                return res, summarize(res, proc_cpu(sidecar.pid) - c0)
+            def unstall_run(k: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+                """One run of k jobs (--epochs each): their results, and the summary with the sidecar's CPU in it."""
+                c0, j0 = proc_cpu(sidecar.pid), jit_cpu(sidecar.pid)
+                res, machine = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u, cfg.job_cpus)
+                row = summarize(res, machine, proc_cpu(sidecar.pid) - c0, args.epochs)
+                row["jit_s"] = (jit_cpu(sidecar.pid) - j0) / args.epochs
+                return res, row
 
             warm = []
             for k in [ks[0]] * args.warmup + ks[1:]:  # warm-up: the cache, and the JIT's steady state at every k
-                w = unstall_epoch(k)[1]
-                warm.append(f"k={k} {w['images_per_s']:.0f} images/s {w['cpu_s_per_epoch']:.1f} CPU s")
-            notes.append(f"{kind}: warm-up epochs (the first makes the restart-indexed copies): " + "; ".join(warm))
+                w = unstall_run(k)[1]
+                warm.append(f"k={k} {w['images_per_s']:.0f} images/s, {w['cpu_s_per_epoch']:.1f} CPU s/epoch "
+                            f"(JIT {w['jit_s']:.2f})")
+            notes.append(f"{kind}: warm-up runs of {args.epochs} epochs (the first makes the restart-indexed copies): "
+                         + "; ".join(warm))
             for rep in range(args.repeats):  # the ks interleaved, so that drift hits every k alike
                 for k in ks:
                     tj = tj_now() if k == ks[0] else None
                     t0 = thread_cpu(sidecar.pid) if args.threads and rep == 0 else {}
-                    res, row = unstall_epoch(k)
+                    res, row = unstall_run(k)
                     if t0:
                         t1 = thread_cpu(sidecar.pid)
                         top = sorted(((t1[n] - t0.get(n, 0.0), n) for n in t1), reverse=True)[:args.threads]
@@ -432,9 +508,20 @@ def main() -> None:
                     row["decoder"] = st["decode"]["decoder"]
                     if "shm_slots" in g:
                         row["slots"] = g["shm_slots"]
+                    for codec, c in g.get("compression", {}).items():
+                        if isinstance(c, dict) and c.get("raw_bytes_sent"):
+                            row["compressed"] = c["compressed_bytes_sent"] / c["raw_bytes_sent"]
                     if tj and g["decode_cpu_seconds"]:
                         per_core.setdefault(kind, []).append(g["samples_prepared"] / g["decode_cpu_seconds"] / tj)
                     runs.setdefault((kind, k), []).append(row)
+            sizes = [r["compressed"] for k in ks for r in runs[(kind, k)] if "compressed" in r]
+            if sizes:
+                notes.append(f"{kind}: {args.compression} batches sent at {min(sizes):.3f}-{max(sizes):.3f} of their "
+                             "raw bytes")
+            for rep in range(args.repeats):
+                notes.append(f"{kind}, repeat {rep + 1}: " + "; ".join(
+                    f"k={k} {runs[(kind, k)][rep]['images_per_s']:.0f} images/s, JIT {runs[(kind, k)][rep]['jit_s']:.2f} s/epoch"
+                    for k in ks))
             dc = st["decode"]
             rx = dc.get("reindexed", {})
             notes.append(f"{kind}: restart-indexed copies {rx.get('copies', 0)} ({rx.get('bytes', 0) / 1e6:.0f} MB, "
@@ -445,7 +532,7 @@ def main() -> None:
         if kind in systems:
             for rep in range(args.repeats):
                 for k in ks:
-                    runs.setdefault((kind, k), []).append(summarize(run_jobs(kind, k, data, [], env)))
+                    runs.setdefault((kind, k), []).append(summarize(*run_jobs(kind, k, data, [], env)))
 
     def med(xs: list[float]) -> float:
         return float(statistics.median(xs))
@@ -462,8 +549,9 @@ def main() -> None:
     print(f"Medians of {args.repeats} repeats (min-max in brackets); x of k={ks[0]}: the median of each repeat's ratio.")
     print()
     print(f"| system | k | aggregate images/s | CPU s per epoch (all processes) | of which the jobs' | x of k={ks[0]} | "
-          "s to every job's first batch | sidecar prep, CPU ms per image |")
-    print("|---|---|---|---|---|---|---|---|")
+          "s to every job's first batch | sidecar prep, CPU ms per image | sidecar JIT, CPU s per epoch | "
+          "machine idle, cores |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for kind in kinds:
         for k in ks:
             rows = runs.get((kind, k))
@@ -476,9 +564,13 @@ def main() -> None:
             label = names.get(kind, kind.replace("unstall", "unstall coordinated,", 1))
             fb = [r["first_batch_s"] for r in rows if "first_batch_s" in r]
             pm = [r["prep_ms"] for r in rows if "prep_ms" in r]
+            jit = [r["jit_s"] for r in rows if "jit_s" in r]
+            idle = [r["machine_idle_s"] / (r["machine_idle_s"] + r["machine_busy_s"]) * (os.cpu_count() or 1)
+                    for r in rows]
             print(f"| {label} | {k} | {med(ips):.0f}{spread(ips, '{:.0f}')} | {med(cpu):.1f}{spread(cpu, '{:.1f}')} | "
                   f"{med(jobs):.2f}{spread(jobs)} | {med(x):.2f}{spread(x)} | "
-                  f"{f'{med(fb):.2f}' + spread(fb) if fb else '-'} | {f'{med(pm):.2f}' + spread(pm) if pm else '-'} |")
+                  f"{f'{med(fb):.2f}' + spread(fb) if fb else '-'} | {f'{med(pm):.2f}' + spread(pm) if pm else '-'} | "
+                  f"{f'{med(jit):.2f}' + spread(jit) if jit else '-'} | {med(idle):.2f}{spread(idle)} |")
     for (kind, k), rows in runs.items():
         for r in rows[:1]:
             if "slots" in r:

@@ -183,7 +183,7 @@ final class CompressedBatches implements AutoCloseable {
       }
       if (e.batch == null && !e.failed) {
         try {
-          e.batch = compress(view, CommonsCompressionFactory.INSTANCE.createCodec(codec), allocator);
+          e.batch = compress(view, codecFor(codec), allocator);
         } catch (OutOfMemoryException oom) {
           e.failed = true;
           fallbacks.incrementAndGet();
@@ -193,6 +193,12 @@ final class CompressedBatches implements AutoCloseable {
       }
       return e.batch == null ? null : copyOf(e.batch, true);
     }
+  }
+
+  /** LZ4 by {@link Lz4FrameCodec} (native-speed Java); ZSTD by arrow-compression's (zstd-jni). */
+  static CompressionCodec codecFor(CompressionUtil.CodecType codec) {
+    return codec == CompressionUtil.CodecType.LZ4_FRAME ? new Lz4FrameCodec()
+        : CommonsCompressionFactory.INSTANCE.createCodec(codec);
   }
 
   private static ArrowRecordBatch compress(VectorSchemaRoot view, CompressionCodec codec, BufferAllocator alloc) {
