@@ -545,8 +545,9 @@ def join(
     pipeline's decode op (:func:`decode`), so it is part of the group's key.
 
     ``compression``: ``"lz4"`` or ``"zstd"`` has the sidecar send this member's Flight batches with Arrow IPC body
-    compression (compressed once per batch for all such members; pyarrow decompresses on receipt). For remote
-    members on a slow link with uint8 output; on loopback or shared memory it only costs CPU (docs/PREP.md).
+    compression (compressed once per batch for all such members; pyarrow decompresses on receipt; the sidecar
+    sends batches uncompressed while the codec does not shrink them). For remote members on a slow link with
+    uint8 output; on loopback or shared memory it only costs CPU (docs/PREP.md).
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")

@@ -36,6 +36,11 @@ import org.slf4j.LoggerFactory;
  * (reference counted, no copy per member); they are freed with the staged batch ({@link #freeBelow}). A batch whose
  * compressed copy does not fit is sent uncompressed and counted ({@code compression_fallbacks}).
  *
+ * <p>Compression that does not pay is stopped: once the last {@link #WINDOW} batches a codec compressed came to at
+ * least {@link #WORTH} of their raw bytes (uint8 pixels of photographs hardly shrink under LZ4), the next
+ * {@link #PROBE_EVERY} positions go uncompressed ({@code skipped_batches}), then one is compressed again to see
+ * whether the data changed. Members read the same tensors either way; only the sidecar's CPU changes.
+ *
  * <p>Flight's server listener (arrow-java 19) has no codec option: it unloads the started root with its own
  * {@link VectorUnloader}. {@link #send} swaps that unloader (the listener's protected {@code unloader} field,
  * set by {@code start}) for one that hands out the cached compressed record batch; pyarrow decompresses it.
@@ -43,6 +48,12 @@ import org.slf4j.LoggerFactory;
 final class CompressedBatches implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(CompressedBatches.class);
   private static final VarHandle UNLOADER = unloaderField();
+  /** Compressed bodies at or above this share of the raw bytes are not worth the CPU. */
+  static final double WORTH = 0.97;
+  /** How many of a codec's latest compressed batches judge it. */
+  static final int WINDOW = 4;
+  /** Positions sent uncompressed after a codec did not pay, before it is tried again. */
+  static final long PROBE_EVERY = 64;
 
   /** The {@code compression} option of {@code prep.join}, or null for none; names the option when wrong. */
   static CompressionUtil.CodecType codec(String name) {
@@ -63,6 +74,7 @@ final class CompressedBatches implements AutoCloseable {
   private final Map<Long, CompressionUtil.CodecType> byMember = new HashMap<>();
   private final TreeMap<Long, Map<CompressionUtil.CodecType, Entry>> cache = new TreeMap<>();
   private final Map<CompressionUtil.CodecType, long[]> sent = new EnumMap<>(CompressionUtil.CodecType.class);
+  private final Map<CompressionUtil.CodecType, Yield> yields = new EnumMap<>(CompressionUtil.CodecType.class);
   private BufferAllocator alloc; // made on the first compressed read
   private final AtomicLong fallbacks = new AtomicLong();
 
@@ -97,10 +109,7 @@ final class CompressedBatches implements AutoCloseable {
       CompressionUtil.CodecType codec) {
     listener.start(view);
     ArrowRecordBatch batch = retained(pos, codec, view);
-    long raw = 0;
-    for (FieldVector v : view.getFieldVectors()) {
-      raw += v.getBufferSize();
-    }
+    long raw = rawBytes(view);
     if (batch == null) {
       count(codec, raw, raw);
       return null;
@@ -113,6 +122,29 @@ final class CompressedBatches implements AutoCloseable {
     });
     count(codec, raw, batch.computeBodyLength());
     return batch;
+  }
+
+  private static long rawBytes(VectorSchemaRoot view) {
+    long raw = 0;
+    for (FieldVector v : view.getFieldVectors()) {
+      raw += v.getBufferSize();
+    }
+    return raw;
+  }
+
+  /** Whether to compress position {@code pos} with {@code codec}: always, unless it stopped paying (above). */
+  private synchronized boolean worthTrying(CompressionUtil.CodecType codec, long pos) {
+    Yield y = yields.get(codec);
+    return y == null || y.worthTrying(pos);
+  }
+
+  /** Notes what batch {@code pos} compressed to (see {@link Yield}). */
+  private synchronized void judge(CompressionUtil.CodecType codec, long pos, long raw, long packed) {
+    Yield y = yields.computeIfAbsent(codec, c -> new Yield());
+    if (y.judge(pos, raw, packed) && y.stops == 1) {
+      LOG.info("prep group {}: {} shrinks its batches to only {}% of their bytes; sending them uncompressed, trying"
+          + " again every {} batches", group, wire(codec), Math.round(100.0 * y.share()), PROBE_EVERY);
+    }
   }
 
   /** Frees the compressed copies of batches below {@code pos} (the staged ones freed with them). */
@@ -135,8 +167,9 @@ final class CompressedBatches implements AutoCloseable {
     }
     ObjectNode c = o.putObject("compression");
     for (Map.Entry<CompressionUtil.CodecType, long[]> e : sent.entrySet()) {
+      Yield y = yields.get(e.getKey());
       c.putObject(wire(e.getKey())).put("batches_sent", e.getValue()[0]).put("raw_bytes_sent", e.getValue()[1])
-          .put("compressed_bytes_sent", e.getValue()[2]);
+          .put("compressed_bytes_sent", e.getValue()[2]).put("skipped_batches", y == null ? 0 : y.skipped);
     }
     c.put("members", byMember.size());
     c.put("staging_bytes", alloc == null ? 0 : alloc.getAllocatedMemory());
@@ -181,9 +214,14 @@ final class CompressedBatches implements AutoCloseable {
       if (e.closed) {
         return null;
       }
-      if (e.batch == null && !e.failed) {
+      if (e.batch == null && !e.failed && !e.skipped) {
         try {
-          e.batch = compress(view, codecFor(codec), allocator);
+          if (!worthTrying(codec, pos)) {
+            e.skipped = true;
+          } else {
+            e.batch = compress(view, codecFor(codec), allocator);
+            judge(codec, pos, rawBytes(view), e.batch.computeBodyLength());
+          }
         } catch (OutOfMemoryException oom) {
           e.failed = true;
           fallbacks.incrementAndGet();
@@ -235,9 +273,58 @@ final class CompressedBatches implements AutoCloseable {
     }
   }
 
+  /**
+   * Whether a codec pays: its latest {@link #WINDOW} results and the positions it is paused for. Not thread-safe
+   * (the CompressedBatches lock guards it).
+   */
+  static final class Yield {
+    private final long[] raw = new long[WINDOW];
+    private final long[] packed = new long[WINDOW];
+    private int judged;
+    private long stoppedAt; // positions in [stoppedAt, resumeAt) go uncompressed
+    private long resumeAt;
+    long skipped;
+    int stops;
+
+    /** Whether to compress {@code pos}; counts it skipped when not. */
+    boolean worthTrying(long pos) {
+      if (pos >= resumeAt || pos < stoppedAt) { // a resumed member may read below where it stopped
+        return true;
+      }
+      skipped++;
+      return false;
+    }
+
+    /** Notes that {@code pos} compressed {@code raw} bytes to {@code packed}; true when that paused the codec. */
+    boolean judge(long pos, long raw, long packed) {
+      this.raw[judged % WINDOW] = raw;
+      this.packed[judged % WINDOW] = packed;
+      judged++;
+      if (judged < WINDOW || share() < WORTH || pos < resumeAt) { // below resumeAt: compressed before the pause
+        return false;
+      }
+      stoppedAt = pos + 1;
+      resumeAt = pos + 1 + PROBE_EVERY;
+      stops++;
+      return true;
+    }
+
+    /** What the latest batches compressed to, as a share of their raw bytes. */
+    double share() {
+      long r = 0;
+      long p = 0;
+      for (int i = 0; i < Math.min(judged, WINDOW); i++) {
+        r += raw[i];
+        p += packed[i];
+      }
+      return r == 0 ? 1.0 : (double) p / r;
+    }
+  }
+
   private static final class Entry implements AutoCloseable {
     ArrowRecordBatch batch;
     boolean failed;
+    boolean skipped; // sent uncompressed: the codec did not pay (every member reads it raw)
     boolean closed;
 
     @Override
