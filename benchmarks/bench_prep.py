@@ -585,12 +585,12 @@ def main() -> None:
     print("| the issue's bar | measured | aim |")
     print("|---|---|---|")
     for c in configs:
-        t, d, kind = c.transport, c.dtype, c.kind
+        kind = c.kind
         pc = per_core.get(kind)
         if pc:
             rows = runs[(kind, ks[0])]
-            print(f"| sidecar pipeline per core ({t}, {d}, decoder {rows[0]['decoder']}) vs tjbench decode-only "
-                  f"just before | {med(pc):.2f}x{spread(pc)} | >= 1.0x |")
+            print(f"| sidecar pipeline per core ({kind.removeprefix('unstall ')}, decoder {rows[0]['decoder']}) vs "
+                  f"tjbench decode-only just before | {med(pc):.2f}x{spread(pc)} | >= 1.0x |")
     tf1 = runs.get(("tf", 1))
     if configs and tf1 and ks[0] == 1:
         t, d = configs[0].transport, configs[0].dtype
@@ -600,10 +600,9 @@ def main() -> None:
               f"{u1 / f1:.2f}x | >= 1.5x |")
     if ks[0] == 1 and ks[-1] > 1:
         for c in configs:
-            t, d, kind = c.transport, c.dtype, c.kind
-            aim = "3.0x" if t == "flight" else "3.8x"
-            x = ratios(kind, ks[-1])
-            print(f"| k = {ks[-1]} vs k = 1 ({t}, {d}) | {med(x):.2f}x{spread(x)} | >= {aim} |")
+            aim = "3.0x" if c.transport == "flight" else "3.8x"
+            x = ratios(c.kind, ks[-1])
+            print(f"| k = {ks[-1]} vs k = 1 ({c.kind.removeprefix('unstall ')}) | {med(x):.2f}x{spread(x)} | >= {aim} |")
     if notes:
         print()
         for n in notes:
