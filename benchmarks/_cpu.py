@@ -32,8 +32,8 @@ import resource
 import statistics
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-__all__ = ["CpuMeter", "ProcStat", "proc_stat", "thread_cpu", "machine_busy", "scan", "descendants", "io_read_bytes", "self_cpu",
-           "client_server_rounds", "print_client_server"]
+__all__ = ["CpuMeter", "ProcStat", "proc_stat", "thread_cpu", "machine_busy", "scan", "descendants", "io_read_bytes",
+           "self_cpu", "client_server_rounds", "print_client_server"]
 
 _TCK = os.sysconf("SC_CLK_TCK")
 

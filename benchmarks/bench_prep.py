@@ -397,9 +397,9 @@ def main() -> None:
                          "k: the cache fills and the sidecar's JIT compiles most of the path (it goes on compiling "
                          "for minutes; the JIT column shows how much), as it would early in a training job of hours")
     ap.add_argument("--unstall", default="auto:float32,flight:uint8",
-                    help="unstall configurations, each TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS] (transport "
-                         "auto = shared memory on this host, shm, flight; dtype float32 (normalized), uint8, float16, "
-                         "bfloat16; REINDEX_MEMORY: the sidecar's --reindex-memory, 0 to decode without "
+                    help="unstall configurations, each TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS] "
+                         "(transport auto = shared memory on this host, shm, flight; dtype float32 (normalized), "
+                         "uint8, float16, bfloat16; REINDEX_MEMORY: the sidecar's --reindex-memory, 0 to decode without "
                          "restart-indexed copies; @0/1: the sidecar pinned to CPU 0 and the jobs to CPU 1)")
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)  # a job's own
     ap.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
@@ -520,8 +520,8 @@ def main() -> None:
                              "raw bytes")
             for rep in range(args.repeats):
                 notes.append(f"{kind}, repeat {rep + 1}: " + "; ".join(
-                    f"k={k} {runs[(kind, k)][rep]['images_per_s']:.0f} images/s, JIT {runs[(kind, k)][rep]['jit_s']:.2f} s/epoch"
-                    for k in ks))
+                    f"k={k} {r['images_per_s']:.0f} images/s, JIT {r['jit_s']:.2f} s/epoch"
+                    for k, r in ((k, runs[(kind, k)][rep]) for k in ks)))
             dc = st["decode"]
             rx = dc.get("reindexed", {})
             notes.append(f"{kind}: restart-indexed copies {rx.get('copies', 0)} ({rx.get('bytes', 0) / 1e6:.0f} MB, "
@@ -602,7 +602,8 @@ def main() -> None:
         for c in configs:
             aim = "3.0x" if c.transport == "flight" else "3.8x"
             x = ratios(c.kind, ks[-1])
-            print(f"| k = {ks[-1]} vs k = 1 ({c.kind.removeprefix('unstall ')}) | {med(x):.2f}x{spread(x)} | >= {aim} |")
+            name = c.kind.removeprefix("unstall ")
+            print(f"| k = {ks[-1]} vs k = 1 ({name}) | {med(x):.2f}x{spread(x)} | >= {aim} |")
     if notes:
         print()
         for n in notes:

@@ -36,8 +36,8 @@ import org.slf4j.LoggerFactory;
  * (reference counted, no copy per member); they are freed with the staged batch ({@link #freeBelow}). A batch whose
  * compressed copy does not fit is sent uncompressed and counted ({@code compression_fallbacks}).
  *
- * <p>Compression that does not pay is stopped: once the last {@link #WINDOW} batches a codec compressed came to at
- * least {@link #WORTH} of their raw bytes (uint8 pixels of photographs hardly shrink: LZ4 0%, ZSTD ~4%), the next
+ * <p>Compression that does not pay is stopped: once the last {@link #WINDOW} batches a codec compressed came to
+ * more than {@link #WORTH} of their raw bytes (uint8 pixels of photographs hardly shrink: LZ4 0%, ZSTD ~4%), the next
  * {@link #PROBE_EVERY} positions go uncompressed ({@code skipped_batches}), then one is compressed again to see
  * whether the data changed. Members read the same tensors either way; only the sidecar's CPU changes.
  *

@@ -91,7 +91,8 @@ class Lz4FrameCodecTest {
 
   @Test
   void aBufferTooSmallToShrinkIsSentRaw() {
-    try (BufferAllocator a = new RootAllocator(); ArrowBuf c = new Lz4FrameCodec().compress(a, buffer(a, new byte[] {42}))) {
+    try (BufferAllocator a = new RootAllocator();
+        ArrowBuf c = new Lz4FrameCodec().compress(a, buffer(a, new byte[] {42}))) {
       assertEquals(CompressionUtil.NO_COMPRESSION_LENGTH, c.getLong(0));
       assertEquals(42, c.getByte(CompressionUtil.SIZE_OF_UNCOMPRESSED_LENGTH));
     }
@@ -99,7 +100,8 @@ class Lz4FrameCodecTest {
 
   @Test
   void anEmptyBufferIsJustItsLength() {
-    try (BufferAllocator a = new RootAllocator(); ArrowBuf c = new Lz4FrameCodec().compress(a, buffer(a, new byte[0]))) {
+    try (BufferAllocator a = new RootAllocator();
+        ArrowBuf c = new Lz4FrameCodec().compress(a, buffer(a, new byte[0]))) {
       assertEquals(CompressionUtil.SIZE_OF_UNCOMPRESSED_LENGTH, c.writerIndex());
       assertEquals(0, c.getLong(0));
     }
