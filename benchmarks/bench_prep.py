@@ -508,9 +508,9 @@ def main() -> None:
                     row["decoder"] = st["decode"]["decoder"]
                     if "shm_slots" in g:
                         row["slots"] = g["shm_slots"]
-                    for codec, c in g.get("compression", {}).items():
-                        if isinstance(c, dict) and c.get("raw_bytes_sent"):
-                            row["compressed"] = c["compressed_bytes_sent"] / c["raw_bytes_sent"]
+                    sent = g.get("compression", {}).get(args.compression or "", {})
+                    if sent.get("raw_bytes_sent"):
+                        row["compressed"] = sent["compressed_bytes_sent"] / sent["raw_bytes_sent"]
                     if tj and g["decode_cpu_seconds"]:
                         per_core.setdefault(kind, []).append(g["samples_prepared"] / g["decode_cpu_seconds"] / tj)
                     runs.setdefault((kind, k), []).append(row)
@@ -519,9 +519,9 @@ def main() -> None:
                 notes.append(f"{kind}: {args.compression} batches sent at {min(sizes):.3f}-{max(sizes):.3f} of their "
                              "raw bytes")
             for rep in range(args.repeats):
-                notes.append(f"{kind}, repeat {rep + 1}: " + "; ".join(
-                    f"k={k} {r['images_per_s']:.0f} images/s, JIT {r['jit_s']:.2f} s/epoch"
-                    for k, r in ((k, runs[(kind, k)][rep]) for k in ks)))
+                each = [f"k={k} {runs[(kind, k)][rep]['images_per_s']:.0f} images/s, "
+                        f"JIT {runs[(kind, k)][rep]['jit_s']:.2f} s/epoch" for k in ks]
+                notes.append(f"{kind}, repeat {rep + 1}: " + "; ".join(each))
             dc = st["decode"]
             rx = dc.get("reindexed", {})
             notes.append(f"{kind}: restart-indexed copies {rx.get('copies', 0)} ({rx.get('bytes', 0) / 1e6:.0f} MB, "

@@ -75,7 +75,8 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
     def took_effect() -> bool:
         try:
-            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{pid}/task").iterdir()]
+            tasks = Path(f"/proc/{pid}/task").iterdir()
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
         except (FileNotFoundError, ProcessLookupError):  # the process, or one of its threads, is ending: read again
             return not Path(f"/proc/{pid}").exists()
         done = {"T", "t"} if sig == signal.SIGSTOP else {"Z", "X"}

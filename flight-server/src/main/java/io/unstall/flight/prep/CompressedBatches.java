@@ -112,8 +112,8 @@ final class CompressedBatches implements AutoCloseable {
   ArrowRecordBatch send(ServerStreamListener listener, VectorSchemaRoot view, long pos,
       CompressionUtil.CodecType codec) {
     listener.start(view);
-    ArrowRecordBatch batch = retained(pos, codec, view);
     long raw = rawBytes(view);
+    ArrowRecordBatch batch = retained(pos, codec, view, raw);
     if (batch == null) {
       count(codec, raw, raw);
       return null;
@@ -203,7 +203,7 @@ final class CompressedBatches implements AutoCloseable {
   }
 
   /** The cached compressed batch {@code pos} with its own references (null: it did not fit, send it raw). */
-  private ArrowRecordBatch retained(long pos, CompressionUtil.CodecType codec, VectorSchemaRoot view) {
+  private ArrowRecordBatch retained(long pos, CompressionUtil.CodecType codec, VectorSchemaRoot view, long raw) {
     Entry e;
     BufferAllocator allocator;
     synchronized (this) {
@@ -224,7 +224,7 @@ final class CompressedBatches implements AutoCloseable {
             e.skipped = true;
           } else {
             e.batch = compress(view, codecFor(codec), allocator);
-            judge(codec, pos, rawBytes(view), e.batch.computeBodyLength());
+            judge(codec, pos, raw, e.batch.computeBodyLength());
           }
         } catch (OutOfMemoryException oom) {
           e.failed = true;

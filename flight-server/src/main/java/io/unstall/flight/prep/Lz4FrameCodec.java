@@ -37,11 +37,10 @@ final class Lz4FrameCodec extends AbstractCompressionCodec {
     return CompressionUtil.CodecType.LZ4_FRAME;
   }
 
-  /** The largest frame {@code length} bytes can become (stored blocks bound it; LZ4 output is written in place). */
+  /** The largest frame {@code length} bytes become: the header, each block at LZ4's bound and its size, the end. */
   long maxFrameLength(long length) {
-    long blocks = Math.max(1, (length + BLOCK - 1) / BLOCK);
-    return HEADER + blocks * 4 + Math.max(length, this.blocks.maxCompressedLength((int) Math.min(length, BLOCK))
-        * blocks) + 4;
+    long count = Math.max(1, (length + BLOCK - 1) / BLOCK);
+    return HEADER + count * (4L + blocks.maxCompressedLength((int) Math.min(length, BLOCK))) + 4;
   }
 
   @Override
