@@ -5,6 +5,6 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
-bash scripts/setup.sh --build
+bash scripts/setup.sh --demo   # no Jaeger or Chromium: the demo uses neither
 step "Training through unstall"
 exec "$VENV/bin/python" examples/train_imagefolder.py "$@"

@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Installs what unstall needs on a fresh machine, idempotently: the Java build (Maven), the Python venv with
-# the shim, and Jaeger (for the tracing tests). Reruns reuse $UNSTALL_CACHE (~/.cache/unstall).
+# the shim, and (for the tests only) Jaeger and Chromium. Reruns reuse $UNSTALL_CACHE (~/.cache/unstall).
+#   bash scripts/setup.sh            # everything the tests need (scripts/test.sh)
+#   bash scripts/setup.sh --build    # ... and the Java build (sidecar and agent jars)
+#   bash scripts/setup.sh --demo     # what the demo runs: the Python venv and the Java build, no Jaeger/Chromium
 set -euo pipefail
+build=false; test_tools=true
+for arg in "$@"; do
+  case "$arg" in
+    --build) build=true ;;
+    --demo) build=true; test_tools=false ;;
+    *) echo "setup: unknown option '$arg' (--build, --demo)" >&2; exit 2 ;;
+  esac
+done
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 
-for tool in java mvn python3 go; do
+tools=(java mvn python3); $test_tools && tools+=(go)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { echo "setup: '$tool' is required but not on PATH" >&2; exit 1; }
 done
 
@@ -39,13 +51,15 @@ purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])';
 purelib "$DEPS_VENV/bin/python" > "$(purelib .venv/bin/python)/unstall-deps.pth"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e python-shim
 
-step "Jaeger (for the tracing end-to-end tests)"
-bash scripts/install-jaeger.sh
+if $test_tools; then
+  step "Jaeger (for the tracing end-to-end tests)"
+  bash scripts/install-jaeger.sh
 
-step "Chromium (renders unstall analyze's HTML report in a test)"
-bash scripts/install-chromium.sh
+  step "Chromium (renders unstall analyze's HTML report in a test)"
+  bash scripts/install-chromium.sh
+fi
 
-if [ "${1:-}" = "--build" ]; then
+if $build; then
   step "Java build (sidecar jar, agent jar)"
   "${MVN[@]}" -q -DskipTests package
 fi
