@@ -50,6 +50,7 @@ class SlotMaps:
         self._on_map = on_map
         self._on_unmap = on_unmap
         self._maps: collections.OrderedDict[str, _Slot] = collections.OrderedDict()
+        self._all: dict[int, _Slot] = {}  # every mapping not unmapped yet, retired ones with live views too
         self._released: collections.deque[Tuple[int, int]] = collections.deque()
         self._lock = threading.RLock()  # finalizers run on whichever thread drops a view (reentrant: a GC pass)
 
@@ -90,6 +91,11 @@ class SlotMaps:
                 return out
             out.append([e, b])
 
+    def held(self) -> int:
+        """Views (batches) over the slots still alive: what this member has not let go of yet."""
+        with self._lock:
+            return sum(slot.views for slot in self._all.values())
+
     def clear(self) -> None:
         """Forgets every mapping (views still alive keep theirs, unmapped when the last one is gone)."""
         while self._maps:
@@ -104,6 +110,8 @@ class SlotMaps:
 
     def _unmap(self, slot: _Slot) -> None:
         # Before the mapping goes: the last view's finalizer runs before numpy lets go of the buffer.
+        with self._lock:
+            self._all.pop(id(slot), None)
         if self._on_unmap is not None:
             token, slot.token = slot.token, None
             self._on_unmap(slot.path, token)
@@ -121,4 +129,6 @@ class SlotMaps:
         finally:
             os.close(fd)
         slot = self._maps[path] = _Slot(path, mm, self._on_map(path, mm) if self._on_map is not None else None)
+        with self._lock:
+            self._all[id(slot)] = slot
         return slot
