@@ -10,7 +10,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import numpy as np
 import pytest
 import torch
 

@@ -359,7 +359,8 @@ class PinnedSlots:
         if self.refused is not None or len(mm) == 0:
             return None
         ptr = int(np.frombuffer(mm, dtype=np.uint8).ctypes.data)
-        err = int(torch.cuda.cudart().cudaHostRegister(ptr, len(mm), _HOST_REGISTER_PORTABLE | _HOST_REGISTER_READ_ONLY))
+        flags = _HOST_REGISTER_PORTABLE | _HOST_REGISTER_READ_ONLY
+        err = int(torch.cuda.cudart().cudaHostRegister(ptr, len(mm), flags))
         if err != 0:
             _clear_cuda_error()
             self.refused = f"{torch.cuda.CudaError(err)} (cudaError {err})"
