@@ -1,4 +1,4 @@
-"""Validates ``unstall analyze`` against known answers (docs/ANALYZE.md records a run).
+"""Validates ``unstall analyze`` against known answers (docs/BENCHMARKS.md holds the latest run).
 
     ~/.cache/unstall/venv-py311/bin/python benchmarks/bench_analyze.py [--config w0|w2|tf|p2|cpu1|all]
 

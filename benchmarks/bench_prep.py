@@ -117,7 +117,8 @@ def _cpu() -> float:
 def read_every_byte(images: Any) -> int:
     """Reads every byte of a batch tensor, as the copy to the GPU would: a sum of its bytes as 64-bit words,
     whatever its dtype. (torch's own ``uint8`` sum widens every element on its own and runs at ~0.3 GB/s here,
-    120x slower than this; it made the uint8 rows measure the stand-in, not the data path: docs/PREP.md.)"""
+    120x slower than this; it made the uint8 rows measure the stand-in, not the data path:
+    benchmarks/results/2026-11-26-prep-second-pass.md.)"""
     import torch
 
     flat = images.contiguous().view(-1).view(torch.uint8)

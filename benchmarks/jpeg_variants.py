@@ -1,6 +1,6 @@
 """Derived JPEG sets for the C-only native prep benchmark (flight-server/src/test/c/native_prep_bench.sh): the first
 N of bench_prep's generated images, blurred and saved again by PIL as smoother q75 baseline JPEGs (closer to
-photographs' bits per pixel) and as progressive q85 JPEGs. Not a test; docs/PREP.md, "Issue 13, fourth pass".
+photographs' bits per pixel) and as progressive q85 JPEGs. Not a test; docs/BENCHMARKS.md, "Prep micro-benchmarks".
 
     python benchmarks/jpeg_variants.py [--src DIR] [--out /tmp/jpeg-variants] [--n 320]
     REINDEX_SPAN=32 flight-server/src/test/c/native_prep_bench.sh "/tmp/jpeg-variants/q75/*/*.jpg" 2

@@ -6,7 +6,7 @@
  *   strip    a 16-pixel-wide crop (jpeg_crop_scanline) of every row: entropy decoding inside
  *            jpeg_read_scanlines (coefficients stored, then discarded outside the crop), next to no IDCT,
  * alternated round by round. A crop window cannot skip the entropy decoding of the rows above its bottom edge or
- * of the columns beside it (docs/PREP.md). Build and run with entropy_share.sh.
+ * of the columns beside it (docs/BENCHMARKS.md, "Prep micro-benchmarks"). Build and run with entropy_share.sh.
  */
 #include "bench_files.h"
 /* jpeglib.h needs FILE from stdio.h first */

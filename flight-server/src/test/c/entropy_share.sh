@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs entropy_share.c: the share of entropy decoding in a whole-image decode, with the system's
-# libjpeg-turbo (docs/PREP.md). e.g.
+# libjpeg-turbo (docs/BENCHMARKS.md, "Prep micro-benchmarks"). e.g.
 #   flight-server/src/test/c/entropy_share.sh "$HOME/.cache/unstall/bench-prep/n1280/*/*.jpg" 3
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)

@@ -139,7 +139,7 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
    * in steps of 97 (coprime to the prime 271, Hazelcast's default partition count), so each partition gets an even share of every dataset (to within one sample), and
    * each member by the partitions it owns; the stride scatters neighbouring ids over the partition table, which
    * Hazelcast assigns to members in runs, so a small dataset is spread as well. Hashing each id instead leaves
-   * members with shares some 10% apart, and the most loaded member's storage link and cache set the pace.
+   * members with uneven shares, and the most loaded member's storage link and cache set the pace.
    */
   Partition partitionOf(String dataset, int id) {
     Partition[] ps = partitions;

@@ -37,7 +37,7 @@ import org.slf4j.LoggerFactory;
  * compressed copy does not fit is sent uncompressed and counted ({@code compression_fallbacks}).
  *
  * <p>Compression that does not pay is stopped: once the last {@link #WINDOW} batches a codec compressed came to
- * more than {@link #WORTH} of their raw bytes (uint8 pixels of photographs hardly shrink: LZ4 0%, ZSTD ~4%), the next
+ * more than {@link #WORTH} of their raw bytes (uint8 pixels of photographs hardly shrink), the next
  * {@link #PROBE_EVERY} positions go uncompressed ({@code skipped_batches}), then one is compressed again to see
  * whether the data changed. Members read the same tensors either way; only the sidecar's CPU changes.
  *
@@ -50,8 +50,8 @@ final class CompressedBatches implements AutoCloseable {
   private static final VarHandle UNLOADER = unloaderField();
   /**
    * Compressed bodies above this share of the raw bytes are not worth the CPU: a batch must save at least 1/8 of
-   * its bytes, the rule ZFS applies to each block (ZSTD saved 3.8% of bench_prep's uint8 batches for ~3.4 ms of
-   * CPU per MB).
+   * its bytes, the rule ZFS applies to each block, since a codec that saves a few percent costs more CPU than the
+   * bytes it saves (benchmarks/results/2026-11-26-prep-fifth-pass.md).
    */
   static final double WORTH = 0.875;
   /** How many of a codec's latest compressed batches judge it. */

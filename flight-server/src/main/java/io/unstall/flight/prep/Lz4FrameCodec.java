@@ -12,8 +12,8 @@ import org.apache.commons.compress.compressors.lz4.XXHash32;
 
 /**
  * Arrow IPC's {@code LZ4_FRAME} body compression with aircompressor's LZ4 block compressor (already here through
- * Parquet), framed by hand: arrow-compression's own codec runs commons-compress's pure-Java LZ4, which took ~1 CPU
- * second per MB here and made {@code compression="lz4"} unusable (docs/PREP.md).
+ * Parquet), framed by hand: arrow-compression's own codec runs commons-compress's pure-Java LZ4, too slow for the
+ * data path (benchmarks/results/2026-11-26-prep-fifth-pass.md).
  *
  * <p>The frame is the LZ4 frame format's simplest: magic, a descriptor with independent blocks of at most 4 MiB,
  * no checksums and no content size, then each block (stored as is when LZ4 does not shrink it), then the end mark.

@@ -16,8 +16,8 @@ import org.apache.arrow.memory.OutOfMemoryException;
 
 /**
  * Restart-indexed copies of the JPEGs the native path prepares, so that each later decode entropy-decodes only
- * the restart intervals its crop covers (docs/PREP.md, "Decoding only the crop's MCUs"). A crop window alone still
- * Huffman-decodes every MCU above its bottom edge, most of a decode on photographs; the copy
+ * the restart intervals its crop covers (docs/ARCHITECTURE.md, "Decoding only the crop's MCUs"). A crop window
+ * alone still Huffman-decodes every MCU above its bottom edge, most of a decode on photographs; the copy
  * ({@link NativeJpeg#reindex}) holds the same DCT coefficients, so it decodes to the same pixels.
  *
  * <p>Copies are keyed by the sample's content digest (shared by every group and dataset with the same bytes),

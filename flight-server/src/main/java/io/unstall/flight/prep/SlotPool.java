@@ -14,8 +14,8 @@ import org.apache.arrow.memory.OutOfMemoryException;
 /**
  * The sidecar's free /dev/shm slot files ({@link ShmSlots}), handed from a closing group to the next group whose
  * batches are the same size: a hyper-parameter search starts and stops a group per trial, and a fresh file costs a
- * page fault and a zeroed page per 4 KiB (~45 ms of CPU per 38.5 MB float32 batch on the development VM) where a
- * file that is already there costs nothing. Only files nobody maps any more come here (a slot a member may still
+ * page fault and a zeroed page per 4 KiB on every batch it holds, where a file that is already there costs
+ * nothing. Only files nobody maps any more come here (a slot a member may still
  * map is retired, never pooled). A pooled file is counted in the prep allocator (the groups' parent) while it waits,
  * at most {@link #MAX_FILES} of them, each for at most {@link #IDLE_NANOS}, and only while the prep allocator stays
  * at most half full with it; a new group keeps only the files it can use ({@link #keepOnly}), and a group that

@@ -29,8 +29,8 @@ import software.amazon.awssdk.auth.credentials.AwsSessionCredentials;
 /**
  * The hot path of {@link S3Storage}: one ranged GET, signed with SigV4 and sent on a pooled HTTP/1.1
  * connection, its body streamed to the caller. Nothing else: no interceptors, endpoint rules, auth-scheme
- * resolution, metrics or checksum stages per request, which cost the AWS SDK about two thirds of the CPU of a
- * 110 KB GET (a JFR profile of {@code benchmarks/probe_s3_cpu.py}). The SDK still resolves the bucket's base
+ * resolution, metrics or checksum stages per request, where most of the AWS SDK's CPU per small GET goes (a JFR
+ * profile of {@code benchmarks/probe_s3_cpu.py}: benchmarks/results/). The SDK still resolves the bucket's base
  * URL once ({@code S3Utilities.getUrl}), lists, HEADs, and takes over any request this class does not answer
  * itself ({@link #open} returns null): redirects, throttling, errors, so that retries and messages stay the
  * SDK's.

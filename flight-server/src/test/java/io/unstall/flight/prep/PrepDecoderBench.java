@@ -20,7 +20,7 @@ import org.bytedeco.opencv.opencv_core.Mat;
  * Per-core rate of the sidecar's prep paths on a folder of JPEGs (benchmarks/bench_prep.py's generated images):
  * images per CPU-second of this one thread, for OpenCV's decode alone (the baseline), the OpenCV path and the
  * native path in several outputs, interleaved in rounds.
- * Usage (docs/PREP.md): {@code java -cp <test classpath> io.unstall.flight.prep.PrepDecoderBench DIR [SECONDS [PATH-DTYPE]]}.
+ * Usage (docs/BENCHMARKS.md): {@code java -cp <test classpath> io.unstall.flight.prep.PrepDecoderBench DIR [SECONDS [PATH-DTYPE]]}.
  */
 public final class PrepDecoderBench {
   private PrepDecoderBench() {}
