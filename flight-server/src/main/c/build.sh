@@ -34,7 +34,7 @@ build_libjpeg_turbo() {
   command -v cmake >/dev/null || { echo "cmake not found (apt-get install cmake)"; return 1; }
   command -v nasm >/dev/null || command -v yasm >/dev/null \
     || { echo "nasm not found, needed for libjpeg-turbo's SIMD (apt-get install nasm)"; return 1; }
-  mkdir -p "$(dirname "$ljt")"
+  mkdir -p "$(dirname "$ljt")" && : >"$log"
   local work
   work=$(mktemp -d "$ljt.tmp.XXXXXX") || { echo "cannot create a directory beside $ljt"; return 1; }
   trap 'rm -rf "$work"' RETURN

@@ -131,8 +131,8 @@ public final class ImagePrep {
     if (asked == Decoder.OPENCV) {
       return "asked for by the caller";
     }
-    return nativeOps(p) ? null : "the pipeline needs what the native path lacks: " + spatialOps(p)
-        + " (it takes one of random_resized_crop, resize, resize then center_crop, center_crop)";
+    return nativeOps(p) ? null : "the native path lacks the pipeline's " + spatialOps(p) + "; it takes"
+        + " random_resized_crop, resize, resize then center_crop, or center_crop";
   }
 
   /**
