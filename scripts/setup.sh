@@ -21,17 +21,20 @@ for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { echo "setup: '$tool' is required but not on PATH" >&2; exit 1; }
 done
 
-step "libjpeg-turbo (headers for the sidecar's native JPEG prep; tjbench for bench_prep)"
-# Optional: without them the build skips the native library and the sidecar prepares JPEGs through OpenCV.
-if [ ! -f /usr/include/jpeglib.h ] || ! command -v tjbench >/dev/null; then
+step "cmake and nasm (the build compiles libjpeg-turbo for the sidecar's native JPEG prep); libjpeg-turbo's tools"
+# Optional: without cmake and nasm the build skips the native library and the sidecar prepares JPEGs through
+# OpenCV. libjpeg-turbo-progs has tjbench (bench_prep); libjpeg62-turbo-dev the C tools in flight-server/src/test/c.
+if ! command -v cmake >/dev/null || ! command -v nasm >/dev/null || [ ! -f /usr/include/jpeglib.h ] \
+    || ! command -v tjbench >/dev/null; then
   sudo=""; [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null && sudo="sudo -n"; }
   if [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; then
     if command -v apt-get >/dev/null; then
-      $sudo apt-get install -y -q libjpeg62-turbo-dev libjpeg-turbo-progs >/dev/null \
-        || echo "setup: apt-get install libjpeg62-turbo-dev libjpeg-turbo-progs failed; continuing without them" >&2
+      $sudo apt-get install -y -q cmake nasm libjpeg62-turbo-dev libjpeg-turbo-progs >/dev/null \
+        || echo "setup: apt-get install cmake nasm libjpeg62-turbo-dev libjpeg-turbo-progs failed; continuing" \
+          "without them" >&2
     fi
   else
-    echo "setup: no root: install libjpeg62-turbo-dev (and libjpeg-turbo-progs) for the native JPEG prep" >&2
+    echo "setup: no root: install cmake and nasm for the native JPEG prep (and libjpeg-turbo-progs for tjbench)" >&2
   fi
 fi
 

@@ -53,6 +53,15 @@ def _prepared(e: PrepEnv, pipeline: prep.Pipeline) -> dict[int, Any]:
         return {int(i): img for images, _, ids in loader for img, i in zip(images, ids.numpy())}
 
 
+def _running_group(e: PrepEnv, pipeline: prep.Pipeline) -> tuple[str, dict[str, Any]]:
+    """Takes the first batch of ``pipeline``; returns its group's id and stats, read while the group runs."""
+    with e.client() as client, prep.PrepLoader("jpegs", pipeline, batch_size=4, seed=1, shuffle=False, epochs=1,
+                                                client=client) as loader:
+        images, _ = next(iter(loader))
+        assert images.shape[0] == 4
+        return loader.membership.group, e.group_stats(loader.membership.group)
+
+
 def _diff(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
     d = np.abs(a.astype(np.int16) - b.astype(np.int16))
     return int(d.max()), float(d.mean())
@@ -65,7 +74,7 @@ def test_native_prep_stays_close_to_torchvisions_pil_path(env: tuple[PrepEnv, li
     e, paths = env
     native = e.stats()["decode"]
     if native["decoder"] != "libjpeg-turbo-crop":
-        pytest.skip(f"the sidecar runs without its native JPEG library: {native.get('native_unavailable')}")
+        pytest.skip(f"the sidecar runs without its native JPEG library: {native.get('decoder_reason')}")
     # Measured 2026-11-23: bit-exact where no DCT scaling applies; DCT-scaled (the image >= 4x the output)
     # max abs 4, mean abs <= 0.50.
     max_abs, mean_abs = 5, 0.6
@@ -87,6 +96,59 @@ def test_native_prep_stays_close_to_torchvisions_pil_path(env: tuple[PrepEnv, li
             exact += m == 0
     assert exact >= N, "the crops without DCT scaling equal torchvision's PIL output"
     assert e.stats()["decode"]["samples_native"] >= native["samples_native"] + 3 * N
+
+
+def test_stats_and_log_say_which_decoder_prepares_and_why(env: tuple[PrepEnv, list[Path]]) -> None:
+    """prep.stats names the decoder of the process and of each group, with the reason when it is OpenCV (here:
+    a pipeline whose ops the native path lacks), and so does the group's first log line."""
+    from waits import wait_until
+
+    e, _ = env
+    process = e.stats()["decode"]
+    if process["decoder"] != "libjpeg-turbo-crop":
+        assert process["decoder"] == "opencv" and process["decoder_reason"], process
+        pytest.skip(f"the sidecar runs without its native JPEG library: {process['decoder_reason']}")
+    assert "decoder_reason" not in process, process
+    cases = [  # (ops, decoder, the ops the reason names)
+        ((prep.resize(40), prep.center_crop(32)), "libjpeg-turbo-crop", None),
+        ((prep.random_resized_crop(40), prep.center_crop(32)), "opencv", "random_resized_crop then center_crop"),
+    ]
+    log_path = e.sidecar.log_path
+    for ops, decoder, reason in cases:
+        group, g = _running_group(e, prep.Pipeline((prep.decode(), *ops), layout="NHWC", dtype="uint8"))
+        assert g["decoder"] == decoder, g
+        if reason is None:
+            assert "decoder_reason" not in g, g
+            line_end = f"JPEGs prepared by {decoder}"
+        else:
+            assert f"the native path lacks the pipeline's {reason};" in g["decoder_reason"], g
+            line_end = f"JPEGs prepared by {decoder} ({g['decoder_reason']})"
+        start = f"prep group {group} starts with"
+        line = wait_until(lambda: next((ln for ln in log_path.read_text(errors="replace").splitlines()
+                                        if start in ln), None),
+                          f"'{start}' in {log_path}")
+        assert line.endswith(line_end), line
+
+
+def test_stats_say_when_an_option_forces_opencv(env: tuple[PrepEnv, list[Path]], tmp_path: Path) -> None:
+    """-Dunstall.prep.decoder=opencv: the process and its groups say OpenCV prepares, forced by that option."""
+    import unstall
+    from unstall.sidecar import find_jar
+
+    _, paths = env
+    forced = unstall.Sidecar(home=tmp_path / "home", jar=find_jar(), cache_capacity="16MiB", memory_budget="1GiB",
+                             java_options=["-Dunstall.prep.decoder=opencv"], start=True)
+    try:
+        forced.register_dataset("jpegs", paths[0].parent.parent)
+        forced_env = PrepEnv(forced, paths[0].parent.parent, tmp_path)
+        _, g = _running_group(forced_env, prep.imagenet_train(32, dtype="uint8"))
+        decode = forced_env.stats()["decode"]
+    finally:
+        forced.close()
+    reason = "forced by -Dunstall.prep.decoder=opencv"
+    assert decode["decoder"] == "opencv" and decode["decoder_reason"] == reason, decode
+    assert decode["samples_opencv"] >= 4 and decode["samples_native"] == 0, decode
+    assert g["decoder"] == "opencv" and g["decoder_reason"] == reason, g
 
 
 def test_float16_and_bfloat16_outputs_follow_float32(env: tuple[PrepEnv, list[Path]]) -> None:

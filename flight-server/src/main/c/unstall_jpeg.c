@@ -26,6 +26,14 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#if defined(__GLIBC__) && defined(__x86_64__)
+/* glibc 2.34 moved these into libc under a new version, GLIBC_2.34; the original versions, which libc still
+ * exports and which the JVM's libpthread provides on older glibc, keep the library loadable on glibc 2.17+. */
+__asm__(".symver pthread_key_create,pthread_key_create@GLIBC_2.2.5");
+__asm__(".symver pthread_getspecific,pthread_getspecific@GLIBC_2.2.5");
+__asm__(".symver pthread_setspecific,pthread_setspecific@GLIBC_2.2.5");
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1

@@ -31,6 +31,7 @@ import io.unstall.flight.cache.Digest;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Locale;
 import java.util.SplittableRandom;
 import org.bytedeco.javacpp.BytePointer;
 import org.bytedeco.opencv.global.opencv_core;
@@ -79,6 +80,7 @@ public final class ImagePrep {
   private final DecodeBudget budget;
   private final ReindexedJpegs reindexed; // null: decode the bytes as given
   private final Decoder decoder;
+  private final String decoderReason; // why OpenCV prepares this pipeline's JPEGs; null when the native path does
   /** The native path's output table (3 x 256 elements; null for uint8). */
   private final ByteBuffer table;
 
@@ -88,7 +90,7 @@ public final class ImagePrep {
 
   /** {@code reindexed}: where the native path keeps restart-indexed copies of the JPEGs it decodes (null: none). */
   ImagePrep(PrepPipeline pipeline, DecodeBudget budget, ReindexedJpegs reindexed) {
-    this(pipeline, budget, NativeJpeg.AVAILABLE ? Decoder.NATIVE : Decoder.OPENCV, reindexed);
+    this(pipeline, budget, Decoder.NATIVE, reindexed);
   }
 
   ImagePrep(PrepPipeline pipeline, DecodeBudget budget, Decoder decoder, ReindexedJpegs reindexed) {
@@ -96,7 +98,8 @@ public final class ImagePrep {
     this.decode = pipeline.decode();
     this.budget = budget;
     this.reindexed = reindexed;
-    this.decoder = decoder != Decoder.OPENCV && nativeOps(pipeline) ? decoder : Decoder.OPENCV;
+    this.decoderReason = openCvReason(pipeline, decoder);
+    this.decoder = decoderReason == null ? decoder : Decoder.OPENCV;
     this.table = NativeJpeg.table(pipeline.dtype(), normalize(pipeline));
   }
 
@@ -109,20 +112,57 @@ public final class ImagePrep {
     return decoder == Decoder.OPENCV ? NativeJpeg.OPENCV : NativeJpeg.NAME;
   }
 
+  /** Why OpenCV prepares this pipeline's JPEGs (prep.stats' decoder_reason); null when the native path does. */
+  public String decoderReason() {
+    return decoderReason;
+  }
+
+  /** "libjpeg-turbo-crop", or "opencv (why)": which decoder a sidecar group of {@code p} prepares with, for logs. */
+  static String describeDecoder(PrepPipeline p) {
+    String why = openCvReason(p, Decoder.NATIVE);
+    return why == null ? NativeJpeg.NAME : NativeJpeg.OPENCV + " (" + why + ")";
+  }
+
+  /** Why {@code p}'s JPEGs go through OpenCV when {@code asked} is wanted; null when they take the native path. */
+  private static String openCvReason(PrepPipeline p, Decoder asked) {
+    if (!NativeJpeg.AVAILABLE) {
+      return NativeJpeg.PROBLEM;
+    }
+    if (asked == Decoder.OPENCV) {
+      return "asked for by the caller";
+    }
+    return nativeOps(p) ? null : "the native path lacks the pipeline's " + spatialOps(p) + "; it takes"
+        + " random_resized_crop, resize, resize then center_crop, or center_crop";
+  }
+
   /**
    * Whether the native path expresses the pipeline's spatial ops: exactly one of random_resized_crop, resize,
    * resize then center_crop, or center_crop (hflips anywhere, normalize last). Two resamplings in a row would
    * differ from one.
    */
   static boolean nativeOps(PrepPipeline p) {
+    List<Class<?>> spatial = spatialOpClasses(p);
+    return spatial.equals(List.of(RandomResizedCrop.class)) || spatial.equals(List.of(Resize.class))
+        || spatial.equals(List.of(Resize.class, CenterCrop.class)) || spatial.equals(List.of(CenterCrop.class));
+  }
+
+  private static List<Class<?>> spatialOpClasses(PrepPipeline p) {
     List<Class<?>> spatial = new ArrayList<>();
     for (Op op : p.ops()) {
       if (op instanceof RandomResizedCrop || op instanceof Resize || op instanceof CenterCrop) {
         spatial.add(op.getClass());
       }
     }
-    return spatial.equals(List.of(RandomResizedCrop.class)) || spatial.equals(List.of(Resize.class))
-        || spatial.equals(List.of(Resize.class, CenterCrop.class)) || spatial.equals(List.of(CenterCrop.class));
+    return spatial;
+  }
+
+  /** "resize then random_resized_crop", "no resize or crop": the spatial ops as the pipeline's document names them. */
+  private static String spatialOps(PrepPipeline p) {
+    List<String> names = new ArrayList<>();
+    for (Class<?> c : spatialOpClasses(p)) {
+      names.add(c.getSimpleName().replaceAll("([a-z])([A-Z])", "$1_$2").toLowerCase(Locale.ROOT));
+    }
+    return names.isEmpty() ? "no resize or crop" : String.join(" then ", names);
   }
 
   private static Normalize normalize(PrepPipeline p) {

@@ -45,6 +45,7 @@ final class Membership {
   private final BatchOrder order;
   private final PrepGroup.Settings settings;
   private final GroupLock lock;
+  private final String prepared;
   private final long created = System.nanoTime();
   private final Map<Long, Member> members = new LinkedHashMap<>();
   private final Map<Long, String> gone = new HashMap<>();
@@ -53,8 +54,10 @@ final class Membership {
   private boolean started;
   private boolean closed;
 
-  Membership(BatchOrder order, PrepGroup.Settings settings, GroupLock lock) {
+  /** {@code prepared}: ", JPEGs prepared by ...", which decoder the sidecar prepares with; empty without a pipeline. */
+  Membership(BatchOrder order, PrepGroup.Settings settings, GroupLock lock, String prepared) {
     this.order = order;
+    this.prepared = prepared;
     this.settings = settings;
     this.lock = lock;
   }
@@ -135,8 +138,8 @@ final class Membership {
     if (!started && (members.size() >= settings.groupSize() || (!members.isEmpty()
         && now - created > settings.joinTimeoutNanos()))) {
       started = true;
-      LOG.info("prep group {} starts with {} member(s) (group_size {})", order.group, members.size(),
-          settings.groupSize());
+      LOG.info("prep group {} starts with {} member(s) (group_size {}){}", order.group, members.size(),
+          settings.groupSize(), prepared);
       lock.changed();
     }
   }

@@ -28,7 +28,7 @@ public final class NativeJpeg {
   public static final String NAME = "libjpeg-turbo-crop";
   public static final String OPENCV = "opencv";
 
-  /** Why the library is not in use; null when it is. */
+  /** Why the library is not in use (prep.stats' decoder_reason); null when it is. */
   public static final String PROBLEM = load();
   public static final boolean AVAILABLE = PROBLEM == null;
 
@@ -49,13 +49,13 @@ public final class NativeJpeg {
 
   private static String load() {
     if (OPENCV.equals(System.getProperty("unstall.prep.decoder"))) {
-      return "-Dunstall.prep.decoder=opencv";
+      return "forced by -Dunstall.prep.decoder=opencv";
     }
     String problem;
     try (InputStream in = NativeJpeg.class.getResourceAsStream(RESOURCE)) {
       if (in == null) {
-        problem = "the jar has no " + RESOURCE + " (built without gcc or libjpeg-turbo's headers: apt-get install"
-            + " gcc libjpeg62-turbo-dev, then rebuild)";
+        problem = "the jar was built without " + RESOURCE + " (the Maven build's line '[unstall] native JPEG prep"
+            + " not built: ...' says why)";
       } else {
         Path tmp = Files.createTempFile("unstall_jpeg", ".so",
             PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rwx------")));

@@ -114,7 +114,8 @@ final class PrepGroup {
     this.threads = threads;
     this.order = new BatchOrder(id, key, dataset);
     this.counts = new PrepCounts(limits.statsEpochs());
-    this.members = new Membership(order, requested, lock);
+    this.members = new Membership(order, requested, lock,
+        pipeline == null ? "" : ", JPEGs prepared by " + ImagePrep.describeDecoder(pipeline));
     MemberUploads uploads = null;
     if (key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX)) {
       source = uploads = new MemberUploads(order, members, counts, limits, lock);

@@ -546,7 +546,7 @@ public final class PrepService implements AutoCloseable {
     dc.put("waits", decodeBudget.waits());
     dc.put("decoder", NativeJpeg.AVAILABLE ? NativeJpeg.NAME : NativeJpeg.OPENCV); // for JPEGs the fast path takes
     if (!NativeJpeg.AVAILABLE) {
-      dc.put("native_unavailable", NativeJpeg.PROBLEM);
+      dc.put("decoder_reason", NativeJpeg.PROBLEM);
     }
     dc.put("samples_native", NativeJpeg.NATIVE_SAMPLES.sum()); // this process, every group
     dc.put("samples_opencv", NativeJpeg.OPENCV_SAMPLES.sum());

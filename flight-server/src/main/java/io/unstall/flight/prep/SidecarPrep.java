@@ -262,6 +262,10 @@ final class SidecarPrep implements BatchSource {
 
   @Override
   public void stats(ObjectNode o) {
+    o.put("decoder", imagePrep.decoderName()); // for JPEGs the native path can take
+    if (imagePrep.decoderReason() != null) {
+      o.put("decoder_reason", imagePrep.decoderReason());
+    }
     o.put("on_error", pipeline.decode().onError().wire());
     o.put("samples_skipped", samplesSkipped);
     ArrayNode sk = o.putArray("skipped");
