@@ -42,7 +42,7 @@ def machine() -> str:
 def header() -> List[str]:
     """Markdown lines naming the command, the date (UTC) and the machine."""
     cmd = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable), *sys.argv])
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return [f"- command: `{cmd}`", f"- date: {now}", f"- machine: {machine()}"]
 
 

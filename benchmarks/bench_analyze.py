@@ -76,7 +76,7 @@ def job() -> None:
 
         unstall.default_sidecar().register_dataset("bench", os.environ["JOB_DATA"], format="tfrecord")
         loader = unstall.tf.dataset("bench", None, batch_size=batch, seed=0)
-        loader = loader.map(lambda p, l: tf.py_function(prep, [p, l], [tf.int32, tf.int64])).prefetch(2)
+        loader = loader.map(lambda p, lab: tf.py_function(prep, [p, lab], [tf.int32, tf.int64])).prefetch(2)
     else:
         from unstall.torch import DataLoader, Dataset
 
@@ -190,7 +190,7 @@ def main() -> int:
     for name in names:
         for what, pred, meas in bench(name, CONFIGS[name], work):
             table.append((name, what, pred, meas))
-    print(f"\n| config | quantity | unstall analyze | measured | error |\n|---|---|---|---|---|")
+    print("\n| config | quantity | unstall analyze | measured | error |\n|---|---|---|---|---|")
     for name, what, pred, meas in table:
         fmt = (lambda x: f"{100 * x:.1f}%") if "fraction" in what else (lambda x: f"{x:.1f}")
         err = f"{100 * (pred - meas):+.1f} pts" if "fraction" in what else _rel(pred, meas)

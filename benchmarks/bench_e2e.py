@@ -165,7 +165,7 @@ def child(cfg: Dict[str, Any]) -> Dict[str, Any]:
     def epoch(desc: str) -> int:
         n = 0
         check = 0.0
-        for images, labels in tqdm(loader, desc=f"{cfg['label']}: {desc}", leave=False, mininterval=0.5,
+        for images, _labels in tqdm(loader, desc=f"{cfg['label']}: {desc}", leave=False, mininterval=0.5,
                                    file=sys.stderr, unit="batch"):
             n += images.shape[0]
             check += float(images.sum())  # reads every byte of the batch
@@ -231,7 +231,7 @@ def child(cfg: Dict[str, Any]) -> Dict[str, Any]:
         except Exception:  # noqa: BLE001
             pass
     res["transport"] = transport
-    del loader  # stops the persistent workers
+    loader = None  # stops the persistent workers
     if sidecar is not None:
         sidecar.close()
     return res

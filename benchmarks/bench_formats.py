@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List
 
 import numpy as np
 import torch.utils.data as tud
@@ -263,7 +263,8 @@ def run(name: str, case: Case, base: Path, sidecar: unstall.Sidecar, args: argpa
     bn, bcold = epoch(base_loader)
     bwarm = statistics.median(epoch(base_loader)[1] for _ in range(args.epochs))
     assert n == bn == len(ds), (name, n, bn, len(ds))
-    return {"case": name, "reader": case.reader, "samples": n, "mb": size / 1e6, "index_s": index_s, "cold": n / cold, "cold_seq": n / cold_seq, "warm": n / warm,
+    return {"case": name, "reader": case.reader, "samples": n, "mb": size / 1e6, "index_s": index_s,
+            "cold": n / cold, "cold_seq": n / cold_seq, "warm": n / warm,
             "bcold": n / (bcold + prep_s), "bwarm": n / bwarm}
 
 

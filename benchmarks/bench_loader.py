@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = [("110 KB", 110_000, 64), ("1 MB", 1_000_000, 8)]
     roots = {}
-    for label, size, _ in cases:
+    for _label, size, _ in cases:
         root = args.dir / f"s{size}"
         n = generate(root, size, args.mb_per_case * 1_000_000, seed=size)
         roots[size] = (root, n)

@@ -156,10 +156,10 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
         loader = prep.PrepLoader("bench", pipe, window=window, **common)
     first = None
     for _ in range(epochs):
-        for images, labels in loader:
+        for images, _labels in loader:
             first = first or time.time()
             n += images.shape[0]
-            checksum = read_every_byte(images)
+            read_every_byte(images)
     return {"start": t0, "end": time.time(), "first": first, "cpu": _cpu() - c0, "images": n,
             "group": loader.membership.group,
             "shm": loader.membership.shm}
@@ -177,9 +177,9 @@ def job_torch(data: Path, seed: int) -> dict[str, Any]:
                                          generator=torch.Generator().manual_seed(seed))
     _go()
     t0, c0, n = time.time(), _cpu(), 0
-    for images, labels in loader:
+    for images, _labels in loader:
         n += images.shape[0]
-        checksum = read_every_byte(images)
+        read_every_byte(images)
     end = time.time()
     del loader  # joins the workers, so that their CPU time lands in RUSAGE_CHILDREN
     return {"start": t0, "end": end, "cpu": _cpu() - c0, "images": n}
@@ -212,7 +212,7 @@ def job_tf(data: Path, seed: int) -> dict[str, Any]:
     t0, c0, n = time.time(), _cpu(), 0
     for images, _ in ds:
         n += int(images.shape[0])
-        checksum = float(tf.reduce_sum(images))
+        float(tf.reduce_sum(images))
     return {"start": t0, "end": time.time(), "cpu": _cpu() - c0, "images": n}
 
 
@@ -239,7 +239,7 @@ def jit_cpu(pid: int) -> float:
 
 
 def utc_stamp() -> str:
-    return f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    return f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
 
 
 def probe_arguments(doc: str, calls: int, rounds: int) -> tuple[argparse.Namespace, Path]:
@@ -476,7 +476,8 @@ def main() -> None:
             extra += ["--python-transforms", str(args.python_transforms), "--epochs", str(args.epochs)]
             extra += ["--compression", args.compression] if args.compression else []
 
-            def unstall_run(k: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+            def unstall_run(k: int, sidecar: Any = sidecar, extra: list[str] = extra, env_u: dict[str, str] = env_u,
+                            cfg: Any = cfg) -> tuple[list[dict[str, Any]], dict[str, float]]:
                 """One run of k jobs (--epochs each): their results, and the summary with the sidecar's CPU in it."""
                 c0, j0 = proc_cpu(sidecar.pid), jit_cpu(sidecar.pid)
                 res, machine = run_jobs("unstall", k, data, extra + ["--k", str(k)], env_u, cfg.job_cpus)
@@ -531,7 +532,7 @@ def main() -> None:
                          f"{dc.get('samples_spliced', 0)} of {dc.get('samples_native', 0)} native")
     for kind in ("torch", "tf"):
         if kind in systems:
-            for rep in range(args.repeats):
+            for _ in range(args.repeats):
                 for k in ks:
                     runs.setdefault((kind, k), []).append(summarize(*run_jobs(kind, k, data, [], env)))
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Every test: JUnit (unit and forked-JVM/cross-process ITs) through Maven, a bounded fuzzing run of every Jazzer
-# target, then pytest (the shim against a real sidecar, real pyarrow Flight, real torch DataLoader). Installs
-# what is missing first.
+# Every test: the Python linter and type checker, JUnit (unit and forked-JVM/cross-process ITs) through Maven,
+# a bounded fuzzing run of every Jazzer target, then pytest (the shim against a real sidecar, real pyarrow Flight,
+# real torch DataLoader). Installs what is missing first.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 bash scripts/setup.sh
+
+step "Python: lint and types (scripts/lint.sh: ruff, mypy)"
+bash scripts/lint.sh
 
 step "Java: mvn verify (builds the sidecar and agent jars, runs JUnit and the integration tests)"
 "${MVN[@]}" verify

@@ -140,7 +140,7 @@ def test_host_batches_are_let_go_of_in_order_once_copied_and_the_copy_is_the_bat
 
     p = DevicePrefetcher(host(), "cpu", 2)
     got = []
-    for k, batch in enumerate(p):
+    for _k, batch in enumerate(p):
         gc.collect()
         for _, b in slots.take_released():
             assert ("pulled", b) in events, "released only after it was read and copied"

@@ -199,7 +199,7 @@ def test_each_loader_opens_its_session_lazily_and_its_workers_use_it(fake: FakeL
                         collate_fn=samples)
     assert loader.session is None
     fake.take_requests()
-    for epoch in range(2):
+    for _epoch in range(2):
         assert sorted(x for b in loader for x in b) == sorted(10 + i for i in range(40))
     s = loader.session
     assert s is not None and fake.sessions[s][1] == f"pid {os.getpid()} DataLoader#{loader._number}"

@@ -167,7 +167,7 @@ def test_dataset_without_labels_targets_the_key(fake_sidecar: FakeSidecar) -> No
 
 def test_dataloader_one_doget_per_batch_epochs_in_tickets(fake_sidecar: FakeSidecar) -> None:
     loader = DataLoader("imgs", batch_size=8, shuffle=True, seed=1, collate_fn=keep, sidecar=fake_sidecar)
-    for expected_epoch in range(3):
+    for _expected_epoch in range(3):
         seen = Counter(t for batch in loader for _, t in batch)
         assert sum(seen.values()) == 50
     tickets = fake_sidecar.take_tickets()

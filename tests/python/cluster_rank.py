@@ -5,7 +5,8 @@ loopback address): it starts its own sidecar (the shim's embedded one) that join
 ``python cluster_rank.py SPEC_JSON``. It talks to the test over lines: it prints ``READY`` once its sidecar
 sees the whole cluster, and before each epoch (and once after the last) ``EPOCH e``; then it answers each
 ``stats`` line on its stdin with ``STATS <json>`` (its sidecar's counters: asked once every rank is at the
-barrier, so no other rank is still reading the previous epoch from this sidecar) and goes on at ``go``. In epoch ``pause_epoch``, after ``pause_after`` batches, it prints
+barrier, so no other rank is still reading the previous epoch from this sidecar) and goes on at ``go``.
+In epoch ``pause_epoch``, after ``pause_after`` batches, it prints
 ``PAUSED`` and waits for a line again (the test kills a sidecar there). At the end it prints ``DONE <json>``:
 the sha256 of every sample of every epoch, each epoch's wall time and the loader's peer hits.
 

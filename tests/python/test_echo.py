@@ -140,7 +140,7 @@ def test_a_prep_group_of_two_members_each_echo_and_the_sidecar_prepares_once(env
     _member(env, 31, reference)  # the same group batches, unechoed (a group of its own: the first one closed)
     fresh = reference[0][0]
     assert len(fresh[0]) == NUM_BATCHES
-    for epochs, counts, group, n in results:
+    for epochs, counts, _group, n in results:
         assert n == E * NUM_BATCHES
         positions = [check_batch_echo(f, g, E) for f, g in zip(fresh, epochs)]
         assert positions[0] != positions[1]

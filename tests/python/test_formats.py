@@ -41,7 +41,7 @@ def test_decoders_travel_to_workers_over_flight_too(sidecar: unstall.Sidecar, tm
 def test_webdataset_dicts_are_what_webdataset_yields(sidecar: unstall.Sidecar, tmp_path: Path) -> None:
     import webdataset as wds
 
-    c = webdataset_case(tmp_path, payload=False)
+    webdataset_case(tmp_path, payload=False)
     shards = sorted(str(p) for p in tmp_path.glob("*.tar"))
     theirs = list(wds.WebDataset(shards, shardshuffle=False))
     ds = Dataset("fmt-wds-order", root=str(tmp_path), format="webdataset", sidecar=sidecar)

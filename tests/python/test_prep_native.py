@@ -124,7 +124,7 @@ def test_stats_and_log_say_which_decoder_prepares_and_why(env: tuple[PrepEnv, li
             assert f"the native path lacks the pipeline's {reason};" in g["decoder_reason"], g
             line_end = f"JPEGs prepared by {decoder} ({g['decoder_reason']})"
         start = f"prep group {group} starts with"
-        line = wait_until(lambda: next((ln for ln in log_path.read_text(errors="replace").splitlines()
+        line = wait_until(lambda start=start: next((ln for ln in log_path.read_text(errors="replace").splitlines()
                                         if start in ln), None),
                           f"'{start}' in {log_path}")
         assert line.endswith(line_end), line

@@ -5,7 +5,6 @@ member ...``) with real torch or real TensorFlow."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import signal
@@ -128,7 +127,7 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = 240) -> list
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
-            raise AssertionError(f"member {p.args} hung; output:\n{out.decode(errors='replace')[-3000:]}")
+            raise AssertionError(f"member {p.args} hung; output:\n{out.decode(errors='replace')[-3000:]}") from None
         outs.append(out.decode(errors="replace"))
     return outs
 

@@ -89,7 +89,7 @@ def _crops(env: PrepEnv, seed: int) -> dict[int, np.ndarray]:
         "imgs", PIPELINE_NCHW, batch_size=BATCH, seed=seed, epochs=1, client=client, with_ids=True, copy=True
     ) as loader:
         out = {}
-        for images, labels, ids in loader:
+        for images, _labels, ids in loader:
             for img, i in zip(images.numpy(), ids.numpy()):
                 out[int(i)] = img
         return out
@@ -117,8 +117,8 @@ def test_shared_memory_slots_are_reused_and_a_held_tensor_never_changes(env: Pre
                                  client=client)
         kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # (the loader's tensor, a copy of it)
         seen = 0
-        for epoch in range(3):
-            for b, (images, labels) in enumerate(loader):
+        for _epoch in range(3):
+            for b, (images, _labels) in enumerate(loader):
                 seen += images.shape[0]
                 if b % 2 == 0:  # hold every other batch to the end
                     kept.append((images, images.clone()))

@@ -30,7 +30,7 @@ unchanged (and counts them).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -48,6 +48,9 @@ def echo_rng(seed: int, epoch: int) -> np.random.Generator:
     from .state import epoch_seed
 
     return np.random.default_rng(epoch_seed(seed, epoch, _ECHO_STREAM))
+
+
+_COUNTS: tuple[str, ...] = ("batches", "samples", "fresh_batches", "fresh_samples")
 
 
 @dataclass
@@ -74,8 +77,6 @@ class EchoCounts:
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
-
-_COUNTS = ("batches", "samples", "fresh_batches", "fresh_samples")
 
 
 @dataclass(frozen=True)

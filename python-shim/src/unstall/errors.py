@@ -109,7 +109,7 @@ def _is_file_not_found(msg: str) -> bool:
     return "file" in low or "sample" in low or "/" in msg
 
 
-_BY_STATUS = {
+_BY_STATUS: dict[str, type[SidecarError]] = {
     "UNAUTHENTICATED": AuthenticationError,
     "PERMISSION_DENIED": PermissionDeniedError,
     "UNAVAILABLE": SidecarUnavailableError,

@@ -209,7 +209,7 @@ def with_on_error(pipeline: Union[Pipeline, Mapping[str, Any], None], on_error: 
         raise ValueError(f"on_error={on_error!r} contradicts the pipeline's decode op, which says "
                          f"{first['on_error']!r}")
     first["on_error"] = on_error
-    return dict(doc, ops=[first, *[dict(o) for o in ops[1:]]])
+    return dict(doc or {}, ops=[first, *[dict(o) for o in ops[1:]]])
 
 
 # ---------------------------------------------------------------------------------------------

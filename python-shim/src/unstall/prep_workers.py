@@ -22,7 +22,7 @@ import queue
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
 import pyarrow.compute as pc
@@ -149,7 +149,8 @@ class WorkerPool:
     def __init__(self, membership: Any, spec: WorkerSpec, num_workers: int, context: Any) -> None:
         self.membership = membership
         self.spec = spec
-        self.ctx = context if not isinstance(context, str) else multiprocessing.get_context(context)
+        # multiprocessing's context types carry no Process attribute for the type checker
+        self.ctx = cast(Any, multiprocessing.get_context(context) if isinstance(context, str) else context)
         self.procs: list[Any] = []
         self.conns: list[multiprocessing.connection.Connection] = []
         self.slots: list[Any] = []

