@@ -120,3 +120,46 @@ def test_tf_dataset_element_spec_prefetch_strategy_and_raw(env: PrepEnv) -> None
     assert out["raw_decoded"] == [[16, 16, 3]] * 3
     assert out["raw_count"] == N_SAMPLES
     assert "prep op #1 'center_crop'" in out["error"] and '"size"' in out["error"]
+
+
+DEVICE_SCRIPT = r'''
+import json, sys
+import numpy as np
+import tensorflow as tf
+import unstall, unstall.tf
+from unstall import prep
+client = unstall.FlightClient(sys.argv[1], sys.argv[2])
+pipe = prep.Pipeline((prep.decode(), prep.random_resized_crop(16), prep.hflip()), layout="NHWC", dtype="uint8")
+def read(**kw):
+    ds = unstall.tf.dataset("imgs", pipe, batch_size=8, seed=9, with_ids=True, client=client, **kw)
+    out = [(x.numpy(), y.numpy(), i.numpy(), x.device) for x, y, i in ds]
+    unstall.tf.membership(ds).leave()
+    return ds, out
+host_ds, host = read()
+dev_ds, dev = read(device="/cpu:0", device_prefetch=3)
+same = len(host) == len(dev) and all(
+    np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2]) for a, b in zip(host, dev))
+try:
+    unstall.tf.dataset("imgs", pipe, batch_size=8, seed=9, client=client, device="/cpu:0", device_prefetch=0)
+    bad = None
+except ValueError as e:
+    bad = str(e)
+print("RESULT " + json.dumps({"batches": len(dev), "same": same, "devices": sorted({d for *_, d in dev}),
+                              "ids": sorted(int(v) for *_, i, _ in dev for v in i), "spec": str(dev_ds.element_spec[0]),
+                              "bad": bad}))
+'''
+
+
+def test_tf_dataset_on_a_device_yields_the_host_batches(env: PrepEnv) -> None:
+    """device=: the batches prefetched to a TensorFlow device are the host batches, every sample once."""
+    env_vars = dict(os.environ, PYTHONPATH=str(SHIM), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, "-c", DEVICE_SCRIPT, env.location, env.sidecar.token], env=env_vars,
+                       capture_output=True, text=True, timeout=240)
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and line, (p.stdout + p.stderr)[-4000:]
+    out = json.loads(line[0][7:])
+    assert out["batches"] == NUM_BATCHES and out["same"], out
+    assert out["ids"] == list(range(N_SAMPLES))
+    assert all(d.endswith("CPU:0") for d in out["devices"]), out["devices"]
+    assert out["spec"] == "TensorSpec(shape=(None, 16, 16, 3), dtype=tf.uint8, name=None)"
+    assert "device_prefetch" in out["bad"] and "0" in out["bad"]

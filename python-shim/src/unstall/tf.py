@@ -73,6 +73,8 @@ def dataset(
     *,
     batch_size: int,
     with_ids: bool = False,
+    device: Optional[str] = None,
+    device_prefetch: int = 2,
     **join_kwargs: Any,
 ) -> Any:
     """Joins the prep group and returns a batched ``tf.data.Dataset`` over it.
@@ -82,9 +84,17 @@ def dataset(
     ``echo``/``echo_level``: data echoing in this process (``unstall.echo``; not part of the group's key), each
     group batch (or sample) yielded ``echo`` times per epoch, reshuffled by the seed and the epoch;
     :func:`echo_counts` says what was yielded and what came fresh.
+
+    ``device`` (a TensorFlow device name, ``"/gpu:0"``): the batches are copied to that device ahead of the step,
+    ``device_prefetch`` of them in flight (``tf.data.experimental.prefetch_to_device``, which TensorFlow requires
+    to be the dataset's last transformation: iterate the returned dataset as it is, or hand it to ``model.fit``).
+    TensorFlow runs no dataset op on the device after the copy, so cast and normalize in the model (a
+    ``Rescaling``/``Normalization`` layer runs on the GPU) over a uint8 pipeline.
     """
     import tensorflow as tf
 
+    if device is not None and (not isinstance(device_prefetch, int) or device_prefetch < 1):
+        raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {device_prefetch!r}")
     join_kwargs = dict(join_kwargs)
     echo = Echo.of(join_kwargs.pop("echo", 1), join_kwargs.pop("echo_level", "batch"))
     echoes = echo.counts()
@@ -143,6 +153,8 @@ def dataset(
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     ds = ds.with_options(options)
+    if device is not None:
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=device_prefetch))
     with _lock:
         _memberships[id(ds)] = m
         _counters[id(ds)] = counters
