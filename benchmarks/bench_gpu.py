@@ -259,6 +259,7 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 
 @dataclasses.dataclass
 class Row:
+    key: str  # stable across runs: model, torch, unstall, prep, prep_device, hp_torch, hp_prep; KEY_alone
     row: str
     images_per_s: float
     busy_cores: float  # CPU seconds of the processes involved / wall seconds
@@ -292,8 +293,8 @@ def run_steps(batches: Batches, step: Optional[Callable[[Any, Any], None]], n: i
     return in_next
 
 
-def measure(name: str, batches: Batches, step: Optional[Callable[[Any, Any], None]], args: argparse.Namespace,
-            dev: Any, pids: Sequence[Optional[int]]) -> Row:
+def measure(key: str, name: str, batches: Batches, step: Optional[Callable[[Any, Any], None]],
+            args: argparse.Namespace, dev: Any, pids: Sequence[Optional[int]]) -> Row:
     """``--warmup`` then ``--steps`` steps (batches alone with ``step=None``) in this process, timed."""
     run_steps(batches, step, args.warmup)
     sync(dev)
@@ -303,7 +304,7 @@ def measure(name: str, batches: Batches, step: Optional[Callable[[Any, Any], Non
         sync(dev)
         wall, m1 = time.perf_counter() - t0, machine_busy()
     images = args.steps * args.batch
-    return Row(name, images / wall, cpu.seconds / wall, machine_cores(m0, m1), 1e3 * in_next / args.steps,
+    return Row(key, name, images / wall, cpu.seconds / wall, machine_cores(m0, m1), 1e3 * in_next / args.steps,
                images=images, wall_s=wall)
 
 
@@ -344,7 +345,7 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
     results, machine = run_jobs(kind, args.jobs, data, extra, env, script=Path(__file__), meter=meter)
     s = summarize(results, machine)
     copies = [r["copy_ms"] for r in results if r.get("copy_ms") is not None]
-    return Row(name, s["images_per_s"], meter.seconds / s["wall_s"],
+    return Row(f"hp_{kind}", name, s["images_per_s"], meter.seconds / s["wall_s"],
                machine[0] / max(sum(machine), 1e-9) * (os.cpu_count() or 1),
                sum(r["input_ms"] for r in results) / len(results),
                sum(copies) / len(copies) if copies else None, images=int(s["images"]), wall_s=s["wall_s"])
@@ -462,16 +463,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     has_device_api = device_api()
     ut_device = accepts(ut.DataLoader, "device")
     k = args.jobs
-    loaders: list[Tuple[str, Callable[[], Tuple[Any, Batches]]]] = [
-        (f"torch DataLoader, {args.workers} workers, pin_memory",
+    loaders: list[Tuple[str, str, Callable[[], Tuple[Any, Batches]]]] = [
+        ("torch", f"torch DataLoader, {args.workers} workers, pin_memory",
          lambda: torch_loader(data, args.crop, args.batch, args.workers, 1, dev)),
-        (f"unstall.torch.DataLoader, {args.workers} workers, {'device=' if ut_device else 'pin_memory'}",
+        ("unstall", f"unstall.torch.DataLoader, {args.workers} workers, {'device=' if ut_device else 'pin_memory'}",
          lambda: unstall_loader(sidecar, args.crop, args.batch, args.workers, 2, dev)),
-        ("PrepLoader uint8, normalized on the device by hand",
+        ("prep", "PrepLoader uint8, normalized on the device by hand",
          lambda: prep_loader(args.crop, args.batch, 3, 1, dev, False, sidecar=sidecar)),
     ]
     if has_device_api:
-        loaders.append((f"PrepLoader(device={str(dev)!r}), bf16 channels_last",
+        loaders.append(("prep_device", f"PrepLoader(device={str(dev)!r}), bf16 channels_last",
                         lambda: prep_loader(args.crop, args.batch, 4, 1, dev, True, sidecar=sidecar)))
     total = 1 + len(loaders) * (2 if args.loader_alone else 1) + 2
     trained: list[Row] = []  # the table lists the training rows first, the loaders alone last
@@ -492,17 +493,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sidecar.register_dataset(DATASET, data)
         pids = [sidecar.pid]
         step = train_step(args.model, dev)
-        model = measure(f"{args.model} alone, synthetic batch on the device", synthetic(args.batch, args.crop, dev),
-                        step, args, dev, pids)
+        model = measure("model", f"{args.model} alone, synthetic batch on the device",
+                        synthetic(args.batch, args.crop, dev), step, args, dev, pids)
         done(model, trained)
-        for name, make in loaders:
+        for key, name, make in loaders:
             loader, batches = make()
             try:
-                row = measure(name, batches, step, args, dev, pids)
+                row = measure(key, name, batches, step, args, dev, pids)
                 row.copy_cpu_ms_per_batch = copy_ms(loader)
                 done(row, trained)
                 if args.loader_alone:  # the same iterator, warm: no second start of workers or group
-                    row = measure(f"{name}: the loader alone", batches, None, args, dev, pids)
+                    row = measure(f"{key}_alone", f"{name}: the loader alone", batches, None, args, dev, pids)
                     row.copy_cpu_ms_per_batch = copy_ms(loader)
                     done(row, alone)
             finally:
