@@ -15,7 +15,7 @@ import sys
 import threading
 from contextlib import suppress
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
@@ -270,23 +270,24 @@ def test_a_dead_worker_is_reraised_and_the_next_epoch_is_whole(sidecar: unstall.
     assert lost_and_duplicated(seen, files) == (0, 0) and wrong == 0 and sum(seen.values()) == 60
 
 
-def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int],
-                 sig: signal.Signals = signal.SIGKILL) -> tuple[list, list[int], int]:
+def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int], sig: signal.Signals = signal.SIGKILL,
+                 device: Optional[str] = None) -> tuple[list, list[int], int]:
     """EPOCHS epochs of a prep group member (sidecar-side decode + augmentation, shared memory), sending
     ``sig`` to the sidecar after the batches numbered in ``kill_at``: (epoch, ids, tensor digest) per batch,
-    the pids signalled, and how often the member joined a restarted sidecar's group again."""
+    the pids signalled, and how often the member joined a restarted sidecar's group again. ``device``: the
+    member's batches go there (``PrepLoader(device=...)``), prefetched, so batches are in flight at each fault."""
     from unstall import prep
     from test_prep_support import PIPELINE_NCHW, digest
 
     sidecar.register_dataset("imgs", root)
     loader = prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=4, with_ids=True, copy=True, seed=5,
-                             epochs=EPOCHS, sidecar=sidecar)
+                             epochs=EPOCHS, sidecar=sidecar, device=device)
     seen: list = []
     killed: list[int] = []
     step = 0
     for epoch in range(EPOCHS):
         for images, _labels, ids in loader:
-            seen.append((epoch, ids.tolist(), digest(images.numpy())))
+            seen.append((epoch, ids.tolist(), digest(images.cpu().numpy())))
             if step in kill_at:
                 wait_until(lambda: sidecar.restarts == len(killed) and sidecar.healthy(), "the previous outage to end")
                 killed.append(sidecar.pid)
@@ -304,15 +305,27 @@ def test_faults_under_a_prep_group_member_every_batch_exactly_once(start_sidecar
     """The same faults for a coordinated-prep member: after each restart (a hung sidecar is killed first) it
     joins the new sidecar's group at the batch in hand, which is prepared again from the same seed: every epoch
     has every sample exactly once, batch for batch the same tensors as a run without faults."""
+    _check_prep_faults(start_sidecar, tmp_path, sig)
+
+
+@pytest.mark.slow
+def test_sigkill_under_a_prep_member_with_batches_in_flight_to_the_device(start_sidecar, tmp_path: Path) -> None:
+    """The same with ``device="cpu"``: the member prefetches 2 batches to the device, so the sidecar dies with
+    batches read ahead of the loop; the rejoin starts at the batch the prefetcher asked for, and the loop still
+    gets every batch exactly once."""
+    _check_prep_faults(start_sidecar, tmp_path, signal.SIGKILL, device="cpu")
+
+
+def _check_prep_faults(start_sidecar, tmp_path: Path, sig: signal.Signals, device: Optional[str] = None) -> None:
     from test_prep_support import make_images
 
     root = make_images(tmp_path / "imgs", 30)
-    reference, _, _ = _prep_epochs(start_sidecar("64MiB", deadlines=FAST), root, set())
+    reference, _, _ = _prep_epochs(start_sidecar("64MiB", deadlines=FAST), root, set(), device=device)
     per_epoch = len(reference) // EPOCHS
     seed = int(os.environ.get("UNSTALL_FAULT_SEED") or random.randrange(1 << 30))
     kill_at = set(random.Random(seed).sample(range(EPOCHS * per_epoch - 1), 5))
     sidecar = start_sidecar("64MiB", extra_args=["--disk-cache-dir", str(tmp_path / "disk")], deadlines=FAST)
-    seen, killed, rejoins = _prep_epochs(sidecar, root, kill_at, sig)
+    seen, killed, rejoins = _prep_epochs(sidecar, root, kill_at, sig, device=device)
     for epoch in range(EPOCHS):
         ids = sorted(i for e, batch, _ in seen if e == epoch for i in batch)
         assert ids == list(range(30)), f"epoch {epoch} (seed {seed}): every sample exactly once"

@@ -59,6 +59,7 @@ __all__ = [
     "join",
     "PrepLoader",
     "SharedTransformLoader",
+    "device_pipeline",
 ]
 
 log = logging.getLogger("unstall")
@@ -520,6 +521,7 @@ def join(
     compression: Optional[str] = None,
     client: Optional[FlightClient] = None,
     sidecar: Any = None,
+    slots: Optional[SlotMaps] = None,
 ) -> Membership:
     """Joins (or creates) the group for this dataset, pipeline, seed, batch size, shuffle and drop_last.
 
@@ -548,6 +550,9 @@ def join(
     compression (compressed once per batch for all such members; pyarrow decompresses on receipt; the sidecar
     sends batches uncompressed while the codec does not shrink them). For remote members on a slow link with
     uint8 output; on loopback or shared memory it only costs CPU (docs/PREP.md).
+
+    ``slots``: the ``SlotMaps`` that maps this member's shared-memory batches (``PrepLoader(device="cuda")``
+    passes one that registers each slot as pinned memory).
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
@@ -597,7 +602,7 @@ def join(
         body["shm"] = True
     info = _join_reply(client.do_action("prep.join", json.dumps(body).encode()), epochs)
     body.setdefault("start_epoch", int(info["start_epoch"]))  # where this member's epochs count from
-    m = Membership(client=client, dataset=dataset, info=info, _join_body=body)
+    m = Membership(client=client, dataset=dataset, info=info, _join_body=body, _slots=slots or SlotMaps())
     m._start_heartbeat()
     return m
 
@@ -621,6 +626,53 @@ def _local(location: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # PyTorch
+
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def device_pipeline(pipeline: Union[Pipeline, Mapping[str, Any], None],
+                    memory_format: Any = None) -> Tuple[Union[Pipeline, Mapping[str, Any], None], Any]:
+    """What a member whose batches go to a device asks the sidecar for, and the conversion the device does:
+    ``(pipeline for the sidecar, unstall.device.ImageConversion or None)``.
+
+    A float pipeline whose last op is ``normalize`` is asked as uint8 without it (a quarter of the bytes through
+    Flight or shared memory, the CPU never converts); the device casts and normalizes. With ``memory_format``
+    (``torch.channels_last`` or ``torch.contiguous_format``) the device batch is NCHW in that format, and the
+    sidecar is asked for NHWC (channels_last: read through a permuted view, no transpose) or NCHW; without, the
+    pipeline's layout is kept. A uint8 pipeline stays uint8. Members asking for the same thing, on a device or
+    not, name the same pipeline, so they join one group. Raw and external pipelines are moved as they are."""
+    import torch
+
+    from .device import ImageConversion
+
+    spec = pipeline.to_json() if isinstance(pipeline, Pipeline) else pipeline
+    if not isinstance(spec, Mapping) or "ops" not in spec:
+        if memory_format is not None:
+            raise ValueError("memory_format applies to image pipelines (ops), not to raw or external batches")
+        return pipeline, None
+    ops = [dict(o) for o in spec["ops"]]
+    layout, dtype = str(spec.get("layout", "NCHW")), str(spec.get("dtype", "float32"))
+    host_layout = {None: layout, torch.channels_last: "NHWC", torch.contiguous_format: "NCHW"}.get(memory_format)
+    if host_layout is None:
+        raise ValueError(f"memory_format must be torch.contiguous_format, torch.channels_last or None, "
+                         f"got {memory_format!r}")
+    mean = std = None
+    if dtype in _FLOAT_DTYPES and ops and ops[-1].get("op") == "normalize":
+        last = ops.pop()
+        mean, std = last.get("mean", IMAGENET_MEAN), last.get("std", IMAGENET_STD)
+        host_dtype = "uint8"
+    else:
+        host_dtype = dtype
+    if host_dtype == dtype and host_layout == layout and memory_format is None:
+        return pipeline, None
+    to = getattr(torch, dtype) if host_dtype != dtype else None
+    conversion = ImageConversion(host_layout, to, mean, std, memory_format)
+    if isinstance(pipeline, Pipeline):
+        return Pipeline(tuple(ops), layout=host_layout, dtype=host_dtype), conversion
+    return dict(spec, ops=ops, layout=host_layout, dtype=host_dtype), conversion
+
+
+_ALL_SKIPPED = object()  # a batch whose every sample the group skipped: counted when it would be handed out
 
 
 class _GroupLoader:
@@ -759,6 +811,14 @@ class PrepLoader(_GroupLoader):
     (``membership``, ``len``, ``epoch``, a ``for``); ``state_dict``/``load_state_dict``: see ``_GroupLoader``.
     With ``on_error="skip"`` a bad image is left out of its batch (which is then smaller; a batch of bad images
     only is not yielded) and listed in :attr:`skipped`.
+
+    ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``, a ``torch.device``): the batches come out on that device
+    (images, labels and ids), ``device_prefetch`` batches copied ahead on a side stream while the loop runs
+    (``unstall.device.DevicePrefetcher``); a float pipeline ending in ``normalize`` is prepared as uint8 and
+    cast and normalized on the device, in ``memory_format`` (``torch.channels_last``,
+    ``torch.contiguous_format``; default: the pipeline's layout): see :func:`device_pipeline`. On CUDA each
+    shared-memory slot is registered as pinned memory once. ``state_dict`` counts the batches handed out, not
+    those in flight. ``device_stats``: batches and bytes copied, the training thread's CPU time per batch.
     """
 
     def __init__(
@@ -769,11 +829,33 @@ class PrepLoader(_GroupLoader):
         batch_size: int,
         copy: bool = False,
         with_ids: bool = False,
+        device: Any = None,
+        device_prefetch: int = 2,
+        memory_format: Any = None,
         **join_kwargs: Any,
     ) -> None:
+        self.device: Any = None
+        self._conversion: Any = None
+        if device is not None or memory_format is not None:
+            import torch
+
+            from .device import DeviceStats, PinnedSlots
+
+            if device is None:
+                raise ValueError("memory_format needs device= (the conversion runs on the device)")
+            if not isinstance(device_prefetch, int) or device_prefetch < 1:
+                raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {device_prefetch!r}")
+            self.device = torch.device(device)
+            self.device_stats = DeviceStats()
+            pipeline, self._conversion = device_pipeline(pipeline, memory_format)
+            if self.device.type == "cuda":
+                pinned = PinnedSlots(self.device_stats)
+                join_kwargs["slots"] = SlotMaps(on_map=pinned.on_map, on_unmap=pinned.on_unmap)
         super().__init__(dataset, pipeline, batch_size, join_kwargs)
         self.copy = copy
         self.with_ids = with_ids
+        self.device_prefetch = device_prefetch
+        self.memory_format = memory_format
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
@@ -782,15 +864,39 @@ class PrepLoader(_GroupLoader):
         return self.membership.skipped
 
     def _batches(self, epoch: int, first: int) -> Iterator[Tuple[Any, ...]]:
+        progress = self._progress
+        batches: Iterator[Any] = self._host_batches(epoch)
+        prefetcher = None
+        if self.device is not None:
+            from .device import DevicePrefetcher
+
+            batches = prefetcher = DevicePrefetcher(batches, self.device, self.device_prefetch,
+                                                    convert=self._convert_images, stats=self.device_stats)
+        try:
+            for batch in batches:
+                if batch is _ALL_SKIPPED:
+                    if progress is not None:
+                        progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
+                    continue
+                yield batch
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()  # the copies in flight done, their slots released
+
+    def _convert_images(self, batch: Any) -> Any:
+        if self._conversion is None or not isinstance(batch, tuple) or not hasattr(batch[0], "dtype"):
+            return batch
+        return (self._conversion(batch[0]),) + batch[1:]
+
+    def _host_batches(self, epoch: int) -> Iterator[Any]:
         import torch
 
-        progress = self._progress
         if self.membership.shape is not None:
             for arr, labels, ids in self.membership.epoch_arrays(epoch):
-                if len(ids) == 0 and progress is not None:
-                    progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
+                if len(ids) == 0:
+                    yield _ALL_SKIPPED
                     continue
-                if self.copy:
+                if self.copy and self.device is None:
                     images = to_torch(arr.copy(), self.membership.dtype)
                 else:
                     with warnings.catch_warnings():

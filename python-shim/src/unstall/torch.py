@@ -41,6 +41,7 @@ from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
+from .device import DevicePrefetcher, DeviceStats
 from .echo import Echo, EchoCounts, EchoedIterator
 from .state import STATE_VERSION, Progress, check_state, epoch_seed, position, state_int
 
@@ -561,6 +562,13 @@ class DataLoader(tud.DataLoader):
     When ``dataset`` is a name, ``root``/``format``/``options``/``loader``/``transform``/``target_transform``
     /``sidecar``/``transport`` build the ``Dataset``.
 
+    ``device`` (``"cuda"``, ``"cpu"``, a ``torch.device``): the collated batches (any nesting of tuples, lists
+    and dicts of tensors) come out on that device, ``device_prefetch`` of them copied ahead on a side CUDA
+    stream while the loop runs (``unstall.device.DevicePrefetcher``); with a CUDA device ``pin_memory``
+    defaults to True, so torch's pin thread pins and the copy is asynchronous. ``state_dict`` counts the batches
+    handed out, not those in flight; ``device_stats`` reports batches and bytes copied and the training thread's
+    CPU time per batch.
+
     ``iter(loader)`` returns torch's iterator wrapped by the registered iterator hooks
     (``register_iterator_hook``); ``loader.stats()`` reads what ``unstall.tracing``'s hook measured.
     """
@@ -574,7 +582,7 @@ class DataLoader(tud.DataLoader):
         batch_sampler: Union[tud.Sampler, Iterable[Sequence[int]], None] = None,
         num_workers: int = 0,
         collate_fn: Optional[Callable[[List[Any]], Any]] = None,
-        pin_memory: bool = False,
+        pin_memory: Optional[bool] = None,
         drop_last: bool = False,
         timeout: float = 0,
         worker_init_fn: Optional[Callable[[int], None]] = None,
@@ -598,7 +606,16 @@ class DataLoader(tud.DataLoader):
         options: Optional[dict[str, Any]] = None,
         echo: int = 1,
         echo_level: str = "batch",
+        device: Union[str, torch.device, None] = None,
+        device_prefetch: int = 2,
     ) -> None:
+        if not isinstance(device_prefetch, int) or device_prefetch < 1:
+            raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {device_prefetch!r}")
+        self.device = torch.device(device) if device is not None else None
+        self.device_prefetch = device_prefetch
+        self.device_stats = DeviceStats()  # the last hop's batches, bytes and hand-out CPU time, over all epochs
+        if pin_memory is None:  # torch's pin thread pins, so the side stream's copy is asynchronous
+            pin_memory = self.device is not None and self.device.type == "cuda"
         self.echo = Echo.of(echo, echo_level)  # data echoing (unstall.echo): the epoch's batches handed out echo times
         self.echo_counts: EchoCounts = self.echo.counts()
         if isinstance(dataset, str):
@@ -698,15 +715,21 @@ class DataLoader(tud.DataLoader):
             it = super(DataLoader, self).__iter__()
             # torch's iterator counts the batches it handed out (not what the workers prefetched): the state's
             # position. Held, as torchdata's StatefulDataLoader holds its iterator, until the next iteration.
-            # Echoed, the count is of the echoed batches handed out (exact between epochs only).
-            if self.echo.factor == 1:  # torch's iterator itself
-                self._progress = Progress(epoch, skipped, lambda: it._num_yielded)
-                return it
+            # With a device, the prefetcher reads ahead of the loop: its count of batches handed out is the
+            # position. Echoed, the count is of the echoed batches handed out (exact between epochs only).
+            source: Any = it
+            handed: Callable[[], int] = lambda: it._num_yielded  # noqa: E731
+            if self.device is not None:
+                source = DevicePrefetcher(it, self.device, self.device_prefetch, stats=self.device_stats)
+                handed = lambda: source.handed  # noqa: E731
+            if self.echo.factor == 1:
+                self._progress = Progress(epoch, skipped, handed)
+                return source
             counts = self.echo_counts
             self._progress = Progress(epoch, skipped, lambda: counts.batches)
-            echoed = self.echo.apply(it, seed=self.epoch_sampler.seed, epoch=epoch, batch_size=self.batch_size,
+            echoed = self.echo.apply(source, seed=self.epoch_sampler.seed, epoch=epoch, batch_size=self.batch_size,
                                      counts=counts)
-            return EchoedIterator(it, echoed, self._echoed_length)
+            return EchoedIterator(source, echoed, self._echoed_length)
 
         # The iterator hooks wrap torch's: timed and counted (loader.stats(), stall spans); under
         # `unstall analyze`, driven by it.
