@@ -6,7 +6,8 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
   * nothing: the model alone, on a synthetic batch already on the device (the rate every row is a fraction of);
   * torch: ``torch.utils.data.DataLoader`` over an ImageFolder, torchvision decode + RandomResizedCrop + flip +
     normalize in ``--workers`` worker processes, pin_memory, copied to the device by the training loop;
-  * ``unstall.torch.DataLoader``, the same transforms in its workers (``device=``: batches on the device);
+  * ``unstall.torch.DataLoader(..., device=DEV)``, the same transforms in its workers, the collated batches
+    prefetched to the device;
   * ``unstall.prep.PrepLoader`` uint8 host batches, copied and normalized on the device by hand;
   * ``PrepLoader(..., device=DEV)``: the sidecar prepares uint8, the loader puts the batches on the device and
     normalizes them there;
@@ -37,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import inspect
 import json
 import multiprocessing
 import os
@@ -183,11 +183,6 @@ def on_device(batches: Iterator[Any], dev: Any) -> Batches:
         yield images, labels.to(dev, non_blocking=True)
 
 
-def accepts(callable_: Any, name: str) -> bool:
-    """Whether this build's ``callable_`` takes keyword ``name`` (the device API is new)."""
-    return name in inspect.signature(callable_).parameters
-
-
 def torch_loader(data: Path, crop: int, batch: int, workers: int, seed: int, dev: Any) -> Tuple[Any, Batches]:
     import torch
     from torchvision import datasets
@@ -203,19 +198,15 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
     import unstall.torch as ut
 
     ds = ut.Dataset(DATASET, sidecar=sidecar, loader=ut.decode_image, transform=transforms(crop))
-    common = dict(batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0,
-                  drop_last=True, seed=seed)
-    if accepts(ut.DataLoader, "device"):
-        loader = ut.DataLoader(ds, device=str(dev), device_prefetch=2, **common)
-        return loader, on_device(forever(loader), dev)
-    loader = ut.DataLoader(ds, pin_memory=dev.type == "cuda", **common)
-    return loader, to_device(forever(loader), dev)
+    loader = ut.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0,
+                           drop_last=True, seed=seed, device=dev, device_prefetch=2)
+    return loader, on_device(forever(loader), dev)
 
 
 def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, **where: Any
                 ) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
-    loader puts on the device. ``where``: ``sidecar=`` or ``client=``."""
+    loader puts on the device, normalized there from the sidecar's uint8. ``where``: ``sidecar=`` or ``client=``."""
     import torch
     from unstall import prep
 
@@ -229,21 +220,18 @@ def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool
     return loader, normalize_by_hand(forever(loader), dev)
 
 
-def device_api() -> bool:
-    from unstall import prep
-
-    return accepts(prep.PrepLoader, "device")
-
-
-def copy_ms(loader: Any) -> Optional[float]:
-    """The training thread's CPU ms per batch for the copy to the device, as the loader's stats report it."""
+def handed_out(loader: Any) -> Optional[Tuple[int, float]]:
+    """(batches copied to the device, the training thread's CPU seconds handing them out) so far, from the
+    loader's ``device_stats``; None for a loader that does not put batches on the device."""
     stats = getattr(loader, "device_stats", None)
-    stats = stats() if callable(stats) else stats
-    if stats is None:
+    return None if stats is None else (stats.batches, stats.handout_cpu_s)
+
+
+def copy_ms(before: Optional[Tuple[int, float]], after: Optional[Tuple[int, float]]) -> Optional[float]:
+    """The training thread's CPU ms per batch for the last hop between two ``handed_out`` readings."""
+    if before is None or after is None or after[0] == before[0]:
         return None
-    batches = getattr(stats, "batches", 0)
-    cpu_s = getattr(stats, "copy_cpu_s", None)
-    return None if cpu_s is None or not batches else 1e3 * cpu_s / batches
+    return 1e3 * (after[1] - before[1]) / (after[0] - before[0])
 
 
 def close(loader: Any, batches: Iterator[Any]) -> None:
@@ -293,19 +281,19 @@ def run_steps(batches: Batches, step: Optional[Callable[[Any, Any], None]], n: i
     return in_next
 
 
-def measure(key: str, name: str, batches: Batches, step: Optional[Callable[[Any, Any], None]],
+def measure(key: str, name: str, loader: Any, batches: Batches, step: Optional[Callable[[Any, Any], None]],
             args: argparse.Namespace, dev: Any, pids: Sequence[Optional[int]]) -> Row:
     """``--warmup`` then ``--steps`` steps (batches alone with ``step=None``) in this process, timed."""
     run_steps(batches, step, args.warmup)
     sync(dev)
     with CpuMeter([os.getpid(), *pids]) as cpu:
-        m0, t0 = machine_busy(), time.perf_counter()
+        m0, h0, t0 = machine_busy(), handed_out(loader), time.perf_counter()
         in_next = run_steps(batches, step, args.steps)
         sync(dev)
-        wall, m1 = time.perf_counter() - t0, machine_busy()
+        wall, m1, h1 = time.perf_counter() - t0, machine_busy(), handed_out(loader)
     images = args.steps * args.batch
     return Row(key, name, images / wall, cpu.seconds / wall, machine_cores(m0, m1), 1e3 * in_next / args.steps,
-               images=images, wall_s=wall)
+               copy_ms(h0, h1), images=images, wall_s=wall)
 
 
 def job(args: argparse.Namespace) -> None:
@@ -322,15 +310,15 @@ def job(args: argparse.Namespace) -> None:
 
         client = unstall.FlightClient(args.location, os.environ["UNSTALL_TOKEN"])
         # One seed for all: the group's key, so that the k jobs share every prepared batch.
-        loader, batches = prep_loader(args.crop, args.batch, 0, args.k, dev, device_api(), client=client)
+        loader, batches = prep_loader(args.crop, args.batch, 0, args.k, dev, True, client=client)
     run_steps(batches, step, args.warmup)  # the group forms here: its first batch waits for all k members
     sync(dev)
     await_go()
-    t0, c0 = time.time(), self_cpu()
+    t0, c0, h0 = time.time(), self_cpu(), handed_out(loader)
     in_next = run_steps(batches, step, args.steps)
     sync(dev)
     result = {"start": t0, "end": time.time(), "cpu": self_cpu() - c0, "images": args.steps * args.batch,
-              "input_ms": 1e3 * in_next / args.steps, "copy_ms": copy_ms(loader)}
+              "input_ms": 1e3 * in_next / args.steps, "copy_ms": copy_ms(h0, handed_out(loader))}
     print("RESULT " + json.dumps(result), flush=True)
     close(loader, batches)
 
@@ -452,7 +440,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     import torch
     import unstall
-    import unstall.torch as ut
 
     dev = torch.device(args.device)
     data = dataset_dir(args)
@@ -460,20 +447,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     data_bytes = sum(p.stat().st_size for p in files)
     if len(files) < args.batch:
         raise SystemExit(f"{data}: {len(files)} images, fewer than one batch of {args.batch}")
-    has_device_api = device_api()
-    ut_device = accepts(ut.DataLoader, "device")
     k = args.jobs
     loaders: list[Tuple[str, str, Callable[[], Tuple[Any, Batches]]]] = [
-        ("torch", f"torch DataLoader, {args.workers} workers, pin_memory",
+        ("torch", f"torch DataLoader, {args.workers} workers{', pin_memory' if dev.type == 'cuda' else ''}",
          lambda: torch_loader(data, args.crop, args.batch, args.workers, 1, dev)),
-        ("unstall", f"unstall.torch.DataLoader, {args.workers} workers, {'device=' if ut_device else 'pin_memory'}",
+        ("unstall", f"unstall.torch.DataLoader(device={str(dev)!r}), {args.workers} workers",
          lambda: unstall_loader(sidecar, args.crop, args.batch, args.workers, 2, dev)),
         ("prep", "PrepLoader uint8, normalized on the device by hand",
          lambda: prep_loader(args.crop, args.batch, 3, 1, dev, False, sidecar=sidecar)),
+        ("prep_device", f"PrepLoader(device={str(dev)!r}), bf16 channels_last",
+         lambda: prep_loader(args.crop, args.batch, 4, 1, dev, True, sidecar=sidecar)),
     ]
-    if has_device_api:
-        loaders.append(("prep_device", f"PrepLoader(device={str(dev)!r}), bf16 channels_last",
-                        lambda: prep_loader(args.crop, args.batch, 4, 1, dev, True, sidecar=sidecar)))
     total = 1 + len(loaders) * (2 if args.loader_alone else 1) + 2
     trained: list[Row] = []  # the table lists the training rows first, the loaders alone last
     alone: list[Row] = []
@@ -493,26 +477,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sidecar.register_dataset(DATASET, data)
         pids = [sidecar.pid]
         step = train_step(args.model, dev)
-        model = measure("model", f"{args.model} alone, synthetic batch on the device",
+        model = measure("model", f"{args.model} alone, synthetic batch on the device", None,
                         synthetic(args.batch, args.crop, dev), step, args, dev, pids)
         done(model, trained)
         for key, name, make in loaders:
             loader, batches = make()
             try:
-                row = measure(key, name, batches, step, args, dev, pids)
-                row.copy_cpu_ms_per_batch = copy_ms(loader)
-                done(row, trained)
+                done(measure(key, name, loader, batches, step, args, dev, pids), trained)
                 if args.loader_alone:  # the same iterator, warm: no second start of workers or group
-                    row = measure(f"{key}_alone", f"{name}: the loader alone", batches, None, args, dev, pids)
-                    row.copy_cpu_ms_per_batch = copy_ms(loader)
-                    done(row, alone)
+                    done(measure(f"{key}_alone", f"{name}: the loader alone", loader, batches, None, args, dev, pids),
+                         alone)
             finally:
                 close(loader, batches)
         done(hp_search(f"HP search, {k} jobs: {k} torch DataLoaders ({max(1, args.workers // k)} workers each)",
                        "torch", args, data, sidecar), trained)
-        how = f"device={str(dev)!r}" if has_device_api else "uint8, normalized by hand"
-        done(hp_search(f"HP search, {k} jobs: {k} PrepLoaders in one group ({how})", "prep", args, data, sidecar),
-             trained)
+        done(hp_search(f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group", "prep", args, data,
+                       sidecar), trained)
     rows = trained + alone
     for r in rows:
         r.of_model_alone = r.images_per_s / model.images_per_s
@@ -524,8 +504,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        f"batch {args.batch}, {args.model}, crop {args.crop}, bf16 autocast, channels_last, SGD; "
                        f"{args.warmup} warm-up + {args.steps} measured steps per row on {dev}"]
     lines = [f"# unstall GPU benchmark ({args.model})", "", *head, "", *table(rows)]
-    if not has_device_api:
-        lines += ["", "This build's PrepLoader has no device= (the rows that need it are left out)."]
     print("\n".join(lines), flush=True)
     if args.json is not None:
         doc = {"header": head, "argv": [sys.executable, *sys.argv], "gpu": gpu, "commit": commit,

@@ -32,7 +32,6 @@ def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp
     assert [r["key"] for r in rows] == TRAINING + ALONE
     for r in rows:
         assert r["images_per_s"] > 0, r
-        assert r["busy_cores"] > 0, r
         assert f"| {r['row']} | {r['images_per_s']:,.0f} |" in run.stdout, r["row"]
     assert rows[0]["of_model_alone"] == 1.0
     assert [r["key"] for r in rows if r["copy_cpu_ms_per_batch"] is not None] == ["unstall", "prep_device",
