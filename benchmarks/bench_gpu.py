@@ -38,6 +38,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
+import io
 import json
 import multiprocessing
 import os
@@ -56,6 +58,7 @@ sys.path.insert(0, str(HERE))
 from _cpu import CpuMeter, machine_busy, self_cpu  # noqa: E402
 from _report import header  # noqa: E402
 from bench_prep import MEAN, STD, await_go, photo, run_jobs, summarize  # noqa: E402
+from jpeg_variants import VARIANTS  # noqa: E402
 
 __all__ = ["main"]
 
@@ -69,27 +72,35 @@ Batches = Iterator[Tuple[Any, Any]]  # (images, labels) on the device, ready for
 
 
 # ---------------------------------------------------------------------------------------------
-# Data: photo-like JPEGs in 10 class folders, generated in parallel (bench_prep.photo, one seed per image)
+# Data: photo-like JPEGs in 10 class folders, generated in parallel (bench_prep.photo, one seed per image), as
+# they come (q93, noisy) or as one of jpeg_variants' smoother re-encodings (q75: ImageNet-like bits per pixel)
 
 
-def _write_photo(job: Tuple[Path, int, int, int]) -> None:
+def _write_photo(job: Tuple[Path, int, int, int, str]) -> None:
     import numpy as np
+    from PIL import Image, ImageFilter
 
-    root, i, w, h = job
-    (root / f"class{i % 10}" / f"img{i:05d}.jpg").write_bytes(photo(np.random.default_rng([2026, i]), w, h))
+    root, i, w, h, jpeg = job
+    path = root / f"class{i % 10}" / f"img{i:05d}.jpg"
+    data = photo(np.random.default_rng([2026, i]), w, h)
+    if jpeg == "q93":
+        path.write_bytes(data)
+        return
+    options, blur = VARIANTS[jpeg]
+    Image.open(io.BytesIO(data)).convert("RGB").filter(ImageFilter.GaussianBlur(blur)).save(path, "JPEG", **options)
 
 
-def photo_folder(cache: Path, n: int, w: int, h: int) -> Path:
+def photo_folder(cache: Path, n: int, w: int, h: int, jpeg: str) -> Path:
     """``n`` photo-like JPEGs of ``w`` x ``h`` under ``cache``, made once (a marker says they are complete)."""
-    root = cache / f"n{n}-{w}x{h}"
+    root = cache / f"n{n}-{w}x{h}-{jpeg}"
     marker = root / ".complete"
     if marker.exists():
         return root
     for c in range(min(n, 10)):
         (root / f"class{c}").mkdir(parents=True, exist_ok=True)
-    print(f"generating {n} JPEGs of {w}x{h} under {root}", file=sys.stderr, flush=True)
+    print(f"generating {n} JPEGs of {w}x{h} ({jpeg}) under {root}", file=sys.stderr, flush=True)
     with multiprocessing.get_context("fork").Pool(min(n, os.cpu_count() or 1)) as pool:
-        pool.map(_write_photo, [(root, i, w, h) for i in range(n)], chunksize=16)
+        pool.map(_write_photo, [(root, i, w, h, jpeg) for i in range(n)], chunksize=16)
     marker.write_text("ok")
     return root
 
@@ -393,6 +404,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, help="k, the HP search's concurrent jobs (full 4, toy 2)")
     ap.add_argument("--images", type=int, help="generated JPEGs (full 9600, toy 48)")
     ap.add_argument("--size", help="generated JPEGs' WIDTHxHEIGHT (full 500x375, toy 64x48)")
+    ap.add_argument("--jpeg", choices=("q93", *VARIANTS), default="q75",
+                    help="generated JPEGs: q93 as bench_prep makes them (about 110 KB at 500x375), or re-encoded as "
+                         "benchmarks/jpeg_variants.py does (q75, the default: blurred, about 29 KB, photographs' bits "
+                         "per pixel; prog: progressive q85)")
     ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu",
                     help="where generated JPEGs are kept between runs")
@@ -429,7 +444,7 @@ def dataset_dir(args: argparse.Namespace) -> Path:
         w, h = (int(v) for v in args.size.lower().split("x"))
     except ValueError:
         raise SystemExit(f"--size {args.size!r}: expected WIDTHxHEIGHT, e.g. 500x375") from None
-    return photo_folder(args.cache_dir.expanduser(), args.images, w, h)
+    return photo_folder(args.cache_dir.expanduser(), args.images, w, h, args.jpeg)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -477,9 +492,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sidecar.register_dataset(DATASET, data)
         pids = [sidecar.pid]
         step = train_step(args.model, dev)
-        model = measure("model", f"{args.model} alone, synthetic batch on the device", None,
+        model_row = measure("model", f"{args.model} alone, synthetic batch on the device", None,
                         synthetic(args.batch, args.crop, dev), step, args, dev, pids)
-        done(model, trained)
+        done(model_row, trained)
         for key, name, make in loaders:
             loader, batches = make()
             try:
@@ -489,13 +504,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                          alone)
             finally:
                 close(loader, batches)
+        del step  # the jobs need the device's memory: this process's model and its cached blocks go first
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
         done(hp_search(f"HP search, {k} jobs: {k} torch DataLoaders ({max(1, args.workers // k)} workers each)",
                        "torch", args, data, sidecar), trained)
         done(hp_search(f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group", "prep", args, data,
                        sidecar), trained)
     rows = trained + alone
     for r in rows:
-        r.of_model_alone = r.images_per_s / model.images_per_s
+        r.of_model_alone = r.images_per_s / model_row.images_per_s
 
     gpu = gpu_name(dev)
     commit = git_commit()
