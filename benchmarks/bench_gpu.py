@@ -36,7 +36,6 @@ per row, go to stderr; the table, with the machine, the date, the commit and the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import io
@@ -48,7 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -378,7 +377,7 @@ def fmt(value: Optional[float], digits: int = 0) -> str:
 
 def table(rows: Sequence[Row]) -> list[str]:
     lines = ["| row | images/s | of the model alone | busy cores | machine busy cores | images/s per busy core | "
-             "training thread CPU ms per batch: next() + copy | of which the copy (loader stats) |",
+             "training thread CPU ms per batch: next() + copy | of which the hand-out to the device (device_stats) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.row} | {fmt(r.images_per_s)} | {fmt(r.of_model_alone, 2)} | {fmt(r.busy_cores, 1)} | "
