@@ -19,16 +19,17 @@ then, per loader, the loader alone (the same batches onto the device, no model).
 of the model-alone rate, busy cores (the CPU of this process, its workers, the sidecar and the jobs, from
 benchmarks/_cpu.py, over the row's wall time), the machine's busy cores, images per busy core, the training
 thread's CPU ms per batch to get the next batch onto the device (``next()`` plus the copy), and for the device
-rows the copy's CPU ms per batch as the loader's stats report it. Ratios are against the model-alone row of the
+rows the part of it the loader's ``device_stats`` count (the hand-out to the device). Ratios are against the model-alone row of the
 same run; nothing is asserted.
 
     python benchmarks/bench_gpu.py [--model resnet18|resnet50] [--batch 256] [--steps 100] [--warmup 20]
         [--workers N] [--jobs 4] [--images 9600] [--size 500x375] [--data DIR] [--device cuda|cpu]
-        [--json PATH] [--toy]
+        [--jpeg q75|q93|prog] [--json PATH] [--toy]
 
 ``--toy`` makes everything tiny (48 images of 64x48, batch 8, 2 steps, 64-pixel crops, 2 jobs) so that it runs
 end to end on a CPU in seconds of work; tests/python/test_bench_gpu.py runs it so. The data: ``--data DIR`` (an
-image folder), else photo-like JPEGs generated once under ``--cache-dir`` (bench_prep's generator). Needs torch,
+image folder), else photo-like JPEGs generated once under ``--cache-dir`` (bench_prep's generator, re-encoded as
+jpeg_variants' q75 unless ``--jpeg`` says otherwise). Needs torch,
 torchvision, and the sidecar (``unstall.Sidecar`` finds the jar and a Java as the shim does). Progress lines, one
 per row, go to stderr; the table, with the machine, the date, the commit and the command, to stdout.
 """
@@ -273,10 +274,9 @@ class Row:
         return self.images_per_s / self.busy_cores if self.busy_cores > 0 else None
 
 
-def machine_cores(before: Tuple[float, float], after: Tuple[float, float]) -> float:
-    """The machine's busy cores between two machine_busy() readings."""
-    busy, idle = after[0] - before[0], after[1] - before[1]
-    return busy / max(busy + idle, 1e-9) * (os.cpu_count() or 1)
+def machine_cores(busy_s: float, idle_s: float) -> float:
+    """The machine's busy cores over a span in which all its cores were busy ``busy_s`` and idle ``idle_s``."""
+    return busy_s / max(busy_s + idle_s, 1e-9) * (os.cpu_count() or 1)
 
 
 def run_steps(batches: Batches, step: Optional[Callable[[Any, Any], None]], n: int) -> float:
@@ -302,8 +302,8 @@ def measure(key: str, name: str, loader: Any, batches: Batches, step: Optional[C
         sync(dev)
         wall, m1, h1 = time.perf_counter() - t0, machine_busy(), handed_out(loader)
     images = args.steps * args.batch
-    return Row(key, name, images / wall, cpu.seconds / wall, machine_cores(m0, m1), 1e3 * in_next / args.steps,
-               copy_ms(h0, h1), images=images, wall_s=wall)
+    return Row(key, name, images / wall, cpu.seconds / wall, machine_cores(m1[0] - m0[0], m1[1] - m0[1]),
+               1e3 * in_next / args.steps, copy_ms(h0, h1), images=images, wall_s=wall)
 
 
 def job(args: argparse.Namespace) -> None:
@@ -344,7 +344,7 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
     s = summarize(results, machine)
     copies = [r["copy_ms"] for r in results if r.get("copy_ms") is not None]
     return Row(f"hp_{kind}", name, s["images_per_s"], meter.seconds / s["wall_s"],
-               machine[0] / max(sum(machine), 1e-9) * (os.cpu_count() or 1),
+               machine_cores(*machine),
                sum(r["input_ms"] for r in results) / len(results),
                sum(copies) / len(copies) if copies else None, images=int(s["images"]), wall_s=s["wall_s"])
 
