@@ -126,7 +126,8 @@ def read_every_byte(images: Any) -> int:
     return int(flat[:whole].view(torch.int64).sum()) + int(flat[whole:].sum())
 
 
-def _go() -> None:
+def await_go() -> None:
+    """A job's side of run_jobs: set up, say READY, and wait for GO on stdin."""
     print("READY", flush=True)
     sys.stdin.readline()
 
@@ -141,7 +142,7 @@ def job_unstall(data: Path, location: str, k: int, seed: int, dtype: str, transp
     torch.set_num_threads(1)  # the job's own math (the sum) stays on one core, as in the DataLoader job
     client = unstall.FlightClient(location, os.environ["UNSTALL_TOKEN"])
     pipe = prep.imagenet_train(SIZE, dtype=dtype)
-    _go()  # joining is on the clock: the group starts preparing only once all k joined
+    await_go()  # joining is on the clock: the group starts preparing only once all k joined
     t0, c0, n = time.time(), _cpu(), 0
     common = dict(batch_size=BATCH, seed=seed, group_size=k, epochs=epochs, client=client, transport=transport,
                   compression=compression)
@@ -175,7 +176,7 @@ def job_torch(data: Path, seed: int) -> dict[str, Any]:
     ds = datasets.ImageFolder(str(data), transform=tf)
     loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2,
                                          generator=torch.Generator().manual_seed(seed))
-    _go()
+    await_go()
     t0, c0, n = time.time(), _cpu(), 0
     for images, _labels in loader:
         n += images.shape[0]
@@ -208,7 +209,7 @@ def job_tf(data: Path, seed: int) -> dict[str, Any]:
 
     ds = (tf.data.Dataset.from_tensor_slices((files, labels)).shuffle(len(files), seed=seed)
           .map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE))
-    _go()
+    await_go()
     t0, c0, n = time.time(), _cpu(), 0
     for images, _ in ds:
         n += int(images.shape[0])
@@ -305,13 +306,16 @@ class Config(NamedTuple):
         return [] if self.reindex_memory is None else ["--reindex-memory", self.reindex_memory]
 
 
-def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str], cpus: Optional[set[int]] = None
+def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str], cpus: Optional[set[int]] = None,
+             *, script: Path = Path(__file__), meter: Optional[contextlib.AbstractContextManager[Any]] = None
              ) -> tuple[list[dict[str, Any]], tuple[float, float]]:
     """The k jobs' results, and the whole machine's (busy, idle) CPU seconds from GO until the last job printed
-    its result (its interpreter's exit left out)."""
+    its result (its interpreter's exit left out). Each job is ``script --job KIND --data DATA --seed I *extra``
+    (await_go, then one ``RESULT {json}`` line on stdout); ``meter`` (a CpuMeter) is entered at GO and left with
+    the last result, so that it leaves the jobs' set-up out."""
     procs, errs = [], []
     for i in range(k):
-        cmd = [sys.executable, __file__, "--job", kind, "--data", str(data), "--seed", str(i), *extra]
+        cmd = [sys.executable, str(script), "--job", kind, "--data", str(data), "--seed", str(i), *extra]
         errs.append(tempfile.TemporaryFile("w+"))  # a file, not a pipe: stdout is read line by line below
         with pinned(cpus):
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[-1],
@@ -327,19 +331,20 @@ def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str
         line = p.stdout.readline()
         if line.strip() != "READY":
             fail("failed to start", i, line)
-    m0 = machine_busy()
-    for p in procs:
-        p.stdin.write("GO\n")
-        p.stdin.flush()
-    results = []
-    for i, p in enumerate(procs):
-        for line in p.stdout:
-            if line.startswith("RESULT "):
-                results.append(json.loads(line[7:]))
-                break
-        else:
-            fail(f"failed ({p.wait()})", i)
-    m1 = machine_busy()
+    with meter if meter is not None else contextlib.nullcontext():
+        m0 = machine_busy()
+        for p in procs:
+            p.stdin.write("GO\n")
+            p.stdin.flush()
+        results = []
+        for i, p in enumerate(procs):
+            for line in p.stdout:
+                if line.startswith("RESULT "):
+                    results.append(json.loads(line[7:]))
+                    break
+            else:
+                fail(f"failed ({p.wait()})", i)
+        m1 = machine_busy()
     for i, p in enumerate(procs):
         p.stdin.close()
         p.stdout.read()

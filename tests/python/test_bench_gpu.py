@@ -1,0 +1,44 @@
+"""benchmarks/bench_gpu.py at toy size on the CPU, through a real sidecar: every row printed, the JSON complete.
+What the rows measure is not checked against any threshold: a toy run on a shared CPU measures nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks" / "bench_gpu.py"
+
+TRAINING = ["model", "torch", "unstall", "prep", "prep_device", "hp_torch", "hp_prep"]
+ALONE = ["torch_alone", "unstall_alone", "prep_alone", "prep_device_alone"]
+
+
+@pytest.mark.slow
+def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    env = dict(os.environ, UNSTALL_SIDECAR_JAR=str(sidecar_jar), UNSTALL_HOME=str(tmp_path / "home"))
+    run = subprocess.run([sys.executable, str(BENCH), "--toy", "--device", "cpu", "--cache-dir", str(tmp_path / "data"),
+                          "--json", str(out)], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                         timeout=900)  # a bound on a hang, not on the speed
+    assert run.returncode == 0, f"bench_gpu.py --toy exited {run.returncode}:\n{run.stderr[-4000:]}"
+
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert [r["key"] for r in rows] == TRAINING + ALONE
+    for r in rows:
+        assert r["images_per_s"] > 0, r
+        assert f"| {r['row']} | {r['images_per_s']:,.0f} |" in run.stdout, r["row"]
+    assert rows[0]["of_model_alone"] == 1.0
+    assert [r["key"] for r in rows if r["copy_cpu_ms_per_batch"] is not None] == ["unstall", "prep_device",
+                                                                                "hp_prep", "unstall_alone",
+                                                                                "prep_device_alone"]
+    progress = [line for line in run.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == len(rows), run.stderr[-4000:]
+    for head in ("- command: ", "- date: ", "- machine: ", "- GPU: none (device cpu)", "- commit: "):
+        assert any(line.startswith(head) for line in run.stdout.splitlines()), head
+    assert doc["device"] == "cpu" and doc["settings"]["toy"] is True
