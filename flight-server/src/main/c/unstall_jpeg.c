@@ -155,8 +155,8 @@ static int reserve(void **buf, size_t *cap, size_t n, size_t sz) {
 /*
  * Where the decoded row starts relative to a 64-byte line. libjpeg-turbo's colour conversion stores a row in 32-byte
  * pieces and the horizontal pass reads it back at once in 8-byte pieces: from a 32-byte-aligned row those reads
- * straddle the pending stores and wait for them, which made the whole sample ~30% slower (native_prep_bench:
- * ~650 vs ~850 images per CPU-second, by the row's offset alone; malloc placed it either way, run to run).
+ * straddle the pending stores and wait for them, which slows the whole sample markedly (native_prep_bench.sh
+ * measures it with -DLINE_OFFSET=0; the numbers are in benchmarks/results/2026-11-23-to-26-native-jpeg-per-core.md).
  */
 #ifndef LINE_OFFSET /* native_prep_bench.sh can build it with another (NATIVE_BENCH_CFLAGS=-DLINE_OFFSET=0) */
 #define LINE_OFFSET 16
@@ -737,8 +737,8 @@ JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_run(JNIEnv *env, j
  * Rewrites the JPEG src losslessly into splice()'s form: the same DCT coefficients, quantization tables and
  * sampling, as one sequential scan with optimized Huffman tables and a restart marker every `interval` MCUs: the
  * largest divisor of an MCU row's count whose interval spans at most span_px pixels. Progressive JPEGs come out
- * sequential. The Huffman tables are the standard ones (JPEG Annex K): one pass, ~1.4 ms for a 500x375 q93 image
- * here, where optimized tables take two passes and ~3 ms for 3% fewer bytes.
+ * sequential. The Huffman tables are the standard ones (JPEG Annex K): one pass, where optimized tables take two
+ * for few bytes saved.
  * On entry *out is a malloc'd buffer of *out_len bytes (or NULL, 0); on OK *out holds the result, *out_len bytes
  * (libjpeg may have replaced the buffer with a larger one: the caller frees whichever *out is); on FAILED,
  * err->message says why.
