@@ -59,6 +59,7 @@ import org.bytedeco.opencv.opencv_core.Size;
  */
 public final class ImagePrep {
   static {
+    OpenCv.load();
     opencv_core.setNumThreads(0); // the prep pool parallelizes across samples; OpenCV's own threads would oversubscribe
   }
 

@@ -44,6 +44,7 @@ public final class PrepDecoderBench {
   }
 
   public static void main(String[] args) throws Exception {
+    OpenCv.load();
     Path dir = Path.of(args[0]);
     double seconds = args.length > 1 ? Double.parseDouble(args[1]) : 5;
     List<ByteBuffer> imgs = new ArrayList<>();
