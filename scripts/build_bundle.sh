@@ -5,7 +5,8 @@
 #                                                         the modules the sidecar needs (unstall/_jre/)
 #   py4j-<version>-*.whl                                  the shim's pure-Python dependency a node may lack
 # Install there, from the file alone:
-#   tar -xJf unstall-offline-0.1.0-linux-x86_64.tar.xz && pip install --no-index --find-links unstall-offline-0.1.0 unstall
+#   tar -xJf unstall-offline-0.1.0-linux-x86_64.tar.xz \
+#     && pip install --no-index --find-links unstall-offline-0.1.0 unstall
 #
 #   scripts/build_bundle.sh                       # Maven-packages the sidecar jar first; the bundle goes to dist/
 #   scripts/build_bundle.sh --jar PATH --out DIR  # a jar already built (no Maven); the bundle goes to DIR
@@ -73,8 +74,8 @@ with zipfile.ZipFile(sys.argv[1]) as src, zipfile.ZipFile(sys.argv[2], "w", zipf
         info.compress_type = zipfile.ZIP_STORED
         dst.writestr(info, data)
 EOF
-wheel=$(bash scripts/build_wheel.sh --jar "$stage/unstall-sidecar.jar" --jre "$stage/jre" --stored --out "$stage/wheel" \
-  | tee /dev/stderr | sed -n 's/^build_wheel: \(.*\.whl\) .*/\1/p')
+bash scripts/build_wheel.sh --jar "$stage/unstall-sidecar.jar" --jre "$stage/jre" --stored --out "$stage/wheel"
+wheel=$(ls "$stage"/wheel/unstall-*.whl)
 name=$(basename "$wheel")
 version=$(echo "$name" | cut -d- -f2)
 dir=unstall-offline-$version

@@ -42,11 +42,14 @@ find "$stage" \( -name '*.egg-info' -o -name __pycache__ \) -prune -exec rm -rf 
 mkdir -p "$stage/src/unstall/_jars"
 cp "$jar" "$stage/src/unstall/_jars/unstall-sidecar.jar"
 if [ -n "$jre" ]; then
-  [ -x "$jre/bin/java" ] || { echo "build_wheel: $jre/bin/java is missing: --jre takes a Java runtime's home" >&2; exit 1; }
+  [ -x "$jre/bin/java" ] \
+    || { echo "build_wheel: $jre/bin/java is missing: --jre takes a Java runtime's home" >&2; exit 1; }
   step "Wheel: with the Java runtime $jre"
   cp -rL "$jre" "$stage/src/unstall/_jre"  # links resolved: a wheel holds files
-  glibc=$({ find "$stage/src/unstall/_jre" -type f \( -name '*.so' -o -perm -u+x \) -exec objdump -T {} + 2>/dev/null || true; } \
-    | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+  symbols() {
+    find "$stage/src/unstall/_jre" -type f \( -name '*.so' -o -perm -u+x \) -exec objdump -T {} + 2>/dev/null
+  }
+  glibc=$({ symbols || true; } | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
   [ -n "$glibc" ] || { echo "build_wheel: no glibc version found in $jre's binaries (objdump -T)" >&2; exit 1; }
   glibc=${glibc#GLIBC_}
   build_options+=("-C--build-option=--plat-name=manylinux_${glibc%%.*}_${glibc#*.}_x86_64")
@@ -54,7 +57,7 @@ fi
 mkdir -p "$out"
 rm -f "$out"/unstall-*.whl
 # setuptools and wheel come from python-shim/requirements-dev.txt: no build isolation, nothing fetched.
-"$python" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation ${build_options[@]+"${build_options[@]}"} \
-  -w "$out" "$stage"
+"$python" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
+  ${build_options[@]+"${build_options[@]}"} -w "$out" "$stage"
 wheel=$(ls "$out"/unstall-*.whl)
 echo "build_wheel: $wheel ($(stat -c %s "$wheel") bytes)"

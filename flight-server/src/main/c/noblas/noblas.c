@@ -3,7 +3,7 @@
  * loads without OpenBLAS's natives (most of the sidecar jar otherwise). OpenCV calls these only from
  * matrix algebra (gemm, solve, SVD, LU, QR, Cholesky), which prep never calls; each one names itself and aborts
  * rather than returning a wrong result. The names are libopencv_core's undefined symbols that OpenBLAS defines
- * (OpenCvTest checks the list against the library).
+ * (OpenCvTest loads OpenCV with every symbol bound at load time, LD_BIND_NOW).
  */
 #include <stdio.h>
 #include <stdlib.h>
