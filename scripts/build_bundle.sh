@@ -58,7 +58,7 @@ trap 'rm -rf "$stage"' EXIT
 step "Java runtime: the sidecar's modules, jlinked from $jdk"
 modules=$("$jdk/bin/jdeps" --ignore-missing-deps --print-module-deps --multi-release 17 -q "$jar")
 [ -n "$modules" ] || { echo "build_bundle: jdeps named no modules for $jar" >&2; exit 1; }
-modules=$modules,$EXTRA_MODULES
+modules=$(echo "$modules,$EXTRA_MODULES" | tr , '\n' | sort -u | paste -sd, -)
 echo "modules: $modules"
 # No --compress: the bundle's xz does better on the uncompressed image.
 "$jdk/bin/jlink" --add-modules "$modules" --strip-debug --no-header-files --no-man-pages --output "$stage/jre"
