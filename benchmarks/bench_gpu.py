@@ -354,6 +354,8 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
 
 
 def git_commit() -> str:
+    if os.environ.get("UNSTALL_BENCH_COMMIT"):  # a copy of the tree without .git (benchmarks/gpu_node.sh)
+        return os.environ["UNSTALL_BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
                              capture_output=True, text=True, timeout=10)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU rows of docs/BENCHMARKS.md in one prepared run, on a GPU node that has Python with torch, torchvision and
+# pyarrow but no Java, no Maven and no network. Here (with Java and Maven), make the bundle and note the commit:
+#   scripts/build_bundle.sh && git rev-parse --short=12 HEAD > dist/COMMIT
+# There, from a copy of this tree with dist/ beside it:
+#   bash benchmarks/gpu_node.sh dist/unstall-offline-*.tar.xz OUT_DIR [MODELS] [bench_gpu.py options ...]
+# installs the bundle's wheels into a private directory (nothing system-wide), checks that the sidecar starts on the
+# bundled Java runtime, then runs bench_gpu.py once per model (MODELS: comma-separated, default resnet18,resnet50)
+# and writes each table (.md), its JSON and the log to OUT_DIR.
+set -euo pipefail
+[ $# -ge 2 ] || { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+bundle=$1 out=$2 models=${3:-resnet18,resnet50}
+shift $(( $# >= 3 ? 3 : 2 ))
+here=$(cd "$(dirname "$0")" && pwd)
+python=${PYTHON:-python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+
+tar -xJf "$bundle" -C "$work"
+wheels=("$work"/unstall-offline-*/*.whl)
+"$python" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" "${wheels[@]}"
+export PYTHONPATH=$work/site${PYTHONPATH:+:$PYTHONPATH}
+commit_file=$(dirname "$bundle")/COMMIT
+[ -f "$commit_file" ] && export UNSTALL_BENCH_COMMIT="$(cat "$commit_file")"
+"$python" - <<'PY'
+import unstall, unstall.sidecar as s
+java = s.find_java()
+print(f"gpu_node: unstall {unstall.__version__} from {unstall.__file__}; java {java}; jar {s.find_jar()}")
+assert "/_jre/" in str(java), f"expected the bundled runtime, got {java}"
+PY
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu_node: /' || true
+
+IFS=, read -r -a model_list <<< "$models"
+for model in "${model_list[@]}"; do
+  stamp=$(date -u +%Y-%m-%dT%H%M)
+  set -o pipefail
+  "$python" "$here/bench_gpu.py" --model "$model" --json "$out/gpu-$model-$stamp.json" "$@" \
+    2> >(tee "$out/gpu-$model-$stamp.log" >&2) | tee "$out/gpu-$model-$stamp.md"
+done
