@@ -152,9 +152,14 @@ public final class BatchAssembler {
   /** A ticket's ids, checked against the dataset, and the payload bytes of the batch they make. */
   public record CheckedIds(int[] ids, long payloadBytes) {}
 
-  /** Checks the ticket's ids against the dataset (range, and a batch under 2 GiB). */
-  public static CheckedIds checkedIds(Dataset d, FetchTicket t) {
-    return checkedIds(d, t.ids());
+  /**
+   * The start of a client's fetch, whichever way it comes (a Flight DoGet, the local socket): its ids checked
+   * ({@link #checkedIds(Dataset, long[])}), then its epoch counted as started in the dataset's stats.
+   */
+  public static CheckedIds startFetch(Dataset d, long[] requested, long epoch) {
+    CheckedIds checked = checkedIds(d, requested);
+    d.stats().startEpoch(d.name(), epoch);
+    return checked;
   }
 
   /** Checks ids against the dataset (range, and a batch under 2 GiB). */

@@ -168,7 +168,7 @@ final class SidecarPrep implements BatchSource {
               try {
                 imagePrep.run(in.nioBuffer(start, len), order.dataset.digest(ids[i]),
                     ImagePrep.rng(seed, epoch, ids[i]), dst.nioBuffer((long) i * sb, sb));
-              } catch (ImagePrep.BadImageException e) {
+              } catch (BadImageException e) {
                 if (!skip) {
                   throw CallStatus.INTERNAL.withDescription(order.sample(ids[i]) + ": " + e.getMessage()
                       + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();
