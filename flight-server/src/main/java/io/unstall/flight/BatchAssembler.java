@@ -10,7 +10,6 @@ import io.unstall.flight.cluster.PeerClients;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.protocol.BatchSchema;
-import io.unstall.flight.protocol.FetchTicket;
 import io.unstall.flight.shm.ShmRef;
 import java.io.IOException;
 import java.io.UncheckedIOException;

@@ -80,11 +80,18 @@ final class SidecarPrep implements BatchSource {
   }
 
   /** At most {@code n} (1..pool size) decode tasks of one batch run at once from now on. */
-  void parallelism(int n) {
+  @Override
+  public void parallelism(int n) {
     parallelism = Math.max(1, Math.min(threads, n));
   }
 
-  PrepPipeline pipeline() {
+  @Override
+  public boolean parallel() {
+    return true;
+  }
+
+  @Override
+  public PrepPipeline pipeline() {
     return pipeline;
   }
 
