@@ -143,7 +143,8 @@ class StagingTest {
   @Test
   void uploadsGetTheirOwnDefault() {
     FakeSource uploads = new FakeSource(0, 0, false); // batch size known only as uploads arrive
-    assertEquals(new Staging.Size(Staging.UPLOAD_STAGING, 3), Staging.size(uploads, settings(3, 0, false), 1L << 40, 4));
+    assertEquals(new Staging.Size(Staging.UPLOAD_STAGING, 3),
+        Staging.size(uploads, settings(3, 0, false), 1L << 40, 4));
     assertEquals(new Staging.Size(1000, 3), Staging.forUploads(settings(3, 0, false), 1000), "within the budget");
     assertEquals(new Staging.Size(700, 3), Staging.forUploads(settings(3, 700, false), 1000));
   }
