@@ -170,8 +170,7 @@ public final class PrepService implements AutoCloseable {
         if (b.path("next").asBoolean(false)) { // a DataLoader worker process: the next free batch of the epoch
           PrepRequests.At at = PrepRequests.epochOf(type, b);
           yield group(at.group(), caller).claimNext(at.member(), at.epoch(), RemotePrep.PEER_CLAIM_WAIT_NANOS,
-              cancelled)
-              .toString();
+              cancelled).toString();
         }
         PrepRequests.At at = PrepRequests.at(type, b);
         yield group(at.group(), caller).claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
