@@ -10,7 +10,7 @@
  * (the flip is folded into it), then a vertical pass into the output tensor through a per-channel table that
  * maps 0..255 to the output dtype (normalization included).
  *
- * Errors: libjpeg's error_exit longjmps back here and becomes an ImagePrep.BadImageException naming libjpeg's
+ * Errors: libjpeg's error_exit longjmps back here and becomes a BadImageException naming libjpeg's
  * reason; premature end of data (or a marker cutting the entropy-coded data) inside the rows that are decoded is
  * an error too (libjpeg only warns and fills the rest with grey).
  */
@@ -121,7 +121,7 @@ JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM *vm, void *reserved) {
   if ((*vm)->GetEnv(vm, (void **)&env, JNI_VERSION_1_8) != JNI_OK) {
     return JNI_ERR;
   }
-  jclass c = (*env)->FindClass(env, "io/unstall/flight/prep/ImagePrep$BadImageException");
+  jclass c = (*env)->FindClass(env, "io/unstall/flight/prep/BadImageException");
   if (c == NULL) {
     return JNI_ERR;
   }

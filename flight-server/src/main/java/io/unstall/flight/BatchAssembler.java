@@ -10,7 +10,6 @@ import io.unstall.flight.cluster.PeerClients;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.protocol.BatchSchema;
-import io.unstall.flight.protocol.FetchTicket;
 import io.unstall.flight.shm.ShmRef;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -152,9 +151,14 @@ public final class BatchAssembler {
   /** A ticket's ids, checked against the dataset, and the payload bytes of the batch they make. */
   public record CheckedIds(int[] ids, long payloadBytes) {}
 
-  /** Checks the ticket's ids against the dataset (range, and a batch under 2 GiB). */
-  public static CheckedIds checkedIds(Dataset d, FetchTicket t) {
-    return checkedIds(d, t.ids());
+  /**
+   * The start of a client's fetch, whichever way it comes (a Flight DoGet, the local socket): its ids checked
+   * ({@link #checkedIds(Dataset, long[])}), then its epoch counted as started in the dataset's stats.
+   */
+  public static CheckedIds startFetch(Dataset d, long[] requested, long epoch) {
+    CheckedIds checked = checkedIds(d, requested);
+    d.stats().startEpoch(d.name(), epoch);
+    return checked;
   }
 
   /** Checks ids against the dataset (range, and a batch under 2 GiB). */

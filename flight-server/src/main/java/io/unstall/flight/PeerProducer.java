@@ -82,7 +82,7 @@ final class PeerProducer extends NoOpFlightProducer {
       PeerTicket t = PeerTicket.parse(ticket.getBytes());
       Dataset d = registry.get(t.dataset());
       BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t.ids());
-      try (StreamBudget.Reservation r = budget.acquire(budget.cost(batch.payloadBytes(), batch.ids().length))) {
+      try (StreamBudget.Reservation r = budget.acquire(batch, () -> false)) {
         root = assembler.assembleForPeer(d, t.epoch(), batch.ids(), streams);
       }
       listener.start(root);

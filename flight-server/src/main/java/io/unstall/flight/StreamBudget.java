@@ -55,24 +55,27 @@ public final class StreamBudget {
     }
     long deadline = System.nanoTime() + timeoutNanos;
     synchronized (this) {
-      while (reserved + allocator.getAllocatedMemory() + bytes > limit()) {
-        if (cancelled.getAsBoolean()) {
-          throw CallStatus.CANCELLED.withDescription("the client went away while its batch waited for memory")
-              .toRuntimeException();
-        }
-        long left = deadline - System.nanoTime();
-        if (left <= 0) {
-          throw new BudgetExceededException(
-              "timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos) + " s waiting for " + bytes
-                  + " bytes of the sidecar's stream budget (" + limit() + " bytes) while other streams hold it"
-                  + " (--batch-timeout; --memory-budget sets the budget)");
-        }
-        // Memory is also released by gRPC after sends, which does not notify us: wake up now and then.
-        wait(Math.max(1, Math.min(TimeUnit.NANOSECONDS.toMillis(left), 5)));
+      boolean fits = MemoryWait.until(this, deadline,
+          () -> reserved + allocator.getAllocatedMemory() + bytes <= limit(), () -> {
+            if (cancelled.getAsBoolean()) {
+              throw CallStatus.CANCELLED.withDescription("the client went away while its batch waited for memory")
+                  .toRuntimeException();
+            }
+          });
+      if (!fits) {
+        throw new BudgetExceededException(
+            "timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos) + " s waiting for " + bytes
+                + " bytes of the sidecar's stream budget (" + limit() + " bytes) while other streams hold it"
+                + " (--batch-timeout; --memory-budget sets the budget)");
       }
       reserved += bytes;
     }
     return () -> release(bytes);
+  }
+
+  /** Waits for room for a checked batch ({@link BatchAssembler#checkedIds}): {@link #cost} of its payload and rows. */
+  public Reservation acquire(BatchAssembler.CheckedIds batch, BooleanSupplier cancelled) throws InterruptedException {
+    return acquire(cost(batch.payloadBytes(), batch.ids().length), cancelled);
   }
 
   private synchronized void release(long bytes) {

@@ -114,11 +114,9 @@ public final class UnstallProducer extends NoOpFlightProducer {
       }
       FetchTicket t = FetchTicket.from(ticket);
       Dataset d = dataset(p, t.dataset());
-      BatchAssembler.CheckedIds batch = BatchAssembler.checkedIds(d, t);
+      BatchAssembler.CheckedIds batch = BatchAssembler.startFetch(d, t.ids(), t.epoch());
       permit = calls.admit("a fetch of dataset '" + d.name() + "'");
-      d.stats().startEpoch(d.name(), t.epoch());
-      long cost = budget.cost(batch.payloadBytes(), batch.ids().length);
-      try (StreamBudget.Reservation r = budget.acquire(cost, listener::isCancelled)) {
+      try (StreamBudget.Reservation r = budget.acquire(batch, listener::isCancelled)) {
         root = assembler.assemble(d, BatchAssembler.Requester.of(d), t.epoch(), batch.ids(), streams);
       }
       listener.start(root);

@@ -1,7 +1,7 @@
 package io.unstall.sidecar;
 
-import io.unstall.flight.auth.FileOwners;
 import io.unstall.flight.auth.PermissionDeniedException;
+import io.unstall.flight.fs.FileOwners;
 import java.io.IOException;
 import java.net.URI;
 import java.nio.file.Files;

@@ -5,8 +5,8 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.unstall.flight.auth.FileOwners;
 import io.unstall.flight.auth.PermissionDeniedException;
+import io.unstall.flight.fs.FileOwners;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;

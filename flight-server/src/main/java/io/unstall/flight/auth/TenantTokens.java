@@ -6,6 +6,7 @@ import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.dataset.DatasetRegistry;
 import io.unstall.flight.fs.DurableFiles;
+import io.unstall.flight.fs.FileOwners;
 import java.io.IOException;
 import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;

@@ -98,8 +98,7 @@ public final class LocalService {
 
   Batch fetch(FetchSession s, long epoch, long[] requested) throws IOException, InterruptedException {
     Dataset d = s.dataset();
-    BatchAssembler.CheckedIds checked = BatchAssembler.checkedIds(d, requested);
-    d.stats().startEpoch(d.name(), epoch);
+    BatchAssembler.CheckedIds checked = BatchAssembler.startFetch(d, requested, epoch);
     int n = checked.ids().length;
     ShmRef[] refs = new ShmRef[n];
     long[] stagedAt = new long[n];

@@ -5,6 +5,7 @@ import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.management.ManagementFactory;
 import java.util.ArrayDeque;
+import java.util.function.BooleanSupplier;
 
 /**
  * Online tuning of one group, in the spirit of tf.data's AUTOTUNE, from what the group measures each period: the
@@ -20,7 +21,7 @@ import java.util.ArrayDeque;
  *       Never more than the pool's {@code --prep-threads}.
  * </ul>
  * Either is pinned by the joiner ({@code window=}, or {@code autotune=false} for both). Guarded by the group lock;
- * the threads it picks reach {@link SidecarPrep#parallelism} for the next batch.
+ * the threads it picks reach the source's {@link BatchSource#parallelism} for the next batch.
  */
 final class Autotuner {
   static final long PERIOD_NANOS = 500_000_000L;
@@ -37,7 +38,8 @@ final class Autotuner {
   private final PrepCounts counts;
   private int threads;
   private int maxWindowUsed;
-  private long periodStart = System.nanoTime();
+  private final BooleanSupplier cpuAvailable;
+  private long periodStart;
   private long preparedAt;
   private long servedAt;
   private long cpuAt;
@@ -58,8 +60,19 @@ final class Autotuner {
 
   Autotuner(boolean tuneWindow, boolean tuneThreads, int maxThreads, Staging staging, BatchSource source,
       PrepCounts counts) {
+    this(tuneWindow, tuneThreads, maxThreads, staging, source, counts, System.nanoTime(), Autotuner::cpuAvailable);
+  }
+
+  /**
+   * {@code start}: when the first period starts ({@link System#nanoTime} of the reaper's ticks); {@code
+   * cpuAvailable}: whether the machine's CPU has room for one more thread.
+   */
+  Autotuner(boolean tuneWindow, boolean tuneThreads, int maxThreads, Staging staging, BatchSource source,
+      PrepCounts counts, long start, BooleanSupplier cpuAvailable) {
     this.tuneWindow = tuneWindow;
-    this.tuneThreads = tuneThreads && source instanceof SidecarPrep;
+    this.tuneThreads = tuneThreads && source.parallel();
+    this.periodStart = start;
+    this.cpuAvailable = cpuAvailable;
     this.maxThreads = Math.max(1, maxThreads);
     this.threads = this.maxThreads; // today's parallelism first: tuning gives back what does not help
     this.staging = staging;
@@ -135,7 +148,7 @@ final class Autotuner {
     if (trialFrom >= 0) {
       if (productionRate < trialBase * GAIN) {
         threads = trialFrom;
-        ((SidecarPrep) source).parallelism(threads);
+        source.parallelism(threads);
         decide("threads", t, trialFrom, String.format("production %.2f/s did not improve on %.2f/s", productionRate,
             trialBase));
       }
@@ -143,15 +156,15 @@ final class Autotuner {
       hold = QUIET_PERIODS;
     } else if (hold > 0) {
       hold--;
-    } else if (stalls > 0 && t < maxThreads && cpuAvailable()) {
+    } else if (stalls > 0 && t < maxThreads && cpuAvailable.getAsBoolean()) {
       trialFrom = t;
       trialBase = productionRate;
       threads = t + 1;
-      ((SidecarPrep) source).parallelism(threads);
+      source.parallelism(threads);
       decide("threads", t, t + 1, "members waited " + stalls + " times and CPU is available");
     } else if (stalls == 0 && t > 1 && productionRate > SLACK * consumptionRate && consumptionRate > 0) {
       threads = t - 1;
-      ((SidecarPrep) source).parallelism(threads);
+      source.parallelism(threads);
       hold = QUIET_PERIODS;
       decide("threads", t, t - 1, String.format("production %.2f/s outpaces consumption %.2f/s", productionRate,
           consumptionRate));

@@ -29,6 +29,19 @@ interface BatchSource {
   /** Memory besides the staged batch while one is made (sidecar prep: the raw batch it decodes). */
   long workingBytes();
 
+  /** The sidecar pipeline its batches come out of; null when it has none (raw batches, member uploads). */
+  default PrepPipeline pipeline() {
+    return null;
+  }
+
+  /** Whether its batches are made by tasks on the prep pool, so that {@link #parallelism} applies. */
+  default boolean parallel() {
+    return false;
+  }
+
+  /** At most {@code n} tasks of one batch run at once from now on ({@link Autotuner}); only if {@link #parallel}. */
+  default void parallelism(int n) {}
+
   /** " and output [3, 224, 224] float32": the batch for messages; empty when the batch is the raw one. */
   default String describeOutput() {
     return "";

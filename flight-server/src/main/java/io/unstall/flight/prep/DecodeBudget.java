@@ -1,6 +1,6 @@
 package io.unstall.flight.prep;
 
-import io.unstall.flight.prep.ImagePrep.BadImageException;
+import io.unstall.flight.MemoryWait;
 import java.util.ArrayDeque;
 import java.util.concurrent.TimeUnit;
 import org.apache.arrow.memory.AllocationReservation;
@@ -63,28 +63,23 @@ public final class DecodeBudget implements AutoCloseable {
     synchronized (this) {
       maxRequest = Math.max(maxRequest, need);
       queue.addLast(me);
-      boolean waited = false;
+      AllocationReservation[] got = new AllocationReservation[1];
+      boolean[] waited = new boolean[1];
       try {
-        while (true) {
-          if (queue.peekFirst() == me) {
-            AllocationReservation r = tryReserve(need);
-            if (r != null) {
-              return () -> release(r);
-            }
-          }
-          long left = deadline - System.nanoTime();
-          if (left <= 0) {
-            throw new ExhaustedException("timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos)
-                + " s waiting for " + need + " bytes of decode memory (" + alloc.getLimit() + " bytes,"
-                + " --decode-memory) to decode a " + h.describe() + " image while other decodes or batches hold it");
-          }
-          if (!waited) {
-            waited = true;
-            waits++;
-          }
-          // Batches in flight free memory of the same budget without telling us: look again soon.
-          wait(Math.max(1, Math.min(TimeUnit.NANOSECONDS.toMillis(left), 5)));
+        boolean fits = MemoryWait.until(this, deadline,
+            () -> queue.peekFirst() == me && (got[0] = tryReserve(need)) != null, () -> {
+              if (!waited[0]) {
+                waited[0] = true;
+                waits++;
+              }
+            });
+        if (!fits) {
+          throw new ExhaustedException("timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos)
+              + " s waiting for " + need + " bytes of decode memory (" + alloc.getLimit() + " bytes,"
+              + " --decode-memory) to decode a " + h.describe() + " image while other decodes or batches hold it");
         }
+        AllocationReservation r = got[0];
+        return () -> release(r);
       } finally {
         queue.remove(me);
         notifyAll(); // the next in line may try

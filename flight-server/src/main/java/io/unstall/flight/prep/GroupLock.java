@@ -5,8 +5,8 @@ package io.unstall.flight.prep;
  * {@link BatchSource}, {@link RemoteWorkers}, {@link PrepCounts}) keep their mutable state guarded by it and wait on
  * it; their methods marked "caller holds the group lock" run inside {@code synchronized (lock)}.
  *
- * <p>Lock order, outer first: {@code PrepService}'s monitor, then the group lock, then {@link BatchOrder}'s (a
- * leaf), then the Arrow allocators' own. Nothing that holds the group lock calls into {@code PrepService}, the prep
+ * <p>Lock order, outer first: {@link PrepGroups}' monitor, then the group lock, then {@link BatchOrder}'s (a
+ * leaf), then the Arrow allocators' own. Nothing that holds the group lock calls into {@code PrepGroups}, the prep
  * pool, the batch assembler or a Flight listener: fetching, decoding and sending run outside it.
  */
 final class GroupLock {

@@ -1,6 +1,5 @@
 package io.unstall.flight.prep;
 
-import io.unstall.flight.prep.ImagePrep.BadImageException;
 import java.nio.ByteBuffer;
 import java.util.Locale;
 
@@ -15,6 +14,8 @@ import java.util.Locale;
  * @param multiScan a progressive, lossless or non-interleaved JPEG: libjpeg keeps every coefficient of the image
  */
 public record ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan) {
+  /** The decoder's output is 8-bit BGR (OpenCV's IMREAD_COLOR). */
+  static final int DECODED_CHANNELS = 3;
 
   /** The formats whose header the sidecar parses; a pipeline accepts a subset ({@code "formats"} of decode). */
   public enum Format {
@@ -51,7 +52,7 @@ public record ImageHeader(Format format, int width, int height, int components, 
    * component) for multi-scan JPEGs.
    */
   public long decoderBytes() {
-    long image = pixels() * ImagePrep.DECODED_CHANNELS;
+    long image = pixels() * DECODED_CHANNELS;
     long bytes = image * (exif ? 2 : 1);
     if (format == Format.JPEG && multiScan) {
       bytes += pixels() * components * 2;

@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import static io.unstall.flight.prep.ImageHeader.DECODED_CHANNELS;
 import static org.bytedeco.opencv.global.opencv_core.BORDER_CONSTANT;
 import static org.bytedeco.opencv.global.opencv_core.CV_32FC1;
 import static org.bytedeco.opencv.global.opencv_core.CV_32FC3;
@@ -63,8 +64,6 @@ public final class ImagePrep {
     opencv_core.setNumThreads(0); // the prep pool parallelizes across samples; OpenCV's own threads would oversubscribe
   }
 
-  /** OpenCV decodes to 8-bit BGR (IMREAD_COLOR). */
-  static final int DECODED_CHANNELS = 3;
   /** libjpeg/libpng row buffers and tables, per image, on top of the pixels. */
   static final long DECODER_OVERHEAD = 256 << 10;
 
@@ -187,17 +186,6 @@ public final class ImagePrep {
     z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9L;
     z = (z ^ (z >>> 27)) * 0x94D049BB133111EBL;
     return z ^ (z >>> 31);
-  }
-
-  /**
-   * A sample this pipeline will not decode: a format it does not accept, a header that is malformed or cut short,
-   * a size beyond its caps or the decode memory, or bytes the decoder rejects. The message says which, without
-   * naming the sample (the caller does).
-   */
-  public static final class BadImageException extends java.io.IOException {
-    public BadImageException(String message) {
-      super(message);
-    }
   }
 
   /**

@@ -33,23 +33,22 @@ final class MemberUploads implements BatchSource {
   private final PrepCounts counts;
   private final PrepGroup.Limits limits;
   private final GroupLock lock;
-  private Staging staging; // set by bind(): staging is sized from this source
+  private final Staging staging;
   private final Map<Long, Claim> claimedBy = new HashMap<>(); // position -> the member making it
   private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
   private final Map<Long, Long> producedBy = new HashMap<>(); // member -> batches uploaded
   private long claimsExpired;
   private long claimsReleased; // given back by their member (a worker process died or its transform raised)
 
-  MemberUploads(BatchOrder order, Membership members, PrepCounts counts, PrepGroup.Limits limits, GroupLock lock) {
+  /** {@code staging}: sized for uploads ({@link Staging#forUploads}). */
+  MemberUploads(BatchOrder order, Membership members, Staging staging, PrepCounts counts, PrepGroup.Limits limits,
+      GroupLock lock) {
     this.order = order;
     this.members = members;
+    this.staging = staging;
     this.counts = counts;
     this.limits = limits;
     this.lock = lock;
-  }
-
-  void bind(Staging staging) {
-    this.staging = staging;
   }
 
   @Override

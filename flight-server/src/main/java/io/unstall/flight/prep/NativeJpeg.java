@@ -85,7 +85,7 @@ public final class NativeJpeg {
    * (4 components). Throws BadImageException naming libjpeg's reason.
    */
   static native int run(ByteBuffer src, int srcPos, int srcLen, ByteBuffer dst, int dstPos, ByteBuffer lut,
-      int[] geom, double[] box) throws ImagePrep.BadImageException;
+      int[] geom, double[] box) throws BadImageException;
 
   /**
    * Rewrites the JPEG {@code src} (position {@code pos}, {@code len} bytes, a direct buffer) losslessly, the same

@@ -4,12 +4,10 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.protocol.PrepTicket;
 import java.io.IOException;
 import java.nio.file.Path;
-import java.util.concurrent.ExecutorService;
 import java.util.concurrent.locks.LockSupport;
 import java.util.function.BooleanSupplier;
 import org.apache.arrow.flight.CallStatus;
@@ -94,6 +92,7 @@ final class PrepGroup {
   private final PrepCounts counts;
   private final Membership members;
   private final BatchSource source;
+  private final MemberUploads uploads; // the source of an external group; null when the sidecar makes the batches
   private final Staging staging;
   private final Production production;
   private final RemoteWorkers workers;
@@ -103,45 +102,46 @@ final class PrepGroup {
 
   /**
    * {@code pipeline}: the sidecar's pipeline, or null for a raw group or (fingerprint {@code python:...}) a group
-   * whose members upload their batches.
+   * whose members upload their batches. The parts are made in the order they need each other; only the producer
+   * threads and the remote workers' claims (which production counts) meet after construction.
    */
-  PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler, ExecutorService pool,
-      int threads, BufferAllocator parent, SlotPool slotPool, DecodeBudget decodeBudget, ReindexedJpegs reindexed,
-      Settings requested, Limits limits) {
+  PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, PrepResources shared, Settings requested) {
     this.id = id;
     this.key = key;
-    this.limits = limits;
-    this.threads = threads;
+    this.limits = shared.limits();
+    this.threads = shared.threads();
+    BufferAllocator parent = shared.allocator();
     this.order = new BatchOrder(id, key, dataset);
     this.counts = new PrepCounts(limits.statsEpochs());
     this.members = new Membership(order, requested, lock,
         pipeline == null ? "" : ", JPEGs prepared by " + ImagePrep.describeDecoder(pipeline));
-    MemberUploads uploads = null;
-    if (key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX)) {
-      source = uploads = new MemberUploads(order, members, counts, limits, lock);
-    } else {
-      RawBatches raw = new RawBatches(order, assembler, parent.getRoundingPolicy(), counts);
-      source = pipeline == null ? raw : new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool,
-          threads, parent.getRoundingPolicy(), counts, lock);
-    }
-    Staging.Size size = Staging.size(source, requested, parent.getLimit(), key.batchSize());
-    Path dir = requested.shm() && source instanceof SidecarPrep ? Staging.sharedMemory(id) : null;
-    ShmSlots.Files shm = dir == null || !(source instanceof SidecarPrep prep) ? null
-        : new ShmSlots.Files(dir, slotPool, prep.pipeline().sampleBytes() * key.batchSize());
-    slotPool.keepOnly(shm == null ? 0 : shm.slotBytes());
+    // null: an external group, whose source (member uploads) needs its staging
+    BatchSource made = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX) ? null
+        : pipeline == null ? shared.rawBatches(order, counts) : shared.sidecarPrep(order, pipeline, counts, lock);
+    Staging.Size size = made == null ? Staging.forUploads(requested, parent.getLimit())
+        : Staging.size(made, requested, parent.getLimit(), key.batchSize());
+    PrepPipeline prepared = made == null ? null : made.pipeline();
+    Path dir = requested.shm() && prepared != null ? Staging.sharedMemory(id) : null;
+    ShmSlots.Files shm = dir == null ? null
+        : new ShmSlots.Files(dir, shared.slotPool(), prepared.sampleBytes() * key.batchSize());
+    shared.slotPool().keepOnly(shm == null ? 0 : shm.slotBytes());
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());
-    this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, lock);
     this.compressed = new CompressedBatches(id, parent, size.limit());
-    staging.freeWith(compressed);
-    if (uploads != null) {
-      uploads.bind(staging);
-    }
-    this.production = new Production(order, members, staging, source, counts, lock);
+    this.staging = new Staging(id, "prep-group-" + id, parent, size, shm, lock, compressed);
+    this.uploads = made == null ? new MemberUploads(order, members, staging, counts, limits, lock) : null;
+    this.source = made == null ? uploads : made;
+    this.production = new Production(order, members, staging, source, counts, lock, this::remoteClaims,
+        System::nanoTime);
     this.workers = new RemoteWorkers(order, source, members, staging, production, counts, limits,
         requested.memberTimeoutNanos(), lock);
     this.tuner = new Autotuner(requested.tunesWindow(), requested.autotune(), threads, staging, source, counts);
-    production.start(workers::claims);
+    production.start();
+  }
+
+  /** Positions remote workers are preparing now (production's threads ask, holding the lock). */
+  private int remoteClaims() {
+    return workers.claims();
   }
 
   Settings settings() {
@@ -227,7 +227,7 @@ final class PrepGroup {
       }
       members.maybeStart(now);
       tuner.tick(now);
-      if (source instanceof MemberUploads uploads) {
+      if (uploads != null) {
         uploads.reap(now);
       }
       workers.reap(now);
@@ -245,7 +245,7 @@ final class PrepGroup {
     staging.memberGone(memberId);
     release();
     compressed.removeMember(memberId);
-    if (source instanceof MemberUploads uploads) {
+    if (uploads != null) {
       uploads.memberGone(memberId);
     }
     if (closedGroup && !production.runsThreads()) {
@@ -261,7 +261,7 @@ final class PrepGroup {
     long min = members.minCursor();
     staging.release(min);
     compressed.freeBelow(min);
-    if (source instanceof MemberUploads uploads) {
+    if (uploads != null) {
       uploads.release(min);
     }
     workers.release(min);
@@ -362,7 +362,8 @@ final class PrepGroup {
    */
   ObjectNode next(long memberId, long epoch, long batch, long[][] released, BooleanSupplier cancelled)
       throws InterruptedException {
-    if (!staging.shm() || !(source instanceof SidecarPrep prep)) {
+    PrepPipeline pipeline = source.pipeline();
+    if (!staging.shm() || pipeline == null) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
           + " does not stage in shared memory; read batches with PREP DoGet tickets").toRuntimeException();
     }
@@ -393,10 +394,10 @@ final class PrepGroup {
       o.put("path", staging.shmPath(pos));
       o.put("rows", r.getRowCount());
       ArrayNode shape = o.putArray("shape");
-      for (int s : prep.pipeline().sampleShape()) {
+      for (int s : pipeline.sampleShape()) {
         shape.add(s);
       }
-      o.put("dtype", prep.pipeline().dtype().wire());
+      o.put("dtype", pipeline.dtype().wire());
       ArrayNode idArr = o.putArray("ids");
       ArrayNode labelArr = o.putArray("labels");
       for (int i = 0; i < r.getRowCount(); i++) {
@@ -438,7 +439,7 @@ final class PrepGroup {
             .toRuntimeException();
       }
       limits.check(deadline, id, order.at(pos) + " to be prepared"
-          + (source instanceof MemberUploads uploads ? uploads.claimer(pos) : ""));
+          + (uploads != null ? uploads.claimer(pos) : ""));
       m.lastSeen = System.nanoTime();
       lock.await(10);
     }
@@ -455,7 +456,7 @@ final class PrepGroup {
    * gets an error if it uploads late).
    */
   ObjectNode claim(long memberId, long epoch, long batch, BooleanSupplier cancelled) throws InterruptedException {
-    MemberUploads uploads = uploads("prep.claim");
+    checkUploads("prep.claim");
     synchronized (lock) {
       Membership.Member m = members.member(memberId);
       long pos = checkedPosition(m, epoch, batch);
@@ -471,7 +472,7 @@ final class PrepGroup {
   /** DataLoader worker processes' claims ({@code prep.claim} with {@code "next": true}): see MemberUploads. */
   ObjectNode claimNext(long memberId, long epoch, long waitNanos, BooleanSupplier cancelled)
       throws InterruptedException {
-    MemberUploads uploads = uploads("prep.claim");
+    checkUploads("prep.claim");
     synchronized (lock) {
       Membership.Member m = members.member(memberId);
       m.waiting++;
@@ -485,7 +486,7 @@ final class PrepGroup {
 
   /** A member gives back its claim on batch {@code (epoch, batch)} ({@code prep.release}); false if it held none. */
   boolean release(long memberId, long epoch, long batch, String reason) {
-    MemberUploads uploads = uploads("prep.release");
+    checkUploads("prep.release");
     synchronized (lock) {
       return uploads.giveBack(members.member(memberId), order.pos(epoch, batch), reason);
     }
@@ -499,18 +500,17 @@ final class PrepGroup {
     compressed.setMember(memberId, codec);
   }
 
-  private MemberUploads uploads(String action) {
-    if (!(source instanceof MemberUploads uploads)) {
+  private void checkUploads(String action) {
+    if (uploads == null) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id + " is prepared by the sidecar; " + action
           + " is for groups joined with {\"python\": fingerprint}").toRuntimeException();
     }
-    return uploads;
   }
 
   /** Stages a batch a member prepared (DoPut): its ids must be the claimed batch's, its size within staging. */
   void upload(long memberId, long epoch, long batch, VectorSchemaRoot in, BooleanSupplier cancelled)
       throws InterruptedException {
-    if (!(source instanceof MemberUploads uploads)) {
+    if (uploads == null) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
           + " is prepared by the sidecar; only groups joined with {\"python\": fingerprint} take uploads")
           .toRuntimeException();

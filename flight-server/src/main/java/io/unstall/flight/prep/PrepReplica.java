@@ -1,8 +1,6 @@
 package io.unstall.flight.prep;
 
-import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.dataset.Dataset;
-import java.util.concurrent.ExecutorService;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.vector.VectorSchemaRoot;
 
@@ -16,15 +14,12 @@ final class PrepReplica implements AutoCloseable {
   private final SidecarPrep prep;
   private final Staging staging;
 
-  PrepReplica(String group, PrepGroup.Key key, Dataset dataset, PrepPipeline pipeline, BatchAssembler assembler,
-      ExecutorService pool, int threads, BufferAllocator parent, DecodeBudget decodeBudget, ReindexedJpegs reindexed,
-      PrepGroup.Limits limits) {
+  PrepReplica(String group, PrepGroup.Key key, Dataset dataset, PrepPipeline pipeline, PrepResources shared) {
     GroupLock lock = new GroupLock();
-    PrepCounts counts = new PrepCounts(limits.statsEpochs());
+    PrepCounts counts = new PrepCounts(shared.limits().statsEpochs());
+    BufferAllocator parent = shared.allocator();
     this.order = new BatchOrder(group, key, dataset);
-    RawBatches raw = new RawBatches(order, assembler, parent.getRoundingPolicy(), counts);
-    this.prep = new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool, threads,
-        parent.getRoundingPolicy(), counts, lock);
+    this.prep = shared.sidecarPrep(order, pipeline, counts, lock);
     PrepGroup.Settings one = new PrepGroup.Settings(1, 0, 0, 1, 0, false, false, true);
     this.staging = new Staging(group, "prep-worker-" + group, parent,
         Staging.size(prep, one, parent.getLimit(), key.batchSize()), null, lock);

@@ -1,10 +1,6 @@
 package io.unstall.flight.prep;
 
-import io.unstall.flight.protocol.PrepTicket;
-import io.unstall.flight.shm.SharedMemory;
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.Bounds;
@@ -12,35 +8,28 @@ import io.unstall.flight.auth.PermissionDeniedException;
 import io.unstall.flight.auth.Principal;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
+import io.unstall.flight.protocol.PrepTicket;
+import io.unstall.flight.shm.SharedMemory;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
-import java.util.ArrayList;
-import java.util.HashMap;
-import java.util.HashSet;
-import java.util.LinkedHashMap;
 import java.util.List;
-import java.util.Map;
-import java.util.Set;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
-import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.BooleanSupplier;
 import org.apache.arrow.flight.Action;
-import org.apache.arrow.vector.compression.CompressionUtil;
 import org.apache.arrow.flight.ActionType;
+import org.apache.arrow.flight.CallOption;
 import org.apache.arrow.flight.CallStatus;
+import org.apache.arrow.flight.FlightClient;
 import org.apache.arrow.flight.FlightDescriptor;
 import org.apache.arrow.flight.FlightProducer.ServerStreamListener;
 import org.apache.arrow.flight.FlightProducer.StreamListener;
 import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.Ticket;
 import org.apache.arrow.memory.BufferAllocator;
-import org.apache.arrow.util.AutoCloseables;
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
+import org.apache.arrow.vector.compression.CompressionUtil;
 
 /**
  * Coordinated prep (docs/PREP.md): the {@code prep.*} actions and PREP tickets. Jobs that join with the same
@@ -52,9 +41,13 @@ import org.slf4j.LoggerFactory;
  * the {@link DecodeBudget}, another child of the streams allocator. At most {@code --prep-groups} groups are open
  * at once (each has two producer threads), the pool has {@code --prep-threads} threads, a claim of an external
  * group expires after {@code --prep-claim-timeout}, and a call waits at most {@code --wait-timeout} for its batch.
+ *
+ * <p>This class is the RPC layer: it checks callers and dispatches to the parts, which it makes and closes:
+ * {@link PrepResources} (what groups share), {@link PrepGroups} (the registry and its reaper, which announces in
+ * the cluster through {@link GroupAnnouncer}), {@link RemotePrep} (remote prep workers, both sides) and
+ * {@link PrepStats} (the stats document).
  */
 public final class PrepService implements AutoCloseable {
-  private static final Logger LOG = LoggerFactory.getLogger(PrepService.class);
   public static final String ACTION_JOIN = "prep.join";
   public static final String ACTION_HEARTBEAT = "prep.heartbeat";
   public static final String ACTION_LEAVE = "prep.leave";
@@ -62,41 +55,19 @@ public final class PrepService implements AutoCloseable {
   public static final String ACTION_NEXT = "prep.next";
   public static final String ACTION_CLAIM = "prep.claim";
   public static final String ACTION_RELEASE = "prep.release";
-  /** Peer-port actions (cluster token) of remote prep workers: protocol/README.md, "Remote prep workers". */
-  public static final String PEER_ENLIST = "peer.prep.enlist";
-  public static final String PEER_CLAIM = "peer.prep.claim";
-  public static final String PEER_RELEASE = "peer.prep.release";
-  public static final String PEER_LEAVE = "peer.prep.leave";
-  static final String PEER_PUT = "peer.prep.put";
-  /** How long one {@code peer.prep.claim} waits for a batch to prepare before answering "wait". */
-  static final long PEER_CLAIM_WAIT_NANOS = TimeUnit.SECONDS.toNanos(1);
   /** Group key fingerprints of external groups: members prepare batches with their own transforms. */
   static final String EXTERNAL_PREFIX = "python:";
-  private static final int HISTORY = 64;
-
-  private final DatasetRegistry registry;
-  private final BatchAssembler assembler;
-  private final BufferAllocator allocator;
-  private final DecodeBudget decodeBudget;
-  private final ReindexedJpegs reindexed;
-  private final PrepPipeline.DecodeLimits decodeLimits;
-  private final int threads;
-  private final int maxGroups;
-  private final PrepGroup.Limits limits;
-  private final ExecutorService pool;
-  private final ScheduledExecutorService reaper;
-  private final SlotPool slotPool; // free /dev/shm slot files between groups
-  private volatile String localSocket; // the local socket's path once it listens (localSocket)
-  private final AtomicLong memberIds = new AtomicLong();
-  // Guarded by this: the open group of each key, and every group by id (closed ones kept for stats).
-  private final Map<PrepGroup.Key, PrepGroup> open = new HashMap<>();
-  private final LinkedHashMap<String, PrepGroup> byId = new LinkedHashMap<>();
-  private final List<PrepWorker> workers = new ArrayList<>(); // this sidecar enlisted in other sidecars' groups
-  private volatile GroupDirectory directory = GroupDirectory.NONE;
-  private final Set<String> announced = new HashSet<>(); // groups in the directory; reaper only
-
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
   static final String SHM_PREFIX = "unstall-prep-";
+
+  private final DatasetRegistry registry;
+  private final PrepPipeline.DecodeLimits decodeLimits;
+  private final PrepResources shared;
+  private final GroupAnnouncer announcer = new GroupAnnouncer();
+  private final PrepGroups groups;
+  private final RemotePrep remote;
+  private final PrepStats stats;
+  private volatile String localSocket; // the local socket's path once it listens (localSocket)
 
   /** Memory for restart-indexed JPEG copies when {@code --reindex-memory} is not given: a quarter of streams. */
   public static long defaultReindexMemory(long streamsLimit) {
@@ -119,28 +90,21 @@ public final class PrepService implements AutoCloseable {
   public PrepService(DatasetRegistry registry, BatchAssembler assembler, BufferAllocator prep, BufferAllocator decode,
       BufferAllocator reindexed, Bounds bounds, PrepPipeline.DecodeLimits decodeLimits, long timeoutSeconds) {
     this.registry = registry;
-    this.assembler = assembler;
     this.decodeLimits = decodeLimits;
-    this.allocator = prep;
-    this.decodeBudget = new DecodeBudget(decode, timeoutSeconds, TimeUnit.SECONDS);
-    this.reindexed = new ReindexedJpegs(reindexed);
-    this.slotPool = new SlotPool(prep);
-    this.threads = bounds.prepThreads();
-    this.maxGroups = bounds.prepGroups();
-    this.limits = new PrepGroup.Limits(bounds.prepClaimTimeout().toNanos(), bounds.waitTimeout().toNanos(),
-        bounds.statsEpochs());
+    int threads = bounds.prepThreads();
     AtomicInteger n = new AtomicInteger();
-    this.pool = Executors.newFixedThreadPool(threads, r -> {
+    ExecutorService pool = Executors.newFixedThreadPool(threads, r -> {
       Thread t = new Thread(r, "unstall-prep-worker-" + n.incrementAndGet());
       t.setDaemon(true);
       return t;
     });
-    this.reaper = Executors.newSingleThreadScheduledExecutor(r -> {
-      Thread t = new Thread(r, "unstall-prep-reaper");
-      t.setDaemon(true);
-      return t;
-    });
-    reaper.scheduleWithFixedDelay(this::reap, 100, 100, TimeUnit.MILLISECONDS);
+    PrepGroup.Limits limits = new PrepGroup.Limits(bounds.prepClaimTimeout().toNanos(),
+        bounds.waitTimeout().toNanos(), bounds.statsEpochs());
+    this.shared = new PrepResources(assembler, pool, threads, prep, new SlotPool(prep),
+        new DecodeBudget(decode, timeoutSeconds, TimeUnit.SECONDS), new ReindexedJpegs(reindexed), limits);
+    this.groups = new PrepGroups(shared, bounds.prepGroups(), announcer);
+    this.remote = new RemotePrep(registry, shared, groups);
+    this.stats = new PrepStats(shared, decodeLimits, groups, remote);
   }
 
   public static boolean handles(String actionType) {
@@ -152,7 +116,7 @@ public final class PrepService implements AutoCloseable {
    * and withdrawn when they close.
    */
   public void announceIn(GroupDirectory d) {
-    directory = d;
+    announcer.announceIn(d);
   }
 
   /** Whether a {@code prep.*} action may wait (for a batch, or a member's turn): it needs admission. */
@@ -161,15 +125,15 @@ public final class PrepService implements AutoCloseable {
   }
 
   public int threads() {
-    return threads;
+    return shared.threads();
   }
 
   public BufferAllocator allocator() {
-    return allocator;
+    return shared.allocator();
   }
 
   public DecodeBudget decodeBudget() {
-    return decodeBudget;
+    return shared.decodeBudget();
   }
 
   public static void listActions(StreamListener<ActionType> listener) {
@@ -205,8 +169,8 @@ public final class PrepService implements AutoCloseable {
         JsonNode b = PrepRequests.body(type, action.getBody());
         if (b.path("next").asBoolean(false)) { // a DataLoader worker process: the next free batch of the epoch
           PrepRequests.At at = PrepRequests.epochOf(type, b);
-          yield group(at.group(), caller).claimNext(at.member(), at.epoch(), PEER_CLAIM_WAIT_NANOS, cancelled)
-              .toString();
+          yield group(at.group(), caller).claimNext(at.member(), at.epoch(), RemotePrep.PEER_CLAIM_WAIT_NANOS,
+              cancelled).toString();
         }
         PrepRequests.At at = PrepRequests.at(type, b);
         yield group(at.group(), caller).claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
@@ -260,10 +224,7 @@ public final class PrepService implements AutoCloseable {
   /** Serves a PREP ticket. */
   public void getStream(Ticket ticket, ServerStreamListener listener, Principal caller) throws InterruptedException {
     PrepTicket t = PrepTicket.from(ticket);
-    PrepGroup g;
-    synchronized (this) {
-      g = byId.get(t.group());
-    }
+    PrepGroup g = groups.get(t.group());
     if (g == null) {
       throw CallStatus.NOT_FOUND.withDescription("prep group " + t.group() + " is unknown (join first)")
           .toRuntimeException();
@@ -273,10 +234,7 @@ public final class PrepService implements AutoCloseable {
   }
 
   private PrepGroup group(String id, Principal caller) {
-    PrepGroup g;
-    synchronized (this) {
-      g = byId.get(id);
-    }
+    PrepGroup g = groups.get(id);
     if (g == null) {
       throw CallStatus.NOT_FOUND.withDescription("prep group '" + id + "' is unknown").toRuntimeException();
     }
@@ -318,207 +276,39 @@ public final class PrepService implements AutoCloseable {
       s = s.withShm(false);
     }
     PrepGroup.Key key = new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
-    long member = memberIds.incrementAndGet();
-    synchronized (this) {
-      PrepGroup g = open.get(key);
-      ObjectNode r = g == null ? null : g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
-      if (r == null) {
-        long running = open.values().stream().filter(o -> !o.isClosed()).count();
-        if (running >= maxGroups) {
-          throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep.join: the sidecar already runs " + running
-              + " prep groups (--prep-groups " + maxGroups + "); a new group needs another dataset, pipeline, seed,"
-              + " batch_size, shuffle or drop_last than those: join one of them, wait for one to end, or raise"
-              + " --prep-groups").toRuntimeException();
-        }
-        String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-        g = new PrepGroup(id, key, d, j.pipeline(), assembler, pool, threads, allocator, slotPool, decodeBudget,
-            reindexed, s, limits);
-        try {
-          r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
-        } catch (RuntimeException e) {
-          g.close(); // a bad start position: no group without members is left behind
-          throw e;
-        }
-        open.put(key, g);
-        byId.put(id, g);
-        trimHistory();
-      }
-      if (!caller.owner()) {
-        r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets
-      } else if (r.path("shm").asBoolean(false) && localSocket != null) {
-        r.put("local", localSocket);
-      }
-      return r;
+    ObjectNode r = groups.join(key, d, j.pipeline(), s, j);
+    if (!caller.owner()) {
+      r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets
+    } else if (r.path("shm").asBoolean(false) && localSocket != null) {
+      r.put("local", localSocket);
     }
+    return r;
   }
 
-  // -- remote prep workers: the owner's side (peer port) -----------------------------------------------------
+  // -- remote prep workers (RemotePrep) ---------------------------------------------------------------------
 
   public static boolean handlesPeer(String actionType) {
-    return actionType.startsWith("peer.prep.");
+    return RemotePrep.handles(actionType);
   }
 
   /** A {@code peer.prep.*} action of another sidecar (authenticated by the cluster token); one JSON result. */
   public byte[] peerAction(Action action) throws Exception {
-    String type = action.getType();
-    JsonNode b = PrepRequests.body(type, action.getBody());
-    String out = switch (type) {
-      case PEER_ENLIST -> peerGroup(b).enlist(memberIds.incrementAndGet(), b.path("name").asText("")).toString();
-      case PEER_CLAIM -> {
-        RemoteWorkers.Turn t = peerGroup(b).workerClaim(worker(type, b), PEER_CLAIM_WAIT_NANOS);
-        ObjectNode o = JsonNodeFactory.instance.objectNode().put("v", 1).put("state", t.state());
-        if (t.state().equals("produce")) {
-          o.put("epoch", t.epoch()).put("batch", t.batch());
-        }
-        yield o.toString();
-      }
-      case PEER_RELEASE -> {
-        PrepRequests.At at = PrepRequests.workerAt(type, b);
-        peerGroup(b).workerRelease(at.member(), at.epoch(), at.batch(), b.path("reason").asText(""));
-        yield "{\"v\":1,\"released\":true}";
-      }
-      case PEER_LEAVE -> {
-        peerGroup(b).workerLeave(worker(type, b));
-        yield "{\"v\":1,\"left\":true}";
-      }
-      default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown peer action '" + type + "'; peer actions: "
-          + List.of(PEER_ENLIST, PEER_CLAIM, PEER_RELEASE, PEER_LEAVE)).toRuntimeException();
-    };
-    return out.getBytes(StandardCharsets.UTF_8);
+    return remote.action(action);
   }
 
   public static boolean handlesPeerPut(FlightDescriptor d) {
-    return d.isCommand() && new String(d.getCommand(), StandardCharsets.UTF_8).startsWith("{\"" + PEER_PUT + "\"");
+    return RemotePrep.handlesPut(d);
   }
 
-  /** DoPut of a batch a remote worker prepared: descriptor {@code {"peer.prep.put":{"group","worker","epoch","batch"}}}. */
+  /** DoPut of a batch a remote worker prepared for one of this sidecar's groups. */
   public void acceptPeerPut(FlightStream stream) {
-    JsonNode c = PrepRequests.body(PEER_PUT, stream.getDescriptor().getCommand()).get(PEER_PUT);
-    if (c == null || !c.isObject()) {
-      throw new IllegalArgumentException(PEER_PUT + ": expected {\"" + PEER_PUT + "\":{\"group\",\"worker\",\"epoch\",\"batch\"}}");
-    }
-    PrepRequests.At at = PrepRequests.workerAt(PEER_PUT, c);
-    PrepGroup g = peerGroup(c);
-    if (!stream.next()) {
-      throw new IllegalArgumentException(PEER_PUT + ": the stream carries no record batch");
-    }
-    g.workerUpload(at.member(), at.epoch(), at.batch(), stream.getRoot());
-    while (stream.next()) {
-      // one batch per upload; drain anything else
-    }
+    remote.acceptPut(stream);
   }
 
-  private static long worker(String type, JsonNode b) {
-    return PrepRequests.workerAt(type, ((ObjectNode) b.deepCopy()).put("epoch", 0).put("batch", 0)).member();
-  }
-
-  private PrepGroup peerGroup(JsonNode b) {
-    PrepGroup g;
-    synchronized (this) {
-      g = byId.get(PrepRequests.group(b));
-    }
-    if (g == null) {
-      throw CallStatus.NOT_FOUND.withDescription("prep group '" + PrepRequests.group(b) + "' is unknown here")
-          .toRuntimeException();
-    }
-    return g;
-  }
-
-  // -- remote prep workers: the worker's side ------------------------------------------------------------------
-
-  /**
-   * Enlists this sidecar as a remote prep worker of group {@code group} owned by the sidecar whose peer port
-   * {@code owner} reaches (with the cluster token in {@code options}); returns once enlisted, then prepares the
-   * batches it claims until {@link PrepWorker#close()} or the group closes. The group's dataset must be registered
-   * here under the same name (same samples).
-   */
-  public PrepWorker enlist(org.apache.arrow.flight.FlightClient owner, String ownerAddress,
-      org.apache.arrow.flight.CallOption[] options, String group, String name) throws Exception {
-    PrepWorker w = new PrepWorker(this, owner, ownerAddress, options, group, name);
-    synchronized (this) {
-      workers.removeIf(PrepWorker::finished);
-      workers.add(w);
-    }
-    w.start();
-    return w;
-  }
-
-  /** The worker's copy of an owner's group, from the owner's {@code peer.prep.enlist} answer. */
-  PrepReplica replica(JsonNode spec) {
-    Dataset d = registry.get(spec.path("dataset").asText());
-    if (d.size() != spec.path("num_samples").asInt()) {
-      throw new IllegalArgumentException("remote prep worker: dataset '" + d.name() + "' has " + d.size()
-          + " samples here and " + spec.path("num_samples").asInt() + " on the group's sidecar");
-    }
-    PrepPipeline p = PrepPipeline.parse(spec.get("pipeline"));
-    if (!p.fingerprint().equals(spec.path("fingerprint").asText())) {
-      throw new IllegalArgumentException("remote prep worker: the pipeline parses to another fingerprint here ("
-          + p.fingerprint() + " vs " + spec.path("fingerprint").asText() + "): different sidecar versions?");
-    }
-    PrepGroup.Key key = new PrepGroup.Key(d.name(), p.fingerprint(), spec.path("seed").asLong(),
-        spec.path("batch_size").asInt(), spec.path("shuffle").asBoolean(), spec.path("drop_last").asBoolean());
-    return new PrepReplica(spec.path("group").asText(), key, d, p, assembler, pool, threads, allocator, decodeBudget,
-        reindexed, limits);
-  }
-
-  private void trimHistory() {
-    if (byId.size() <= HISTORY) {
-      return;
-    }
-    for (var it = byId.entrySet().iterator(); it.hasNext() && byId.size() > HISTORY; ) {
-      if (it.next().getValue().isClosed()) {
-        it.remove();
-      }
-    }
-  }
-
-  private void reap() {
-    slotPool.expire(System.nanoTime());
-    List<PrepGroup> groups;
-    synchronized (this) {
-      groups = new ArrayList<>(open.values());
-    }
-    long now = System.nanoTime();
-    for (PrepGroup g : groups) {
-      g.reap(now);
-      if (g.isClosed()) {
-        synchronized (this) {
-          open.remove(g.key, g);
-        }
-      }
-    }
-    try {
-      announce(groups);
-    } catch (RuntimeException e) { // the cluster going away: retried on the next round, never kills the reaper
-      LOG.warn("announcing prep groups to the cluster failed (retried): {}", e.toString());
-    }
-  }
-
-  /** Brings the directory in line with the open groups (on the reaper's thread: one writer, at most 100 ms late). */
-  private void announce(List<PrepGroup> groups) {
-    GroupDirectory d = directory;
-    if (d == GroupDirectory.NONE) {
-      return;
-    }
-    Set<String> now = new HashSet<>();
-    for (PrepGroup g : groups) {
-      if (g.takesWorkers()) {
-        now.add(g.id);
-        if (announced.add(g.id)) {
-          Dataset ds = g.dataset();
-          d.opened(g.id, JsonNodeFactory.instance.objectNode()
-              .put("group", g.id).put("dataset", ds.name()).put("format", ds.format().name())
-              .put("uri", ds.storage().uri()));
-        }
-      }
-    }
-    for (var it = announced.iterator(); it.hasNext(); ) {
-      String id = it.next();
-      if (!now.contains(id)) {
-        it.remove();
-        d.closed(id);
-      }
-    }
+  /** Enlists this sidecar as a remote prep worker of another sidecar's group ({@link RemotePrep#enlist}). */
+  public PrepWorker enlist(FlightClient owner, String ownerAddress, CallOption[] options, String group, String name)
+      throws Exception {
+    return remote.enlist(owner, ownerAddress, options, group, name);
   }
 
   public String statsJson() {
@@ -526,77 +316,21 @@ public final class PrepService implements AutoCloseable {
   }
 
   /** Prep stats with the groups of the datasets {@code caller} may read. */
-  public synchronized String statsJson(Principal caller) {
-    ObjectNode o = JsonNodeFactory.instance.objectNode();
-    o.put("v", 1);
-    o.put("threads", threads);
-    o.put("max_groups", maxGroups);
-    ObjectNode st = o.putObject("staging");
-    st.put("limit_bytes", allocator.getLimit());
-    st.put("allocated_bytes", allocator.getAllocatedMemory());
-    st.put("peak_bytes", allocator.getPeakMemoryAllocation());
-    slotPool.stats(st);
-    ObjectNode dc = o.putObject("decode");
-    dc.put("max_pixels", decodeLimits.maxPixels());
-    dc.put("max_aspect_ratio", decodeLimits.maxAspectRatio());
-    dc.put("memory_limit_bytes", decodeBudget.limit());
-    dc.put("memory_reserved_bytes", decodeBudget.reservedBytes());
-    dc.put("memory_peak_bytes", decodeBudget.peakBytes());
-    dc.put("largest_request_bytes", decodeBudget.largestRequest());
-    dc.put("waits", decodeBudget.waits());
-    dc.put("decoder", NativeJpeg.AVAILABLE ? NativeJpeg.NAME : NativeJpeg.OPENCV); // for JPEGs the fast path takes
-    if (!NativeJpeg.AVAILABLE) {
-      dc.put("decoder_reason", NativeJpeg.PROBLEM);
-    }
-    dc.put("samples_native", NativeJpeg.NATIVE_SAMPLES.sum()); // this process, every group
-    dc.put("samples_opencv", NativeJpeg.OPENCV_SAMPLES.sum());
-    if (NativeJpeg.AVAILABLE) {
-      dc.put("samples_spliced", NativeJpeg.splicedDecodes()); // of samples_native: only the crop's MCUs decoded
-    }
-    reindexed.stats(dc.putObject("reindexed"));
-    ObjectNode gs = o.putObject("groups");
-    byId.forEach((id, g) -> {
-      if (caller.mayRead(g.key.dataset())) {
-        gs.set(id, g.statsJson());
-      }
-    });
-    if (caller.owner()) {
-      ArrayNode ws = o.putArray("workers"); // groups of other sidecars this one prepares batches for
-      workers.forEach(w -> ws.add(w.statsJson()));
-    }
-    return o.toString();
+  public String statsJson(Principal caller) {
+    return stats.json(caller);
   }
 
   @Override
   public void close() throws Exception {
-    reaper.shutdownNow();
-    reaper.awaitTermination(10, TimeUnit.SECONDS);
-    try {
-      for (String id : announced) {
-        directory.closed(id);
-      }
-    } catch (RuntimeException e) { // this sidecar left the cluster already: the others forget its groups
-      LOG.debug("withdrawing prep groups from the cluster: {}", e.toString());
-    }
-    announced.clear();
-    List<PrepWorker> ws;
-    synchronized (this) {
-      ws = new ArrayList<>(workers);
-    }
-    AutoCloseables.close(ws);
-    List<PrepGroup> groups;
-    synchronized (this) {
-      groups = new ArrayList<>(byId.values());
-      open.clear();
-    }
-    for (PrepGroup g : groups) {
-      g.close();
-    }
-    pool.shutdownNow();
-    pool.awaitTermination(10, TimeUnit.SECONDS);
-    reindexed.close(); // after the decode threads, which read its copies
-    slotPool.close();
+    groups.stopReaper();
+    announcer.withdrawAll();
+    remote.close();
+    groups.closeAll();
+    shared.pool().shutdownNow();
+    shared.pool().awaitTermination(10, TimeUnit.SECONDS);
+    shared.reindexed().close(); // after the decode threads, which read its copies
+    shared.slotPool().close();
     SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
-    decodeBudget.close(); // the data plane closes the prep and decode allocators next: they throw if memory is held
+    shared.decodeBudget().close(); // the data plane closes the prep and decode allocators next: they throw if held
   }
 }

@@ -32,7 +32,7 @@ public final class PrepWorker implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(PrepWorker.class);
   private static final ObjectMapper JSON = new ObjectMapper();
 
-  private final PrepService service;
+  private final RemotePrep remote;
   private final FlightClient owner;
   private final String ownerAddress;
   private final CallOption[] options;
@@ -48,9 +48,9 @@ public final class PrepWorker implements AutoCloseable {
   private PrepReplica replica;
   private Thread thread;
 
-  PrepWorker(PrepService service, FlightClient owner, String ownerAddress, CallOption[] options, String group,
+  PrepWorker(RemotePrep remote, FlightClient owner, String ownerAddress, CallOption[] options, String group,
       String name) {
-    this.service = service;
+    this.remote = remote;
     this.owner = owner;
     this.ownerAddress = ownerAddress;
     this.options = options;
@@ -60,11 +60,11 @@ public final class PrepWorker implements AutoCloseable {
 
   /** Enlists (errors are thrown here), then runs the claim loop on its own thread. */
   void start() throws Exception {
-    JsonNode spec = action(PrepService.PEER_ENLIST, JsonNodeFactory.instance.objectNode().put("group", group)
+    JsonNode spec = action(RemotePrep.PEER_ENLIST, JsonNodeFactory.instance.objectNode().put("group", group)
         .put("name", name));
     workerId = spec.path("worker").asLong();
     try {
-      replica = service.replica(spec);
+      replica = remote.replica(spec);
     } catch (RuntimeException e) {
       leave();
       throw e;
@@ -78,7 +78,7 @@ public final class PrepWorker implements AutoCloseable {
   private void loop() {
     try {
       while (!stopping) {
-        JsonNode turn = action(PrepService.PEER_CLAIM, body());
+        JsonNode turn = action(RemotePrep.PEER_CLAIM, body());
         String s = turn.path("state").asText();
         if (s.equals("closed")) {
           state = "group closed";
@@ -95,7 +95,7 @@ public final class PrepWorker implements AutoCloseable {
         } catch (Exception e) {
           // The owner prepares it itself (and reports a bad image to the members as its own failure would).
           released.incrementAndGet();
-          action(PrepService.PEER_RELEASE, body().put("epoch", epoch).put("batch", batch)
+          action(RemotePrep.PEER_RELEASE, body().put("epoch", epoch).put("batch", batch)
               .put("reason", String.valueOf(e.getMessage())));
           continue;
         }
@@ -126,7 +126,7 @@ public final class PrepWorker implements AutoCloseable {
 
   private void put(long epoch, long batch, VectorSchemaRoot root) {
     ObjectNode cmd = JsonNodeFactory.instance.objectNode();
-    cmd.set(PrepService.PEER_PUT, body().put("epoch", epoch).put("batch", batch));
+    cmd.set(RemotePrep.PEER_PUT, body().put("epoch", epoch).put("batch", batch));
     FlightClient.ClientStreamListener l = owner.startPut(
         FlightDescriptor.command(cmd.toString().getBytes(StandardCharsets.UTF_8)), root, new AsyncPutListener(),
         options);
@@ -137,7 +137,7 @@ public final class PrepWorker implements AutoCloseable {
 
   private void leave() {
     try {
-      action(PrepService.PEER_LEAVE, body());
+      action(RemotePrep.PEER_LEAVE, body());
     } catch (Exception e) {
       LOG.debug("leaving group {} at {}: {}", group, ownerAddress, e.toString()); // its claims expire there
     }

@@ -5,6 +5,7 @@ import java.util.List;
 import java.util.TreeSet;
 import java.util.concurrent.TimeUnit;
 import java.util.function.IntSupplier;
+import java.util.function.LongSupplier;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightRuntimeException;
 import org.apache.arrow.vector.VectorSchemaRoot;
@@ -31,13 +32,20 @@ final class Production {
   private final List<Thread> threads = new ArrayList<>();
   // Guarded by the group lock.
   private final TreeSet<Long> returned = new TreeSet<>(); // given back by remote workers: prepare again
-  private IntSupplier remoteClaims = () -> 0;
+  private final IntSupplier remoteClaims; // positions remote workers are preparing now
+  private final LongSupplier clock;
   private long next; // the next new position to prepare
   private int preparing;
   private int live;
 
+  /**
+   * {@code remoteClaims}: positions remote workers are preparing now (asked with the lock held, only once the threads
+   * run); {@code clock}: {@link System#nanoTime}, or a fake one in tests.
+   */
   Production(BatchOrder order, Membership members, Staging staging, BatchSource source, PrepCounts counts,
-      GroupLock lock) {
+      GroupLock lock, IntSupplier remoteClaims, LongSupplier clock) {
+    this.remoteClaims = remoteClaims;
+    this.clock = clock;
     this.order = order;
     this.members = members;
     this.staging = staging;
@@ -46,9 +54,8 @@ final class Production {
     this.lock = lock;
   }
 
-  /** Starts the source's producer threads; {@code remoteClaims}: positions remote workers are preparing now. */
-  void start(IntSupplier remoteClaims) {
-    this.remoteClaims = remoteClaims;
+  /** Starts the source's producer threads. */
+  void start() {
     synchronized (lock) {
       live = source.producers();
     }
@@ -122,7 +129,7 @@ final class Production {
             if (members.closed()) {
               return;
             }
-            members.maybeStart(System.nanoTime());
+            members.maybeStart(clock.getAsLong());
             if (members.running()) {
               // Every member is past what lies below the slowest cursor (resumed members, skips): never prepared.
               next = Math.max(next, members.minCursor());
@@ -138,7 +145,7 @@ final class Production {
           }
           preparing++;
         }
-        long t0 = System.nanoTime();
+        long t0 = clock.getAsLong();
         VectorSchemaRoot root = null;
         FlightRuntimeException failure = null;
         try {
@@ -156,7 +163,7 @@ final class Production {
                 pos / order.numBatches, failure.getMessage());
             staging.fail(pos, failure);
           } else {
-            counts.prepNanos += System.nanoTime() - t0;
+            counts.prepNanos += clock.getAsLong() - t0;
             counts.preparedBy.merge("local", 1L, Long::sum);
             counts.prepared(pos / order.numBatches, root.getRowCount());
             staging.put(pos, root, members.minCursor(), members.closed());

@@ -63,7 +63,7 @@ final class ReindexedJpegs implements AutoCloseable {
    * memory is reserved like a decode's), or {@code src} itself.
    */
   ByteBuffer forDecode(Digest digest, ByteBuffer src, ImageHeader h, DecodeBudget budget)
-      throws ImagePrep.BadImageException, InterruptedException {
+      throws BadImageException, InterruptedException {
     if (memory == null || digest == null) {
       return src;
     }

@@ -42,7 +42,7 @@ final class RemoteWorkers {
   }
 
   private final BatchOrder order;
-  private final SidecarPrep source; // null: the group takes no workers (raw or member-upload groups)
+  private final BatchSource source; // null: the group takes no workers (raw or member-upload groups)
   private final Membership members;
   private final Staging staging;
   private final Production production;
@@ -58,7 +58,7 @@ final class RemoteWorkers {
   RemoteWorkers(BatchOrder order, BatchSource source, Membership members, Staging staging, Production production,
       PrepCounts counts, PrepGroup.Limits limits, long memberTimeoutNanos, GroupLock lock) {
     this.order = order;
-    this.source = source instanceof SidecarPrep s ? s : null;
+    this.source = source.pipeline() == null ? null : source; // workers run the sidecar's pipeline
     this.members = members;
     this.staging = staging;
     this.production = production;

@@ -80,11 +80,18 @@ final class SidecarPrep implements BatchSource {
   }
 
   /** At most {@code n} (1..pool size) decode tasks of one batch run at once from now on. */
-  void parallelism(int n) {
+  @Override
+  public void parallelism(int n) {
     parallelism = Math.max(1, Math.min(threads, n));
   }
 
-  PrepPipeline pipeline() {
+  @Override
+  public boolean parallel() {
+    return true;
+  }
+
+  @Override
+  public PrepPipeline pipeline() {
     return pipeline;
   }
 
@@ -168,7 +175,7 @@ final class SidecarPrep implements BatchSource {
               try {
                 imagePrep.run(in.nioBuffer(start, len), order.dataset.digest(ids[i]),
                     ImagePrep.rng(seed, epoch, ids[i]), dst.nioBuffer((long) i * sb, sb));
-              } catch (ImagePrep.BadImageException e) {
+              } catch (BadImageException e) {
                 if (!skip) {
                   throw CallStatus.INTERNAL.withDescription(order.sample(ids[i]) + ": " + e.getMessage()
                       + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();

@@ -8,9 +8,9 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
-import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.LockSupport;
+import java.util.function.LongSupplier;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightRuntimeException;
 import org.apache.arrow.memory.ArrowBuf;
@@ -51,7 +51,8 @@ final class Staging {
   private int stagedPeak;
   private int inFlight; // sends holding views of staged batches
   private boolean freed;
-  private final List<AutoCloseable> freedWith = new CopyOnWriteArrayList<>(); // closed by free()
+  private final List<AutoCloseable> freedWith; // closed by free(), after the last send
+  private final LongSupplier clock; // System::nanoTime but in tests
 
   /**
    * Sizes staging for a source: {@code staging_bytes} if given, else what {@code window} batches need (times
@@ -61,23 +62,35 @@ final class Staging {
   static Size size(BatchSource source, PrepGroup.Settings requested, long parentLimit, int batchSize) {
     long perBatch = source.batchBytes();
     long fixed = source.workingBytes();
-    boolean uploads = perBatch == 0;
-    long staging = requested.stagingBytes() > 0
+    if (perBatch == 0) {
+      return forUploads(requested, parentLimit);
+    }
+    long staging = within(parentLimit, requested.stagingBytes() > 0
         ? requested.stagingBytes()
-        : Math.min(parentLimit, uploads ? UPLOAD_STAGING : fixed + perBatch * requested.window() * headroom(requested));
-    if (staging > parentLimit) {
-      throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
-          + " exceeds the sidecar's prep staging budget of " + parentLimit + " bytes").toRuntimeException();
-    }
-    if (uploads) {
-      return new Size(staging, requested.window()); // uploads wait for room in staging_bytes instead
-    }
+        : Math.min(parentLimit, fixed + perBatch * requested.window() * headroom(requested)));
     if (fixed + perBatch > staging) {
       throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
           + " cannot hold one batch (" + (fixed + perBatch) + " bytes for batch_size " + batchSize
           + source.describeOutput() + "); raise staging_bytes or lower batch_size").toRuntimeException();
     }
     return new Size(staging, (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch)));
+  }
+
+  /**
+   * Sizes staging for batches whose size is known only as members upload them: {@code staging_bytes} if given, else
+   * {@link #UPLOAD_STAGING}; the window as asked (uploads wait for room in staging instead).
+   */
+  static Size forUploads(PrepGroup.Settings requested, long parentLimit) {
+    long staging = requested.stagingBytes() > 0 ? requested.stagingBytes() : Math.min(parentLimit, UPLOAD_STAGING);
+    return new Size(within(parentLimit, staging), requested.window());
+  }
+
+  private static long within(long parentLimit, long staging) {
+    if (staging > parentLimit) {
+      throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
+          + " exceeds the sidecar's prep staging budget of " + parentLimit + " bytes").toRuntimeException();
+    }
+    return staging;
   }
 
   /** How many times the window's batches default staging holds: room for the autotuner to grow the window. */
@@ -90,8 +103,20 @@ final class Staging {
   /** The largest window ever. */
   static final int MAX_WINDOW = 1024;
 
-  /** {@code shm}: a shared-memory group's slot files (where, their pool, their size); null for ordinary memory. */
-  Staging(String group, String allocatorName, BufferAllocator parent, Size size, ShmSlots.Files shm, GroupLock lock) {
+  /**
+   * {@code shm}: a shared-memory group's slot files (where, their pool, their size); null for ordinary memory.
+   * {@code freedWith}: memory kept beside the staged batches, closed when staging is freed (after the last send).
+   */
+  Staging(String group, String allocatorName, BufferAllocator parent, Size size, ShmSlots.Files shm, GroupLock lock,
+      AutoCloseable... freedWith) {
+    this(group, allocatorName, parent, size, shm, lock, System::nanoTime, freedWith);
+  }
+
+  /** {@code clock}: {@link System#nanoTime}, or a fake one in tests (how long {@link #free} waits for sends). */
+  Staging(String group, String allocatorName, BufferAllocator parent, Size size, ShmSlots.Files shm, GroupLock lock,
+      LongSupplier clock, AutoCloseable... freedWith) {
+    this.freedWith = List.of(freedWith);
+    this.clock = clock;
     this.group = group;
     this.lock = lock;
     this.limit = size.limit();
@@ -330,19 +355,14 @@ final class Staging {
   }
 
   /** Waits for sends still holding staged buffers, then frees everything and closes the allocator (once). */
-  /** Closes {@code c} when staging is freed (after the last send): memory kept beside the staged batches. */
-  void freeWith(AutoCloseable c) {
-    freedWith.add(c);
-  }
-
   void free() {
     synchronized (lock) {
       if (freed) {
         return;
       }
       freed = true;
-      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
-      while (inFlight > 0 && System.nanoTime() < deadline) {
+      long deadline = clock.getAsLong() + TimeUnit.SECONDS.toNanos(30);
+      while (inFlight > 0 && clock.getAsLong() < deadline) {
         try {
           lock.await(10);
         } catch (InterruptedException e) {
@@ -365,8 +385,8 @@ final class Staging {
       }
     }
     // sends write from the staged buffers themselves (zero copy): gRPC lets go of the last ones once written
-    long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-    while (alloc.getAllocatedMemory() > 0 && System.nanoTime() < until) {
+    long until = clock.getAsLong() + TimeUnit.SECONDS.toNanos(5);
+    while (alloc.getAllocatedMemory() > 0 && clock.getAsLong() < until) {
       LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(5));
     }
     try {

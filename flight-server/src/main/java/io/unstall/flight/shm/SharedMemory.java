@@ -5,7 +5,7 @@ import java.lang.reflect.Field;
 import java.lang.reflect.Method;
 import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
-import io.unstall.flight.auth.FileOwners;
+import io.unstall.flight.fs.FileOwners;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;

@@ -9,7 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.DataPlane;
-import io.unstall.flight.auth.FileOwners;
+import io.unstall.flight.fs.FileOwners;
 import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.protocol.LocalFrames;
 import java.nio.ByteBuffer;

@@ -14,7 +14,6 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
-import io.unstall.flight.prep.ImagePrep.BadImageException;
 import io.unstall.flight.prep.ImagePrep.Decoder;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;

@@ -4,7 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.unstall.flight.auth.FileOwners;
+import io.unstall.flight.fs.FileOwners;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;

@@ -1,4 +1,4 @@
-package io.unstall.flight.auth;
+package io.unstall.flight.fs;
 
 import com.sun.security.auth.module.UnixSystem;
 import java.io.IOException;
