@@ -82,7 +82,7 @@ class DataFileNotFoundError(SidecarError, FileNotFoundError):
     """A sample's file disappeared from storage after registration."""
 
 
-# The line the sidecar appends to a data error's message: this marker, then the fields as a JSON object.
+# The line a data error's message starts with: this marker, then the fields as a JSON object.
 _DATA_ERROR_MARKER = "unstall.data-error: "
 _DATA_ERROR_LINE = re.compile(r"^" + re.escape(_DATA_ERROR_MARKER) + r"(?=\{)", re.M)
 
@@ -92,12 +92,13 @@ def _data_error_fields(text: str) -> Optional[tuple[str, dict[str, Any]]]:
     found = list(_DATA_ERROR_LINE.finditer(text))
     if not found:
         return None
-    m = found[-1]  # in a traceback re-raised by torch, the last one is the exception's own
+    m = found[-1]  # in a traceback re-raised by torch (the line is a note there), the last is the exception's own
     try:
         fields, end = json.JSONDecoder().raw_decode(text, m.end())
-    except ValueError:
-        fields, end = {}, len(text)
-    rest = (text[:m.start()].rstrip("\n") + "\n" + text[end:].lstrip("\n")).strip("\n")
+    except ValueError:  # not JSON: still bad data, its fields unknown
+        line_end = text.find("\n", m.end())
+        fields, end = {}, len(text) if line_end < 0 else line_end
+    rest = (text[:m.start()] + text[end:].removeprefix("\n")).strip("\n")
     return rest, fields if isinstance(fields, dict) else {}
 
 

@@ -8,7 +8,7 @@ import org.apache.arrow.flight.FlightRuntimeException;
 /**
  * Bad data, not a bug: a sample or a stored file that fails its format's or the decoder's checks (a corrupt
  * record, a truncated file, a decompression bomb). Clients get it as {@code INVALID_ARGUMENT} whose description
- * is the message, then one line: {@link #MARKER} and these fields as a JSON object (protocol/README.md,
+ * starts with a line of {@link #MARKER} and these fields as a JSON object, then the message (protocol/README.md,
  * "Errors"), so the kind and the sample never have to be read from the message. Unknown fields ({@code null},
  * or -1 for {@code sample} and {@code offset}) are left out of the JSON.
  *
@@ -21,7 +21,7 @@ import org.apache.arrow.flight.FlightRuntimeException;
  * @param reason what is wrong, in words
  */
 public record DataError(String dataset, long sample, String key, String file, long offset, String reason) {
-  /** Starts the line of a description that carries the fields; the JSON object follows it on that line. */
+  /** Starts a data error's description: the JSON object of the fields follows on that line. */
   public static final String MARKER = "unstall.data-error: ";
 
   /** The same error, named with the dataset and the sample it was read for. */
@@ -58,9 +58,9 @@ public record DataError(String dataset, long sample, String key, String file, lo
     return o;
   }
 
-  /** {@code message}, a newline, and the marker line. */
+  /** The marker line, then {@code message}. */
   public String describe(String message) {
-    return message + "\n" + MARKER + fields();
+    return MARKER + fields() + "\n" + message;
   }
 
   /** The status a client sees: {@code INVALID_ARGUMENT} with {@link #describe} as its description. */
