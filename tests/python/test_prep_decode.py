@@ -106,6 +106,12 @@ def _bad_ids(keys: dict[int, str]) -> dict[int, str]:
     return {i: Path(k).name for i, k in keys.items() if Path(k).name in REASONS}
 
 
+def _assert_names_the_sample(e: unstall.DataError, env: PrepEnv, sample: int, key: str) -> None:
+    assert isinstance(e, ValueError) and not isinstance(e, unstall.SidecarInternalError)
+    assert (e.dataset, e.sample, e.key, e.file, e.offset) == ("mixed", sample, key, str(env.root / key), 0)
+    assert e.reason is not None and REASONS[Path(key).name] in e.reason, e.reason
+
+
 def _peak_rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -119,20 +125,23 @@ def test_each_bad_image_fails_its_batch_naming_it_and_the_sidecar_keeps_serving(
     bad = _bad_ids(keys)
     assert len(bad) == len(REASONS) and len(keys) == 10 + len(REASONS)
     errors: dict[int, str] = {}
+    raised: dict[int, unstall.DataError] = {}
     with env.client() as client:
         m = prep.join("mixed", PIPELINE, batch_size=1, shuffle=False, epochs=1, client=client, transport="flight")
         for b in range(m.num_batches):  # without shuffle, batch b is sample b
             try:
                 images, _, ids = prep.batch_to_numpy(m.batch(0, b))
                 assert ids.tolist() == [b] and images.shape == (1, 3, SIZE, SIZE)
-            except unstall.SidecarInternalError as e:
+            except unstall.DataError as e:  # bad data, not an internal error
                 errors[b] = str(e)
+                raised[b] = e
         m.leave()
         assert set(errors) == set(bad), errors
         for i, name in bad.items():
             assert f"dataset 'mixed' sample {i} ('{keys[i]}'): " in errors[i], errors[i]
             assert REASONS[name] in errors[i], errors[i]
             assert errors[i].endswith('prep with on_error="skip" leaves such samples out'), errors[i]
+            _assert_names_the_sample(raised[i], env, i, keys[i])
 
         # A pipeline may raise the pixel cap up to OpenCV's own limit: the decode memory still refuses the
         # issue's 30000x30000 JPEG before OpenCV sees it (two resamplings: a pipeline the native path cannot take).
@@ -140,7 +149,7 @@ def test_each_bad_image_fails_its_batch_naming_it_and_the_sidecar_keeps_serving(
                              prep.resize((SIZE, SIZE))), dtype="uint8")
         m = prep.join("mixed", big, batch_size=1, shuffle=False, epochs=1, client=client, transport="flight")
         b30k = next(i for i, name in bad.items() if name == "bomb30000.jpg")
-        with pytest.raises(unstall.SidecarInternalError, match=r"decoding the JPEG 30000x30000 image takes about "
+        with pytest.raises(unstall.DataError, match=r"decoding the JPEG 30000x30000 image takes about "
                            r"\d+ bytes of native memory, more than the sidecar's decode memory of \d+ bytes "
                            r"\(--decode-memory\)"):
             m.batch(0, b30k)
@@ -149,7 +158,7 @@ def test_each_bad_image_fails_its_batch_naming_it_and_the_sidecar_keeps_serving(
         # fits the budget and libjpeg names what is wrong with the bytes.
         native = prep.Pipeline((prep.decode(max_pixels=1 << 30), prep.random_resized_crop(SIZE)), dtype="uint8")
         m = prep.join("mixed", native, batch_size=1, shuffle=False, epochs=1, client=client, transport="flight")
-        with pytest.raises(unstall.SidecarInternalError, match=r"bomb30000.jpg'\): (libjpeg: |decoding the JPEG)"):
+        with pytest.raises(unstall.DataError, match=r"bomb30000.jpg'\): (libjpeg: |decoding the JPEG)"):
             m.batch(0, b30k)
         m.leave()
 
@@ -178,6 +187,24 @@ def _tensors(loader_batches: Iterator[tuple[int, np.ndarray, np.ndarray]]) -> di
         for x, i in zip(images, ids):
             out[(epoch, int(i))] = np.array(x)
     return out
+
+
+def test_a_bad_image_is_a_data_error_over_shared_memory_and_from_a_prep_loader(env: PrepEnv) -> None:
+    keys = _keys(env)
+    bad = _bad_ids(keys)
+    with env.client() as client:  # prep.next over the local socket, the batch in a shared-memory slot
+        m = prep.join("mixed", PIPELINE, batch_size=1, seed=3, shuffle=False, epochs=1, client=client, transport="shm")
+        assert m.shm
+        for b in sorted(bad):
+            with pytest.raises(unstall.DataError) as err:
+                m.arrays(0, b)
+            _assert_names_the_sample(err.value, env, b, keys[b])
+        m.leave()
+    with prep.PrepLoader("mixed", PIPELINE, batch_size=1, seed=4, shuffle=False, epochs=1, on_error="raise",
+                         sidecar=env.sidecar) as loader:
+        with pytest.raises(unstall.DataError) as err:
+            list(loader)
+    _assert_names_the_sample(err.value, env, min(bad), keys[min(bad)])
 
 
 def test_on_error_skip_leaves_bad_images_out_says_which_and_training_goes_on(env: PrepEnv) -> None:
@@ -222,7 +249,7 @@ def test_on_error_skip_leaves_bad_images_out_says_which_and_training_goes_on(env
             for b in range(m.num_batches):
                 try:
                     images, _, ids = prep.batch_to_numpy(m.batch(epoch, b))
-                except unstall.SidecarInternalError:
+                except unstall.DataError:
                     continue  # a bad sample, on_error="raise"
                 expected.append((epoch, images, ids))
     got, want = _tensors(iter(seen)), _tensors(iter(expected))
@@ -243,7 +270,7 @@ def test_webp_is_decoded_only_when_the_pipeline_names_it(env: PrepEnv, tmp_path:
     env.sidecar.register_dataset("webp", root)
     with env.client() as client:
         m = prep.join("webp", PIPELINE, batch_size=1, shuffle=False, epochs=1, client=client, transport="flight")
-        with pytest.raises(unstall.SidecarInternalError, match=r"sample 0 \('c0/a.webp'\): a WebP file \(first bytes "
+        with pytest.raises(unstall.DataError, match=r"sample 0 \('c0/a.webp'\): a WebP file \(first bytes "
                            r"52 49 46 46 .*not one of the formats the pipeline decodes: jpeg, png"):
             m.batch(0, 0)
         m.leave()

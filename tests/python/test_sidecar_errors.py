@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import tarfile
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
 import unstall
+from unstall import prep
 from unstall.client import FlightClient
 from unstall.protocol import encode_fetch_ticket
 from unstall.torch import DataLoader, Dataset
-from datagen import make_image_folder, make_tfrecord_shards
+from datagen import Record, make_image_folder, make_tfrecord_shards
+from format_cases import webdataset_case
 from waits import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[2] / "protocol" / "fixtures"
@@ -99,11 +104,75 @@ def test_corrupt_tfrecord_record_names_file_and_offset(sidecar: unstall.Sidecar,
     blob[bad.offset + 12 + 10] ^= 0xFF  # a data byte: the data CRC no longer matches
     path.write_bytes(bytes(blob))
     ds = Dataset("corrupt", root=tmp_path, format="tfrecord", sidecar=sidecar)
-    with pytest.raises(unstall.SidecarInternalError, match=bad.shard) as err:
+    with pytest.raises(unstall.DataError, match=bad.shard) as err:  # bad data, not an internal error
         ds.fetch([4, 5])
     msg = str(err.value)
     assert str(bad.offset) in msg or str(bad.offset + 12) in msg, msg
     assert ds.fetch([4, 6]).column("key").to_pylist() == [records[4].key, records[6].key]
+
+
+def _corrupt(root: Path, record: Record) -> Path:
+    """Flips a data byte of ``record``: its data CRC no longer matches."""
+    path = root / record.shard
+    blob = bytearray(path.read_bytes())
+    blob[record.offset + 12 + 3] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    return path
+
+
+def _assert_names_the_record(e: unstall.DataError, dataset: str, sample: int, record: Record, path: Path) -> None:
+    assert isinstance(e, ValueError) and not isinstance(e, unstall.SidecarInternalError)
+    assert (e.dataset, e.sample, e.key, e.file, e.offset) == (dataset, sample, record.key, str(path), record.offset)
+    assert e.reason is not None and e.reason.endswith("data CRC32C mismatch"), e.reason
+    assert "unstall.data-error" not in str(e), "the marker line is read, not shown in the message"
+
+
+@pytest.mark.parametrize("transport", ["flight", "shm"])
+def test_a_corrupt_record_is_a_data_error_naming_the_sample_on_both_transports_and_from_workers(
+        sidecar: unstall.Sidecar, tmp_path: Path, transport: str) -> None:
+    records = make_tfrecord_shards(tmp_path, shards=1, per_shard=6, size=32, seed=12)
+    path = _corrupt(tmp_path, records[2])
+    name = f"corrupt-{transport}"
+    ds = Dataset(name, root=tmp_path, format="tfrecord", sidecar=sidecar, transport=transport)
+    with pytest.raises(unstall.DataError) as err:
+        ds.fetch([0, 2])
+    _assert_names_the_record(err.value, name, 2, records[2], path)
+    assert str(err.value).startswith(f"dataset '{name}' sample 2 ('{records[2].key}'): corrupt TFRecord record in "
+                                     f"'{path}' at byte offset {records[2].offset}: "), str(err.value)
+    # torch re-raises a worker's error from its class and text alone: the fields come back too.
+    loader = DataLoader(ds, batch_size=3, num_workers=1, collate_fn=keep)
+    with pytest.raises(unstall.DataError, match=r"^Caught DataError in DataLoader worker process 0") as err:
+        list(loader)
+    _assert_names_the_record(err.value, name, 2, records[2], path)
+    assert ds.fetch([3, 4, 5]).num_rows == 3  # still serving
+
+
+def test_a_corrupt_record_met_by_a_prep_worker_process_is_a_data_error_in_the_main_process(
+        sidecar: unstall.Sidecar, tmp_path: Path) -> None:
+    records = make_tfrecord_shards(tmp_path, shards=1, per_shard=8, size=16, seed=13)
+    path = _corrupt(tmp_path, records[5])
+    sidecar.register_dataset("corrupt-prep-workers", tmp_path, format="tfrecord")
+    with prep.SharedTransformLoader("corrupt-prep-workers", np.copy, fingerprint="bytes", batch_size=4,
+                                    loader=functools.partial(np.frombuffer, dtype=np.uint8), num_workers=1,
+                                    shuffle=False, epochs=1, sidecar=sidecar) as loader:
+        with pytest.raises(unstall.DataError, match=r"^Caught DataError in DataLoader worker process 0") as err:
+            list(loader)
+    _assert_names_the_record(err.value, "corrupt-prep-workers", 5, records[5], path)
+
+
+def test_a_truncated_tar_is_a_data_error_naming_the_dataset_file_and_offset(
+        sidecar: unstall.Sidecar, tmp_path: Path) -> None:
+    webdataset_case(tmp_path, payload=True)
+    shard = tmp_path / "shard-00001.tar"
+    data = shard.read_bytes()
+    with tarfile.open(shard) as t:
+        jpg = t.getmembers()[1]
+    shard.write_bytes(data[:jpg.offset_data + jpg.size // 2])  # cut inside a member's data
+    with pytest.raises(unstall.DataError, match="runs past the end of the file") as err:  # at registration (Py4J)
+        Dataset("cut-tar", root=tmp_path, format="webdataset", options={"payload": "jpg;png"}, sidecar=sidecar)
+    e = err.value
+    assert (e.dataset, e.sample, e.key, e.file, e.offset) == ("cut-tar", None, None, str(shard), jpg.offset_data - 512)
+    assert e.reason is not None and e.reason.startswith(f"corrupt tar file '{shard}' at byte offset "), e.reason
 
 
 def test_missing_or_wrong_token_is_unauthenticated(sidecar: unstall.Sidecar, small_root: Path) -> None:

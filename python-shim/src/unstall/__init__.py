@@ -13,6 +13,7 @@ from .client import FlightClient
 from .local import LocalClient
 from .errors import (
     AuthenticationError,
+    DataError,
     DataFileNotFoundError,
     DatasetNotFoundError,
     InvalidRequestError,
@@ -53,6 +54,7 @@ __all__ = [
     "DatasetNotFoundError",
     "SessionNotFoundError",
     "DataFileNotFoundError",
+    "DataError",
     "SidecarInternalError",
     "ResourceExhaustedError",
     "ProtocolMismatchError",

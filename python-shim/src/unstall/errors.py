@@ -7,8 +7,9 @@ re-raise them in the main process ("Caught DatasetNotFoundError in DataLoader wo
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = [
     "SidecarError",
@@ -21,6 +22,7 @@ __all__ = [
     "SessionNotFoundError",
     "PrepGroupNotFoundError",
     "DataFileNotFoundError",
+    "DataError",
     "SidecarInternalError",
     "ResourceExhaustedError",
     "ProtocolMismatchError",
@@ -80,8 +82,58 @@ class DataFileNotFoundError(SidecarError, FileNotFoundError):
     """A sample's file disappeared from storage after registration."""
 
 
+# The line a data error's message starts with: this marker, then the fields as a JSON object.
+_DATA_ERROR_MARKER = "unstall.data-error: "
+_DATA_ERROR_LINE = re.compile(r"^" + re.escape(_DATA_ERROR_MARKER) + r"(?=\{)", re.M)
+
+
+def _data_error_fields(text: str) -> Optional[tuple[str, dict[str, Any]]]:
+    """``text`` without its data-error marker line, and the line's fields; None when ``text`` has no such line."""
+    found = list(_DATA_ERROR_LINE.finditer(text))
+    if not found:
+        return None
+    m = found[-1]  # in a traceback re-raised by torch (the line is a note there), the last is the exception's own
+    try:
+        fields, end = json.JSONDecoder().raw_decode(text, m.end())
+    except ValueError:  # not JSON: still bad data, its fields unknown
+        line_end = text.find("\n", m.end())
+        fields, end = {}, len(text) if line_end < 0 else line_end
+    rest = (text[:m.start()] + text[end:].removeprefix("\n")).strip("\n")
+    return rest, fields if isinstance(fields, dict) else {}
+
+
+class DataError(SidecarError, ValueError):
+    """Bad data, not a bug: a sample or a stored file that fails its format's or the decoder's checks (a corrupt
+    or truncated record or file, a decompression bomb, an image the decoder refuses). The sidecar says so with
+    a marker line (protocol/README.md, "Errors") that carries ``dataset``, ``sample`` (the id), ``key``,
+    ``file``, ``offset`` (bytes into ``file``) and ``reason``; each is None where unknown.
+
+    Built from a message alone (torch's DataLoader re-raising it in the main process), it reads the fields from
+    that marker line, which it keeps as a note so that tracebacks, and torch's re-raise, carry it along."""
+
+    def __init__(self, msg: str = "", code: Optional[str] = None) -> None:
+        parsed = _data_error_fields(msg)
+        fields: dict[str, Any] = {}
+        if parsed is not None:
+            msg, fields = parsed
+        super().__init__(msg, code)
+        self.dataset: Optional[str] = _field(fields, "dataset", str)
+        self.sample: Optional[int] = _field(fields, "sample", int)
+        self.key: Optional[str] = _field(fields, "key", str)
+        self.file: Optional[str] = _field(fields, "file", str)
+        self.offset: Optional[int] = _field(fields, "offset", int)
+        self.reason: Optional[str] = _field(fields, "reason", str)
+        if fields:
+            self.add_note(_DATA_ERROR_MARKER + json.dumps(fields, ensure_ascii=False))
+
+
+def _field(fields: dict[str, Any], name: str, kind: type) -> Any:
+    value = fields.get(name)
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
 class SidecarInternalError(SidecarError):
-    """INTERNAL: e.g. a corrupt TFRecord record (the message names file and byte offset)."""
+    """INTERNAL: a fault of the sidecar itself, a bug (bad data is a :class:`DataError`)."""
 
 
 class ResourceExhaustedError(SidecarError):
@@ -121,7 +173,10 @@ _BY_STATUS: dict[str, type[SidecarError]] = {
 
 def from_status(status: str, msg: str, *, dataset: Optional[str] = None) -> SidecarError:
     """The exception for a status name (``NOT_FOUND``, ``INTERNAL``, ...) and the sidecar's message.
-    ``NOT_FOUND`` for a request about ``dataset`` that names a file or sample is a missing data file."""
+    ``INVALID_ARGUMENT`` with the data-error marker line is bad data. ``NOT_FOUND`` for a request about
+    ``dataset`` that names a file or sample is a missing data file."""
+    if status == "INVALID_ARGUMENT" and _DATA_ERROR_LINE.search(msg):
+        return DataError(msg, status)
     if status == "NOT_FOUND":
         if msg.startswith("unknown session"):
             return SessionNotFoundError(msg, status)
@@ -178,6 +233,8 @@ def from_java_error(err: BaseException) -> SidecarError:
         cls, msg = m.group(1), (m.group(2) or "").strip() or m.group(1)
     if not msg:
         msg = getattr(err, "errmsg", None) or text or type(err).__name__
+    if _DATA_ERROR_LINE.search(msg):
+        return DataError(msg, cls or None)
     simple = cls.rsplit(".", 1)[-1]
     if "PermissionDenied" in simple:
         return PermissionDeniedError(msg, cls)

@@ -127,7 +127,9 @@ public final class UnstallProducer extends NoOpFlightProducer {
       }
     } catch (Throwable e) {
       FlightRuntimeException status = toStatus(e);
-      if (status.status().code() == org.apache.arrow.flight.FlightStatusCode.INTERNAL) {
+      if (e instanceof CorruptRecordException) {
+        LOG.warn("fetch failed on bad data: {}", e.getMessage());
+      } else if (status.status().code() == org.apache.arrow.flight.FlightStatusCode.INTERNAL) {
         if (e instanceof IOException) {
           LOG.warn("fetch failed: {}", status.getMessage());
         } else {
@@ -349,8 +351,8 @@ public final class UnstallProducer extends NoOpFlightProducer {
       status = CallStatus.TIMED_OUT;
     } else if (e instanceof PermissionDeniedException) {
       status = CallStatus.UNAUTHORIZED;
-    } else if (e instanceof CorruptRecordException) {
-      status = CallStatus.INTERNAL;
+    } else if (e instanceof CorruptRecordException c) {
+      return c.dataError().toStatus(c.getMessage(), e);
     } else if (e instanceof InterruptedException) {
       Thread.currentThread().interrupt();
       status = CallStatus.CANCELLED;

@@ -8,6 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.format.TfRecords;
+import io.unstall.flight.protocol.DataError;
 import io.unstall.flight.protocol.FetchTicket;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -175,8 +176,10 @@ class DataPlaneTest {
     plane.registry().register("tf", "tfrecord", shard.getParent().toUri().toString());
     assertArrayEquals("aaaa".getBytes(), fetch("tf", 0, 0).get(0));
     FlightRuntimeException e = fetchFails(new FetchTicket("tf", 0, new long[] {1}).toTicket());
-    assertEquals(FlightStatusCode.INTERNAL, e.status().code());
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code()); // bad data, not an internal error
     assertTrue(e.getMessage().contains("'" + shard + "' at byte offset " + offsets[1]), e.getMessage());
+    assertTrue(e.getMessage().startsWith(DataError.MARKER + "{\"dataset\":\"tf\",\"sample\":1,\"key\":\"s-0.tfrecord@"
+        + offsets[1] + "\",\"file\":\"" + shard + "\",\"offset\":" + offsets[1] + ",\"reason\":"), e.getMessage());
   }
 
   @Test

@@ -8,6 +8,7 @@ import io.unstall.flight.DataPlane;
 import io.unstall.flight.auth.TenantTokens;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.Manifests;
+import io.unstall.flight.format.CorruptRecordException;
 import io.unstall.flight.format.FormatOptions;
 import java.io.IOException;
 import java.nio.file.Path;
@@ -56,8 +57,12 @@ public final class ControlPlane {
       manifest = paths.checkManifest("dataset '" + name + "': manifest", m.asText(), true);
     }
     paths.checkDatasetRoot(name, uri);
-    return JSON.writeValueAsString(
-        dataPlane.registry().register(name, format, uri, manifest, FormatOptions.of(format, options)).describe());
+    try {
+      return JSON.writeValueAsString(
+          dataPlane.registry().register(name, format, uri, manifest, FormatOptions.of(format, options)).describe());
+    } catch (CorruptRecordException e) { // Py4J passes on the message only: it carries the marker line
+      throw new IOException(e.dataError().describe(e.getMessage()), e);
+    }
   }
 
   /**

@@ -3,8 +3,10 @@ package io.unstall.flight.dataset;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.cache.Digest;
+import io.unstall.flight.format.CorruptRecordException;
 import io.unstall.flight.format.Format;
 import io.unstall.flight.format.SampleIndex;
+import io.unstall.flight.protocol.DataError;
 import io.unstall.flight.storage.Storage;
 import java.io.IOException;
 import java.nio.ByteBuffer;
@@ -207,7 +209,11 @@ public final class Dataset {
 
   /** Reads sample {@code id} from storage into {@code dst}. */
   public void read(int id, ByteBuffer dst) throws IOException {
-    format.read(storage, index, id, dst);
+    try {
+      format.read(storage, index, id, dst);
+    } catch (CorruptRecordException e) {
+      throw e.inSample(name, id, key(id));
+    }
   }
 
   /** The file (storage path) sample {@code id} lives in, and where its data starts. */
@@ -231,12 +237,21 @@ public final class Dataset {
 
   /** Takes sample {@code id} out of a run read from {@code runStart} of its file, verifying it. */
   public void extract(int id, ByteBuffer run, long runStart, ByteBuffer dst) throws IOException {
-    format.extract(storage, index, id, run, runStart, dst);
+    try {
+      format.extract(storage, index, id, run, runStart, dst);
+    } catch (CorruptRecordException e) {
+      throw e.inSample(name, id, key(id));
+    }
   }
 
   /** The storage path of a sample's file, for error messages. */
   public String fileOf(int id) {
     return storage.describe(index.file(id));
+  }
+
+  /** Sample {@code id} refused for {@code reason} (a bad image): bad data, named with where the sample lies. */
+  public DataError badSample(int id, String reason) {
+    return new DataError(name, id, key(id), fileOf(id), offset(id), reason);
   }
 
   /** The description sent as FlightInfo app_metadata and returned by the control plane. */

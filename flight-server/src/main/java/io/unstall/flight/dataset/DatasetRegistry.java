@@ -2,6 +2,7 @@ package io.unstall.flight.dataset;
 
 import io.unstall.flight.cache.Digest;
 import io.unstall.flight.cache.DiskTier;
+import io.unstall.flight.format.CorruptRecordException;
 import io.unstall.flight.format.Format;
 import io.unstall.flight.format.FormatOptions;
 import io.unstall.flight.format.Formats;
@@ -219,6 +220,8 @@ public final class DatasetRegistry implements AutoCloseable {
       });
     } catch (IllegalArgumentException e) { // a missing column, array or member
       throw new IllegalArgumentException("dataset '" + name + "': " + e.getMessage(), e);
+    } catch (CorruptRecordException e) {
+      throw e.inDataset(name);
     }
   }
 

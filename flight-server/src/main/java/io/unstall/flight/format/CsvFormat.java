@@ -303,7 +303,7 @@ public final class CsvFormat implements ContentIndexed {
   }
 
   private static CorruptRecordException corrupt(Storage storage, String f, long offset, long line, String what) {
-    return new CorruptRecordException("corrupt CSV file '" + storage.describe(f) + "' at byte offset " + offset
-        + " (line " + line + "): " + what);
+    return new CorruptRecordException(storage.describe(f), offset, "corrupt CSV file '" + storage.describe(f)
+        + "' at byte offset " + offset + " (line " + line + "): " + what);
   }
 }

@@ -124,7 +124,8 @@ final class Hdf5Format implements Format {
       } catch (IOException | IllegalArgumentException e) {
         throw e;
       } catch (RuntimeException e) { // jHDF's HdfException and friends: the file's structure is bad
-        CorruptRecordException c = new CorruptRecordException("dataset '" + dataset + "': corrupt or truncated HDF5"
+        CorruptRecordException c = new CorruptRecordException(storage.describe(file), -1,
+            "dataset '" + dataset + "': corrupt or truncated HDF5"
             + " file '" + storage.describe(file) + "' (" + size + " bytes): " + e);
         c.initCause(e);
         throw c;
@@ -193,7 +194,8 @@ final class Hdf5Format implements Format {
       long address = c.getDataAddress();
       long end = address + ds[0] * row;
       if (ds[0] > 0 && (address < 0 || end > size)) {
-        throw new CorruptRecordException("dataset '" + dataset + "': truncated HDF5 file: the data of " + where
+        throw new CorruptRecordException(storage.describe(file), address,
+            "dataset '" + dataset + "': truncated HDF5 file: the data of " + where
             + " lies at byte offset " + address + ".." + end + ", past the end of the file");
       }
       return new Layout(ds[0], address, null, null, List.of());
@@ -218,7 +220,8 @@ final class Hdf5Format implements Format {
       Map<ChunkOffset, Chunk> chunks = chunkLookup(c);
       for (Chunk ch : chunks.values()) {
         if (ch.getAddress() < 0 || ch.getSize() < 0 || ch.getSize() > MAX_CHUNK || ch.getAddress() + ch.getSize() > size) {
-          throw new CorruptRecordException("dataset '" + dataset + "': truncated HDF5 file: chunk "
+          throw new CorruptRecordException(storage.describe(file), ch.getAddress(),
+              "dataset '" + dataset + "': truncated HDF5 file: chunk "
               + Arrays.toString(ch.getChunkOffset()) + " of " + where + " lies at byte offset " + ch.getAddress()
               + ".." + (ch.getAddress() + ch.getSize()) + ", past the end of the file");
         }
@@ -392,7 +395,8 @@ final class Hdf5Format implements Format {
         throw new DataFormatException("it unfilters to " + data.length + " bytes, a chunk is " + bytes);
       }
     } catch (DataFormatException e) {
-      throw new CorruptRecordException("dataset '" + dataset + "': corrupt HDF5 chunk "
+      throw new CorruptRecordException(storage.describe(file), chunk.getAddress(),
+          "dataset '" + dataset + "': corrupt HDF5 chunk "
           + Arrays.toString(chunk.getChunkOffset()) + " of '" + path + "' in '" + storage.describe(file)
           + "' at byte offset " + chunk.getAddress() + " (" + chunk.getSize() + " bytes): " + e.getMessage());
     }

@@ -72,8 +72,9 @@ public final class NpyFormat implements ContentIndexed {
       long expected = h.dataOffset() + h.dataBytes();
       if (at.length != expected) {
         long whole = Math.min(h.rows(), Math.max(0, (at.length - h.dataOffset()) / Math.max(1, h.rowBytes())));
-        throw new CorruptRecordException("corrupt " + name() + " file '" + storage.describe(f) + "' at byte offset "
-            + (at.offset + h.dataOffset() + whole * h.rowBytes()) + ": the array has " + at.length + " bytes but its"
+        long cut = at.offset + h.dataOffset() + whole * h.rowBytes();
+        throw new CorruptRecordException(storage.describe(f), cut, "corrupt " + name() + " file '"
+            + storage.describe(f) + "' at byte offset " + cut + ": the array has " + at.length + " bytes but its"
             + " header says " + h.rows() + " rows of " + h.rowBytes() + " bytes after a " + h.dataOffset()
             + "-byte header (" + expected + " bytes)" + (at.length < expected ? ": truncated" : ""));
       }
@@ -167,8 +168,8 @@ public final class NpyFormat implements ContentIndexed {
     try {
       return ZipFile.builder().setSeekableByteChannel(ch).get();
     } catch (IOException | RuntimeException e) { // commons-compress's view of a bad archive
-      throw new CorruptRecordException("corrupt npz file '" + storage.describe(f) + "' at byte offset "
-          + ch.position() + ": not a readable zip archive (" + e + ")");
+      throw new CorruptRecordException(storage.describe(f), ch.position(), "corrupt npz file '"
+          + storage.describe(f) + "' at byte offset " + ch.position() + ": not a readable zip archive (" + e + ")");
     }
   }
 
@@ -197,8 +198,8 @@ public final class NpyFormat implements ContentIndexed {
       h.dataBytes(); // a shape past what a row or a file can hold is this file's error, named with it
       return h;
     } catch (IllegalArgumentException e) {
-      throw new CorruptRecordException("corrupt " + name() + " file '" + storage.describe(f) + "' at byte offset "
-          + offset + ": " + e.getMessage());
+      throw new CorruptRecordException(storage.describe(f), offset, "corrupt " + name() + " file '"
+          + storage.describe(f) + "' at byte offset " + offset + ": " + e.getMessage());
     }
   }
 
@@ -213,8 +214,8 @@ public final class NpyFormat implements ContentIndexed {
     try {
       out.addAll(labels(storage, f, all));
     } catch (IllegalArgumentException e) {
-      throw new CorruptRecordException("corrupt " + name() + " file '" + storage.describe(f) + "' at byte offset "
-          + offset + ": " + e.getMessage());
+      throw new CorruptRecordException(storage.describe(f), offset, "corrupt " + name() + " file '"
+          + storage.describe(f) + "' at byte offset " + offset + ": " + e.getMessage());
     }
   }
 

@@ -180,7 +180,7 @@ final class ParquetFormat implements Format {
     try (ParquetFileReader r = new ParquetFileReader(new StorageFile(storage, file, size), OPTIONS)) {
       footer = r.getFooter();
     } catch (IOException | RuntimeException e) {
-      throw corrupt(file, size, "its footer (the last 8 bytes and the metadata before them)", e);
+      throw corrupt(file, size, -1, "its footer (the last 8 bytes and the metadata before them)", e);
     }
     MessageType fileSchema = footer.getFileMetaData().getSchema();
     chooseColumns(fileSchema, storage.describe(file));
@@ -252,7 +252,8 @@ final class ParquetFormat implements Format {
       int start = dst.position();
       rowMessages.write(root.getFieldVectors(), (int) (row - starts[g]), dst);
       if (dst.position() - start != index.length(id)) {
-        throw new CorruptRecordException("Parquet file '" + storage.describe(index.file(id)) + "' row " + row
+        throw new CorruptRecordException(storage.describe(index.file(id)), -1, "Parquet file '"
+            + storage.describe(index.file(id)) + "' row " + row
             + " (row group " + g + "): decoded to " + (dst.position() - start) + " bytes, " + index.length(id)
             + " when indexed");
       }
@@ -281,8 +282,8 @@ final class ParquetFormat implements Format {
           + " the memory for decoded row groups (" + into.getLimit() + " bytes, a quarter of what --memory-budget"
           + " leaves for batches): write smaller row groups or raise --memory-budget", e);
     } catch (IOException | RuntimeException e) {
-      throw corrupt(file, sizes.get(fileNo), "row group " + g + " (" + block.getRowCount() + " rows at byte offset "
-          + block.getStartingPos() + ", " + block.getCompressedSize() + " bytes)", e);
+      throw corrupt(file, sizes.get(fileNo), block.getStartingPos(), "row group " + g + " (" + block.getRowCount()
+          + " rows at byte offset " + block.getStartingPos() + ", " + block.getCompressedSize() + " bytes)", e);
     }
   }
 
@@ -297,9 +298,10 @@ final class ParquetFormat implements Format {
     return n;
   }
 
-  private CorruptRecordException corrupt(String file, long size, String where, Exception e) {
-    CorruptRecordException c = new CorruptRecordException("dataset '" + dataset + "': corrupt or truncated Parquet"
-        + " file '" + storage.describe(file) + "' (" + size + " bytes): cannot read " + where + ": " + e.getMessage());
+  private CorruptRecordException corrupt(String file, long size, long offset, String where, Exception e) {
+    CorruptRecordException c = new CorruptRecordException(storage.describe(file), offset, "dataset '" + dataset
+        + "': corrupt or truncated Parquet file '" + storage.describe(file) + "' (" + size + " bytes): cannot read "
+        + where + ": " + e.getMessage());
     c.initCause(e);
     return c;
   }

@@ -199,7 +199,7 @@ final class TarMembers {
   }
 
   CorruptRecordException corrupt(long offset, String what) {
-    return new CorruptRecordException("corrupt tar file '" + storage.describe(path) + "' at byte offset " + offset
-        + ": " + what);
+    return new CorruptRecordException(storage.describe(path), offset, "corrupt tar file '" + storage.describe(path)
+        + "' at byte offset " + offset + ": " + what);
   }
 }

@@ -118,7 +118,7 @@ public final class TfRecordFormat implements Format {
   }
 
   private static CorruptRecordException corrupt(Storage storage, String shard, long offset, String what) {
-    return new CorruptRecordException(
+    return new CorruptRecordException(storage.describe(shard), offset,
         "corrupt TFRecord record in '" + storage.describe(shard) + "' at byte offset " + offset + ": " + what);
   }
 }

@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import io.unstall.flight.format.CorruptRecordException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.TreeSet;
@@ -152,6 +153,8 @@ final class Production {
           root = source.prepare(pos, staging);
         } catch (FlightRuntimeException e) {
           failure = e;
+        } catch (CorruptRecordException e) { // a bad sample: the members are told which, as a fetch would be
+          failure = e.dataError().toStatus(e.getMessage(), e);
         } catch (Exception e) {
           failure = CallStatus.INTERNAL.withDescription(e.getMessage() == null ? e.toString() : e.getMessage())
               .withCause(e).toRuntimeException();

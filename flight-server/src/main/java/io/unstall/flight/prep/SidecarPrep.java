@@ -177,8 +177,8 @@ final class SidecarPrep implements BatchSource {
                     ImagePrep.rng(seed, epoch, ids[i]), dst.nioBuffer((long) i * sb, sb));
               } catch (BadImageException e) {
                 if (!skip) {
-                  throw CallStatus.INTERNAL.withDescription(order.sample(ids[i]) + ": " + e.getMessage()
-                      + "; prep with on_error=\"skip\" leaves such samples out").toRuntimeException();
+                  throw order.dataset.badSample(ids[i], e.getMessage()).toStatus(order.sample(ids[i]) + ": "
+                      + e.getMessage() + "; prep with on_error=\"skip\" leaves such samples out", e);
                 }
                 bad[i] = e.getMessage();
               } catch (DecodeBudget.ExhaustedException e) {

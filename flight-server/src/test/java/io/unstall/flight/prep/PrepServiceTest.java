@@ -1,6 +1,7 @@
 package io.unstall.flight.prep;
 
 import static org.awaitility.Awaitility.await;
+import io.unstall.flight.protocol.DataError;
 import io.unstall.flight.protocol.PrepTicket;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -264,7 +265,8 @@ class PrepServiceTest {
     assertEquals(FlightStatusCode.NOT_FOUND, e.status().code());
     JsonNode j = action("prep.join", "{\"dataset\":\"bad\",\"batch_size\":1,\"pipeline\":" + PIPELINE + "}");
     e = assertThrows(FlightRuntimeException.class, () -> get(j, 0, 0));
-    assertEquals(FlightStatusCode.INTERNAL, e.status().code());
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code()); // bad data, not an internal error
+    assertTrue(e.getMessage().startsWith(DataError.MARKER + "{\"dataset\":\"bad\",\"sample\":0,"), e.getMessage());
     assertTrue(e.getMessage().contains("not-an-image.jpg") && e.getMessage().contains("not an image: no image format starts with the bytes 68 65 6c 6c 6f"),
         e.getMessage());
   }
@@ -747,7 +749,11 @@ class PrepServiceTest {
       }
       int id = b;
       FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> get(j, 0, id), file);
-      assertEquals(FlightStatusCode.INTERNAL, e.status().code());
+      assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code()); // bad data, not an internal error
+      JsonNode fields = JSON.readTree(e.getMessage().substring(DataError.MARKER.length()).lines().findFirst().get());
+      assertEquals("c0/" + file, fields.get("key").asText(), e.getMessage());
+      assertEquals(b, fields.get("sample").asLong(), e.getMessage());
+      assertTrue(fields.get("reason").asText().contains(REASONS.get(file)), e.getMessage());
       assertTrue(e.getMessage().contains("dataset 'mixed' sample " + b + " ('c0/" + file + "'): "), e.getMessage());
       assertTrue(e.getMessage().contains(REASONS.get(file)), e.getMessage());
       assertTrue(e.getMessage().endsWith("prep with on_error=\"skip\" leaves such samples out"), e.getMessage());

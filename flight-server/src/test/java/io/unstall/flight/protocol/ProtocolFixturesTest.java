@@ -66,6 +66,16 @@ class ProtocolFixturesTest {
   }
 
   @Test
+  void aDataErrorIsDescribedAsTheGoldenFixture() throws Exception {
+    JsonNode golden = JSON.readTree(FIXTURES.resolve("data-error-v1.json").toFile());
+    JsonNode f = golden.get("fields");
+    DataError e = new DataError(f.get("dataset").asText(), f.get("sample").asLong(), f.get("key").asText(),
+        f.get("file").asText(), f.get("offset").asLong(), f.get("reason").asText());
+    String expected = Files.readString(FIXTURES.resolve("data-error-v1.txt"), StandardCharsets.UTF_8);
+    assertEquals(expected, e.describe(golden.get("message").asText()));
+  }
+
+  @Test
   void fetchTicketsAndPlansAreNotTakenForEachOther() throws Exception {
     byte[] fetch = Files.readAllBytes(FIXTURES.resolve("ticket-fetch-v1.bin"));
     byte[] plan = Files.readAllBytes(FIXTURES.resolve("plan-v1.bin"));
