@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from unstall.errors import SidecarStartError
-import unstall.sidecar
+import unstall.launch
 from unstall.sidecar import find_java, java_flags, java_major
 
 BANNERS = {
@@ -37,7 +37,7 @@ def no_ambient_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in ("UNSTALL_JAVA", "JAVA_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(unstall.sidecar, "BUNDLED_JAVA", tmp_path / "no-bundle" / "bin" / "java")
+    monkeypatch.setattr(unstall.launch, "BUNDLED_JAVA", tmp_path / "no-bundle" / "bin" / "java")
 
 
 @pytest.mark.parametrize("major", sorted(BANNERS))
@@ -66,7 +66,7 @@ def test_java_home_comes_before_path(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_the_wheels_runtime_comes_after_java_home_and_before_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     bundled = fake_java(tmp_path / "_jre", 17)
-    monkeypatch.setattr(unstall.sidecar, "BUNDLED_JAVA", bundled)
+    monkeypatch.setattr(unstall.launch, "BUNDLED_JAVA", bundled)
     monkeypatch.setenv("PATH", str(fake_java(tmp_path / "path", 25).parent))
     assert find_java() == str(bundled)
     old_home = fake_java(tmp_path / "home", 11)

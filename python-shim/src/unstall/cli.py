@@ -226,7 +226,7 @@ def sidecar_main(args: argparse.Namespace) -> int:
 
 
 def _token_file(home: Path) -> str:
-    from .sidecar import STATE_FILE_NAME, read_state
+    from .sidecar_state import STATE_FILE_NAME, read_state
 
     state = read_state(home / STATE_FILE_NAME)
     return state.token_file if state is not None else str(home / "token")

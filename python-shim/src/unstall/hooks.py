@@ -22,14 +22,12 @@ import itertools
 import threading
 from collections import OrderedDict
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator
-
-if TYPE_CHECKING:
-    from .torch import DataLoader
+from typing import Any, Callable, Dict, Iterator
 
 __all__ = ["IteratorHook", "IteratorWrapper", "RemovableHandle", "register_iterator_hook", "run_iterator_hooks"]
 
-IteratorHook = Callable[["DataLoader", Callable[[], Iterator[Any]], int], Iterator[Any]]
+# The loader is an ``unstall.torch.DataLoader``, typed Any: this module sits below the integrations.
+IteratorHook = Callable[[Any, Callable[[], Iterator[Any]], int], Iterator[Any]]
 """``hook(loader, make_iterator, epoch) -> iterator``: ``epoch`` is the epoch this iteration carries."""
 
 _iterator_hooks: "OrderedDict[int, IteratorHook]" = OrderedDict()  # registration order
@@ -68,7 +66,7 @@ def register_iterator_hook(hook: IteratorHook) -> RemovableHandle:
     return RemovableHandle(_iterator_hooks, hook_id)
 
 
-def run_iterator_hooks(loader: "DataLoader", make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
+def run_iterator_hooks(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
     """The epoch's iterator: ``make_iterator()`` (torch's) wrapped by every registered hook, in order;
     ``make_iterator()`` itself when none is registered."""
     with _lock:

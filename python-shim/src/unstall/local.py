@@ -37,7 +37,7 @@ from .recovery import Deadlines, Endpoint, Rediscovery, call_with_recovery
 
 T = TypeVar("T")
 
-__all__ = ["LocalClient", "recv_frame", "send_frame"]
+__all__ = ["LocalClient", "answers_hello", "recv_frame", "send_frame"]
 
 _clients: "weakref.WeakSet[LocalClient]" = weakref.WeakSet()
 
@@ -400,3 +400,18 @@ class LocalClient:
         except (OSError, ValueError) as e:
             raise SidecarError(f"cannot map the sidecar's shared-memory segment {path}: {e}") from None
 
+
+def answers_hello(endpoint: Endpoint, timeout: float) -> bool:
+    """The rediscovery probe (``unstall.recovery.Probe``): True when the sidecar's local socket answers
+    HELLO within ``timeout`` (no local socket: its pid is alive, the Flight call that follows tells the
+    rest)."""
+    if endpoint.local is None:
+        return True
+    probe = LocalClient(endpoint.local, endpoint.token, timeout=timeout)
+    try:
+        probe.connect()
+        return True
+    except SidecarError:
+        return False
+    finally:
+        probe.close()

@@ -9,12 +9,19 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import ProtocolMismatchError
 
 __all__ = [
+    "batch_to_numpy",
+    "numpy_dtype",
+    "skipped_of",
+    "tensor_batch",
     "PROTOCOL_VERSION",
     "TICKET_MAGIC",
     "KIND_FETCH",
@@ -946,3 +953,59 @@ def _utf8(b: bytes, what: str) -> str:
         return b.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"malformed reply: a {what} is not UTF-8 ({e.reason})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Prepared batches (protocol/README.md, "Prepared-batch schema")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a prepared tensor's elements (little-endian); bfloat16, which numpy lacks, as its raw
+    uint16 bits (``to_torch`` views them as ``torch.bfloat16``)."""
+    return np.dtype("uint16" if name == "bfloat16" else name).newbyteorder("<")
+
+
+def batch_to_numpy(batch: pa.RecordBatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tensors, labels, ids)`` of a prepared batch. ``tensors`` is a read-only view of the Arrow buffer
+    (no copy), shaped ``[n, *shape]`` from the schema metadata; labels are -1 where the format has none."""
+    meta = batch.schema.metadata or {}
+    try:
+        shape = tuple(json.loads(meta[b"unstall.prep.shape"]))
+        dtype = numpy_dtype(meta[b"unstall.prep.dtype"].decode())
+    except KeyError as e:
+        raise ProtocolMismatchError(f"prepared batch without {e.args[0]!r} metadata") from None
+    col = batch.column("tensor")
+    n = len(col)
+    width = col.type.byte_width
+    if width != int(np.prod(shape)) * dtype.itemsize:
+        raise ProtocolMismatchError(f"tensor width {width} bytes does not match shape {shape} {dtype}")
+    buf = col.buffers()[1]
+    if n == 0:  # every sample of the batch was skipped (decode on_error="skip")
+        tensors = np.empty((0,), dtype=dtype)
+    else:
+        tensors = np.frombuffer(buf, dtype=dtype, count=n * width // dtype.itemsize, offset=col.offset * width)
+    labels = pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False)
+    ids = batch.column("id").to_numpy(zero_copy_only=False)
+    return tensors.reshape((n,) + shape), labels, ids
+
+
+def skipped_of(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The samples a prepared batch left out (decode ``on_error="skip"``): ``{"id", "key", "reason"}`` each."""
+    raw = (batch.schema.metadata or {}).get(b"unstall.prep.skipped")
+    return list(json.loads(raw)) if raw else []
+
+
+def tensor_batch(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> pa.RecordBatch:
+    """A prepared batch (the sidecar's own schema) from ``[n, *shape]`` images: what members upload."""
+    x = np.ascontiguousarray(images)
+    n = x.shape[0]
+    width = x.nbytes // max(1, n)
+    tensor = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(x)])
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), pa.field("label", pa.int64()),
+         pa.field("tensor", pa.binary(width), nullable=False)],
+        metadata={"unstall.schema": "1", "unstall.prep.shape": json.dumps(list(x.shape[1:])),
+                  "unstall.prep.dtype": x.dtype.name, "unstall.prep.layout": "user"})
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.asarray(ids, dtype=np.int64)), pa.array(np.asarray(labels, dtype=np.int64)), tensor],
+        schema=schema)

@@ -31,20 +31,19 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, TypeVar
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
 from .errors import (
     DatasetNotFoundError,
     PrepGroupNotFoundError,
     SessionNotFoundError,
-    SidecarError,
     SidecarUnavailableError,
 )
+from .sidecar_state import read_state
 
-if TYPE_CHECKING:
-    from .sidecar import Sidecar
-
-__all__ = ["Deadlines", "Endpoint", "Rediscovery", "Recoverable", "backoff", "call_with_recovery"]
+__all__ = ["Deadlines", "Endpoint", "Owner", "Probe", "Rediscovery", "Recoverable", "backoff", "call_with_recovery",
+           "sleep_until"]
 
 T = TypeVar("T")
 
@@ -110,22 +109,41 @@ class Endpoint:
     pid: Optional[int] = None
 
 
+class Owner(Protocol):
+    """What owns the sidecar in its process (``Sidecar``): it knows the endpoint and recovers it."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def endpoint(self) -> Endpoint: ...
+
+    def recover(self, failed: Optional[Endpoint], deadline: float, cause: BaseException) -> Endpoint: ...
+
+
+Probe = Callable[[Endpoint, float], bool]
+"""``probe(endpoint, timeout)``: True when the sidecar at ``endpoint`` answers within ``timeout`` seconds
+(picklable: a module-level function, such as ``unstall.local.answers_hello``)."""
+
+
 class Rediscovery:
     """How a data-plane client finds the sidecar again after a call failed. Picklable: in a process
-    other than the ``Sidecar`` object's (a DataLoader worker) it re-reads the state file."""
+    other than the owner's (a DataLoader worker) it re-reads the state file until the sidecar there
+    passes ``probe`` (None: a live pid is enough, the call that follows tells the rest)."""
 
-    def __init__(self, sidecar: Sidecar) -> None:
-        self.state_file = str(sidecar.state_file)
-        self.home = str(sidecar.home)
-        self.log_path = str(sidecar.home / "sidecar.log")
-        self.deadlines = sidecar.deadlines
+    def __init__(self, state_file: Union[str, Path], home: Union[str, Path], deadlines: Deadlines, *,
+                 owner: Optional[Owner] = None, probe: Optional[Probe] = None) -> None:
+        self.state_file = str(state_file)
+        self.home = str(home)
+        self.log_path = str(Path(home) / "sidecar.log")
+        self.deadlines = deadlines
+        self.probe = probe
         self._owner_pid = os.getpid()
-        self._sidecar: Optional[Sidecar] = sidecar
+        self._sidecar: Optional[Owner] = owner
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_sidecar": None}
 
-    def _owner(self) -> Optional[Sidecar]:
+    def _owner(self) -> Optional[Owner]:
         s = self._sidecar
         return s if s is not None and os.getpid() == self._owner_pid and not s.closed else None
 
@@ -134,8 +152,6 @@ class Rediscovery:
         owner = self._owner()
         if owner is not None:
             return owner.endpoint()
-        from .sidecar import read_state  # sidecar imports this module
-
         state = read_state(self.state_file)
         if state is None or not state.alive:
             return None
@@ -153,7 +169,7 @@ class Rediscovery:
         delays = backoff(0.05, 0.5)  # reading the state file is cheap: notice the new sidecar soon
         while True:
             found = self.current()
-            if found is not None and _answers(found, self.deadlines.health):
+            if found is not None and (self.probe is None or self.probe(found, self.deadlines.health)):
                 return found
             if not sleep_until(deadline, delays):
                 raise self.gave_up(failed.flight, cause)
@@ -164,23 +180,6 @@ class Rediscovery:
             f"{self.home}, address {address}, log {self.log_path}; last error: {cause}",
             "UNAVAILABLE",
         )
-
-
-def _answers(endpoint: Endpoint, timeout: float) -> bool:
-    """True when the sidecar's local socket answers HELLO within ``timeout`` (no local socket: its pid
-    is alive, the Flight call that follows tells the rest)."""
-    if endpoint.local is None:
-        return True
-    from .local import LocalClient
-
-    probe = LocalClient(endpoint.local, endpoint.token, timeout=timeout)
-    try:
-        probe.connect()
-        return True
-    except SidecarError:
-        return False
-    finally:
-        probe.close()
 
 
 class Recoverable(Protocol):

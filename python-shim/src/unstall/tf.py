@@ -29,10 +29,12 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import prep as _prep
 from .echo import Echo, EchoCounts
 from .analyze import ENV_MODE as _ANALYZE_MODE
+from .analyze.sources import pipeline_datasets
 from .prep import Membership, Pipeline
 from .tracing import payload_bytes
 
@@ -145,7 +147,7 @@ def dataset(
             return
         for rb in timed(m.epoch(epoch)):
             ids = rb.column("id").to_numpy(zero_copy_only=False)
-            labels = _prep.pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
+            labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
             raw = (np.array(rb.column("payload").to_pylist(), dtype=object), labels.astype(np.int64))
             yield raw + ((ids.astype(np.int64, copy=False),) if with_ids else ())
 
@@ -180,21 +182,6 @@ def membership(ds: Any) -> Membership:
 def echo_counts(ds: Any) -> EchoCounts:
     """What a dataset :func:`dataset` returned yielded vs what came fresh from its group (``unstall.echo``)."""
     return _of(_echoes, ds)
-
-
-def pipeline_datasets(ds: Any) -> Iterator[Any]:
-    """``ds`` and every dataset it is built on (its inputs, their inputs, ...), each once."""
-    seen, todo = set(), [ds]
-    while todo:
-        d = todo.pop()
-        if id(d) in seen:
-            continue
-        seen.add(id(d))
-        yield d
-        try:
-            todo.extend(d._inputs())
-        except Exception:  # a dataset kind that does not list its inputs: the walk stops there
-            pass
 
 
 def _unstall_input(ds: Any) -> Optional[Any]:

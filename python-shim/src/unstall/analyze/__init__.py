@@ -26,4 +26,9 @@ ENV_WORKERS = "UNSTALL_ANALYZE_WORKERS"  # validation runs: every DataLoader get
 
 MODES = ("synthetic", "cached", "cold", "real")
 
-__all__ = ["ENV_MODE", "ENV_STEPS", "ENV_WARMUP", "ENV_REPORT", "ENV_WARM", "ENV_SECTIONS", "ENV_WORKERS", "MODES"]
+__all__ = ["ENV_MODE", "ENV_STEPS", "ENV_WARMUP", "ENV_REPORT", "ENV_WARM", "ENV_SECTIONS", "ENV_WORKERS", "MODES",
+           "AnalyzeError"]
+
+
+class AnalyzeError(Exception):
+    """A loader that cannot be analysed; the message is for the user."""

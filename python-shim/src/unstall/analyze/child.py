@@ -26,7 +26,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from . import ENV_MODE, ENV_REPORT, ENV_SECTIONS, ENV_STEPS, ENV_WARM, ENV_WARMUP, ENV_WORKERS, MODES
+from . import AnalyzeError, ENV_MODE, ENV_REPORT, ENV_SECTIONS, ENV_STEPS, ENV_WARM, ENV_WARMUP, ENV_WORKERS, MODES
 from .. import tracing  # first: its hook must be registered before this module's
 from ..hooks import IteratorWrapper, register_iterator_hook
 from .sources import SIDECAR_KEYS, WORK_KEYS, Source, TorchSource
@@ -62,10 +62,6 @@ class ProgressFile:
             os.replace(tmp, self.path)
         except OSError:
             pass
-
-
-class AnalyzeError(Exception):
-    """A loader that cannot be analysed; the message is for the user."""
 
 
 class Session:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Protocol, Tuple
+from typing import Any, Dict, Iterator, Optional, Protocol, Tuple
 
-__all__ = ["Source", "WarmTarget", "TorchSource", "TfSource", "WORK_KEYS", "SIDECAR_KEYS"]
+from . import AnalyzeError
+
+__all__ = ["Source", "WarmTarget", "TorchSource", "TfSource", "WORK_KEYS", "SIDECAR_KEYS", "pipeline_datasets"]
 
 WORK_KEYS = ("fetch_calls", "fetch_ns", "fetch_bytes", "fetch_samples", "prep_ns", "prep_samples", "prep_cpu_ns")
 SIDECAR_KEYS = ("samples", "hits", "misses", "storage_bytes", "cache_bytes")
@@ -74,8 +76,6 @@ class TorchSource:
         self.loader = observer.loader
         ds = self.loader.dataset
         if not hasattr(ds, "name") or not hasattr(ds, "_client"):
-            from .child import AnalyzeError
-
             raise AnalyzeError(f"the analysed DataLoader's dataset is a {type(ds).__name__}, not an unstall.torch.Dataset")
 
     def describe(self) -> Dict[str, Any]:
@@ -212,8 +212,6 @@ class TfSource:
 
 def _pipeline_parallelism(dataset: Any) -> Tuple[int, bool]:
     """(largest parallel map width, whether the pipeline has a prefetch) over the dataset's inputs."""
-    from ..tf import pipeline_datasets
-
     par, prefetch = 0, False
     for d in pipeline_datasets(dataset):
         calls = getattr(d, "_num_parallel_calls", None)
@@ -222,3 +220,18 @@ def _pipeline_parallelism(dataset: Any) -> Tuple[int, bool]:
             par = max(par, (os.cpu_count() or 1) if n < 0 else n)
         prefetch = prefetch or type(d).__name__.endswith("PrefetchDataset")
     return par, prefetch
+
+
+def pipeline_datasets(ds: Any) -> Iterator[Any]:
+    """``ds`` and every dataset it is built on (its inputs, their inputs, ...), each once."""
+    seen, todo = set(), [ds]
+    while todo:
+        d = todo.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        yield d
+        try:
+            todo.extend(d._inputs())
+        except Exception:  # a dataset kind that does not list its inputs: the walk stops there
+            pass

@@ -27,7 +27,9 @@ from typing import Any, Callable, Optional, Sequence, cast
 import numpy as np
 import pyarrow.compute as pc
 
-from .client import grpc_used_in_this_process
+from ..client import grpc_used_in_this_process
+from ..protocol import tensor_batch
+from .membership import Membership
 
 __all__ = ["WorkerSpec", "WorkerPool", "WorkerError"]
 
@@ -76,8 +78,6 @@ def _error(e: BaseException, where: str) -> WorkerError:
 def _make(m: Any, spec: WorkerSpec, epoch: int, index: int, ids: Sequence[int], where: str) -> None:
     import torch
 
-    from .prep import tensor_batch
-
     raw = m.client.fetch(spec.dataset, list(ids), epoch)
     payloads = raw.column("payload").to_pylist()
     keys = raw.column("key").to_pylist() if "key" in raw.schema.names else [None] * len(payloads)
@@ -96,8 +96,6 @@ def _make(m: Any, spec: WorkerSpec, epoch: int, index: int, ids: Sequence[int], 
 
 def _worker_loop(spec: WorkerSpec, index: int, slot: Any, conn: multiprocessing.connection.Connection) -> None:
     import torch
-
-    from .prep import Membership
 
     torch.set_num_threads(1)  # as torch's DataLoader workers: w processes, not w x cores threads
     where = f"DataLoader worker process {index} (pid {os.getpid()})"
