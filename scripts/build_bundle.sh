@@ -34,12 +34,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 cd "$ROOT"
-if [ -z "$jar" ]; then
-  step "Maven: package the sidecar jar"
-  "${MVN[@]}" -q -DskipTests package -pl sidecar -am
-  jar=$ROOT/sidecar/target/unstall-sidecar.jar
-fi
-[ -f "$jar" ] || { echo "build_bundle: the sidecar jar $jar is missing" >&2; exit 1; }
+ensure_sidecar_jar build_bundle
 if [ -z "$jdk" ]; then
   if [ -n "${JAVA_HOME:-}" ]; then
     jdk=$JAVA_HOME

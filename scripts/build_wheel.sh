@@ -25,12 +25,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 cd "$ROOT"
-if [ -z "$jar" ]; then
-  step "Maven: package the sidecar jar"
-  "${MVN[@]}" -q -DskipTests package -pl sidecar -am
-  jar=$ROOT/sidecar/target/unstall-sidecar.jar
-fi
-[ -f "$jar" ] || { echo "build_wheel: the sidecar jar $jar is missing" >&2; exit 1; }
+ensure_sidecar_jar build_wheel
 
 python=$VENV/bin/python
 [ -x "$python" ] || python=python3

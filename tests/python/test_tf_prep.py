@@ -103,13 +103,18 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def test_tf_dataset_element_spec_prefetch_strategy_and_raw(env: PrepEnv) -> None:
+def _run_tf_script(env: PrepEnv, script: str) -> dict:
+    """Runs a TensorFlow script against the sidecar in a process of its own (CPU only); its RESULT line's JSON."""
     env_vars = dict(os.environ, PYTHONPATH=str(SHIM), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    p = subprocess.run([sys.executable, "-c", SPEC_SCRIPT, env.location, env.sidecar.token], env=env_vars,
+    p = subprocess.run([sys.executable, "-c", script, env.location, env.sidecar.token], env=env_vars,
                        capture_output=True, text=True, timeout=240)
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and line, (p.stdout + p.stderr)[-4000:]
-    out = json.loads(line[0][7:])
+    return json.loads(line[0][7:])
+
+
+def test_tf_dataset_element_spec_prefetch_strategy_and_raw(env: PrepEnv) -> None:
+    out = _run_tf_script(env, SPEC_SCRIPT)
     assert out["spec"] == ["TensorSpec(shape=(8, 16, 16, 3), dtype=tf.float32, name=None)",
                            "TensorSpec(shape=(8,), dtype=tf.int64, name=None)"]
     assert out["prefetched"] == [8] * (N_SAMPLES // 8)  # drop_last: only full batches
@@ -152,12 +157,7 @@ print("RESULT " + json.dumps({"batches": len(dev), "same": same, "devices": sort
 
 def test_tf_dataset_on_a_device_yields_the_host_batches(env: PrepEnv) -> None:
     """device=: the batches prefetched to a TensorFlow device are the host batches, every sample once."""
-    env_vars = dict(os.environ, PYTHONPATH=str(SHIM), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    p = subprocess.run([sys.executable, "-c", DEVICE_SCRIPT, env.location, env.sidecar.token], env=env_vars,
-                       capture_output=True, text=True, timeout=240)
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and line, (p.stdout + p.stderr)[-4000:]
-    out = json.loads(line[0][7:])
+    out = _run_tf_script(env, DEVICE_SCRIPT)
     assert out["batches"] == NUM_BATCHES and out["same"], out
     assert out["ids"] == list(range(N_SAMPLES))
     assert all(d.endswith("CPU:0") for d in out["devices"]), out["devices"]
