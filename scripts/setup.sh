@@ -45,7 +45,8 @@ step "Python environment (.venv, dependencies shared from $DEPS_VENV)"
 if [ ! -x "$DEPS_VENV/bin/python" ]; then
   python3 -m venv "$DEPS_VENV"
 fi
-"$DEPS_VENV/bin/pip" install -q --disable-pip-version-check --cache-dir "$UNSTALL_CACHE/pip" -r python-shim/requirements-dev.txt
+requirements=python-shim/requirements-dev.txt; $test_tools || requirements=python-shim/requirements-demo.txt
+"$DEPS_VENV/bin/pip" install -q --disable-pip-version-check --cache-dir "$UNSTALL_CACHE/pip" -r "$requirements"
 if [ -L .venv ]; then rm .venv; fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
