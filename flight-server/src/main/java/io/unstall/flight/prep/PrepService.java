@@ -249,7 +249,10 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
-  /** {@code prep.join} with its {@code "compression"} option: the member's Flight reads come LZ4- or ZSTD-compressed. */
+  /**
+   * {@code prep.join} with its {@code "compression"} option: the member's Flight reads come LZ4- or
+   * ZSTD-compressed.
+   */
   private ObjectNode joinCompressed(JsonNode body, Principal caller) throws Exception {
     CompressionUtil.CodecType codec = PrepRequests.compression(body);
     ObjectNode r = join(PrepRequests.join(body, decodeLimits), caller);
@@ -275,7 +278,8 @@ public final class PrepService implements AutoCloseable {
     if (!caller.owner()) { // a tenant cannot open the owner's /dev/shm files
       s = s.withShm(false);
     }
-    PrepGroup.Key key = new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
+    PrepGroup.Key key =
+        new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
     ObjectNode r = groups.join(key, d, j.pipeline(), s, j);
     if (!caller.owner()) {
       r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets
