@@ -72,7 +72,8 @@ public final class BatchAssembler {
     this.cacheBreaker = cacheBreaker;
     this.diskBreaker = diskBreaker;
     this.io = Executors.newFixedThreadPool(Math.max(1, prefetchThreads), Prefetcher.daemon("unstall-io"));
-    this.prefetcher = new Prefetcher(prefetch, prefetchWindowSamples, prefetchThreads, this::prefetchRead, this::isCached);
+    this.prefetcher =
+        new Prefetcher(prefetch, prefetchWindowSamples, prefetchThreads, this::prefetchRead, this::isCached);
   }
 
   public Prefetcher prefetcher() {

@@ -58,7 +58,8 @@ public final class DataPlane implements AutoCloseable {
   private final BatchAssembler assembler;
   private final BufferAllocator cacheMemory; // "cache": the memory cache's arena (limit: the capacity)
   private final BufferAllocator prefetchMemory; // "prefetch": the prefetch window's staging
-  private final BufferAllocator streams; // "streams": batches in flight, same-host staging; parent of the prep allocators below
+  // "streams": batches in flight, same-host staging; parent of the prep allocators below
+  private final BufferAllocator streams;
   private final BufferAllocator prepMemory; // "prep": prep staging (each group opens its child in it)
   private final BufferAllocator decodeMemory; // "decode": the decode budget (reservations only)
   private final BufferAllocator reindexMemory; // "reindexed": restart-indexed JPEG copies, never evicted
@@ -358,8 +359,8 @@ public final class DataPlane implements AutoCloseable {
     } finally {
       producer.logStats();
       try {
-        AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache, disk,
-            formatMemory, peerMemory, reindexMemory, decodeMemory, prepMemory, streams, prefetchMemory,
+        AutoCloseables.close(calls, peerCalls, local, producer.prep(), assembler::close, peerClients, registry, cache,
+            disk, formatMemory, peerMemory, reindexMemory, decodeMemory, prepMemory, streams, prefetchMemory,
             cacheMemory);
       } finally {
         if (shm != null) {
@@ -506,7 +507,10 @@ public final class DataPlane implements AutoCloseable {
       return prep(bounds.prepGroups(), bounds.prepThreads(), bounds.prepClaimTimeout());
     }
 
-    /** The Flight executor's threads and queue ({@code --flight-threads}, {@code --flight-queue}); see {@link FlightCalls}. */
+    /**
+     * The Flight executor's threads and queue ({@code --flight-threads}, {@code --flight-queue}); see
+     * {@link FlightCalls}.
+     */
     public Builder flightThreads(int threads, int queue) {
       this.flightThreads = threads;
       this.flightQueue = queue;
@@ -519,7 +523,10 @@ public final class DataPlane implements AutoCloseable {
       return this;
     }
 
-    /** How long a call waits inside the sidecar for a prep batch, staging, storage or its client ({@code --wait-timeout}). */
+    /**
+     * How long a call waits inside the sidecar for a prep batch, staging, storage or its client
+     * ({@code --wait-timeout}).
+     */
     public Builder waitTimeout(java.time.Duration timeout) {
       this.waitTimeout = timeout;
       return this;

@@ -191,7 +191,8 @@ public final class Prefetcher implements AutoCloseable {
         if (cost > allocator.getLimit()) {
           continue; // larger than the whole window: the batch will read it itself
         }
-        while (p - stats.servedSamples() > windowSamples || allocator.getAllocatedMemory() + cost > allocator.getLimit()) {
+        while (p - stats.servedSamples() > windowSamples
+            || allocator.getAllocatedMemory() + cost > allocator.getLimit()) {
           Thread.sleep(1);
         }
         CompletableFuture<ArrowBuf> f = new CompletableFuture<>();

@@ -23,7 +23,6 @@ import io.unstall.flight.protocol.MalformedTicketException;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Predicate;
 import java.util.concurrent.locks.LockSupport;

@@ -71,8 +71,8 @@ class ClusterTest {
       members.add("127.0.0.1:" + p);
     }
     for (int k = 0; k < N; k++) {
-      ClusterSettings c = new ClusterSettings("test-" + ProcessHandle.current().pid(), "127.0.0.1", ports[k], members, 0,
-          CLUSTER_TOKEN, null, null, null, Duration.ofSeconds(5), Duration.ofSeconds(4));
+      ClusterSettings c = new ClusterSettings("test-" + ProcessHandle.current().pid(), "127.0.0.1", ports[k], members,
+          0, CLUSTER_TOKEN, null, null, null, Duration.ofSeconds(5), Duration.ofSeconds(4));
       roots[k] = new RootAllocator(64L << 20);
       planes[k] = DataPlane.builder(roots[k], FlightTestClient.TOKEN).port(0).cacheCapacity(capacity)
           .sharedMemory(false).cluster(c).build().start();
@@ -164,16 +164,20 @@ class ClusterTest {
     try (FlightClient peer = FlightClient.builder(roots[0], Location.forGrpcInsecure("127.0.0.1", planes[0].peerPort()))
         .build()) {
       PeerTicket t = new PeerTicket("imgs", 0, new long[] {1, 2});
-      FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> drain(peer, t.toBytes(), auth(FlightTestClient.TOKEN)));
+      FlightRuntimeException e = assertThrows(FlightRuntimeException.class,
+          () -> drain(peer, t.toBytes(), auth(FlightTestClient.TOKEN)));
       assertEquals(FlightStatusCode.UNAUTHENTICATED, e.status().code(), "a user's token opens no peer call");
       e = assertThrows(FlightRuntimeException.class,
           () -> drain(peer, new FetchTicket("imgs", 0, new long[] {1}).toBytes(), auth(CLUSTER_TOKEN)));
-      assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code(), "a FETCH ticket is not served on the peer port");
+      assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code(),
+          "a FETCH ticket is not served on the peer port");
       assertEquals(2, drain(peer, t.toBytes(), auth(CLUSTER_TOKEN)));
     }
     FlightRuntimeException e = assertThrows(FlightRuntimeException.class,
-        () -> drain(clients[0].client, new PeerTicket("imgs", 0, new long[] {1}).toBytes(), auth(FlightTestClient.TOKEN)));
-    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code(), "a PEER ticket is not served on the client port");
+        () -> drain(clients[0].client, new PeerTicket("imgs", 0, new long[] {1}).toBytes(),
+            auth(FlightTestClient.TOKEN)));
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code(),
+        "a PEER ticket is not served on the client port");
   }
 
   private static HeaderCallOption auth(String token) {
@@ -200,7 +204,8 @@ class ClusterTest {
       List<byte[]> got = clients[r].fetch("imgs", epoch, ids);
       assertEquals(ids.length, got.size());
       for (int k = 0; k < ids.length; k++) {
-        assertArrayEquals(images.get((int) ids[k]), got.get(k), "epoch " + epoch + " sample " + ids[k] + " via node " + r);
+        assertArrayEquals(images.get((int) ids[k]), got.get(k),
+            "epoch " + epoch + " sample " + ids[k] + " via node " + r);
       }
     }
   }

@@ -14,10 +14,8 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.Iterator;
 import java.util.List;
 import java.util.Random;
-import org.apache.arrow.flight.Action;
 import org.apache.arrow.flight.CallHeaders;
 import org.apache.arrow.flight.FlightCallHeaders;
 import org.apache.arrow.flight.FlightClient;
@@ -27,7 +25,6 @@ import org.apache.arrow.flight.FlightRuntimeException;
 import org.apache.arrow.flight.FlightStatusCode;
 import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.HeaderCallOption;
-import org.apache.arrow.flight.Result;
 import org.apache.arrow.flight.Ticket;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
@@ -150,11 +147,13 @@ class DataPlaneTest {
 
     FlightRuntimeException unknown = fetchFails(new FetchTicket("nope", 0, new long[] {0}).toTicket());
     assertEquals(FlightStatusCode.NOT_FOUND, unknown.status().code());
-    assertTrue(unknown.getMessage().contains("unknown dataset 'nope'; registered datasets: imgs"), unknown.getMessage());
+    assertTrue(unknown.getMessage().contains("unknown dataset 'nope'; registered datasets: imgs"),
+        unknown.getMessage());
 
     FlightRuntimeException range = fetchFails(new FetchTicket("imgs", 0, new long[] {3, 10}).toTicket());
     assertEquals(FlightStatusCode.INVALID_ARGUMENT, range.status().code());
-    assertTrue(range.getMessage().contains("sample id 10 out of range for dataset 'imgs' (size 10"), range.getMessage());
+    assertTrue(range.getMessage().contains("sample id 10 out of range for dataset 'imgs' (size 10"),
+        range.getMessage());
 
     Path victim = dir.resolve("imgs/class0/img2.jpg");
     Files.delete(victim);
@@ -219,8 +218,8 @@ class DataPlaneTest {
     assertEquals(FlightStatusCode.UNAUTHENTICATED, e.status().code());
     CallHeaders wrong = new FlightCallHeaders();
     wrong.insert("authorization", "Bearer wrong-token-wrong-token");
-    FlightRuntimeException w =
-        assertThrows(FlightRuntimeException.class, () -> client.getInfo(FlightDescriptor.path("imgs"), new HeaderCallOption(wrong)));
+    FlightRuntimeException w = assertThrows(FlightRuntimeException.class,
+        () -> client.getInfo(FlightDescriptor.path("imgs"), new HeaderCallOption(wrong)));
     assertEquals(FlightStatusCode.UNAUTHENTICATED, w.status().code());
   }
 

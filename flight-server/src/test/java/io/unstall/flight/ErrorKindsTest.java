@@ -30,7 +30,8 @@ class ErrorKindsTest {
         .inDataset("pq");
     FlightRuntimeException status = UnstallProducer.toStatus(indexing);
     assertEquals(FlightStatusCode.INVALID_ARGUMENT, status.status().code());
-    assertEquals(DataError.MARKER + "{\"dataset\":\"pq\",\"file\":\"/d/x.parquet\",\"reason\":\"cannot read its footer\"}"
+    assertEquals(DataError.MARKER
+        + "{\"dataset\":\"pq\",\"file\":\"/d/x.parquet\",\"reason\":\"cannot read its footer\"}"
         + "\ncannot read its footer", status.getMessage());
   }
 

@@ -126,10 +126,12 @@ class PersistenceTest {
     Path tier = dir.resolve("tier");
     String uri = dir.resolve("data").toString();
     Process child = new ProcessBuilder(
-        Path.of(System.getProperty("java.home"), "bin", "java").toString(), "--add-opens=java.base/java.nio=ALL-UNNAMED",
+        Path.of(System.getProperty("java.home"), "bin", "java").toString(),
+        "--add-opens=java.base/java.nio=ALL-UNNAMED",
         "-cp", System.getProperty("java.class.path"), Child.class.getName(), tier.toString(), uri)
         .redirectErrorStream(true).start();
-    try (BufferedReader out = new BufferedReader(new InputStreamReader(child.getInputStream(), StandardCharsets.UTF_8))) {
+    try (BufferedReader out =
+        new BufferedReader(new InputStreamReader(child.getInputStream(), StandardCharsets.UTF_8))) {
       StringBuilder log = new StringBuilder();
       for (String line; (line = out.readLine()) != null && !line.equals("fetched"); ) {
         log.append(line).append('\n');

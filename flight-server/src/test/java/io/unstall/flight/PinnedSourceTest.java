@@ -1,7 +1,6 @@
 package io.unstall.flight;
 
 import static io.unstall.flight.FlightTestClient.TOKEN;
-import static io.unstall.flight.FlightTestClient.range;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;

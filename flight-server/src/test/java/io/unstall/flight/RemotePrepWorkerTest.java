@@ -140,7 +140,8 @@ class RemotePrepWorkerTest {
 
     for (int e = 0; e < EPOCHS; e++) {
       long[] ids = seen.get(e).stream().flatMapToLong(x -> Arrays.stream(x.ids())).sorted().toArray();
-      assertArrayEquals(java.util.stream.LongStream.range(0, SAMPLES).toArray(), ids, "epoch " + e + ": every sample once");
+      assertArrayEquals(java.util.stream.LongStream.range(0, SAMPLES).toArray(), ids,
+          "epoch " + e + ": every sample once");
       for (int b = 0; b < nb; b++) {
         assertArrayEquals(expected.get(e).get(b).ids(), seen.get(e).get(b).ids(), "epoch " + e + " batch " + b);
         assertArrayEquals(expected.get(e).get(b).tensor(), seen.get(e).get(b).tensor(),
@@ -180,10 +181,11 @@ class RemotePrepWorkerTest {
       } while (!claim.get("state").asText().equals("produce"));
       long e = claim.get("epoch").asLong();
       long b = claim.get("batch").asLong();
-      await().atMost(Duration.ofSeconds(30)).until(() -> groupStats(0, group).get("worker_claims_expired").asLong() == 1);
+      await().atMost(Duration.ofSeconds(30))
+          .until(() -> groupStats(0, group).get("worker_claims_expired").asLong() == 1);
       // Its late upload is refused, naming the option.
-      try (VectorSchemaRoot r = VectorSchemaRoot.create(PrepSchema.of(io.unstall.flight.prep.PrepPipeline.parse(PIPELINE)),
-          roots[1])) {
+      try (VectorSchemaRoot r = VectorSchemaRoot.create(
+          PrepSchema.of(io.unstall.flight.prep.PrepPipeline.parse(PIPELINE)), roots[1])) {
         r.allocateNew();
         r.setRowCount(0);
         String cmd = "{\"peer.prep.put\":{\"group\":\"" + group + "\",\"worker\":" + worker + ",\"epoch\":" + e

@@ -146,9 +146,11 @@ class TenantAccessTest {
         () -> rows(new PrepTicket(group, theirs.get("member").asLong(), 0, 0).toTicket(), tenant));
 
     JsonNode mine = action(tenant, "prep.join",
-        "{\"dataset\":\"granted-ds\",\"pipeline\":null,\"batch_size\":2,\"shm\":true}".getBytes(StandardCharsets.UTF_8));
+        "{\"dataset\":\"granted-ds\",\"pipeline\":null,\"batch_size\":2,\"shm\":true}"
+            .getBytes(StandardCharsets.UTF_8));
     assertFalse(mine.get("shm").asBoolean(), "a tenant reads PREP tickets, never the owner's /dev/shm files");
-    assertEquals(2, rows(new PrepTicket(mine.get("group").asText(), mine.get("member").asLong(), 0, 0).toTicket(), tenant));
+    assertEquals(2,
+        rows(new PrepTicket(mine.get("group").asText(), mine.get("member").asLong(), 0, 0).toTicket(), tenant));
     fails(FlightStatusCode.UNAUTHORIZED, () -> action(tenant, "prep.next", ("{\"group\":\"" + mine.get("group").asText()
         + "\",\"member\":" + mine.get("member") + ",\"epoch\":0,\"batch\":1}").getBytes(StandardCharsets.UTF_8)));
     JsonNode groups = action(tenant, "prep.stats", new byte[0]).get("groups");

@@ -213,7 +213,8 @@ class TierFaultsTest {
   private static List<byte[]> assemble(BatchAssembler a, Dataset d, long epoch, BufferAllocator allocator)
       throws IOException {
     List<byte[]> out = new ArrayList<>();
-    try (VectorSchemaRoot batch = a.assemble(d, BatchAssembler.Requester.of(d), epoch, IntStream.range(0, N).toArray(), allocator)) {
+    try (VectorSchemaRoot batch =
+        a.assemble(d, BatchAssembler.Requester.of(d), epoch, IntStream.range(0, N).toArray(), allocator)) {
       VarBinaryVector payload = (VarBinaryVector) batch.getVector(BatchSchema.PAYLOAD);
       for (int i = 0; i < batch.getRowCount(); i++) {
         out.add(payload.get(i));

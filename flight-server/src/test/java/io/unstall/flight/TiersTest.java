@@ -188,7 +188,8 @@ class TiersTest {
       assertEquals(0, e0.get("storage_bytes").asLong(), "nothing cached is read from storage after a restart");
     }
     // Flip one byte of the third entry's data: detected, dropped, refetched from storage, never served.
-    try (FileChannel ch = FileChannel.open(tier.resolve(DiskTier.FILE), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+    try (FileChannel ch =
+        FileChannel.open(tier.resolve(DiskTier.FILE), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
       long pos = 2L * (48 + SAMPLE) + 48 + 100;
       ByteBuffer one = ByteBuffer.allocate(1);
       ch.read(one, pos);

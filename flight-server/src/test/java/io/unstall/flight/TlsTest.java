@@ -56,7 +56,8 @@ class TlsTest {
       plane.registry().register("d", "imagefolder", dir.resolve("d").toString());
       CallHeaders h = new FlightCallHeaders();
       h.insert("authorization", "Bearer " + TOKEN);
-      try (FlightStream s = tls.getStream(new FetchTicket("d", 0, new long[] {0}).toTicket(), new HeaderCallOption(h))) {
+      try (FlightStream s =
+          tls.getStream(new FetchTicket("d", 0, new long[] {0}).toTicket(), new HeaderCallOption(h))) {
         assertTrue(s.next());
         assertArrayEquals(sample, ((VarBinaryVector) s.getRoot().getVector("payload")).get(0));
       }
@@ -67,11 +68,13 @@ class TlsTest {
       });
       assertEquals(org.apache.arrow.flight.FlightStatusCode.UNAUTHENTICATED, noToken.status().code());
       FlightRuntimeException plaintext = assertThrows(FlightRuntimeException.class, () -> {
-        try (FlightStream s = plain.getStream(new FetchTicket("d", 0, new long[] {0}).toTicket(), new HeaderCallOption(h))) {
+        try (FlightStream s =
+            plain.getStream(new FetchTicket("d", 0, new long[] {0}).toTicket(), new HeaderCallOption(h))) {
           s.next();
         }
       });
-      assertEquals(org.apache.arrow.flight.FlightStatusCode.UNAVAILABLE, plaintext.status().code(), plaintext.toString());
+      assertEquals(org.apache.arrow.flight.FlightStatusCode.UNAVAILABLE, plaintext.status().code(),
+          plaintext.toString());
     }
   }
 }

@@ -53,7 +53,9 @@ final class ClusterMembers {
       if (h.isEmpty()) {
         continue;
       }
-      boolean hasPort = h.startsWith("[") ? h.contains("]:") : h.indexOf(':') > 0 && h.indexOf(':') == h.lastIndexOf(':');
+      boolean hasPort = h.startsWith("[")
+          ? h.contains("]:")
+          : h.indexOf(':') > 0 && h.indexOf(':') == h.lastIndexOf(':');
       out.add(hasPort ? h : h + ":" + port);
     }
     if (out.isEmpty()) {

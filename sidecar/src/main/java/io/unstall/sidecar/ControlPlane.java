@@ -46,7 +46,8 @@ public final class ControlPlane {
    * ({@link FormatOptions}: {@code payload}/{@code label} of webdataset, ...).
    */
   public String registerDataset(String name, String format, String uri, String optionsJson) throws IOException {
-    JsonNode parsed = optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
+    JsonNode parsed =
+        optionsJson == null || optionsJson.isBlank() ? JSON.createObjectNode() : JSON.readTree(optionsJson);
     if (!parsed.isObject()) {
       throw new IllegalArgumentException("dataset '" + name + "': options must be a JSON object, got " + parsed);
     }

@@ -16,10 +16,10 @@ import org.slf4j.LoggerFactory;
 /**
  * {@code --prep-worker}: this sidecar prepares batches for the prep groups other sidecars of the cluster announce
  * (tf.data service's elastic workers): it enlists in each group as it appears in the cluster's directory (looked at
- * every second) and leaves when the group's entry goes; it can join or leave (stop, crash) while the groups run. Each group's dataset is
- * registered here under the owner's name, format and location, through the control plane's own checks (a local
- * path must be this user's or under an {@code --allow-root}); a group whose dataset cannot be registered or read
- * here is skipped with a warning that names it.
+ * every second) and leaves when the group's entry goes; it can join or leave (stop, crash) while the groups run.
+ * Each group's dataset is registered here under the owner's name, format and location, through the control plane's
+ * own checks (a local path must be this user's or under an {@code --allow-root}); a group whose dataset cannot be
+ * registered or read here is skipped with a warning that names it.
  */
 final class PrepVolunteer implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(PrepVolunteer.class);

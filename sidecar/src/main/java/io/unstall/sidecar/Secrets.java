@@ -55,7 +55,10 @@ public final class Secrets {
     return dir;
   }
 
-  /** Writes {@code content} atomically (and durably) to a file of mode 0600 in a directory it creates with mode 0700. */
+  /**
+   * Writes {@code content} atomically (and durably) to a file of mode 0600 in a directory it creates with mode
+   * 0700.
+   */
   public static void writePrivate(Path file, String content) throws IOException {
     privateDirectory(file.toAbsolutePath().getParent());
     DurableFiles.writeAtomically(file, StandardCharsets.UTF_8.encode(content));

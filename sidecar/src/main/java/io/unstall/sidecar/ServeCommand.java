@@ -24,7 +24,8 @@ public final class ServeCommand implements Callable<Integer> {
   Path config;
 
   @Option(names = "--bind", defaultValue = "${env:UNSTALL_BIND:-127.0.0.1}",
-      description = "Address to listen on (default ${DEFAULT-VALUE}). A non-loopback address requires --tls-cert/--tls-key.")
+      description = "Address to listen on (default ${DEFAULT-VALUE}). A non-loopback address requires"
+          + " --tls-cert/--tls-key.")
   String bind;
 
   @Option(names = "--port", defaultValue = "${env:UNSTALL_FLIGHT_PORT:-8815}",
@@ -40,7 +41,8 @@ public final class ServeCommand implements Callable<Integer> {
   String cacheCapacity;
 
   @Option(names = "--memory-budget", defaultValue = "${env:UNSTALL_MEMORY_BUDGET:-2GiB}", paramLabel = "SIZE",
-      description = "Off-heap bytes the sidecar may use in all: the cache plus batches in flight (default ${DEFAULT-VALUE}).")
+      description = "Off-heap bytes the sidecar may use in all: the cache plus batches in flight"
+          + " (default ${DEFAULT-VALUE}).")
   String memoryBudget;
 
   @Option(names = "--home", defaultValue = "${env:UNSTALL_HOME:-${sys:user.home}/.unstall}",
@@ -67,12 +69,15 @@ public final class ServeCommand implements Callable<Integer> {
       description = "Directory of the disk cache tier (never evicts, checksummed, survives restarts); off if unset.")
   Path diskCacheDir;
 
-  @Option(names = "--disk-cache-capacity", defaultValue = "${env:UNSTALL_DISK_CACHE_CAPACITY:-10GiB}", paramLabel = "SIZE",
+  @Option(names = "--disk-cache-capacity", defaultValue = "${env:UNSTALL_DISK_CACHE_CAPACITY:-10GiB}",
+      paramLabel = "SIZE",
       description = "Bytes the disk tier may hold (default ${DEFAULT-VALUE}).")
   String diskCacheCapacity;
 
-  @Option(names = "--prefetch-window-bytes", defaultValue = "${env:UNSTALL_PREFETCH_WINDOW_BYTES:-auto}", paramLabel = "SIZE",
-      description = "Memory for samples read ahead of consumption (default ${DEFAULT-VALUE}: 1/8 of the memory budget; 0 disables prefetch).")
+  @Option(names = "--prefetch-window-bytes", defaultValue = "${env:UNSTALL_PREFETCH_WINDOW_BYTES:-auto}",
+      paramLabel = "SIZE",
+      description = "Memory for samples read ahead of consumption (default ${DEFAULT-VALUE}: 1/8 of the memory"
+          + " budget; 0 disables prefetch).")
   String prefetchWindowBytes;
 
   @Option(names = "--prefetch-window", defaultValue = "1024", paramLabel = "SAMPLES",
@@ -88,7 +93,8 @@ public final class ServeCommand implements Callable<Integer> {
   String storageBandwidth;
 
   @Option(names = "--batch-timeout", defaultValue = "60", paramLabel = "SECONDS",
-      description = "How long a fetch may wait for memory under load before RESOURCE_EXHAUSTED (default ${DEFAULT-VALUE}).")
+      description = "How long a fetch may wait for memory under load before RESOURCE_EXHAUSTED"
+          + " (default ${DEFAULT-VALUE}).")
   long batchTimeoutSeconds;
 
   @Option(names = "--max-decode-pixels", defaultValue = "89478485", paramLabel = "PIXELS",
@@ -152,20 +158,23 @@ public final class ServeCommand implements Callable<Integer> {
   long prepClaimTimeoutSeconds;
 
   @Option(names = "--no-shm", defaultValue = "${env:UNSTALL_NO_SHM:-false}",
-      description = "No shared-memory data plane: clients on this host fetch over Flight too (default: on where /dev/shm is writable).")
+      description = "No shared-memory data plane: clients on this host fetch over Flight too (default: on where"
+          + " /dev/shm is writable).")
   boolean noShm;
 
   @Option(names = "--allow-root", paramLabel = "DIR",
       description = "A directory whose datasets may be registered although the sidecar's user does not own them"
           + " (a shared data directory), and where manifests may be read and written; repeatable.")
   List<Path> allowRoots = new ArrayList<>();
-  @Option(names = "--cluster-members", defaultValue = "${env:UNSTALL_CLUSTER_MEMBERS:-}", paramLabel = "HOST[:PORT],...",
-      description = "Join the partitioned cache of these sidecars (TCP seeds; 'auto': SLURM_JOB_NODELIST or MASTER_ADDR;"
-          + " 'k8s:SERVICE': the pods behind a Kubernetes Service). Off if unset.")
+  @Option(names = "--cluster-members", defaultValue = "${env:UNSTALL_CLUSTER_MEMBERS:-}",
+      paramLabel = "HOST[:PORT],...",
+      description = "Join the partitioned cache of these sidecars (TCP seeds; 'auto': SLURM_JOB_NODELIST or"
+          + " MASTER_ADDR; 'k8s:SERVICE': the pods behind a Kubernetes Service). Off if unset.")
   String clusterMembers;
 
   @Option(names = "--cluster-bind", defaultValue = "${env:UNSTALL_CLUSTER_BIND:-}", paramLabel = "ADDRESS",
-      description = "This node's address on the cluster's private interface: the member and the peer port listen there.")
+      description = "This node's address on the cluster's private interface: the member and the peer port listen"
+          + " there.")
   String clusterBind;
 
   @Option(names = "--cluster-port", defaultValue = "5701",
@@ -177,23 +186,25 @@ public final class ServeCommand implements Callable<Integer> {
   String clusterName;
 
   @Option(names = "--cluster-token", paramLabel = "FILE",
-      description = "A file (mode 0600) holding the cluster token, the same on every node; it authenticates peer fetches.")
+      description = "A file (mode 0600) holding the cluster token, the same on every node; it authenticates peer"
+          + " fetches.")
   Path clusterToken;
 
   @Option(names = "--peer-port", defaultValue = "8816",
       description = "Port of the peer Flight server on --cluster-bind (default ${DEFAULT-VALUE}; 0 picks a free one).")
   int peerPort;
 
-  @Option(names = "--peer-tls-cert", description = "PEM certificate chain of the peer port (signed by the cluster's CA).")
+  @Option(names = "--peer-tls-cert",
+      description = "PEM certificate chain of the peer port (signed by the cluster's CA).")
   Path peerTlsCert;
 
   @Option(names = "--peer-tls-key", description = "PEM private key for --peer-tls-cert.")
   Path peerTlsKey;
 
   @Option(names = "--prep-worker", defaultValue = "${env:UNSTALL_PREP_WORKER:-false}",
-      description = "Prepare batches for the cluster's prep groups (a CPU node for other sidecars' jobs): enlist in every"
-          + " group another sidecar announces, leave when it closes. Its dataset is registered here under the same name"
-          + " and location, which must be readable from this node. Needs --cluster-members.")
+      description = "Prepare batches for the cluster's prep groups (a CPU node for other sidecars' jobs): enlist in"
+          + " every group another sidecar announces, leave when it closes. Its dataset is registered here under the"
+          + " same name and location, which must be readable from this node. Needs --cluster-members.")
   boolean prepWorker;
   @Option(names = "--peer-tls-ca", description = "PEM CA certificate(s) peers' certificates must chain to.")
   Path peerTlsCa;
@@ -252,7 +263,8 @@ public final class ServeCommand implements Callable<Integer> {
     }
     ClusterSettings cluster = cluster();
     if (prepWorker && cluster == null) {
-      throw new IllegalArgumentException("--prep-worker needs --cluster-members: a prep worker serves the cluster's groups");
+      throw new IllegalArgumentException(
+          "--prep-worker needs --cluster-members: a prep worker serves the cluster's groups");
     }
     return new SidecarSettings(
         bind, port, controlPort, capacity, budget,
@@ -263,7 +275,8 @@ public final class ServeCommand implements Callable<Integer> {
         prefetchWindowBytes.equals("auto") ? budget / 8 : size("--prefetch-window-bytes", prefetchWindowBytes),
         prefetchWindowSamples, prefetchThreads,
         size("--storage-bandwidth", storageBandwidth), !noShm,
-        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, reindexBytes, bounds, h, List.copyOf(roots), cluster, prepWorker);
+        maxDecodePixels, maxDecodeAspectRatio, decodeBytes, reindexBytes, bounds, h, List.copyOf(roots), cluster,
+        prepWorker);
   }
 
   private int prepThreads() {
@@ -280,7 +293,8 @@ public final class ServeCommand implements Callable<Integer> {
 
   private static Duration seconds(String option, long s) {
     if (s < 1) {
-      throw new IllegalArgumentException("invalid value for option '" + option + "': " + s + " (must be at least 1 second)");
+      throw new IllegalArgumentException(
+          "invalid value for option '" + option + "': " + s + " (must be at least 1 second)");
     }
     return Duration.ofSeconds(s);
   }
@@ -312,8 +326,8 @@ public final class ServeCommand implements Callable<Integer> {
     }
     String kubernetes = ClusterMembers.kubernetesService(clusterMembers);
     return new ClusterSettings(clusterName, addr.getHostAddress(), clusterPort,
-        kubernetes != null ? List.of() : ClusterMembers.resolve(clusterMembers, clusterPort, System.getenv()), kubernetes,
-        peerPort,
+        kubernetes != null ? List.of() : ClusterMembers.resolve(clusterMembers, clusterPort, System.getenv()),
+        kubernetes, peerPort,
         Secrets.readToken(clusterToken, "cluster token file"), peerTlsCert, peerTlsKey, peerTlsCa,
         ClusterSettings.PEER_TIMEOUT, ClusterSettings.FAILURE_TIMEOUT);
   }

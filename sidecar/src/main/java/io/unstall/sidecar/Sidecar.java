@@ -37,8 +37,8 @@ public final class Sidecar implements AutoCloseable {
   private final LockFile homeLock;
   private final PrepVolunteer volunteer; // --prep-worker; null otherwise
 
-  private Sidecar(SidecarSettings s, LockFile homeLock, BufferAllocator root, DataPlane dataPlane, GatewayServer gateway,
-      PrepVolunteer volunteer) {
+  private Sidecar(SidecarSettings s, LockFile homeLock, BufferAllocator root, DataPlane dataPlane,
+      GatewayServer gateway, PrepVolunteer volunteer) {
     this.settings = s;
     this.volunteer = volunteer;
     this.homeLock = homeLock;
@@ -91,7 +91,8 @@ public final class Sidecar implements AutoCloseable {
       try {
         gw.start();
       } catch (py4j.Py4JNetworkException e) {
-        throw new BindException("control port " + s.controlPort() + " on 127.0.0.1 is already in use; pick --control-port");
+        throw new BindException(
+            "control port " + s.controlPort() + " on 127.0.0.1 is already in use; pick --control-port");
       }
       if (s.prepWorker()) {
         volunteer = new PrepVolunteer(control, dp.prepDirectory());
@@ -101,8 +102,8 @@ public final class Sidecar implements AutoCloseable {
       sidecar.writeStateFile();
       Runtime.getRuntime().addShutdownHook(sidecar.hook);
       LOG.info(
-          "unstall sidecar listening: flight={} local={} control=127.0.0.1:{} cache={} capacity={} memory-budget={} state={}"
-              + " tenants={} allow-roots={}",
+          "unstall sidecar listening: flight={} local={} control=127.0.0.1:{} cache={} capacity={} memory-budget={}"
+              + " state={} tenants={} allow-roots={}",
           dp.location().getUri(), dp.localEndpoint() == null ? "off" : dp.localEndpoint(), gw.getListeningPort(),
           s.cachePolicy(), Sizes.format(s.cacheCapacity()),
           Sizes.format(s.memoryBudget()), s.stateFile(), tenants.list().size(), paths.allowRoots());

@@ -39,7 +39,8 @@ class PathPolicyTest {
     // neither '..' nor a symbolic link leads out of an allowed root
     Path outside = Files.createDirectories(dir.resolve("private"));
     Files.createSymbolicLink(dir.resolve("shared/link"), outside);
-    assertThrows(PermissionDeniedException.class, () -> allowed.checkDatasetRoot("d", dir.resolve("shared/link").toString()));
+    assertThrows(PermissionDeniedException.class,
+        () -> allowed.checkDatasetRoot("d", dir.resolve("shared/link").toString()));
     assertThrows(PermissionDeniedException.class,
         () -> allowed.checkDatasetRoot("d", dir.resolve("shared/../private").toString()));
     // missing paths are the registry's to name; other schemes the storage's credentials'
@@ -52,20 +53,27 @@ class PathPolicyTest {
     Path shared = Files.createDirectories(dir.resolve("shared"));
     PathPolicy p = asAnotherUser(List.of(shared));
     Path inHome = dir.resolve("home/a.manifest");
-    assertEquals(dir.resolve("home").toRealPath().resolve("a.manifest"), p.checkManifest("export", inHome.toString(), false));
+    assertEquals(dir.resolve("home").toRealPath().resolve("a.manifest"),
+        p.checkManifest("export", inHome.toString(), false));
     assertDoesNotThrow(() -> p.checkManifest("export", shared.resolve("b.manifest").toString(), false));
     PermissionDeniedException e = assertThrows(PermissionDeniedException.class,
         () -> p.checkManifest("exportManifest of dataset 'd'", "/etc/unstall.manifest", false));
-    assertTrue(e.getMessage().contains("exportManifest of dataset 'd': /etc/unstall.manifest is outside the sidecar home")
-        && e.getMessage().contains("allowed: " + shared.toRealPath()), e.getMessage());
+    assertTrue(
+        e.getMessage().contains("exportManifest of dataset 'd': /etc/unstall.manifest is outside the sidecar home")
+            && e.getMessage().contains("allowed: " + shared.toRealPath()),
+        e.getMessage());
     Files.writeString(dir.resolve("x.manifest"), "x");
-    assertThrows(PermissionDeniedException.class, () -> p.checkManifest("import", dir.resolve("x.manifest").toString(), true));
+    assertThrows(PermissionDeniedException.class,
+        () -> p.checkManifest("import", dir.resolve("x.manifest").toString(), true));
     Files.createSymbolicLink(dir.resolve("home/out.manifest"), dir.resolve("x.manifest"));
     assertThrows(PermissionDeniedException.class,
-        () -> p.checkManifest("import", dir.resolve("home/out.manifest").toString(), true), "a link out is followed, then refused");
+        () -> p.checkManifest("import", dir.resolve("home/out.manifest").toString(), true),
+        "a link out is followed, then refused");
     assertThrows(PermissionDeniedException.class,
-        () -> p.checkManifest("export", dir.resolve("home/out.manifest").toString(), false), "never written through a link");
-    IllegalArgumentException rel = assertThrows(IllegalArgumentException.class, () -> p.checkManifest("export", "a.manifest", false));
+        () -> p.checkManifest("export", dir.resolve("home/out.manifest").toString(), false),
+        "never written through a link");
+    IllegalArgumentException rel =
+        assertThrows(IllegalArgumentException.class, () -> p.checkManifest("export", "a.manifest", false));
     assertTrue(rel.getMessage().contains("must be an absolute file path"), rel.getMessage());
     IllegalArgumentException missing = assertThrows(IllegalArgumentException.class,
         () -> p.checkManifest("import", dir.resolve("home/none.manifest").toString(), true));

@@ -60,7 +60,8 @@ class ServeCommandTest {
   void anExposedPeerPortWithoutTlsIsRefused() throws Exception {
     String err = runExpecting(2, "serve", "--home", home.toString(), "--cluster-members", "10.0.0.1",
         "--cluster-bind", "0.0.0.0", "--cluster-token", home.resolve("t").toString());
-    assertTrue(err.contains("--cluster-bind 0.0.0.0 exposes the peer port beyond this machine; that requires TLS"), err);
+    assertTrue(err.contains("--cluster-bind 0.0.0.0 exposes the peer port beyond this machine; that requires TLS"),
+        err);
   }
 
   @Test

@@ -38,7 +38,8 @@ class TokenCommandTest {
 
   @Test
   void issueListRevoke() throws Exception {
-    Run issued = run("token", "issue", "--home", home.toString(), "--dataset", "imgs", "--dataset", "tf", "--name", "bob");
+    Run issued =
+        run("token", "issue", "--home", home.toString(), "--dataset", "imgs", "--dataset", "tf", "--name", "bob");
     assertEquals(0, issued.code(), issued.err());
     String token = issued.out().trim();
     assertEquals(64, token.length(), issued.out());

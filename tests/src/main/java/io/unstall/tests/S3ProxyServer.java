@@ -12,9 +12,9 @@ import org.gaul.s3proxy.auth.AuthenticationType;
  * <pre>java -cp tests/target/classes:$(cat tests/target/s3proxy.classpath) io.unstall.tests.S3ProxyServer \
  *     [--host 127.0.0.1] [--port 0] [--identity ID] [--credential SECRET] [--basedir DIR]</pre>
  *
- * Listens on {@code --host} (127.0.0.1 by default; port 0: a free one) with SigV2/V4 authentication, keeps objects in memory (or under
- * {@code --basedir}), prints {@code S3PROXY READY http://<host>:<port>} once it serves, and runs until
- * killed.
+ * Listens on {@code --host} (127.0.0.1 by default; port 0: a free one) with SigV2/V4 authentication, keeps
+ * objects in memory (or under {@code --basedir}), prints {@code S3PROXY READY http://<host>:<port>} once it
+ * serves, and runs until killed.
  */
 public final class S3ProxyServer {
   public static final String READY = "S3PROXY READY ";
@@ -37,7 +37,8 @@ public final class S3ProxyServer {
         case "--credential" -> credential = required(args[i], value);
         case "--basedir" -> basedir = required(args[i], value);
         default -> {
-          System.err.println("unknown option '" + args[i] + "'; use --host, --port, --identity, --credential, --basedir");
+          System.err.println(
+              "unknown option '" + args[i] + "'; use --host, --port, --identity, --credential, --basedir");
           System.exit(2);
         }
       }

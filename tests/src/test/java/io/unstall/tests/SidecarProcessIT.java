@@ -25,7 +25,6 @@ import org.apache.arrow.flight.HeaderCallOption;
 import org.apache.arrow.flight.Location;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
-import org.apache.arrow.vector.VarBinaryVector;
 import org.awaitility.core.ConditionTimeoutException;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -93,7 +92,8 @@ class SidecarProcessIT {
       var err = org.junit.jupiter.api.Assertions.assertThrows(
           org.apache.arrow.flight.FlightRuntimeException.class,
           () -> {
-            try (FlightStream s = c.getStream(new FetchTicket("data", 0, new long[] {0}).toTicket(), new HeaderCallOption(h))) {
+            try (FlightStream s =
+                c.getStream(new FetchTicket("data", 0, new long[] {0}).toTicket(), new HeaderCallOption(h))) {
               s.next();
             }
           });
@@ -118,7 +118,8 @@ class SidecarProcessIT {
   @Test
   void refusesATakenPortWithAClearMessage() throws Exception {
     try (ServerSocket taken = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
-      Process p = start("--port", Integer.toString(taken.getLocalPort()), "--memory-budget", "64MiB", "--cache-capacity", "1MiB");
+      Process p = start("--port", Integer.toString(taken.getLocalPort()), "--memory-budget", "64MiB",
+          "--cache-capacity", "1MiB");
       assertTrue(p.waitFor(60, TimeUnit.SECONDS));
       assertEquals(3, p.exitValue(), log());
       assertTrue(log().contains("Flight port " + taken.getLocalPort() + " on 127.0.0.1 is already in use"), log());
@@ -138,13 +139,16 @@ class SidecarProcessIT {
       assertTrue(sameHome.waitFor(60, TimeUnit.SECONDS));
       String log = Files.readString(dir.resolve("log-home"));
       assertEquals(3, sameHome.exitValue(), log);
-      assertTrue(log.contains("sidecar home " + dir.resolve("home") + " is in use by another process (pid " + first.pid()), log);
+      assertTrue(
+          log.contains("sidecar home " + dir.resolve("home") + " is in use by another process (pid " + first.pid()),
+          log);
 
       Process sameDisk = start(dir.resolve("home2"), dir.resolve("log-disk"), opts);
       assertTrue(sameDisk.waitFor(60, TimeUnit.SECONDS));
       log = Files.readString(dir.resolve("log-disk"));
       assertEquals(3, sameDisk.exitValue(), log);
-      assertTrue(log.contains("disk cache directory " + disk + " is in use by another process (pid " + first.pid()), log);
+      assertTrue(log.contains("disk cache directory " + disk + " is in use by another process (pid " + first.pid()),
+          log);
       assertTrue(log.contains("give each sidecar its own --disk-cache-dir"), log);
 
       assertTrue(first.isAlive());

@@ -1,6 +1,25 @@
 package io.unstall.agent.trace;
 
-import static io.unstall.agent.trace.StallAttributes.*;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_BYTES;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_DURATION_NS;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_PATH;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_SPAN_NAME;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_SYNCS;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_TRAINING_THREAD;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_WRITE_CALLS;
+import static io.unstall.agent.trace.StallAttributes.CHECKPOINT_WRITE_TIME_NS;
+import static io.unstall.agent.trace.StallAttributes.EXCEPTION_TYPE;
+import static io.unstall.agent.trace.StallAttributes.IO_BYTES;
+import static io.unstall.agent.trace.StallAttributes.IO_FILES;
+import static io.unstall.agent.trace.StallAttributes.IO_PROCESS_BYTES;
+import static io.unstall.agent.trace.StallAttributes.IO_READ_CALLS;
+import static io.unstall.agent.trace.StallAttributes.IO_READ_TIME_NS;
+import static io.unstall.agent.trace.StallAttributes.ITERATOR_CLASS;
+import static io.unstall.agent.trace.StallAttributes.ITERATOR_METHOD;
+import static io.unstall.agent.trace.StallAttributes.SPAN_NAME;
+import static io.unstall.agent.trace.StallAttributes.STALL_DURATION_NS;
+import static io.unstall.agent.trace.StallAttributes.THREAD_ID;
+import static io.unstall.agent.trace.StallAttributes.THREAD_NAME;
 
 import io.opentelemetry.api.trace.Span;
 import io.opentelemetry.api.trace.SpanBuilder;

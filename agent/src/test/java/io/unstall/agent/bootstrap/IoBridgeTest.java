@@ -29,7 +29,7 @@ class IoBridgeTest {
           public void stall(Object it, String method, long start, long duration, ThreadState w,
               long processBytes, Throwable error) {
             stalls.add(new long[] {w.bytes(), w.readCalls(), w.files(), processBytes,
-              error == null ? 0 : 1});
+                error == null ? 0 : 1});
           }
 
           @Override

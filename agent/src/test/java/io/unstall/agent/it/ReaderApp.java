@@ -105,44 +105,42 @@ public final class ReaderApp {
                 }
               }
             });
-      case "raf":
-        {
-          RandomAccessFile raf = new RandomAccessFile(file.toFile(), "r");
-          byte[] record = new byte[16384];
-          // Records in reverse order: 3, 2, 1, 0.
-          return new Batches(
-              4,
-              b -> {
-                raf.seek((3 - b) * 16384L);
-                raf.readFully(record);
-                if (b == 3) {
-                  raf.close();
-                }
-              });
-        }
-      case "channel":
-        {
-          FileChannel ch = FileChannel.open(file, StandardOpenOption.READ);
-          return new Batches(
-              3,
-              b -> {
-                if (b == 0) {
-                  ByteBuffer buf = ByteBuffer.allocate(8192);
-                  while (ch.read(buf) != -1) {
-                    buf.clear();
-                  }
-                } else if (b == 1) {
-                  ByteBuffer buf = ByteBuffer.allocate(8192);
-                  ch.read(buf, 0);
+      case "raf": {
+        RandomAccessFile raf = new RandomAccessFile(file.toFile(), "r");
+        byte[] record = new byte[16384];
+        // Records in reverse order: 3, 2, 1, 0.
+        return new Batches(
+            4,
+            b -> {
+              raf.seek((3 - b) * 16384L);
+              raf.readFully(record);
+              if (b == 3) {
+                raf.close();
+              }
+            });
+      }
+      case "channel": {
+        FileChannel ch = FileChannel.open(file, StandardOpenOption.READ);
+        return new Batches(
+            3,
+            b -> {
+              if (b == 0) {
+                ByteBuffer buf = ByteBuffer.allocate(8192);
+                while (ch.read(buf) != -1) {
                   buf.clear();
-                  ch.read(buf, 16384);
-                } else {
-                  ch.position(4096);
-                  ch.read(new ByteBuffer[] {ByteBuffer.allocate(4096), ByteBuffer.allocate(4096)});
-                  ch.close();
                 }
-              });
-        }
+              } else if (b == 1) {
+                ByteBuffer buf = ByteBuffer.allocate(8192);
+                ch.read(buf, 0);
+                buf.clear();
+                ch.read(buf, 16384);
+              } else {
+                ch.position(4096);
+                ch.read(new ByteBuffer[] {ByteBuffer.allocate(4096), ByteBuffer.allocate(4096)});
+                ch.close();
+              }
+            });
+      }
       case "files":
         return new Batches(
             2,

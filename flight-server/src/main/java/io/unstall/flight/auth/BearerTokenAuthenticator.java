@@ -56,7 +56,8 @@ public final class BearerTokenAuthenticator implements CallHeaderAuthenticator {
     }
     if (tenant == null) {
       throw CallStatus.UNAUTHENTICATED
-          .withDescription("wrong bearer token: neither the sidecar's token nor a tenant token it issued and has not revoked")
+          .withDescription(
+              "wrong bearer token: neither the sidecar's token nor a tenant token it issued and has not revoked")
           .toRuntimeException();
     }
     String identity = tenant.identity();

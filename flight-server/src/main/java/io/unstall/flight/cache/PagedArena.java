@@ -5,8 +5,8 @@ import org.apache.arrow.memory.BufferAllocator;
 
 /**
  * Off-heap memory of a cache as one address space of 1 MiB pages, allocated lazily from the cache's allocator
- * (the data plane gives it a limit of the capacity rounded up to a page). Pages are powers of two, so Arrow's rounding wastes
- * nothing, and a cache never holds more than its capacity plus less than a page.
+ * (the data plane gives it a limit of the capacity rounded up to a page). Pages are powers of two, so Arrow's
+ * rounding wastes nothing, and a cache never holds more than its capacity plus less than a page.
  */
 final class PagedArena extends Arena {
   static final int PAGE = 1 << 20;

@@ -12,8 +12,8 @@ import java.util.List;
  * peers are trusted by {@code tlsCa} (the cluster's CA). {@code peerTimeout} bounds one peer fetch.
  */
 public record ClusterSettings(
-    String name, String bind, int port, List<String> members, String kubernetesService, int peerPort, String token, Path tlsCert,
-    Path tlsKey, Path tlsCa, Duration peerTimeout, Duration failureTimeout) {
+    String name, String bind, int port, List<String> members, String kubernetesService, int peerPort, String token,
+    Path tlsCert, Path tlsKey, Path tlsCa, Duration peerTimeout, Duration failureTimeout) {
   public static final String DEFAULT_NAME = "unstall";
   public static final int DEFAULT_PORT = 5701;
   public static final Duration PEER_TIMEOUT = Duration.ofSeconds(10);

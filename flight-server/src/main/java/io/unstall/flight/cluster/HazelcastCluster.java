@@ -68,8 +68,8 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
         }
       }
     });
-    LOG.info("cluster '{}': joined as {} (peer port {}); {} members", s.name(), hz.getCluster().getLocalMember().getAddress(),
-        peerAddress, hz.getCluster().getMembers().size());
+    LOG.info("cluster '{}': joined as {} (peer port {}); {} members", s.name(),
+        hz.getCluster().getLocalMember().getAddress(), peerAddress, hz.getCluster().getMembers().size());
     return c;
   }
 
@@ -136,10 +136,11 @@ public final class HazelcastCluster implements Ownership, AutoCloseable {
 
   /**
    * Sample {@code id}'s partition: the dataset's ids dealt over the partitions from a starting point of its name,
-   * in steps of 97 (coprime to the prime 271, Hazelcast's default partition count), so each partition gets an even share of every dataset (to within one sample), and
-   * each member by the partitions it owns; the stride scatters neighbouring ids over the partition table, which
-   * Hazelcast assigns to members in runs, so a small dataset is spread as well. Hashing each id instead leaves
-   * members with uneven shares, and the most loaded member's storage link and cache set the pace.
+   * in steps of 97 (coprime to the prime 271, Hazelcast's default partition count), so each partition gets an
+   * even share of every dataset (to within one sample), and each member by the partitions it owns; the stride
+   * scatters neighbouring ids over the partition table, which Hazelcast assigns to members in runs, so a small
+   * dataset is spread as well. Hashing each id instead leaves members with uneven shares, and the most loaded
+   * member's storage link and cache set the pace.
    */
   Partition partitionOf(String dataset, int id) {
     Partition[] ps = partitions;

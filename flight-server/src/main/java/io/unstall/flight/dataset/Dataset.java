@@ -20,7 +20,8 @@ import org.slf4j.LoggerFactory;
 /** A registered dataset: a named storage location plus a format, indexed into stable sample ids. */
 public final class Dataset {
   private static final Logger LOG = LoggerFactory.getLogger(Dataset.class);
-  private static final com.fasterxml.jackson.databind.ObjectMapper LAYOUT = new com.fasterxml.jackson.databind.ObjectMapper();
+  private static final com.fasterxml.jackson.databind.ObjectMapper LAYOUT =
+      new com.fasterxml.jackson.databind.ObjectMapper();
   private final String name;
   private final Format format;
   /** The format options as registered, canonical JSON ("{}" for none): part of the dataset's identity. */

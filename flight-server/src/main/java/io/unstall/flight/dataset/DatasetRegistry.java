@@ -160,7 +160,8 @@ public final class DatasetRegistry implements AutoCloseable {
       }
       throw new IllegalArgumentException(
           "dataset '" + name + "' is already registered as " + existing.format().name() + " at "
-              + existing.storage().uri() + (existing.options().equals("{}") ? "" : " with options " + existing.options())
+              + existing.storage().uri()
+              + (existing.options().equals("{}") ? "" : " with options " + existing.options())
               + "; choose another name");
     }
     long start = System.nanoTime();

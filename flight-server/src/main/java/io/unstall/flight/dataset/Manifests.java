@@ -130,7 +130,10 @@ public final class Manifests {
     return d.claim(read(d, file, false), file.toString());
   }
 
-  /** The digests of {@code file} by sample id (null where unknown), or null when a fingerprint must match and does not. */
+  /**
+   * The digests of {@code file} by sample id (null where unknown), or null when a fingerprint must match and does
+   * not.
+   */
   private static Digest[] read(Dataset d, Path file, boolean requireSameFingerprint) throws IOException {
     byte[] bytes = Files.readAllBytes(file);
     ByteBuffer b = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);

@@ -8,7 +8,6 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashSet;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -47,7 +46,8 @@ public final class CsvFormat implements ContentIndexed {
     options.allow("delimiter", "header", "columns", "label", "types");
     String d = options.string("delimiter", ",");
     if (d.length() != 1 || d.charAt(0) > 127 || d.charAt(0) == '"' || d.charAt(0) == '\n' || d.charAt(0) == '\r') {
-      throw options.problem("delimiter", "must be one ASCII character other than a quote or line break, got '" + d + "'");
+      throw options.problem(
+          "delimiter", "must be one ASCII character other than a quote or line break, got '" + d + "'");
     }
     this.delimiter = (byte) d.charAt(0);
     this.header = options.bool("header", true);

@@ -37,7 +37,8 @@ public final class FormatOptions {
     if (json != null && !json.isNull() && !json.isObject()) {
       throw new IllegalArgumentException("format '" + format + "': options must be a JSON object, got " + json);
     }
-    return new FormatOptions(format, json == null || json.isNull() ? JsonNodeFactory.instance.objectNode() : (ObjectNode) json);
+    return new FormatOptions(
+        format, json == null || json.isNull() ? JsonNodeFactory.instance.objectNode() : (ObjectNode) json);
   }
 
   /** The same options for format {@code format} (for messages). */

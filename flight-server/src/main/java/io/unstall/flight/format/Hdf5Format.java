@@ -4,7 +4,6 @@ import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.jhdf.HdfFile;
 import io.jhdf.api.Dataset;
-import io.jhdf.api.dataset.ChunkedDataset;
 import io.jhdf.api.dataset.ContiguousDataset;
 import io.jhdf.dataset.chunked.Chunk;
 import io.jhdf.dataset.chunked.ChunkOffset;
@@ -25,7 +24,6 @@ import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.function.LongConsumer;
 import java.util.zip.DataFormatException;
 import java.util.zip.Inflater;
@@ -219,7 +217,8 @@ final class Hdf5Format implements Format {
       }
       Map<ChunkOffset, Chunk> chunks = chunkLookup(c);
       for (Chunk ch : chunks.values()) {
-        if (ch.getAddress() < 0 || ch.getSize() < 0 || ch.getSize() > MAX_CHUNK || ch.getAddress() + ch.getSize() > size) {
+        if (ch.getAddress() < 0 || ch.getSize() < 0 || ch.getSize() > MAX_CHUNK
+            || ch.getAddress() + ch.getSize() > size) {
           throw new CorruptRecordException(storage.describe(file), ch.getAddress(),
               "dataset '" + dataset + "': truncated HDF5 file: chunk "
               + Arrays.toString(ch.getChunkOffset()) + " of " + where + " lies at byte offset " + ch.getAddress()
@@ -405,8 +404,8 @@ final class Hdf5Format implements Format {
       buf.setBytes(0, data);
       return buf;
     } catch (OutOfMemoryException e) {
-      throw new DecodedUnits.NoRoom("dataset '" + dataset + "': an HDF5 chunk of '" + path + "' (" + bytes + " bytes) does not"
-          + " fit in the memory for decoded chunks (" + into.getLimit() + " bytes)", e);
+      throw new DecodedUnits.NoRoom("dataset '" + dataset + "': an HDF5 chunk of '" + path + "' (" + bytes
+          + " bytes) does not fit in the memory for decoded chunks (" + into.getLimit() + " bytes)", e);
     }
   }
 

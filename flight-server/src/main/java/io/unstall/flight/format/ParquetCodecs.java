@@ -52,7 +52,8 @@ final class ParquetCodecs implements CompressionCodecFactory {
               n = gz.readNBytes(out, 0, size);
             }
           }
-          case LZ4_RAW -> n = new io.airlift.compress.lz4.Lz4Decompressor().decompress(src, 0, src.length, out, 0, size);
+          case LZ4_RAW ->
+              n = new io.airlift.compress.lz4.Lz4Decompressor().decompress(src, 0, src.length, out, 0, size);
           default -> throw new IOException("the Parquet codec " + codec + " is not supported (supported: UNCOMPRESSED,"
               + " SNAPPY, GZIP, ZSTD, LZ4_RAW)");
         }

@@ -14,7 +14,6 @@ import java.util.Base64;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.function.LongConsumer;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.OutOfMemoryException;
@@ -247,7 +246,8 @@ final class ParquetFormat implements Format {
     int g = java.util.Arrays.binarySearch(starts, row);
     g = g >= 0 ? g : -g - 2;
     BlockMetaData block = footers.get(fileNo).getBlocks().get(g);
-    try (DecodedUnits<Long, VectorSchemaRoot>.Lease unit = units.get(((long) fileNo << 32) | g, decodedEstimate(block))) {
+    try (DecodedUnits<Long, VectorSchemaRoot>.Lease unit =
+        units.get(((long) fileNo << 32) | g, decodedEstimate(block))) {
       VectorSchemaRoot root = unit.value();
       int start = dst.position();
       rowMessages.write(root.getFieldVectors(), (int) (row - starts[g]), dst);
@@ -277,8 +277,9 @@ final class ParquetFormat implements Format {
       PageReadStore pages = r.readRowGroup(g);
       return ParquetColumns.decode(pages, projection, cols, footer.getFileMetaData().getCreatedBy(), into);
     } catch (OutOfMemoryException e) {
-      throw new DecodedUnits.NoRoom("dataset '" + dataset + "': row group " + g + " of Parquet file '" + storage.describe(file)
-          + "' (" + block.getRowCount() + " rows, " + block.getTotalByteSize() + " bytes uncompressed) does not fit in"
+      throw new DecodedUnits.NoRoom("dataset '" + dataset + "': row group " + g + " of Parquet file '"
+          + storage.describe(file) + "' (" + block.getRowCount() + " rows, " + block.getTotalByteSize()
+          + " bytes uncompressed) does not fit in"
           + " the memory for decoded row groups (" + into.getLimit() + " bytes, a quarter of what --memory-budget"
           + " leaves for batches): write smaller row groups or raise --memory-budget", e);
     } catch (IOException | RuntimeException e) {

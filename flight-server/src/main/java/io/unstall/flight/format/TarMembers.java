@@ -108,7 +108,8 @@ final class TarMembers {
       if (e.isSparse()) {
         throw corrupt(at, "member '" + e.getName() + "' is a sparse file, which unstall does not read");
       }
-      if (!isRegular(h[156], longName != null ? longName : e.getName())) { // directories, links, devices: skipped, as webdataset does
+      // directories, links, devices: skipped, as webdataset does
+      if (!isRegular(h[156], longName != null ? longName : e.getName())) {
         first = -1;
         longName = null;
         paxSize = null;

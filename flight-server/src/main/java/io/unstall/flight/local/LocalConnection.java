@@ -1,6 +1,18 @@
 package io.unstall.flight.local;
 
-import static io.unstall.flight.protocol.LocalFrames.*;
+import static io.unstall.flight.protocol.LocalFrames.CLOSE;
+import static io.unstall.flight.protocol.LocalFrames.FETCH;
+import static io.unstall.flight.protocol.LocalFrames.HELLO;
+import static io.unstall.flight.protocol.LocalFrames.INTERNAL;
+import static io.unstall.flight.protocol.LocalFrames.INVALID_ARGUMENT;
+import static io.unstall.flight.protocol.LocalFrames.MAX_FRAME;
+import static io.unstall.flight.protocol.LocalFrames.NOT_FOUND;
+import static io.unstall.flight.protocol.LocalFrames.OPEN;
+import static io.unstall.flight.protocol.LocalFrames.PLAN;
+import static io.unstall.flight.protocol.LocalFrames.PREP;
+import static io.unstall.flight.protocol.LocalFrames.RESOURCE_EXHAUSTED;
+import static io.unstall.flight.protocol.LocalFrames.UNAUTHENTICATED;
+import static io.unstall.flight.protocol.LocalFrames.UNAVAILABLE;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -52,8 +64,9 @@ final class LocalConnection implements Runnable {
   }
 
   /**
-   * Answers a connection that cannot be served with one error ({@code code}: a LocalFrames status), then closes it. The client reads it
-   * in reply to its HELLO (or after its HELLO failed to send: the reply is already in its socket's buffer).
+   * Answers a connection that cannot be served with one error ({@code code}: a LocalFrames status), then closes
+   * it. The client reads it in reply to its HELLO (or after its HELLO failed to send: the reply is already in its
+   * socket's buffer).
    */
   static void refuse(SocketChannel ch, int code, String why) {
     try (ch) {

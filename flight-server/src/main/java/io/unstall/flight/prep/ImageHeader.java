@@ -133,7 +133,8 @@ public record ImageHeader(Format format, int width, int height, int components, 
       return "a Sun raster file";
     } else if (in.n >= 12 && in.at(4, 'f', 't', 'y', 'p')) {
       return "an ISO media file (HEIF/AVIF)";
-    } else if (in.n >= 2 && in.u8(0) == 'P' && (in.u8(1) >= '1' && in.u8(1) <= '7' || in.u8(1) == 'F' || in.u8(1) == 'f')) {
+    } else if (in.n >= 2 && in.u8(0) == 'P'
+        && (in.u8(1) >= '1' && in.u8(1) <= '7' || in.u8(1) == 'F' || in.u8(1) == 'f')) {
       return "a PNM/PFM file";
     } else if (in.startsWith('R', 'I', 'F', 'F') && in.at(8, 'W', 'E', 'B', 'P')) {
       return "a WebP file";

@@ -298,7 +298,8 @@ public final class ImagePrep {
     long px = h * w;
     long out = pipeline.layout() == Layout.NCHW
         ? px // one uint8 plane at a time
-        : px * DECODED_CHANNELS * (pipeline.dtype() == DType.UINT8 ? 1 : 1 + 3 * 4); // RGB, then float image, scale, shift
+        // RGB, then float image, scale, shift
+        : px * DECODED_CHANNELS * (pipeline.dtype() == DType.UINT8 ? 1 : 1 + 3 * 4);
     return Math.max(peak, cur + out) + DECODER_OVERHEAD;
   }
 

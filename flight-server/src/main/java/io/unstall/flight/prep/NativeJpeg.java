@@ -81,8 +81,8 @@ public final class NativeJpeg {
    * position. {@code geom}: width, height (the header's), the clip window x0, y0, x1, y1 that bounds the filter,
    * output height, width, flip (0/1), NCHW (0/1), bytes per element, the largest DCT scale denominator (1: none),
    * window (0: decode every row and column, the reference). {@code box}: the source box x0, y0, x1, y1 in image
-   * pixels, then the reducing gap. {@code lut}: 3 x 256 output values (RGB), for dtypes other than uint8. The JPEG must not be CMYK
-   * (4 components). Throws BadImageException naming libjpeg's reason.
+   * pixels, then the reducing gap. {@code lut}: 3 x 256 output values (RGB), for dtypes other than uint8. The
+   * JPEG must not be CMYK (4 components). Throws BadImageException naming libjpeg's reason.
    */
   static native int run(ByteBuffer src, int srcPos, int srcLen, ByteBuffer dst, int dstPos, ByteBuffer lut,
       int[] geom, double[] box) throws BadImageException;

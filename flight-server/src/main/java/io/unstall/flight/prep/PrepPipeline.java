@@ -200,7 +200,8 @@ public final class PrepPipeline {
     checkKeys(root, "prep pipeline", Set.of("ops", "layout", "dtype"));
     JsonNode opsNode = root.get("ops");
     if (opsNode == null || !opsNode.isArray() || opsNode.isEmpty()) {
-      throw new IllegalArgumentException("prep pipeline: \"ops\" must be a non-empty array starting with {\"op\":\"decode\"}");
+      throw new IllegalArgumentException(
+          "prep pipeline: \"ops\" must be a non-empty array starting with {\"op\":\"decode\"}");
     }
     Layout layout = parseEnum(Layout.class, text(root, "layout", "NCHW"), "prep pipeline: \"layout\"");
     DType dtype = parseEnum(DType.class, text(root, "dtype", "float32"), "prep pipeline: \"dtype\"");
@@ -357,8 +358,8 @@ public final class PrepPipeline {
     JsonNode mp = o.get("max_pixels");
     if (mp != null) {
       if (!mp.isIntegralNumber() || mp.asLong() < 1 || mp.asLong() > DecodeLimits.MAX_PIXELS) {
-        throw new IllegalArgumentException(where + ": \"max_pixels\" must be an integer in 1.." + DecodeLimits.MAX_PIXELS
-            + " (OpenCV's own limit), got " + mp);
+        throw new IllegalArgumentException(where + ": \"max_pixels\" must be an integer in 1.."
+            + DecodeLimits.MAX_PIXELS + " (OpenCV's own limit), got " + mp);
       }
       maxPixels = mp.asLong();
     }
@@ -440,7 +441,9 @@ public final class PrepPipeline {
     if (!v.isArray() || v.size() != 2) {
       throw new IllegalArgumentException(where + ": \"" + key + "\" must be [min, max], got " + v);
     }
-    return new double[] {number(v.get(0), where + ": \"" + key + "\"[0]"), number(v.get(1), where + ": \"" + key + "\"[1]")};
+    return new double[] {
+      number(v.get(0), where + ": \"" + key + "\"[0]"), number(v.get(1), where + ": \"" + key + "\"[1]")
+    };
   }
 
   private static double[] triple(JsonNode o, String key, String where) {

@@ -23,7 +23,9 @@ final class PrepRequests {
 
     /** What, besides the dataset, seed, batch size and order, decides which group a member joins. */
     String fingerprint() {
-      return external != null ? PrepService.EXTERNAL_PREFIX + external : pipeline == null ? "raw" : pipeline.fingerprint();
+      return external != null
+          ? PrepService.EXTERNAL_PREFIX + external
+          : pipeline == null ? "raw" : pipeline.fingerprint();
     }
   }
 
@@ -111,7 +113,8 @@ final class PrepRequests {
     }
     c = c == null ? null : c.get("prep.put");
     if (c == null || !c.isObject()) {
-      throw new IllegalArgumentException("prep.put: expected {\"prep.put\":{\"group\",\"member\",\"epoch\",\"batch\"}}");
+      throw new IllegalArgumentException(
+          "prep.put: expected {\"prep.put\":{\"group\",\"member\",\"epoch\",\"batch\"}}");
     }
     return at("prep.put", c);
   }

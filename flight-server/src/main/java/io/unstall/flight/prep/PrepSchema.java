@@ -37,7 +37,10 @@ public final class PrepSchema {
         List.of(
             new Field(ID, FieldType.notNullable(new ArrowType.Int(64, true)), null),
             new Field(LABEL, FieldType.nullable(new ArrowType.Int(64, true)), null),
-            new Field(TENSOR, FieldType.notNullable(new ArrowType.FixedSizeBinary(Math.toIntExact(p.sampleBytes()))), null)),
+            new Field(
+                TENSOR,
+                FieldType.notNullable(new ArrowType.FixedSizeBinary(Math.toIntExact(p.sampleBytes()))),
+                null)),
         Map.of(
             "unstall.schema", "1",
             SHAPE, shape,

@@ -169,16 +169,16 @@ public final class PrepService implements AutoCloseable {
         JsonNode b = PrepRequests.body(type, action.getBody());
         if (b.path("next").asBoolean(false)) { // a DataLoader worker process: the next free batch of the epoch
           PrepRequests.At at = PrepRequests.epochOf(type, b);
-          yield group(at.group(), caller).claimNext(at.member(), at.epoch(), RemotePrep.PEER_CLAIM_WAIT_NANOS,
-              cancelled).toString();
+          yield group(at.group(), caller).serving().claimNext(at.member(), at.epoch(),
+              RemotePrep.PEER_CLAIM_WAIT_NANOS, cancelled).toString();
         }
         PrepRequests.At at = PrepRequests.at(type, b);
-        yield group(at.group(), caller).claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
+        yield group(at.group(), caller).serving().claim(at.member(), at.epoch(), at.batch(), cancelled).toString();
       }
       case ACTION_RELEASE -> {
         JsonNode b = PrepRequests.body(type, action.getBody());
         PrepRequests.At at = PrepRequests.at(type, b);
-        boolean released = group(at.group(), caller).release(at.member(), at.epoch(), at.batch(),
+        boolean released = group(at.group(), caller).serving().release(at.member(), at.epoch(), at.batch(),
             b.path("reason").asText(""));
         yield "{\"v\":1,\"released\":" + released + "}";
       }
@@ -191,7 +191,7 @@ public final class PrepService implements AutoCloseable {
           throw new PermissionDeniedException(ACTION_NEXT + " hands out the sidecar owner's shared-memory files; "
               + caller + " reads prepared batches with PREP DoGet tickets");
         }
-        yield g.next(at.member(), at.epoch(), at.batch(), released, cancelled).toString();
+        yield g.serving().next(at.member(), at.epoch(), at.batch(), released, cancelled).toString();
       }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
           + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_RELEASE,
@@ -215,7 +215,7 @@ public final class PrepService implements AutoCloseable {
     if (!stream.next()) {
       throw new IllegalArgumentException("prep.put: the stream carries no record batch");
     }
-    group(at.group(), caller).upload(at.member(), at.epoch(), at.batch(), stream.getRoot(), cancelled);
+    group(at.group(), caller).serving().upload(at.member(), at.epoch(), at.batch(), stream.getRoot(), cancelled);
     while (stream.next()) {
       // one batch per upload; drain anything else
     }
@@ -230,7 +230,7 @@ public final class PrepService implements AutoCloseable {
           .toRuntimeException();
     }
     checkMay(caller, g);
-    g.serve(t, listener);
+    g.serving().serve(t, listener);
   }
 
   private PrepGroup group(String id, Principal caller) {
@@ -249,12 +249,15 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
-  /** {@code prep.join} with its {@code "compression"} option: the member's Flight reads come LZ4- or ZSTD-compressed. */
+  /**
+   * {@code prep.join} with its {@code "compression"} option: the member's Flight reads come LZ4- or
+   * ZSTD-compressed.
+   */
   private ObjectNode joinCompressed(JsonNode body, Principal caller) throws Exception {
     CompressionUtil.CodecType codec = PrepRequests.compression(body);
     ObjectNode r = join(PrepRequests.join(body, decodeLimits), caller);
     if (codec != null) {
-      group(r.path("group").asText(), caller).setCompression(r.path("member").asLong(), codec);
+      group(r.path("group").asText(), caller).serving().setCompression(r.path("member").asLong(), codec);
       r.put("compression", CompressedBatches.wire(codec));
     }
     return r;
@@ -275,7 +278,8 @@ public final class PrepService implements AutoCloseable {
     if (!caller.owner()) { // a tenant cannot open the owner's /dev/shm files
       s = s.withShm(false);
     }
-    PrepGroup.Key key = new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
+    PrepGroup.Key key =
+        new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
     ObjectNode r = groups.join(key, d, j.pipeline(), s, j);
     if (!caller.owner()) {
       r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets

@@ -79,7 +79,8 @@ final class Production {
    * conservative, so an allocation never fails. Caller holds the lock.
    */
   boolean roomFor(int local, int remote) {
-    return staging.allocated() - staging.reusableBytes() + (preparing + local) * (source.batchBytes() + source.workingBytes())
+    return staging.allocated() - staging.reusableBytes()
+        + (preparing + local) * (source.batchBytes() + source.workingBytes())
         + remote * source.batchBytes() <= staging.limit();
   }
 

@@ -57,7 +57,8 @@ public record PrepTicket(String group, long member, long epoch, long batch) {
     int expected = HEADER + len + 16;
     if (bytes.length < expected) {
       throw new MalformedTicketException(
-          "truncated at byte " + bytes.length + ": a PREP ticket with a " + len + "-byte group id is " + expected + " bytes");
+          "truncated at byte " + bytes.length + ": a PREP ticket with a " + len + "-byte group id is " + expected
+              + " bytes");
     }
     if (bytes.length > expected) {
       int extra = bytes.length - expected;

@@ -50,7 +50,8 @@ public final class Sessions {
     FetchSession s = open.get(id);
     if (s == null) {
       throw new UnknownSessionException(
-          "unknown session " + Long.toUnsignedString(id) + " (closed, or opened on a sidecar that has since restarted)");
+          "unknown session " + Long.toUnsignedString(id)
+              + " (closed, or opened on a sidecar that has since restarted)");
     }
     return s;
   }

@@ -37,7 +37,8 @@ public final class ShmBuffer extends ForeignAllocation {
    */
   public static ShmBuffer create(Path path, long size, boolean commit) throws IOException {
     if (size > Integer.MAX_VALUE) {
-      throw new IOException("a shared-memory file is limited to 2 GiB, " + path.getFileName() + " needs " + size + " bytes");
+      throw new IOException(
+          "a shared-memory file is limited to 2 GiB, " + path.getFileName() + " needs " + size + " bytes");
     }
     long n = Math.max(1, size);
     long free = Files.getFileStore(path.getParent()).getUsableSpace();
@@ -45,8 +46,10 @@ public final class ShmBuffer extends ForeignAllocation {
       throw new IOException("shared memory is full: " + path.getParent() + " has " + free + " bytes free, "
           + path.getFileName() + " needs " + n + " (raise /dev/shm's size or lower --cache-capacity)");
     }
-    try (FileChannel ch = FileChannel.open(path, Set.of(StandardOpenOption.CREATE_NEW, StandardOpenOption.READ,
-        StandardOpenOption.WRITE), PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")))) {
+    try (FileChannel ch = FileChannel.open(
+        path,
+        Set.of(StandardOpenOption.CREATE_NEW, StandardOpenOption.READ, StandardOpenOption.WRITE),
+        PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")))) {
       if (commit) {
         Commit.zeros(ch, 0, n);
       }

@@ -108,7 +108,8 @@ public final class S3Storage implements Storage {
      */
     public static Config fromEnvironment() {
       URI endpoint = null;
-      if (!setting("aws.ignoreConfiguredEndpointUrls", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS").equalsIgnoreCase("true")) {
+      if (!setting("aws.ignoreConfiguredEndpointUrls", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+          .equalsIgnoreCase("true")) {
         String url = setting("aws.endpointUrlS3", "AWS_ENDPOINT_URL_S3");
         if (url.isEmpty()) {
           url = setting("aws.endpointUrl", "AWS_ENDPOINT_URL");
@@ -120,11 +121,13 @@ public final class S3Storage implements Storage {
           try {
             endpoint = URI.create(url);
           } catch (IllegalArgumentException e) {
-            throw new IllegalArgumentException("bad S3 endpoint URL '" + url + "' (AWS_ENDPOINT_URL[_S3]): " + e.getMessage());
+            throw new IllegalArgumentException(
+                "bad S3 endpoint URL '" + url + "' (AWS_ENDPOINT_URL[_S3]): " + e.getMessage());
           }
         }
       }
-      boolean pathStyle = endpoint != null || setting("aws.s3ForcePathStyle", "AWS_S3_FORCE_PATH_STYLE").equalsIgnoreCase("true");
+      boolean pathStyle = endpoint != null
+          || setting("aws.s3ForcePathStyle", "AWS_S3_FORCE_PATH_STYLE").equalsIgnoreCase("true");
       return new Config(endpoint, defaultRegion(endpoint != null), defaultCredentials(), pathStyle);
     }
 
@@ -132,7 +135,8 @@ public final class S3Storage implements Storage {
     private static String profileEndpoint() {
       try {
         ProfileFile file = ProfileFile.defaultProfileFile();
-        Optional<Profile> profile = file.profile(ProfileFileSystemSetting.AWS_PROFILE.getStringValue().orElse("default"));
+        Optional<Profile> profile =
+            file.profile(ProfileFileSystemSetting.AWS_PROFILE.getStringValue().orElse("default"));
         if (profile.isEmpty()) {
           return "";
         }
@@ -226,7 +230,8 @@ public final class S3Storage implements Storage {
       this.root = prefix;
       this.only = prefix.substring(prefix.lastIndexOf('/') + 1);
     } else {
-      throw new NoSuchFileException(display, null, "no objects at this location (bucket '" + bucket + "' at " + endpoint + ")");
+      throw new NoSuchFileException(
+          display, null, "no objects at this location (bucket '" + bucket + "' at " + endpoint + ")");
     }
   }
 
@@ -238,7 +243,8 @@ public final class S3Storage implements Storage {
             .httpClientBuilder(
                 Apache5HttpClient.builder().maxConnections(MAX_CONNECTIONS).connectionTimeout(Duration.ofSeconds(5)))
             .overrideConfiguration(
-                o -> o.retryStrategy(AwsRetryStrategy.standardRetryStrategy().toBuilder().maxAttempts(MAX_ATTEMPTS).build()));
+                o -> o.retryStrategy(
+                    AwsRetryStrategy.standardRetryStrategy().toBuilder().maxAttempts(MAX_ATTEMPTS).build()));
     if (c.credentials() != null) {
       b.credentialsProvider(c.credentials());
     }
@@ -529,7 +535,8 @@ public final class S3Storage implements Storage {
   /** An SDK failure as an IOException that names the location, the endpoint and what to do. */
   private IOException translate(SdkException e, String what) {
     if (e instanceof NoSuchBucketException) {
-      return new FileNotFoundException("bucket '" + bucket + "' does not exist at " + endpoint + " (reading " + what + ")");
+      return new FileNotFoundException(
+          "bucket '" + bucket + "' does not exist at " + endpoint + " (reading " + what + ")");
     }
     if (e instanceof NoSuchKeyException) {
       return new NoSuchFileException(what, null, "object no longer exists (deleted after registration?)");

@@ -65,7 +65,8 @@ class DiskTierTest {
     try (DiskTier t = new DiskTier(dir, 1 << 20)) {
       t.admit(ka, ByteBuffer.wrap(a));
     }
-    try (FileChannel ch = FileChannel.open(dir.resolve(DiskTier.FILE), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+    try (FileChannel ch =
+        FileChannel.open(dir.resolve(DiskTier.FILE), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
       ByteBuffer one = ByteBuffer.allocate(1);
       ch.read(one, DiskTier.HEADER + 1234);
       one.put(0, (byte) (one.get(0) ^ 0x10)).rewind();
@@ -105,7 +106,8 @@ class DiskTierTest {
     try (DiskTier t = new DiskTier(dir, 1 << 20)) {
       t.admit(Digest.of(ByteBuffer.wrap(new byte[] {1})), ByteBuffer.wrap(new byte[] {1}));
       IOException e = assertThrows(IOException.class, () -> new DiskTier(dir, 1 << 20));
-      assertTrue(e.getMessage().startsWith("disk cache directory " + dir.toAbsolutePath() + " is in use"), e.getMessage());
+      assertTrue(e.getMessage().startsWith("disk cache directory " + dir.toAbsolutePath() + " is in use"),
+          e.getMessage());
       assertTrue(e.getMessage().contains("pid " + ProcessHandle.current().pid()), e.getMessage());
       assertTrue(e.getMessage().contains("--disk-cache-dir"), e.getMessage());
       assertEquals(1, t.entries(), "the refused open truncated nothing");

@@ -50,7 +50,8 @@ class MinioCacheTest {
         rnd.nextBytes(s);
         samples.add(s);
         try (ArrowBuf b = bytes(root, s)) {
-          assertEquals(i < 3, cache.admit(key(i), b, 0, s.length, "d") == SampleCache.Admission.ADMITTED, "sample " + i);
+          assertEquals(i < 3, cache.admit(key(i), b, 0, s.length, "d") == SampleCache.Admission.ADMITTED,
+              "sample " + i);
         }
       }
       // Later samples never displace earlier ones, however often they are offered.

@@ -45,8 +45,9 @@ class CsvFormatTest {
     SampleIndex idx = f.index(s, n -> {});
     assertEquals(List.of("1,\"Smith, J\",1.5,true,", "2,\"say \"\"hi\"\"\",2,false,\"two\nlines\"", "-3,x,NaN,1,NA"),
         rows(f, s, idx));
-    assertEquals("{\"columns\":[\"id\",\"name\",\"score\",\"ok\",\"note\"],\"types\":{\"id\":\"int64\",\"name\":\"string\","
-        + "\"score\":\"double\",\"ok\":\"bool\",\"note\":\"string\"},\"delimiter\":\",\",\"label\":\"ok\"}", idx.layout());
+    assertEquals("{\"columns\":[\"id\",\"name\",\"score\",\"ok\",\"note\"],"
+        + "\"types\":{\"id\":\"int64\",\"name\":\"string\",\"score\":\"double\",\"ok\":\"bool\","
+        + "\"note\":\"string\"},\"delimiter\":\",\",\"label\":\"ok\"}", idx.layout());
     assertEquals("a.csv@" + "id,name,score,ok,note\r\n".length(), f.key(idx, 0));
   }
 

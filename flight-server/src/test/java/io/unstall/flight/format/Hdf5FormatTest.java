@@ -164,14 +164,16 @@ class Hdf5FormatTest {
     Path cut = dir.resolve("cut.h5");
     Files.write(cut, Arrays.copyOf(bytes, bytes.length - 100)); // the data runs past the end
     try (Format f = open("{\"dataset\": \"/x\"}")) {
-      CorruptRecordException e = assertThrows(CorruptRecordException.class, () -> f.index(new LocalStorage(cut), n -> {}));
+      CorruptRecordException e =
+          assertThrows(CorruptRecordException.class, () -> f.index(new LocalStorage(cut), n -> {}));
       assertTrue(e.getMessage().contains("cut.h5") && e.getMessage().contains("byte offset " + address + ".."
           + bytes.length), e.getMessage());
     }
     Path stub = dir.resolve("stub.h5");
     Files.write(stub, Arrays.copyOf(bytes, 300)); // the metadata is cut
     try (Format f = open("{\"dataset\": \"/x\"}")) {
-      CorruptRecordException e = assertThrows(CorruptRecordException.class, () -> f.index(new LocalStorage(stub), n -> {}));
+      CorruptRecordException e =
+          assertThrows(CorruptRecordException.class, () -> f.index(new LocalStorage(stub), n -> {}));
       assertTrue(e.getMessage().contains("stub.h5") && e.getMessage().contains("(300 bytes)"), e.getMessage());
     }
   }

@@ -113,7 +113,8 @@ class NpyFormatTest {
       assertArrayEquals(Arrays.copyOfRange(x, 2 * i, 2 * i + 2), read(f, s, idx, i));
       assertEquals(i, idx.label(i));
     }
-    IllegalArgumentException which = assertThrows(IllegalArgumentException.class, () -> format("npz", "{}").index(s, n -> {}));
+    IllegalArgumentException which =
+        assertThrows(IllegalArgumentException.class, () -> format("npz", "{}").index(s, n -> {}));
     assertTrue(which.getMessage().endsWith("holds the arrays x_train, y_train; choose one with option 'array'"),
         which.getMessage());
   }
@@ -123,7 +124,8 @@ class NpyFormatTest {
     Files.write(dir.resolve("c.npz"), npz(false, "x", npy("<f8", "(2,)", new byte[16])));
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
         () -> format("npz", "{}").index(new LocalStorage(dir), n -> {}));
-    assertTrue(e.getMessage().startsWith("format 'npz': member 'x.npy' of '" + dir.resolve("c.npz") + "' is compressed"),
+    assertTrue(
+        e.getMessage().startsWith("format 'npz': member 'x.npy' of '" + dir.resolve("c.npz") + "' is compressed"),
         e.getMessage());
   }
 
@@ -142,7 +144,8 @@ class NpyFormatTest {
     Files.write(p, bad);
     CorruptRecordException header = assertThrows(CorruptRecordException.class,
         () -> format("npy", "{}").index(new LocalStorage(p), n -> {}));
-    assertTrue(header.getMessage().startsWith("corrupt npy file '" + p + "' at byte offset 0: .npy header is not a dict"),
+    assertTrue(
+        header.getMessage().startsWith("corrupt npy file '" + p + "' at byte offset 0: .npy header is not a dict"),
         header.getMessage());
     Files.write(p, npy("|O", "(2,)", new byte[16]));
     CorruptRecordException objects = assertThrows(CorruptRecordException.class,

@@ -98,8 +98,8 @@ class ParquetFormatTest {
       v.add(String.valueOf(k + j / 2.0));
     }
     return Arrays.asList(String.valueOf(k * 3L), String.valueOf(k / 4.0f), k % 4 == 3 ? null : "row " + k,
-        k == 5 ? null : "[" + String.join(",", v) + "]", Arrays.toString(repeat((byte) k, k)), String.valueOf((byte) -k),
-        String.valueOf((char) (k * 1000)));
+        k == 5 ? null : "[" + String.join(",", v) + "]", Arrays.toString(repeat((byte) k, k)),
+        String.valueOf((byte) -k), String.valueOf((char) (k * 1000)));
   }
 
   private static byte[] repeat(byte b, int n) {
@@ -141,7 +141,8 @@ class ParquetFormatTest {
             done.add(pool.submit(() -> {
               for (int n = 0; n < 500; n++) {
                 int k = random.nextInt(ROWS);
-                org.junit.jupiter.api.Assertions.assertArrayEquals(forward.get(k), read(f, idx, storage, k), "row " + k);
+                org.junit.jupiter.api.Assertions.assertArrayEquals(
+                    forward.get(k), read(f, idx, storage, k), "row " + k);
               }
               return null;
             }));
@@ -184,7 +185,8 @@ class ParquetFormatTest {
   @Test
   void optionsAndColumnsAreChecked() throws Exception {
     LocalStorage storage = new LocalStorage(fixture("rows.parquet"));
-    IllegalArgumentException unknown = assertThrows(IllegalArgumentException.class, () -> open("{\"colums\": [\"x\"]}"));
+    IllegalArgumentException unknown =
+        assertThrows(IllegalArgumentException.class, () -> open("{\"colums\": [\"x\"]}"));
     assertTrue(unknown.getMessage().contains("unknown option 'colums'"), unknown.getMessage());
     try (Format f = open("{\"columns\": [\"nope\"]}")) {
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> f.index(storage, n -> {}));

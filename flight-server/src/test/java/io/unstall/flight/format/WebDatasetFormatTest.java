@@ -51,7 +51,8 @@ class WebDatasetFormatTest {
   }
 
   private static WebDatasetFormat format(String json) throws IOException {
-    return (WebDatasetFormat) Formats.create("webdataset", FormatOptions.of("webdataset", new ObjectMapper().readTree(json)));
+    return (WebDatasetFormat)
+        Formats.create("webdataset", FormatOptions.of("webdataset", new ObjectMapper().readTree(json)));
   }
 
   @Test
@@ -110,7 +111,8 @@ class WebDatasetFormatTest {
         () -> format("{}").index(new LocalStorage(dir), n -> {}));
     assertTrue(cut.getMessage().startsWith("corrupt tar file '" + shard + "' at byte offset 2048: member 's1.jpg' of 16"
         + " bytes runs past the end"), cut.getMessage());
-    Files.write(shard, Arrays.copyOf(good, 2048 + 512 + 16)); // only the padding after the data is cut: read, as tarfile does
+    // only the padding after the data is cut: read, as tarfile does
+    Files.write(shard, Arrays.copyOf(good, 2048 + 512 + 16));
     assertEquals(2, format("{}").index(new LocalStorage(dir), n -> {}).size());
     assertTrue(cut.getMessage().endsWith("truncated"), cut.getMessage());
 
@@ -132,19 +134,24 @@ class WebDatasetFormatTest {
         noLabel.getMessage());
     CorruptRecordException noPayload = assertThrows(CorruptRecordException.class,
         () -> format("{\"payload\": [\"txt\"]}").index(new LocalStorage(dir), n -> {}));
-    assertTrue(noPayload.getMessage().contains("sample 's0' has no .txt member (option payload"), noPayload.getMessage());
+    assertTrue(noPayload.getMessage().contains("sample 's0' has no .txt member (option payload"),
+        noPayload.getMessage());
 
     m.put("s2.cls", "two".getBytes());
     Files.write(dir.resolve("s.tar"), tar(m, TarArchiveOutputStream.LONGFILE_ERROR));
     CorruptRecordException text = assertThrows(CorruptRecordException.class,
         () -> format("{\"label\": \"cls\"}").index(new LocalStorage(dir), n -> {}));
-    assertTrue(text.getMessage().endsWith("member 's2.cls' (option label) holds 'two', not an integer"), text.getMessage());
+    assertTrue(text.getMessage().endsWith("member 's2.cls' (option label) holds 'two', not an integer"),
+        text.getMessage());
 
-    IllegalArgumentException unknown = assertThrows(IllegalArgumentException.class, () -> format("{\"labels\": \"x\"}"));
+    IllegalArgumentException unknown =
+        assertThrows(IllegalArgumentException.class, () -> format("{\"labels\": \"x\"}"));
     assertEquals("format 'webdataset': unknown option 'labels' (its options: label, payload; any format's: manifest)",
         unknown.getMessage());
-    IllegalArgumentException dot = assertThrows(IllegalArgumentException.class, () -> format("{\"payload\": \".jpg\"}"));
-    assertTrue(dot.getMessage().startsWith("format 'webdataset': option 'payload' has the field '.jpg'"), dot.getMessage());
+    IllegalArgumentException dot =
+        assertThrows(IllegalArgumentException.class, () -> format("{\"payload\": \".jpg\"}"));
+    assertTrue(dot.getMessage().startsWith("format 'webdataset': option 'payload' has the field '.jpg'"),
+        dot.getMessage());
   }
 
   @Test

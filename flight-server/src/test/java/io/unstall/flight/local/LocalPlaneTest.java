@@ -71,7 +71,8 @@ class LocalPlaneTest {
       long session = c.open("imgs");
       long[] ids = {0, 3, 7, 9, 3};
       for (int epoch = 0; epoch < 3; epoch++) {
-        LocalTestClient.Rows rows = LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
+        LocalTestClient.Rows rows =
+            LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
         assertArrayEquals(ids, rows.ids());
         for (int i = 0; i < ids.length; i++) {
           assertArrayEquals(images.get((int) ids[i]), rows.payloads().get(i), "epoch " + epoch + " row " + i);
@@ -104,7 +105,8 @@ class LocalPlaneTest {
       long session = c.open("imgs");
       long[] ids = {1, 2, 1};
       for (int epoch = 0; epoch < 2; epoch++) {
-        LocalTestClient.Rows rows = LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
+        LocalTestClient.Rows rows =
+            LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, epoch, ids)), c.shm);
         for (int i = 0; i < ids.length; i++) {
           assertArrayEquals(images.get((int) ids[i]), rows.payloads().get(i));
           assertTrue(rows.files().get(i).startsWith("stage-"), "an evicting cache never hands out its pages");
@@ -134,7 +136,8 @@ class LocalPlaneTest {
       assertEquals(LocalFrames.REPLY_ERROR, r.get());
       assertEquals(LocalFrames.NOT_FOUND, r.get());
       assertTrue(StandardCharsets.UTF_8.decode(r).toString().contains("unknown session"));
-      LocalTestClient.Rows rows = LocalTestClient.batch(c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, 0, new long[] {4})), c.shm);
+      LocalTestClient.Rows rows = LocalTestClient.batch(
+          c.call(LocalFrames.encodeIds(LocalFrames.FETCH, session, 0, new long[] {4})), c.shm);
       assertArrayEquals(images.get(4), rows.payloads().get(0), "still serving after errors");
     }
   }
@@ -152,7 +155,8 @@ class LocalPlaneTest {
     Path socket = plane.localEndpoint();
     assertEquals("rwx------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket.getParent())));
     assertEquals("rw-------", PosixFilePermissions.toString(Files.getPosixFilePermissions(socket)));
-    assertEquals(FileOwners.processUid(), FileOwners.uidOf(socket.getParent()), "the sidecar's user owns the directory");
+    assertEquals(FileOwners.processUid(), FileOwners.uidOf(socket.getParent()),
+        "the sidecar's user owns the directory");
     try (LocalTestClient c = new LocalTestClient(socket, tenantToken)) {
       ByteBuffer r = c.call(LocalTestClient.hello(tenantToken));
       assertEquals(LocalFrames.REPLY_ERROR, r.get());
@@ -240,7 +244,8 @@ class LocalPlaneTest {
   @Test
   void twoSessionsOnOneDatasetKeepTheirOwnPlans() throws Exception {
     start("minio", 0); // nothing cached: every sample comes from storage or from a session's prefetch
-    try (LocalTestClient a = new LocalTestClient(plane.localEndpoint(), TOKEN); LocalTestClient b = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
+    try (LocalTestClient a = new LocalTestClient(plane.localEndpoint(), TOKEN);
+        LocalTestClient b = new LocalTestClient(plane.localEndpoint(), TOKEN)) {
       long sa = a.open("imgs");
       long sb = b.open("imgs");
       long[] orderA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -250,8 +255,12 @@ class LocalPlaneTest {
       org.awaitility.Awaitility.await().atMost(java.time.Duration.ofSeconds(30))
           .until(() -> plane.prefetcher().stagedBytes() >= 2L * images.stream().mapToLong(x -> x.length).sum());
       for (int i = 0; i < 10; i += 5) {
-        LocalTestClient.batch(a.call(LocalFrames.encodeIds(LocalFrames.FETCH, sa, 0, java.util.Arrays.copyOfRange(orderA, i, i + 5))), a.shm);
-        LocalTestClient.batch(b.call(LocalFrames.encodeIds(LocalFrames.FETCH, sb, 0, java.util.Arrays.copyOfRange(orderB, i, i + 5))), b.shm);
+        LocalTestClient.batch(
+            a.call(LocalFrames.encodeIds(LocalFrames.FETCH, sa, 0, java.util.Arrays.copyOfRange(orderA, i, i + 5))),
+            a.shm);
+        LocalTestClient.batch(
+            b.call(LocalFrames.encodeIds(LocalFrames.FETCH, sb, 0, java.util.Arrays.copyOfRange(orderB, i, i + 5))),
+            b.shm);
       }
       JsonNode sessions = JSON.readTree(plane.producer().statsJson()).get("sessions");
       assertEquals(10, sessions.get(Long.toUnsignedString(sa)).get("total").get("prefetch_hits").asLong());

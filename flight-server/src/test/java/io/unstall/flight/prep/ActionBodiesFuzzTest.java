@@ -45,14 +45,15 @@ class ActionBodiesFuzzTest {
           PrepRequests.Join j = PrepRequests.join(PrepRequests.body(action, body), PrepPipeline.DecodeLimits.DEFAULT);
           assertTrue(j.batchSize() >= 1 && j.batchSize() <= 65536);
           if (j.pipeline() != null) {
-            assertEquals(j.pipeline().fingerprint(), PrepPipeline.parse(j.pipeline().canonical(), PrepPipeline.DecodeLimits.DEFAULT)
-                .fingerprint());
+            assertEquals(j.pipeline().fingerprint(),
+                PrepPipeline.parse(j.pipeline().canonical(), PrepPipeline.DecodeLimits.DEFAULT).fingerprint());
           }
           assertNotNull(j.fingerprint());
         }
         case PrepService.ACTION_HEARTBEAT, PrepService.ACTION_LEAVE ->
             assertNotNull(PrepRequests.member(PrepRequests.body(action, body)).group());
-        case PrepService.ACTION_CLAIM, PrepService.ACTION_NEXT -> checkAt(PrepRequests.at(action, PrepRequests.body(action, body)));
+        case PrepService.ACTION_CLAIM, PrepService.ACTION_NEXT ->
+            checkAt(PrepRequests.at(action, PrepRequests.body(action, body)));
         default -> checkAt(PrepRequests.put(body));
       }
     } catch (MalformedTicketException e) {
@@ -65,6 +66,7 @@ class ActionBodiesFuzzTest {
   }
 
   private static void checkAt(PrepRequests.At at) {
-    assertTrue(at.epoch() >= 0 && at.epoch() <= 0xFFFFFFFFL && at.batch() >= 0 && at.batch() <= 0xFFFFFFFFL, at.toString());
+    assertTrue(at.epoch() >= 0 && at.epoch() <= 0xFFFFFFFFL && at.batch() >= 0 && at.batch() <= 0xFFFFFFFFL,
+        at.toString());
   }
 }

@@ -102,7 +102,8 @@ class ImageHeaderTest {
   void otherFormatsAreNamedAndRefusedUnlessThePipelineAcceptsThem() throws Exception {
     byte[] tiff = encode("tiff", 20, 20); // a TIFF renamed .jpg is still a TIFF
     String m = refusal(prep(PIPELINE), tiff);
-    assertTrue(m.startsWith("a TIFF file (first bytes 4d 4d 00 2a") || m.startsWith("a TIFF file (first bytes 49 49 2a 00"), m);
+    assertTrue(m.startsWith("a TIFF file (first bytes 4d 4d 00 2a")
+        || m.startsWith("a TIFF file (first bytes 49 49 2a 00"), m);
     assertTrue(m.endsWith("not one of the formats the pipeline decodes: jpeg, png (decode \"formats\")"), m);
     assertTrue(refusal(prep(PIPELINE), encode("bmp", 8, 8)).startsWith("a BMP file"));
     assertTrue(refusal(prep(PIPELINE), encode("gif", 8, 8)).startsWith("a GIF file"));
@@ -116,7 +117,8 @@ class ImageHeaderTest {
     assertEquals(300, h.width());
     assertEquals(200, h.height());
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
-        () -> PrepPipeline.parse(PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"formats\":[\"tiff\"]}")));
+        () -> PrepPipeline.parse(
+            PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"formats\":[\"tiff\"]}")));
     assertTrue(e.getMessage().contains("prep op #0 'decode': \"formats\" may name jpeg, png and webp"), e.getMessage());
   }
 
@@ -132,12 +134,14 @@ class ImageHeaderTest {
     byte[] jpeg = encode("jpg", 64, 48);
     String half = refusal(prep(PIPELINE), Arrays.copyOf(jpeg, jpeg.length - 10));
     assertTrue(half.startsWith("truncated JPEG: no end-of-image marker (FF D9) after the scan data"), half);
-    assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(jpeg, 30)).startsWith("truncated JPEG: "), "cut inside the header");
+    assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(jpeg, 30)).startsWith("truncated JPEG: "),
+        "cut inside the header");
     byte[] png = encode("png", 64, 48);
     assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(png, png.length - 20)).startsWith("truncated PNG: no IEND chunk"));
     assertTrue(refusal(prep(PIPELINE), Arrays.copyOf(png, 20)).startsWith("truncated PNG"));
     String garbage = refusal(prep(PIPELINE), "hello, not an image".getBytes());
-    assertEquals("not an image: no image format starts with the bytes 68 65 6c 6c 6f 2c 20 6e (19 bytes in all)", garbage);
+    assertEquals("not an image: no image format starts with the bytes 68 65 6c 6c 6f 2c 20 6e (19 bytes in all)",
+        garbage);
     assertEquals("an empty file (0 bytes)", refusal(prep(PIPELINE), new byte[0]));
     byte[] magicThenNoise = new byte[200];
     new java.util.Random(1).nextBytes(magicThenNoise);
@@ -162,7 +166,8 @@ class ImageHeaderTest {
     assertEquals(decoded * 2 + 1000L * 1000 * 3 * 2 + ImagePrep.DECODER_OVERHEAD, p.workingBytes(progressive),
         "rotated copy and coefficients");
     // resize(256) of a 100:1 image makes a 256 x 25600 intermediate, counted
-    ImagePrep resize = prep("{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":256},{\"op\":\"center_crop\",\"size\":224}]}");
+    ImagePrep resize = prep("{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":256},"
+        + "{\"op\":\"center_crop\",\"size\":224}]}");
     ImageHeader wide = new ImageHeader(Format.PNG, 10000, 100, 3, false, false);
     assertTrue(resize.workingBytes(wide) >= 10000L * 100 * 3 + 256L * 25600 * 3, "" + resize.workingBytes(wide));
     assertFalse(resize.workingBytes(wide) < 0);

@@ -274,8 +274,8 @@ class NativeJpegTest {
 
   @Test
   void resizeCenterCropMatchesTheFullDecodeAndStaysNearOpenCv() throws Exception {
-    String pl = "{\"layout\":\"NCHW\",\"dtype\":\"uint8\",\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":256},"
-        + "{\"op\":\"center_crop\",\"size\":224},{\"op\":\"hflip\"}]}";
+    String pl = "{\"layout\":\"NCHW\",\"dtype\":\"uint8\",\"ops\":[{\"op\":\"decode\"},"
+        + "{\"op\":\"resize\",\"size\":256},{\"op\":\"center_crop\",\"size\":224},{\"op\":\"hflip\"}]}";
     ImagePrep fast = prep(pl, Decoder.NATIVE);
     ImagePrep full = prep(pl, Decoder.NATIVE_FULL);
     ImagePrep cv = prep(pl, Decoder.OPENCV);
@@ -350,7 +350,8 @@ class NativeJpegTest {
   void toFloat16RoundsToNearestEven() {
     for (float f : new float[] {0f, 1f, -2.5f, 65504f, 1e-5f, 6.1e-5f, 3.14159f, -0.33333f, 70000f}) {
       float back = halfToFloat(NativeJpeg.toFloat16(f));
-      assertEquals(f > 65519 ? Float.POSITIVE_INFINITY : f, f > 65519 ? (back == 0 ? 0 : Float.POSITIVE_INFINITY) : back,
+      assertEquals(f > 65519 ? Float.POSITIVE_INFINITY : f,
+          f > 65519 ? (back == 0 ? 0 : Float.POSITIVE_INFINITY) : back,
           Math.max(Math.abs(f) / 1024, 6e-8), "float16 of " + f);
     }
     assertEquals((short) 0x3C00, NativeJpeg.toFloat16(1f));

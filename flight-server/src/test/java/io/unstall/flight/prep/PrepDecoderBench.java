@@ -20,7 +20,8 @@ import org.bytedeco.opencv.opencv_core.Mat;
  * Per-core rate of the sidecar's prep paths on a folder of JPEGs (benchmarks/bench_prep.py's generated images):
  * images per CPU-second of this one thread, for OpenCV's decode alone (the baseline), the OpenCV path and the
  * native path in several outputs, interleaved in rounds.
- * Usage (docs/BENCHMARKS.md): {@code java -cp <test classpath> io.unstall.flight.prep.PrepDecoderBench DIR [SECONDS [PATH-DTYPE]]}.
+ * Usage (docs/BENCHMARKS.md):
+ * {@code java -cp <test classpath> io.unstall.flight.prep.PrepDecoderBench DIR [SECONDS [PATH-DTYPE]]}.
  */
 public final class PrepDecoderBench {
   private PrepDecoderBench() {}
@@ -28,7 +29,9 @@ public final class PrepDecoderBench {
   static String pipeline(String dtype) {
     return "{\"layout\":\"NCHW\",\"dtype\":\"" + dtype + "\",\"ops\":[{\"op\":\"decode\"},"
         + "{\"op\":\"random_resized_crop\",\"size\":224},{\"op\":\"hflip\"}"
-        + (dtype.equals("uint8") ? "" : ",{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}")
+        + (dtype.equals("uint8")
+            ? ""
+            : ",{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}")
         + "]}";
   }
 

@@ -12,7 +12,6 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.DataPlane;
 import java.awt.Color;
 import java.awt.Graphics2D;
@@ -114,7 +113,8 @@ class PrepServiceTest {
       plane.close();
     }
     root.close(); // throws if anything leaked, staging included
-    assertFalse(Files.exists(io.unstall.flight.shm.SharedMemory.ROOT.resolve("unstall-prep-" + ProcessHandle.current().pid())),
+    assertFalse(
+        Files.exists(io.unstall.flight.shm.SharedMemory.ROOT.resolve("unstall-prep-" + ProcessHandle.current().pid())),
         "no shared-memory files left behind");
   }
 
@@ -248,7 +248,8 @@ class PrepServiceTest {
     JsonNode s = groupStats(j);
     assertTrue(s.get("staging_peak_bytes").asLong() > 0);
     assertTrue(s.get("staging_peak_bytes").asLong() <= s.get("staging_limit_bytes").asLong(), s.toString());
-    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> join(",\"staging_bytes\":1000,\"seed\":99"));
+    FlightRuntimeException e =
+        assertThrows(FlightRuntimeException.class, () -> join(",\"staging_bytes\":1000,\"seed\":99"));
     assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, e.status().code());
     assertTrue(e.getMessage().contains("staging_bytes 1000 cannot hold one batch"), e.getMessage());
   }
@@ -267,7 +268,8 @@ class PrepServiceTest {
     e = assertThrows(FlightRuntimeException.class, () -> get(j, 0, 0));
     assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code()); // bad data, not an internal error
     assertTrue(e.getMessage().startsWith(DataError.MARKER + "{\"dataset\":\"bad\",\"sample\":0,"), e.getMessage());
-    assertTrue(e.getMessage().contains("not-an-image.jpg") && e.getMessage().contains("not an image: no image format starts with the bytes 68 65 6c 6c 6f"),
+    assertTrue(e.getMessage().contains("not-an-image.jpg")
+        && e.getMessage().contains("not an image: no image format starts with the bytes 68 65 6c 6c 6f"),
         e.getMessage());
   }
 
@@ -462,9 +464,11 @@ class PrepServiceTest {
   /** Uploads a member-made batch: the claimed ids and one float per sample (id * 10). */
   void upload(JsonNode j, long epoch, long batch, long[] ids) throws Exception {
     org.apache.arrow.vector.types.pojo.Schema schema = new org.apache.arrow.vector.types.pojo.Schema(List.of(
-        org.apache.arrow.vector.types.pojo.Field.notNullable("id", new org.apache.arrow.vector.types.pojo.ArrowType.Int(64, true)),
-        org.apache.arrow.vector.types.pojo.Field.notNullable("x", new org.apache.arrow.vector.types.pojo.ArrowType.FloatingPoint(
-            org.apache.arrow.vector.types.FloatingPointPrecision.SINGLE))));
+        org.apache.arrow.vector.types.pojo.Field.notNullable(
+            "id", new org.apache.arrow.vector.types.pojo.ArrowType.Int(64, true)),
+        org.apache.arrow.vector.types.pojo.Field.notNullable(
+            "x", new org.apache.arrow.vector.types.pojo.ArrowType.FloatingPoint(
+                org.apache.arrow.vector.types.FloatingPointPrecision.SINGLE))));
     try (VectorSchemaRoot r = VectorSchemaRoot.create(schema, root)) {
       BigIntVector id = (BigIntVector) r.getVector("id");
       org.apache.arrow.vector.Float4Vector x = (org.apache.arrow.vector.Float4Vector) r.getVector("x");
@@ -729,7 +733,8 @@ class PrepServiceTest {
   }
 
   static final Map<String, String> REASONS = Map.of(
-      "bomb.jpg", "declares 65535x65535 pixels (4294836225), above the cap of 89478485 (--max-decode-pixels / decode max_pixels)",
+      "bomb.jpg",
+      "declares 65535x65535 pixels (4294836225), above the cap of 89478485 (--max-decode-pixels / decode max_pixels)",
       "bomb30k.jpg", "declares 30000x30000 pixels (900000000), above the cap of 89478485",
       "garbage.jpg", "not an image: no image format starts with the bytes 74 68 69 73",
       "tiff.jpg", "a TIFF file (first bytes",
@@ -767,7 +772,8 @@ class PrepServiceTest {
     assertEquals(N, sortedIds(epoch(join(",\"seed\":61,\"epochs\":1"), 0)).length);
     JsonNode decode = action("prep.stats", "").get("decode");
     assertEquals(0, decode.get("memory_reserved_bytes").asLong(), decode.toString());
-    assertTrue(decode.get("memory_peak_bytes").asLong() <= decode.get("memory_limit_bytes").asLong(), decode.toString());
+    assertTrue(decode.get("memory_peak_bytes").asLong() <= decode.get("memory_limit_bytes").asLong(),
+        decode.toString());
     assertTrue(decode.get("largest_request_bytes").asLong() < 1 << 20, "no bomb got as far as reserving memory");
   }
 
@@ -818,7 +824,8 @@ class PrepServiceTest {
               + viaShm.get("member") + ",\"epoch\":" + e + ",\"batch\":" + b + "}"));
         }
       }
-      action("prep.leave", "{\"group\":\"" + viaShm.get("group").asText() + "\",\"member\":" + viaShm.get("member") + "}");
+      action("prep.leave",
+          "{\"group\":\"" + viaShm.get("group").asText() + "\",\"member\":" + viaShm.get("member") + "}");
       List<Prepared> got = flightSide.get();
       for (int e = 0; e < 2; e++) {
         List<Long> ids = new ArrayList<>();

@@ -8,8 +8,6 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
-import io.unstall.flight.protocol.FetchTicket;
-import io.unstall.flight.protocol.MalformedTicketException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;

@@ -175,8 +175,10 @@ class ProtocolFixturesTest {
         assertEquals(3L, ((BigIntVector) root.getVector("label")).get(0));
         assertTrue(root.getVector("label").isNull(1));
         assertEquals("cat/7.jpg", new String(((VarCharVector) root.getVector("key")).get(0), StandardCharsets.UTF_8));
-        assertEquals("shard-0.tfrecord@0", new String(((VarCharVector) root.getVector("key")).get(1), StandardCharsets.UTF_8));
-        assertArrayEquals(new byte[] {(byte) 0xff, (byte) 0xd8, 0, 1}, ((VarBinaryVector) root.getVector("payload")).get(0));
+        assertEquals("shard-0.tfrecord@0",
+            new String(((VarCharVector) root.getVector("key")).get(1), StandardCharsets.UTF_8));
+        assertArrayEquals(new byte[] {(byte) 0xff, (byte) 0xd8, 0, 1},
+            ((VarBinaryVector) root.getVector("payload")).get(0));
         assertArrayEquals(new byte[0], ((VarBinaryVector) root.getVector("payload")).get(1));
       }
     }

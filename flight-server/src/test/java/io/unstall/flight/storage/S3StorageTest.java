@@ -277,29 +277,30 @@ class S3StorageTest {
     put("rep/c/x0.jpg", v2);
     FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> fetch("rep", 0, 0));
     assertTrue(e.getMessage().contains("object 's3://data/rep/c/x0.jpg' changed after registration"), e.getMessage());
-    assertTrue(e.getMessage().contains("HTTP 412") && e.getMessage().contains("re-register the dataset"), e.getMessage());
+    assertTrue(e.getMessage().contains("HTTP 412") && e.getMessage().contains("re-register the dataset"),
+        e.getMessage());
     assertEquals("sample 1", new String(fetch("rep", 0, 1).get(0).payload(), StandardCharsets.UTF_8));
   }
 
   @Test
   void aMissingBucketIsNamedWithTheEndpoint() {
-    FileNotFoundException e =
-        assertThrows(FileNotFoundException.class, () -> plane.registry().register("x", "imagefolder", "s3://nope/imgs"));
+    FileNotFoundException e = assertThrows(FileNotFoundException.class,
+        () -> plane.registry().register("x", "imagefolder", "s3://nope/imgs"));
     assertTrue(e.getMessage().startsWith("bucket 'nope' does not exist at " + endpoint), e.getMessage());
   }
 
   @Test
   void anEmptyPrefixIsNamed() {
-    NoSuchFileException e =
-        assertThrows(NoSuchFileException.class, () -> plane.registry().register("x", "tfrecord", "s3://data/nothing/here"));
+    NoSuchFileException e = assertThrows(NoSuchFileException.class,
+        () -> plane.registry().register("x", "tfrecord", "s3://data/nothing/here"));
     assertTrue(e.getMessage().startsWith("s3://data/nothing/here: no objects at this location"), e.getMessage());
   }
 
   @Test
   void badCredentialsAreAccessDeniedNamingTheLocation() {
     System.setProperty("aws.secretAccessKey", "wrong-secret");
-    AccessDeniedException e =
-        assertThrows(AccessDeniedException.class, () -> plane.registry().register("x", "imagefolder", "s3://data/imgs"));
+    AccessDeniedException e = assertThrows(AccessDeniedException.class,
+        () -> plane.registry().register("x", "imagefolder", "s3://data/imgs"));
     assertTrue(e.getMessage().startsWith("s3://data/imgs/: access denied by " + endpoint), e.getMessage());
     assertTrue(e.getMessage().contains("HTTP 403"), e.getMessage());
     assertTrue(e.getMessage().contains("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"), e.getMessage());
@@ -360,7 +361,8 @@ class S3StorageTest {
       assertEquals(img.length, s.size("cat/img3.jpg")); // not listed by this storage: a HEAD
       EOFException eof =
           assertThrows(EOFException.class, () -> s.readFully("cat/img3.jpg", img.length - 10, ByteBuffer.allocate(20)));
-      assertTrue(eof.getMessage().contains("'s3://data/imgs/cat/img3.jpg' ended at byte " + img.length), eof.getMessage());
+      assertTrue(eof.getMessage().contains("'s3://data/imgs/cat/img3.jpg' ended at byte " + img.length),
+          eof.getMessage());
       NoSuchFileException gone = assertThrows(NoSuchFileException.class, () -> s.size("cat/missing.jpg"));
       assertEquals("s3://data/imgs/cat/missing.jpg", gone.getFile());
       assertTrue(s.version("cat/img3.jpg").endsWith(":" + img.length), s.version("cat/img3.jpg"));
