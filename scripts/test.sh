@@ -10,7 +10,7 @@ bash scripts/setup.sh
 step "Python: lint and types (scripts/lint.sh: ruff, mypy)"
 bash scripts/lint.sh
 
-step "Java: mvn verify (Checkstyle at validate, JUnit, the integration tests; builds the sidecar and agent jars)"
+step "Java: mvn verify (builds the sidecar and agent jars; JUnit, the integration tests, then Checkstyle)"
 "${MVN[@]}" verify
 
 step "Java: fuzz every @FuzzTest target for 10 s (scripts/fuzz.sh; mvn verify only replayed their corpora)"
