@@ -200,3 +200,19 @@ def test_tracing_does_not_import_analyze() -> None:
     env = {**os.environ, "UNSTALL_ANALYZE_MODE": "cold"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_tf_watch_lasts_as_long_as_the_analysis_and_leaves_other_datasets_alone(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    import unstall.tf
+
+    original = tf.data.Dataset.__iter__
+    plain = tf.data.Dataset.range(3).map(lambda x: x * 2)
+    with pytest.raises(ValueError, match="_MapDataset is not a dataset returned by unstall.tf.dataset"):
+        unstall.tf.membership(plain)
+    with analysis(Session("real", steps=2, warmup=1, report=tmp_path / "run.json", warm=False)) as session:
+        session.watch_tf(unstall.tf._analysed_source)
+        assert tf.data.Dataset.__iter__ is not original
+        assert [int(x) for x in plain] == [0, 2, 4]  # built on no unstall dataset: iterated as before
+    assert tf.data.Dataset.__iter__ is original
+    assert not session.sections
