@@ -13,7 +13,7 @@ MAX_LINES = 500
 # Modules still over the limit, each capped where it stands so that it can only shrink: the wire codecs (one
 # job, many messages), and three that are yet to be split (torch's loaders, tracing's spans and counters, and
 # Sidecar's attach/recover/control calls).
-LONGER = {"unstall.protocol": 1011, "unstall.torch": 840, "unstall.tracing": 658, "unstall.sidecar": 580}
+LONGER = {"unstall.protocol": 1011, "unstall.torch": 815, "unstall.tracing": 642, "unstall.sidecar": 580}
 
 
 def module_name(path: Path) -> str:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Deque, Iterator, Mapping, Optional, Sequence, 
 import numpy as np
 import torch
 
-from .hooks import IteratorWrapper
+from .observers import IteratorWrapper
 
 __all__ = ["DeviceStats", "ImageConversion", "DevicePrefetcher", "PinnedSlots", "map_tensors", "tensors_of"]
 

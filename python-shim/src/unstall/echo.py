@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 import numpy as np
 
-from .hooks import IteratorWrapper
+from .observers import IteratorWrapper
 
 __all__ = ["Echo", "EchoCounts", "EchoedIterator", "LEVELS", "DEFAULT_WINDOW", "echo_rng", "num_rows"]
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
 import numpy as np
 
-from .hooks import IteratorWrapper
+from .observers import IteratorWrapper
 
 __all__ = ["STATE_VERSION", "epoch_seed", "Progress", "CountingIterator", "position", "check_state", "state_int"]
 

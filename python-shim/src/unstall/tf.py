@@ -14,18 +14,24 @@ The dataset is batched already (the group's batch size); the batch dimension is 
 a batch of bad images only is not yielded). Auto-sharding is off: under a distribution strategy each replica gets its slice
 of every global batch (``strategy.experimental_distribute_dataset``).
 
-Under ``unstall analyze``, iterating (``for x in ds``, ``iter(ds)``) any ``tf.data.Dataset`` built on one
-this module returned (``.map``, ``.batch``, ``.prefetch``, ...) is driven by ``unstall.analyze.child``.
+:func:`dataset` returns the real ``tf.data.Dataset`` (``model.fit``, ``tf.data.Dataset.zip``, a distribution
+strategy take it as any other); what the shim keeps for it (:class:`UnstallInput`: its membership, fetch counters
+and echo counts) is in a registry keyed weakly by the dataset object. Datasets compare and hash by identity, so
+the entry lives exactly as long as the dataset, and nothing is added to an object TensorFlow owns.
+
+Under ``unstall analyze`` (``unstall.analyze.context``), :func:`dataset` has the analysis watch the iteration
+(``for x in ds``, ``iter(ds)``) of any ``tf.data.Dataset`` built on one it returned (``.map``, ``.batch``,
+``.prefetch``, ...): ``Session.watch_tf``.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, TypeVar, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -33,14 +39,12 @@ import pyarrow.compute as pc
 
 from . import prep as _prep
 from .echo import Echo, EchoCounts
-from .analyze import ENV_MODE as _ANALYZE_MODE
-from .analyze.sources import pipeline_datasets
+from .analyze import context as _analysis
+from .analyze.sources import Source, TfSource, pipeline_datasets
 from .prep import Membership, Pipeline
 from .tracing import payload_bytes
 
-T = TypeVar("T")
-
-__all__ = ["dataset", "membership", "echo_counts", "pipeline_datasets", "FetchCounters"]
+__all__ = ["dataset", "membership", "echo_counts", "unstall_input", "pipeline_datasets", "FetchCounters", "UnstallInput"]
 
 
 @dataclass
@@ -63,9 +67,17 @@ class FetchCounters:
         return asdict(self)
 
 
-_memberships: dict[int, Membership] = {}
-_counters: dict[int, FetchCounters] = {}
-_echoes: dict[int, EchoCounts] = {}
+@dataclass(frozen=True)
+class UnstallInput:
+    """What the shim keeps for a dataset :func:`dataset` returned."""
+
+    membership: Membership
+    counters: FetchCounters
+    echoes: EchoCounts
+
+
+_inputs: "weakref.WeakKeyDictionary[Any, UnstallInput]" = weakref.WeakKeyDictionary()
+_joined: List[Membership] = []  # every membership joined here, left at exit (leave() again is a no-op)
 _lock = threading.Lock()
 
 
@@ -158,70 +170,49 @@ def dataset(
     if device is not None:
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=device_prefetch))
     with _lock:
-        _memberships[id(ds)] = m
-        _counters[id(ds)] = counters
-        _echoes[id(ds)] = echoes
-    if os.environ.get(_ANALYZE_MODE):
-        _analyze_iteration(tf)
+        _inputs[ds] = UnstallInput(m, counters, echoes)
+        _joined.append(m)
+    analysis = _analysis.current()
+    if analysis is not None:  # a run of `unstall analyze`: the loop's pipelines on ds go through the analysis
+        analysis.watch_tf(_analysed_source)
     return ds
 
 
-def _of(table: Dict[int, T], ds: Any) -> T:
+def unstall_input(ds: Any) -> UnstallInput:
+    """What the shim keeps for ``ds``, a dataset :func:`dataset` returned."""
     with _lock:
-        v = table.get(id(ds))
+        v = _inputs.get(ds)
     if v is None:
-        raise ValueError("not a dataset returned by unstall.tf.dataset (transformations return new datasets)")
+        raise ValueError(f"{type(ds).__name__} is not a dataset returned by unstall.tf.dataset "
+                         "(transformations return new datasets)")
     return v
 
 
 def membership(ds: Any) -> Membership:
     """The group membership behind a dataset :func:`dataset` returned (``.leave()``, ``.info``)."""
-    return _of(_memberships, ds)
+    return unstall_input(ds).membership
 
 
 def echo_counts(ds: Any) -> EchoCounts:
     """What a dataset :func:`dataset` returned yielded vs what came fresh from its group (``unstall.echo``)."""
-    return _of(_echoes, ds)
+    return unstall_input(ds).echoes
 
 
-def _unstall_input(ds: Any) -> Optional[Any]:
-    """The dataset :func:`dataset` returned that ``ds`` is built on (``ds`` itself, or an input of an input...)."""
-    return next((d for d in pipeline_datasets(ds) if id(d) in _memberships), None)
-
-
-_patched = False
-
-
-def _analyze_iteration(tf: Any) -> None:
-    """In a run of ``unstall analyze``: ``tf.data.Dataset.__iter__`` hands every dataset built on an
-    unstall one to the analysis (the loader is the unstall input, which the loop iterates through any
-    pipeline on it)."""
-    global _patched
+def _analysed_source(ds: Any) -> Optional[Tuple[Any, Source]]:
+    """For the analysis: ``(the dataset :func:`dataset` returned that ``ds`` is built on, the source the
+    analysis reads)``, or None when ``ds`` is built on none (``ds`` itself, an input of an input, ...)."""
     with _lock:
-        if _patched:
-            return
-        _patched = True
-    from .analyze import child
-    from .analyze.sources import TfSource
-
-    base = tf.data.Dataset
-    original = base.__iter__
-
-    def __iter__(self: Any) -> Any:
-        src = _unstall_input(self) if tf.executing_eagerly() else None
-        if src is None:
-            return original(self)
-        with _lock:
-            m, counters, echo = _memberships[id(src)], _counters[id(src)], _echoes[id(src)].factor
-        return child.iterate(src, lambda: TfSource(self, m, counters, echo), lambda: original(self))
-
-    base.__iter__ = __iter__
+        found = next(((d, _inputs[d]) for d in pipeline_datasets(ds) if d in _inputs), None)
+    if found is None:
+        return None
+    root, inp = found
+    return root, TfSource(ds, inp.membership, inp.counters, inp.echoes.factor)
 
 
 @atexit.register
 def _leave_all() -> None:
     with _lock:
-        ms = list(_memberships.values())
-        _memberships.clear()
+        ms = list(_joined)
+        _joined.clear()
     for m in ms:
         m.leave()

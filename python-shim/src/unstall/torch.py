@@ -7,14 +7,13 @@ the sidecar's local socket when it runs on this host (payloads read in place fro
 gRPC anywhere), else a Flight DoGet; each row's payload goes through ``loader`` then ``transform``, its
 label (or key) through ``target_transform``.
 
-Each epoch's iterator is built by the iterator hooks (``register_iterator_hook``, ``unstall.hooks``):
-``unstall.tracing``'s (``loader.stats()``, stall spans, the epoch line) and, in a process run by
-``unstall analyze``, ``unstall.analyze.child``'s.
+Each epoch's iterator is torch's wrapped by the loader's observers (``unstall.observers``; by default
+``unstall.tracing``'s stall observer: ``loader.stats()``, stall spans, the epoch line) and, in a process run
+by ``unstall analyze``, by the analysis (``unstall.analyze.context``), composed in ``DataLoader.__iter__``.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import logging
 import multiprocessing
@@ -33,9 +32,9 @@ from torch.utils.data import get_worker_info
 from ._alloc import tune_worker_allocator
 from . import formats as _formats
 from . import progress as _progress
-from . import tracing as _tracing  # registers its iterator hook first
-from .analyze import ENV_MODE as _ANALYZE_MODE
-from .hooks import IteratorHook, RemovableHandle, register_iterator_hook, run_iterator_hooks
+from . import tracing as _tracing
+from .analyze import context as _analysis
+from .observers import Observer, held, observed
 from .client import FlightClient, grpc_used_in_this_process
 from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
@@ -44,9 +43,8 @@ from .sidecar import Sidecar, default_sidecar
 from .device import DevicePrefetcher, DeviceStats
 from .echo import Echo, EchoCounts, EchoedIterator
 from .state import STATE_VERSION, Progress, check_state, epoch_seed, position, state_int
-
-if os.environ.get(_ANALYZE_MODE):  # this process is a run of `unstall analyze`: its hook drives the loader
-    from .analyze import child as _analyze_child  # noqa: F401  (registers, after tracing's)
+from .samples import decode_image, pil_loader, tensor_loader
+from .tracing import StallObserver
 
 __all__ = [
     "Dataset",
@@ -59,50 +57,13 @@ __all__ = [
     "decode_image",
     "tensor_loader",
     "TRANSPORTS",
-    "register_iterator_hook",
-    "IteratorHook",
-    "RemovableHandle",
+    "Observer",
+    "StallObserver",
 ]
 
 log = logging.getLogger("unstall")
 
 TRANSPORTS = ("auto", "shm", "flight")
-
-
-# ---------------------------------------------------------------------------------------------
-# Loaders: payload -> sample. Each takes any buffer: ``bytes``, or the read-only ``memoryview`` of the
-# payload that ``Dataset`` passes (in the sidecar's shared memory, or in the received Flight buffer).
-
-Buffer = Union[bytes, bytearray, memoryview]
-
-
-def pil_loader(data: Buffer) -> Any:
-    """Decodes an image file's bytes (any buffer) into an RGB ``PIL.Image`` (like torchvision's
-    ``pil_loader``); the image owns its pixels."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        return img.convert("RGB")
-
-
-def tensor_loader(data: Buffer) -> torch.Tensor:
-    """The raw bytes (any buffer) as a 1-D ``uint8`` tensor that owns its memory (one copy)."""
-    if len(data) == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def decode_image(data: Buffer) -> torch.Tensor:
-    """Decodes a JPEG/PNG/... (any buffer) into a fresh ``uint8`` CHW RGB tensor with
-    ``torchvision.io.decode_image``. The encoded bytes are read in place, not copied first."""
-    from torchvision.io import ImageReadMode
-    from torchvision.io import decode_image as _decode
-
-    with warnings.catch_warnings():
-        # A read-only buffer: torch warns that the tensor could write to it; the decoder only reads it.
-        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
-        encoded = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
-    return _decode(encoded, mode=ImageReadMode.RGB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,8 +307,8 @@ class Dataset(tud.Dataset):
 
     ``work_counters``: the path of the shared-memory table (``unstall.tracing.WorkCounters``) where this
     process and each DataLoader worker add up their fetch and prep time; set by the iterating
-    DataLoader's observer before its workers start, so that it reaches them with the pickled Dataset.
-    None while no DataLoader observes the dataset.
+    DataLoader from its stall observer before its workers start, so that it reaches them with the pickled
+    Dataset. None while no DataLoader counts for the dataset.
     """
 
     work_counters: Optional[str] = None
@@ -569,8 +530,9 @@ class DataLoader(tud.DataLoader):
     handed out, not those in flight; ``device_stats`` reports batches and bytes copied and the training thread's
     CPU time per batch.
 
-    ``iter(loader)`` returns torch's iterator wrapped by the registered iterator hooks
-    (``register_iterator_hook``); ``loader.stats()`` reads what ``unstall.tracing``'s hook measured.
+    ``observers`` (``unstall.observers``): what wraps each epoch's iterator, the first innermost; by default
+    one ``StallObserver``, whose measurements ``loader.stats()`` reads (``observers=()``: ``iter(loader)`` is
+    torch's iterator and nothing is measured). In a run of ``unstall analyze`` the analysis wraps them all.
     """
 
     dataset: Dataset  # always unstall's (a name is looked up); narrows torch's ``Dataset[Any]``
@@ -610,7 +572,9 @@ class DataLoader(tud.DataLoader):
         echo_level: str = "batch",
         device: Union[str, torch.device, None] = None,
         device_prefetch: int = 2,
+        observers: Optional[Sequence[Observer]] = None,
     ) -> None:
+        self.observers: Tuple[Observer, ...] = held(self, (StallObserver(),) if observers is None else observers)
         if not isinstance(device_prefetch, int) or device_prefetch < 1:
             raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {device_prefetch!r}")
         self.device = torch.device(device) if device is not None else None
@@ -714,6 +678,9 @@ class DataLoader(tud.DataLoader):
         self._progress = None
 
         def make_iterator() -> Any:
+            stall = self.stall_observer
+            if stall is not None:  # fetch and prep are counted where they run: the Dataset takes the path to the workers
+                self.dataset.work_counters = stall.work_counters(self.num_workers)
             it = super(DataLoader, self).__iter__()
             # torch's iterator counts the batches it handed out (not what the workers prefetched): the state's
             # position. Held, as torchdata's StatefulDataLoader holds its iterator, until the next iteration.
@@ -733,9 +700,9 @@ class DataLoader(tud.DataLoader):
                                      counts=counts)
             return EchoedIterator(source, echoed, self._echoed_length)
 
-        # The iterator hooks wrap torch's: timed and counted (loader.stats(), stall spans); under
-        # `unstall analyze`, driven by it.
-        return run_iterator_hooks(self, make_iterator, epoch)
+        # Torch's iterator inside the loader's observers (the stall observer: loader.stats(), stall spans), the
+        # analysis of `unstall analyze` around them all when this process runs under it.
+        return observed(self, make_iterator, epoch, (*self.observers, *_analysis.observers()))
 
     @property
     def session(self) -> Optional[int]:
@@ -763,9 +730,17 @@ class DataLoader(tud.DataLoader):
     def _plan_epoch(self, epoch: int, ids: List[int]) -> None:
         self.dataset.plan(ids, epoch, session=self._session or 0)
 
+    @property
+    def stall_observer(self) -> Optional[StallObserver]:
+        """The first ``StallObserver`` among the loader's observers (None without one)."""
+        return next((o for o in self.observers if isinstance(o, StallObserver)), None)
+
     def stats(self) -> "_tracing.LoaderStats":
         """Stall, fetch/prep time, cache hits and bytes of the current epoch (``.total``: all epochs)."""
-        return _tracing.observer_of(self).stats()
+        stall = self.stall_observer
+        if stall is None:
+            raise ValueError(f"DataLoader over {self.dataset.name!r} has no StallObserver among its observers")
+        return stall.stats()
 
     @property
     def epoch(self) -> int:

@@ -1,11 +1,12 @@
 """Seeing the stall: every wait for the next batch timed, counted and (optionally) traced.
 
-Importing this module registers :func:`observe` as an iterator hook (``unstall.hooks``), so
-``unstall.torch.DataLoader`` wraps each epoch's iterator in an :class:`ObservedIterator`. It times each
+A :class:`StallObserver` is one of a loader's observers (``unstall.observers``; an ``unstall.torch.DataLoader``
+holds one unless told otherwise): it wraps each epoch's iterator in an :class:`ObservedIterator`, which times each
 ``next()`` (the **wait**, the data stall) and the time between batches (the **step**: the trainer's own
 work), and reads the loader's work counters: how long ``Dataset`` spent in fetches (**fetch**: local
 socket or Flight) and in ``loader``/``transform`` (**prep**), in this process and in every DataLoader
-worker (each worker writes its own row of a small shared-memory table, :class:`WorkCounters`).
+worker (each worker writes its own row of a small shared-memory table, :class:`WorkCounters`, that the
+observer owns and whose path the loader hands its ``Dataset``).
 
 From these come ``loader.stats()`` (:class:`LoaderStats`), one log line at the end of every epoch, and
 OpenTelemetry spans named as the Java agent's (docs/AGENT.md): ``unstall.stall`` per wait and
@@ -30,16 +31,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from .hooks import IteratorWrapper, register_iterator_hook
+from .observers import IteratorWrapper
 
 __all__ = [
     "LoaderStats",
     "ObservedIterator",
     "WorkCounters",
+    "StallObserver",
     "StallTracer",
     "stall_tracer",
-    "observe",
-    "observer_of",
     "record_fetch",
     "record_prep",
     "payload_bytes",
@@ -264,7 +264,7 @@ _opened: Dict[str, WorkCounters] = {}
 
 def _my_row(dataset: Any) -> Optional[np.ndarray]:
     """The counters row of this process for ``dataset`` (an ``unstall.torch.Dataset``), or None when no
-    DataLoader observes it."""
+    stall observer counts for it."""
     path = dataset.work_counters
     if path is None:
         return None
@@ -443,39 +443,48 @@ class _Acc:
         self.work_final: Optional[np.ndarray] = None
 
 
-class LoaderObserver:
-    """Per DataLoader: counters, accumulators, spans, the end-of-epoch line."""
+class StallObserver:
+    """An observer of one loader (``unstall.observers``): its work counters, accumulators, spans, the
+    end-of-epoch line and ``stats()``. The loader binds it (``bind``) when it takes it."""
 
-    def __init__(self, loader: Any) -> None:
-        # Weak: the observer lives as long as its loader (in ``_observers``), and must not keep it alive.
-        self._loader = weakref.ref(loader)
+    def __init__(self) -> None:
+        self._loader: Optional[weakref.ref] = None  # weak: the loader holds its observer, not the other way
         self.counters: Optional[WorkCounters] = None
         zero = np.zeros(_COLUMNS, dtype=np.int64)
         self.epoch_acc = _Acc(zero)
         self.total_acc = _Acc(zero)
         self.epoch = 0
         self.epochs_seen: List[int] = []
-        self._cache_base: Dict[int, Any] = {}
+        self.iterator_class = ""
+
+    def bind(self, loader: Any) -> None:
+        """Makes this the observer of ``loader``; one loader each, since the counters are that loader's."""
+        bound = self.loader
+        if bound is not None and bound is not loader:
+            raise ValueError(f"this StallObserver already observes {type(bound).__name__} {id(bound):#x}; "
+                             "give each loader its own")
+        self._loader = weakref.ref(loader)
         self.iterator_class = f"{type(loader).__module__}.{type(loader).__qualname__}"
 
     @property
     def loader(self) -> Any:
-        return self._loader()
+        return self._loader() if self._loader is not None else None
 
-    def attach_counters(self) -> None:
-        """Creates the counters once, before the first iterator; their path goes in the Dataset's
-        ``work_counters`` field, so workers get it with the Dataset."""
-        if self.counters is not None:
-            return
-        ds = self.loader.dataset
-        if not hasattr(ds, "work_counters"):  # not an unstall Dataset: timing only
-            return
-        try:
-            self.counters = WorkCounters(max(self.loader.num_workers, 0) + 1)
-            ds.work_counters = self.counters.path
-        except Exception as e:
-            log.debug("unstall: no work counters (%s)", e)
-            self.counters = None
+    def iterate(self, loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
+        """The epoch's iterator, observed (timed, counted, traced)."""
+        self.bind(loader)
+        return ObservedIterator(self, make_iterator(), epoch)
+
+    def work_counters(self, num_workers: int) -> Optional[str]:
+        """The path of the counters table, made on the first call with a row for this process and one per
+        worker: the loader puts it in its Dataset, which takes it to every worker. None when none can be made."""
+        if self.counters is None:
+            try:
+                self.counters = WorkCounters(max(num_workers, 0) + 1)
+            except Exception as e:
+                log.debug("unstall: no work counters (%s)", e)
+                return None
+        return self.counters.path
 
     def work(self) -> np.ndarray:
         return self.counters.totals() if self.counters is not None else np.zeros(_COLUMNS, dtype=np.int64)
@@ -554,7 +563,7 @@ def _log_line(line: str) -> None:
 class ObservedIterator(IteratorWrapper):
     """Wraps one epoch's DataLoader iterator; behaves like it (attributes and ``len`` pass through)."""
 
-    def __init__(self, observer: LoaderObserver, inner: Iterator[Any], epoch: int) -> None:
+    def __init__(self, observer: StallObserver, inner: Iterator[Any], epoch: int) -> None:
         super().__init__(inner)
         self._obs = observer
         self._loader = observer.loader  # the loader lives while one of its iterators does
@@ -631,28 +640,3 @@ class ObservedIterator(IteratorWrapper):
         if not self._done:
             self._done = True
             self._obs.end_epoch()
-
-
-# One observer per DataLoader. Kept here, weakly keyed, rather than on the loader: it is this hook's own
-# state (the hook API hands it any loader), and it lives exactly as long as its loader.
-_observers: "weakref.WeakKeyDictionary[Any, LoaderObserver]" = weakref.WeakKeyDictionary()
-
-
-def observer_of(loader: Any) -> LoaderObserver:
-    """The loader's observer (made on first use): its counters, accumulators and ``stats()``."""
-    obs = _observers.get(loader)
-    if obs is None:
-        obs = _observers[loader] = LoaderObserver(loader)
-    return obs
-
-
-def observe(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
-    """The iterator hook this module registers: the epoch's iterator, observed (timed, counted, traced)."""
-    obs = observer_of(loader)
-    obs.attach_counters()
-    return ObservedIterator(obs, make_iterator(), epoch)
-
-
-# Registered on first import, before ``unstall.analyze.child``'s hook (that module imports this one
-# first): the analysis wraps the observed iterator, as its timing and synthetic batches need.
-_hook = register_iterator_hook(observe)

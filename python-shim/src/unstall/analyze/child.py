@@ -9,9 +9,10 @@ A step is the time from one batch's return to the next batch's return: the train
 plus the wait for the next one. The timed window runs from the return of batch ``warmup`` to the return
 of batch ``warmup + steps``; that last batch is never handed to the trainer.
 
-Importing this module in a process with ``UNSTALL_ANALYZE_MODE`` set (``unstall.torch`` does) registers
-:func:`iterator_hook` with ``unstall.hooks``, after ``unstall.tracing``'s: the analysis wraps the
-observed iterator. ``unstall.tf`` calls :func:`iterate` from its ``tf.data.Dataset.__iter__`` hook.
+A :class:`Session` is the analysis: loaders find it through ``unstall.analyze.context``. It is an
+``unstall.torch.DataLoader``'s outermost observer (``Session.iterate``: it wraps the observed iterator), and
+``unstall.tf`` has it watch the iteration of tf.data pipelines built on an ``unstall.tf.dataset``
+(``Session.watch_tf``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ import sys
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import AnalyzeError, ENV_MODE, ENV_REPORT, ENV_SECTIONS, ENV_STEPS, ENV_WARM, ENV_WARMUP, ENV_WORKERS, MODES
-from .. import tracing  # first: its hook must be registered before this module's
-from ..hooks import IteratorWrapper, register_iterator_hook
+from ..observers import IteratorWrapper
 from .sources import SIDECAR_KEYS, WORK_KEYS, Source, TorchSource
 
-__all__ = ["Session", "session", "iterate", "iterator_hook", "write_json_atomic", "ProgressFile", "AnalyzeError"]
+__all__ = ["Session", "session", "write_json_atomic", "ProgressFile", "AnalyzeError"]
 
 REPORT_FORMAT = "unstall.analyze-run/2"
 
@@ -82,6 +82,7 @@ class Session:
         self._active: Dict[int, "AnalyzedIterator"] = {}
         self._warmed: Dict[str, Dict[str, Any]] = {}
         self._written = False
+        self._tf_restore: Optional[Callable[[], None]] = None
 
     @classmethod
     def from_env(cls) -> Optional["Session"]:
@@ -102,7 +103,43 @@ class Session:
             _fail(report, mode, str(e))
         return cls(mode, steps, warmup, report, os.environ.get(ENV_WARM, "") == "1", expected, workers)
 
-    def iterate(self, key: Any, make_source: Callable[[], Source], make_iterator: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    def iterate(self, loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
+        """As an ``unstall.torch.DataLoader``'s observer (the outermost: ``make_iterator`` builds the
+        observed iterator): the epoch's iterator, analysed."""
+        return self.analyse(loader, lambda: TorchSource(loader), make_iterator)
+
+    def watch_tf(self, source_of: Callable[[Any], Optional[Tuple[Any, Source]]]) -> None:
+        """Has iterating (``iter(ds)``, ``for x in ds``, eager) any tf.data dataset for which ``source_of``
+        gives ``(loader key, source)`` go through the analysis, until :meth:`close`. tf.data has no iteration hook and the
+        loop iterates a pipeline built on the unstall dataset (``.map``, ``.prefetch``), not the dataset
+        itself: ``tf.data.Dataset.__iter__`` is wrapped; other datasets iterate as before."""
+        if self._tf_restore is not None:
+            return
+        import tensorflow as tf
+
+        base = tf.data.Dataset
+        original = base.__iter__
+
+        def __iter__(ds: Any) -> Any:
+            found = source_of(ds) if tf.executing_eagerly() else None
+            if found is None:
+                return original(ds)
+            key, source = found
+            return self.analyse(key, lambda: source, lambda: original(ds))
+
+        def restore() -> None:
+            base.__iter__ = original
+
+        base.__iter__ = __iter__
+        self._tf_restore = restore
+
+    def close(self) -> None:
+        """Stops watching tf.data iteration (:meth:`watch_tf`)."""
+        restore, self._tf_restore = self._tf_restore, None
+        if restore is not None:
+            restore()
+
+    def analyse(self, key: Any, make_source: Callable[[], Source], make_iterator: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         """The epoch iterator of the loader ``key``: analysed the first time the loop iterates it; when
         the loop comes back to a loader already seen, every loader has had its turn: the run ends."""
         if any(k() is key for k in self._keys):
@@ -174,21 +211,6 @@ def session() -> Optional[Session]:
         if _session is not None:
             atexit.register(_session.write)
     return _session
-
-
-def iterate(key: Any, make_source: Callable[[], Source], make_iterator: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-    """The epoch iterator of a loader (``key``): driven by the analysis in a run of ``unstall analyze``,
-    ``make_iterator()`` otherwise."""
-    s = session()
-    if s is None:
-        return make_iterator()
-    return s.iterate(key, make_source, make_iterator)
-
-
-def iterator_hook(loader: Any, make_iterator: Callable[[], Iterator[Any]], epoch: int) -> Iterator[Any]:
-    """``unstall.torch.DataLoader``'s hook. ``make_iterator`` builds the observed iterator (``unstall.tracing``'s
-    hook runs before this one)."""
-    return iterate(loader, lambda: TorchSource(tracing.observer_of(loader)), make_iterator)
 
 
 def _describe(source: Source) -> Dict[str, Any]:
@@ -323,7 +345,3 @@ def warm_cache(location: str, token: str, dataset: str, session: Session) -> Dic
     if proc.returncode != 0 or doc.get("status") != "ok":
         raise AnalyzeError(doc.get("error") or f"warming the cache failed (exit status {proc.returncode})")
     return doc
-
-
-if os.environ.get(ENV_MODE):  # only in a process that `unstall analyze` runs (not its warm pass)
-    register_iterator_hook(iterator_hook)

@@ -64,16 +64,20 @@ def _totals(st: Any) -> Dict[str, int]:
 
 
 class TorchSource:
-    """An ``unstall.torch.DataLoader``, through its ``unstall.tracing`` observer."""
+    """An ``unstall.torch.DataLoader``, through its stall observer (``unstall.tracing.StallObserver``)."""
 
     kind = "torch.DataLoader"
 
-    def __init__(self, observer: Any) -> None:
+    def __init__(self, loader: Any) -> None:
         from .. import tracing
 
         self._tracing = tracing
+        self.loader = loader
+        observer = getattr(loader, "stall_observer", None)
+        if observer is None:
+            raise AnalyzeError(f"the analysed {type(loader).__name__} has no StallObserver among its observers, "
+                               "which counts its fetch and prep time")
         self.obs = observer
-        self.loader = observer.loader
         ds = self.loader.dataset
         if not hasattr(ds, "name") or not hasattr(ds, "_client"):
             raise AnalyzeError(f"the analysed DataLoader's dataset is a {type(ds).__name__}, not an unstall.torch.Dataset")
