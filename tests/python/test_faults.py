@@ -332,4 +332,9 @@ def _check_prep_faults(start_sidecar, tmp_path: Path, sig: signal.Signals, devic
     assert seen == reference, f"the same batches, the same prepared tensors (seed {seed})"
     assert len(killed) == 5 and sidecar.pid not in killed
     assert not any(unstall.sidecar._pid_alive(p) for p in killed), "a hung sidecar is killed, never left beside"
-    assert rejoins == 5, f"one new group per restart (seed {seed})"
+    if device is None:
+        assert rejoins == 5, f"one new group per restart (seed {seed})"
+    else:
+        # Batches in flight: two kills can fall between two of the member's calls to the sidecar (the loop takes
+        # prefetched batches in between), and then one rejoin follows both restarts.
+        assert 1 <= rejoins <= 5, f"a new group after the restarts, never more than one per restart (seed {seed})"
