@@ -1,5 +1,6 @@
 package io.unstall.flight;
 
+import io.unstall.flight.StorageReader.Miss;
 import io.unstall.flight.cache.Digest;
 import io.unstall.flight.cache.DiskTier;
 import io.unstall.flight.cache.SampleCache;
@@ -12,8 +13,6 @@ import io.unstall.flight.dataset.DatasetStats;
 import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.shm.ShmRef;
 import java.io.IOException;
-import java.io.UncheckedIOException;
-import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -52,6 +51,7 @@ public final class BatchAssembler {
   private final TierBreaker diskBreaker; // null when there is no disk tier
   private final Prefetcher prefetcher;
   private final ExecutorService io; // parallel storage reads of a batch's misses, and its peer fetches
+  private final StorageReader storage;
   private volatile Ownership ownership = Ownership.SOLO;
   private volatile PeerClients peers; // null: no cluster
 
@@ -72,6 +72,7 @@ public final class BatchAssembler {
     this.cacheBreaker = cacheBreaker;
     this.diskBreaker = diskBreaker;
     this.io = Executors.newFixedThreadPool(Math.max(1, prefetchThreads), Prefetcher.daemon("unstall-io"));
+    this.storage = new StorageReader(io, this::admit);
     this.prefetcher =
         new Prefetcher(prefetch, prefetchWindowSamples, prefetchThreads, this::prefetchRead, this::isCached);
   }
@@ -123,7 +124,7 @@ public final class BatchAssembler {
         stats.peerFallback(1);
       }
     }
-    readFromStorage(d, id, buf, 0, len);
+    StorageReader.readFromStorage(d, id, buf, 0, len);
     stats.prefetched(len);
     admit(d, id, buf, 0, len, stats);
   }
@@ -324,14 +325,14 @@ public final class BatchAssembler {
       }
     }
     if (remote.isEmpty()) {
-      readAll(readTasks(d, misses, data, stats));
+      storage.read(d, misses, data, stats);
       return;
     }
     // The owners' answers and this sidecar's own storage reads overlap: each node's storage link and the peer
     // links are busy at once (CoorDL's aggregate bandwidth), and the two write disjoint slots of the batch.
     PeerFetches fromPeers = new PeerFetches(peerClients, d, epoch, remote, data);
     try {
-      readAll(readTasks(d, misses, data, stats));
+      storage.read(d, misses, data, stats);
     } finally {
       fromPeers.await(); // every fetch is awaited: none writes into the buffer after it is released
     }
@@ -341,7 +342,7 @@ public final class BatchAssembler {
         late.add(m);
       }
     }
-    readAll(readTasks(d, late, data, stats));
+    storage.read(d, late, data, stats);
   }
 
   /**
@@ -416,80 +417,6 @@ public final class BatchAssembler {
     }
   }
 
-  /** A sample to read from storage into the batch buffer at {@code off}. */
-  private record Miss(int id, long off, int len) {}
-
-  /** Requests larger than this are not coalesced further (a few MiB amortise a request to remote storage). */
-  static final int MAX_RUN = 4 << 20;
-  /** Neighbours of one file this close are read with the bytes between them rather than in two requests. */
-  static final int MAX_GAP = 64 << 10;
-
-  /**
-   * Plans the storage requests of a batch's misses: samples of one file that lie close together (TFRecord
-   * records of a shard read in order) are coalesced into one ranged request of up to {@link #MAX_RUN} bytes,
-   * data and checksums together; a lone sample without a trailer is read straight into the batch buffer.
-   */
-  private List<Runnable> readTasks(Dataset d, List<Miss> misses, ArrowBuf data, DatasetStats.Epoch stats) {
-    List<Runnable> tasks = new ArrayList<>();
-    if (misses.isEmpty()) {
-      return tasks;
-    }
-    int trailer = d.trailer();
-    misses.sort(java.util.Comparator.comparing((Miss m) -> d.file(m.id())).thenComparingLong(m -> d.offset(m.id())));
-    int from = 0;
-    for (int i = 1; i <= misses.size(); i++) {
-      boolean ends = i == misses.size();
-      if (!ends) {
-        Miss first = misses.get(from);
-        Miss prev = misses.get(i - 1);
-        Miss next = misses.get(i);
-        long prevEnd = d.offset(prev.id()) + prev.len() + trailer;
-        long nextEnd = d.offset(next.id()) + next.len() + trailer;
-        ends = !d.file(next.id()).equals(d.file(first.id()))
-            || d.offset(next.id()) - prevEnd > MAX_GAP
-            || nextEnd - d.offset(first.id()) > MAX_RUN;
-      }
-      if (ends) {
-        List<Miss> run = misses.subList(from, i);
-        if (!d.format().coalesces()) { // samples decoded from larger units: each read on its own
-          run.forEach(m -> tasks.add(() -> readMiss(d, m.id(), data, m.off(), m.len(), stats)));
-        } else if (run.size() == 1 && trailer == 0) {
-          Miss m = run.get(0);
-          tasks.add(() -> readMiss(d, m.id(), data, m.off(), m.len(), stats));
-        } else {
-          tasks.add(() -> readRun(d, List.copyOf(run), data, stats));
-        }
-        from = i;
-      }
-    }
-    return tasks;
-  }
-
-  private void readRun(Dataset d, List<Miss> run, ArrowBuf data, DatasetStats.Epoch stats) {
-    Miss first = run.get(0);
-    long start = d.offset(first.id());
-    long end = start;
-    for (Miss m : run) {
-      end = Math.max(end, d.offset(m.id()) + m.len() + d.trailer());
-    }
-    try {
-      ByteBuffer bytes = ByteBuffer.allocate((int) (end - start)).order(java.nio.ByteOrder.LITTLE_ENDIAN);
-      try {
-        d.readRun(d.file(first.id()), start, bytes);
-      } catch (java.nio.file.NoSuchFileException e) {
-        throw notFound(d, first.id(), e);
-      }
-      bytes.clear();
-      for (Miss m : run) {
-        d.extract(m.id(), bytes, start, data.nioBuffer(m.off(), m.len()));
-        stats.miss(m.len());
-        admit(d, m.id(), data, m.off(), m.len(), stats);
-      }
-    } catch (IOException e) {
-      throw new UncheckedIOException(e);
-    }
-  }
-
   /**
    * Copies sample {@code id} into {@code data[off..off+len)} from prefetch staging or the memory cache; false if
    * neither has it. Prefetched samples are waited for until {@code prefetchDeadline} ({@link System#nanoTime}).
@@ -542,72 +469,6 @@ public final class BatchAssembler {
         () -> cache.admit(digest, data, off, len, d.name()) == SampleCache.Admission.ADMITTED);
   }
 
-  private void readMiss(Dataset d, int id, ArrowBuf data, long off, int len, DatasetStats.Epoch stats) {
-    try {
-      readFromStorage(d, id, data, off, len);
-      stats.miss(len);
-      admit(d, id, data, off, len, stats);
-    } catch (IOException e) {
-      throw new UncheckedIOException(e);
-    }
-  }
-
-  /**
-   * Reads a batch's misses from storage in parallel (remote storage answers many requests at once far
-   * faster than one after another); each read lands in its own slice of the batch buffer. Waits for every
-   * read before returning or throwing, so nothing writes into a buffer after it is released.
-   */
-  private void readAll(List<Runnable> misses) throws IOException {
-    if (misses.size() <= 1) {
-      for (Runnable r : misses) {
-        runUnchecked(r);
-      }
-      return;
-    }
-    List<Future<?>> running = new ArrayList<>(misses.size());
-    for (Runnable r : misses) {
-      running.add(io.submit(r));
-    }
-    Throwable first = null;
-    for (Future<?> f : running) {
-      try {
-        f.get();
-      } catch (ExecutionException e) {
-        first = first == null ? e.getCause() : first;
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        first = first == null ? e : first;
-      }
-    }
-    if (first != null) {
-      rethrow(first);
-    }
-  }
-
-  private static void runUnchecked(Runnable r) throws IOException {
-    try {
-      r.run();
-    } catch (UncheckedIOException e) {
-      throw e.getCause();
-    }
-  }
-
-  private static void rethrow(Throwable t) throws IOException {
-    if (t instanceof UncheckedIOException u) {
-      throw u.getCause();
-    }
-    if (t instanceof IOException io) {
-      throw io;
-    }
-    if (t instanceof RuntimeException r) {
-      throw r;
-    }
-    if (t instanceof Error e) {
-      throw e;
-    }
-    throw new IOException(t);
-  }
-
   /** Stops the storage readers (after the data plane stopped serving). */
   public void close() {
     io.shutdownNow();
@@ -629,28 +490,6 @@ public final class BatchAssembler {
     admitToCache(d, id, digest, data, off, len);
     if (disk != null && owns(d, id)) {
       diskBreaker.run(() -> "writing " + sample(d, id), () -> disk.admit(digest, data.nioBuffer(off, len)));
-    }
-  }
-
-  static void readFromStorage(Dataset d, int id, ArrowBuf data, long off, int len) throws IOException {
-    try {
-      d.read(id, data.nioBuffer(off, len));
-    } catch (java.nio.file.NoSuchFileException e) {
-      throw notFound(d, id, e);
-    }
-  }
-
-  private static SampleNotFoundException notFound(Dataset d, int id, Exception e) {
-    return new SampleNotFoundException(
-        "dataset '" + d.name() + "' sample " + id + ": file '" + d.fileOf(id)
-            + "' no longer exists (deleted after registration?)",
-        e);
-  }
-
-  /** A sample whose file disappeared after registration. */
-  public static final class SampleNotFoundException extends IOException {
-    SampleNotFoundException(String message, Throwable cause) {
-      super(message, cause);
     }
   }
 }

@@ -338,7 +338,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
       return f;
     }
     CallStatus status;
-    if (e instanceof UnknownDatasetException || e instanceof BatchAssembler.SampleNotFoundException
+    if (e instanceof UnknownDatasetException || e instanceof SampleNotFoundException
         || e instanceof Sessions.UnknownSessionException) {
       status = CallStatus.NOT_FOUND;
     } else if (e instanceof MalformedTicketException || e instanceof IllegalArgumentException) {

@@ -102,7 +102,7 @@ class PrefetcherTest {
       Dataset d = dataset(registry);
       Prefetcher p =
           new Prefetcher(window, N, 4, (ds, epoch, id, buf, len, stats) -> {
-            BatchAssembler.readFromStorage(ds, id, buf, 0, len);
+            StorageReader.readFromStorage(ds, id, buf, 0, len);
             read.incrementAndGet();
           }, (ds, id) -> false);
       int[] order = IntStream.range(0, N).toArray();
