@@ -128,7 +128,7 @@ class NativeJpegTest {
 
   /** The DCT scale the fast path picks for sample {@code id}'s crop (by redoing the same draws). */
   static int denom(ImageHeader h, PrepPipeline.RandomResizedCrop c, int out, long id) {
-    int[] r = ImagePrep.cropParams(h.height(), h.width(), c, ImagePrep.rng(7, 3, id));
+    int[] r = SpatialOps.cropParams(h.height(), h.width(), c, ImagePrep.rng(7, 3, id));
     return NativeJpeg.scaleDenom(r[3], r[2], out, out, NativeJpeg.MAX_SCALE_DENOM, NativeJpeg.REDUCING_GAP);
   }
 
