@@ -16,23 +16,11 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Optional;
 import java.util.concurrent.ConcurrentHashMap;
-import software.amazon.awssdk.auth.credentials.AwsCredentialsProvider;
-import software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider;
 import software.amazon.awssdk.awscore.retry.AwsRetryStrategy;
 import software.amazon.awssdk.core.exception.SdkClientException;
 import software.amazon.awssdk.core.exception.SdkException;
 import software.amazon.awssdk.http.apache5.Apache5HttpClient;
-import software.amazon.awssdk.profiles.Profile;
-import software.amazon.awssdk.profiles.ProfileFile;
-import software.amazon.awssdk.profiles.ProfileFileSystemSetting;
-import software.amazon.awssdk.profiles.ProfileProperty;
-import software.amazon.awssdk.regions.Region;
-import software.amazon.awssdk.regions.providers.AwsProfileRegionProvider;
-import software.amazon.awssdk.regions.providers.AwsRegionProviderChain;
-import software.amazon.awssdk.regions.providers.DefaultAwsRegionProviderChain;
-import software.amazon.awssdk.regions.providers.SystemSettingsRegionProvider;
 import software.amazon.awssdk.services.s3.S3Client;
 import software.amazon.awssdk.services.s3.model.CommonPrefix;
 import software.amazon.awssdk.services.s3.model.GetObjectRequest;
@@ -47,7 +35,7 @@ import software.amazon.awssdk.services.s3.model.S3Object;
 /**
  * An S3 bucket (or any S3-API server) through the AWS SDK for Java v2: {@code s3://bucket/prefix} is the
  * directory {@code prefix/}, or the one object {@code prefix} when no key lies below it. Configured like the
- * AWS CLI (see {@link Config#fromEnvironment()}). Samples are ranged GETs streamed straight into the batch's
+ * AWS CLI (see {@link S3Config#fromEnvironment()}). Samples are ranged GETs streamed straight into the batch's
  * buffer; listings are paginated ListObjectsV2 calls whose sizes answer {@link #size} without a HEAD.
  * {@link #pin} keeps the ETag a listing gave (or a HEAD, for a single object), and every ranged GET of a pinned
  * object carries it as {@code If-Match}: an object replaced after registration answers 412, which becomes a
@@ -63,9 +51,9 @@ public final class S3Storage implements Storage {
   /** Extra attempts when a response body breaks off mid-read (the SDK retries only until the headers). */
   private static final int BODY_RETRIES = 3;
 
-  private static final Map<Config, S3Client> CLIENTS = new ConcurrentHashMap<>();
+  private static final Map<S3Config, S3Client> CLIENTS = new ConcurrentHashMap<>();
   /** The lean GET path per configuration (see {@link S3Get}); absent without explicit credentials. */
-  private static final Map<Config, S3Get> LEAN = new ConcurrentHashMap<>();
+  private static final Map<S3Config, S3Get> LEAN = new ConcurrentHashMap<>();
 
   private final S3Client s3;
   /** Ranged GETs go through this unless it is null or turned off ({@link #leanBase} null). */
@@ -90,112 +78,16 @@ public final class S3Storage implements Storage {
   private String versionsDir;
   private Map<String, String> versions = Map.of();
 
-  /**
-   * How to reach S3. {@code endpoint} null means AWS itself; {@code credentials} null means the default
-   * provider chain.
-   */
-  public record Config(URI endpoint, Region region, AwsCredentialsProvider credentials, boolean forcePathStyle) {
-    private static volatile AwsCredentialsProvider defaultCredentials;
-
-    /**
-     * As AWS tools do: endpoint from {@code aws.endpointUrlS3} / {@code AWS_ENDPOINT_URL_S3}, else {@code
-     * aws.endpointUrl} / {@code AWS_ENDPOINT_URL}, else the profile's {@code endpoint_url} (unless {@code
-     * AWS_IGNORE_CONFIGURED_ENDPOINT_URLS}); region
-     * from the default chain ({@code AWS_REGION}, profile, instance metadata), else us-east-1; credentials
-     * from the default chain ({@code AWS_ACCESS_KEY_ID}/{@code AWS_SECRET_ACCESS_KEY}, {@code AWS_PROFILE},
-     * web identity, container, instance profile); path-style addressing with an endpoint override or {@code
-     * AWS_S3_FORCE_PATH_STYLE=true}.
-     */
-    public static Config fromEnvironment() {
-      URI endpoint = null;
-      if (!setting("aws.ignoreConfiguredEndpointUrls", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
-          .equalsIgnoreCase("true")) {
-        String url = setting("aws.endpointUrlS3", "AWS_ENDPOINT_URL_S3");
-        if (url.isEmpty()) {
-          url = setting("aws.endpointUrl", "AWS_ENDPOINT_URL");
-        }
-        if (url.isEmpty()) {
-          url = profileEndpoint();
-        }
-        if (!url.isEmpty()) {
-          try {
-            endpoint = URI.create(url);
-          } catch (IllegalArgumentException e) {
-            throw new IllegalArgumentException(
-                "bad S3 endpoint URL '" + url + "' (AWS_ENDPOINT_URL[_S3]): " + e.getMessage());
-          }
-        }
-      }
-      boolean pathStyle = endpoint != null
-          || setting("aws.s3ForcePathStyle", "AWS_S3_FORCE_PATH_STYLE").equalsIgnoreCase("true");
-      return new Config(endpoint, defaultRegion(endpoint != null), defaultCredentials(), pathStyle);
-    }
-
-    /** {@code endpoint_url} of the active profile: its {@code services} section's {@code s3}, else its own. */
-    private static String profileEndpoint() {
-      try {
-        ProfileFile file = ProfileFile.defaultProfileFile();
-        Optional<Profile> profile =
-            file.profile(ProfileFileSystemSetting.AWS_PROFILE.getStringValue().orElse("default"));
-        if (profile.isEmpty()) {
-          return "";
-        }
-        Optional<String> services = profile.get().property("services");
-        Optional<String> s3 =
-            services.flatMap(name -> file.getSection("services", name)).flatMap(sec -> sec.property("s3.endpoint_url"));
-        return s3.or(() -> profile.get().property(ProfileProperty.ENDPOINT_URL)).orElse("").trim();
-      } catch (RuntimeException e) {
-        return ""; // an unreadable config file: the SDK reports it when it needs the file
-      }
-    }
-
-    private static String setting(String property, String env) {
-      String v = System.getProperty(property);
-      if (v == null || v.isBlank()) {
-        v = System.getenv(env);
-      }
-      return v == null ? "" : v.trim();
-    }
-
-    /** Off AWS (an endpoint override) the region only signs requests: skip the instance-metadata probe. */
-    private static Region defaultRegion(boolean customEndpoint) {
-      try {
-        return customEndpoint
-            ? new AwsRegionProviderChain(new SystemSettingsRegionProvider(), new AwsProfileRegionProvider()).getRegion()
-            : new DefaultAwsRegionProviderChain().getRegion();
-      } catch (SdkClientException e) {
-        return Region.US_EAST_1;
-      }
-    }
-
-    /** One default chain per process, so that storages share its cache and their client. */
-    private static AwsCredentialsProvider defaultCredentials() {
-      if (defaultCredentials == null) {
-        synchronized (Config.class) {
-          if (defaultCredentials == null) {
-            defaultCredentials = DefaultCredentialsProvider.builder().build();
-          }
-        }
-      }
-      return defaultCredentials;
-    }
-
-    /** Where requests go, for messages. */
-    String endpointName() {
-      return endpoint != null ? endpoint.toString() : "https://s3." + region.id() + ".amazonaws.com";
-    }
-  }
-
-  /** Opens {@code uri} configured from the environment ({@link Config#fromEnvironment()}). */
+  /** Opens {@code uri} configured from the environment ({@link S3Config#fromEnvironment()}). */
   public static S3Storage open(String uri) throws IOException {
-    return new S3Storage(uri, Config.fromEnvironment());
+    return new S3Storage(uri, S3Config.fromEnvironment());
   }
 
   /**
    * Opens {@code s3://bucket[/prefix]}: checks the credentials, the bucket and that something lies there, so
    * that a bad location fails at registration with a message that names it.
    */
-  public S3Storage(String uri, Config config) throws IOException {
+  public S3Storage(String uri, S3Config config) throws IOException {
     if (uri == null || !uri.startsWith("s3://")) {
       throw new IllegalArgumentException("not an S3 location: '" + uri + "' (expected s3://bucket/prefix)");
     }
@@ -235,7 +127,7 @@ public final class S3Storage implements Storage {
     }
   }
 
-  private static S3Client client(Config c) {
+  private static S3Client client(S3Config c) {
     var b =
         S3Client.builder()
             .region(c.region())

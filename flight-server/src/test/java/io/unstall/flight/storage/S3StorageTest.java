@@ -61,7 +61,7 @@ import software.amazon.awssdk.services.s3.S3Client;
  * registered by {@code s3://} URI through the registry and served through a real Flight client, byte for
  * byte; and the errors a user meets (missing bucket, bad or no credentials, an object deleted mid-epoch).
  *
- * <p>Registration reads its configuration as in production ({@link S3Storage.Config#fromEnvironment()}), here
+ * <p>Registration reads its configuration as in production ({@link S3Config#fromEnvironment()}), here
  * from the SDK's system properties ({@code aws.endpointUrlS3}, {@code aws.accessKeyId}, ...), which this class
  * sets and restores; they take precedence over the AWS_* environment variables.
  */
@@ -386,14 +386,14 @@ class S3StorageTest {
     System.setProperty("aws.sharedCredentialsFile", tmp.resolve("no-credentials").toString());
     try {
       System.setProperty("aws.profile", "s3test");
-      S3Storage.Config c = S3Storage.Config.fromEnvironment();
+      S3Config c = S3Config.fromEnvironment();
       assertEquals(endpoint, c.endpoint());
       assertEquals(Region.EU_WEST_1, c.region());
       assertTrue(c.forcePathStyle(), "a custom endpoint is addressed path-style");
       assertEquals(List.of("cat", "dog"), new S3Storage("s3://data/imgs", c).listDirectories(""));
       System.setProperty("aws.profile", "plain");
-      assertEquals(endpoint, S3Storage.Config.fromEnvironment().endpoint());
-      assertEquals(Region.US_EAST_1, S3Storage.Config.fromEnvironment().region(), "no region anywhere: us-east-1");
+      assertEquals(endpoint, S3Config.fromEnvironment().endpoint());
+      assertEquals(Region.US_EAST_1, S3Config.fromEnvironment().region(), "no region anywhere: us-east-1");
     } finally {
       System.clearProperty("aws.profile");
       System.clearProperty("aws.configFile");
@@ -403,7 +403,7 @@ class S3StorageTest {
 
   @Test
   void listingsFollowContinuationTokens() throws Exception {
-    S3Storage s = new S3Storage("s3://data/imgs", S3Storage.Config.fromEnvironment());
+    S3Storage s = new S3Storage("s3://data/imgs", S3Config.fromEnvironment());
     s.pageSize = 2;
     assertEquals(List.of("cat", "dog"), s.listDirectories(""));
     List<String> all = s.listObjects("");
