@@ -34,8 +34,6 @@ import org.apache.parquet.hadoop.ParquetFileReader;
 import org.apache.parquet.hadoop.metadata.BlockMetaData;
 import org.apache.parquet.hadoop.metadata.ColumnChunkMetaData;
 import org.apache.parquet.hadoop.metadata.ParquetMetadata;
-import org.apache.parquet.io.InputFile;
-import org.apache.parquet.io.SeekableInputStream;
 import org.apache.parquet.schema.MessageType;
 import org.apache.parquet.schema.Type;
 
@@ -176,7 +174,7 @@ final class ParquetFormat implements Format {
     this.files.add(file);
     sizes.add(size);
     ParquetMetadata footer;
-    try (ParquetFileReader r = new ParquetFileReader(new StorageFile(storage, file, size), OPTIONS)) {
+    try (ParquetFileReader r = new ParquetFileReader(new StorageInputFile(storage, file, size), OPTIONS)) {
       footer = r.getFooter();
     } catch (IOException | RuntimeException e) {
       throw corrupt(file, size, -1, "its footer (the last 8 bytes and the metadata before them)", e);
@@ -271,7 +269,7 @@ final class ParquetFormat implements Format {
     ParquetMetadata footer = footers.get(fileNo);
     BlockMetaData block = footer.getBlocks().get(g);
     MessageType projection = ParquetColumns.projection(footer.getFileMetaData().getSchema(), names);
-    StorageFile in = new StorageFile(storage, file, sizes.get(fileNo));
+    StorageInputFile in = new StorageInputFile(storage, file, sizes.get(fileNo));
     try (ParquetFileReader r = ParquetFileReader.open(in, footer, OPTIONS, in.newStream())) {
       r.setRequestedSchema(projection);
       PageReadStore pages = r.readRowGroup(g);
@@ -445,70 +443,5 @@ final class ParquetFormat implements Format {
 
     @Override
     public void close() {}
-  }
-
-  /** A stored file as parquet-java's {@link InputFile}, read through the dataset's storage. */
-  private static final class StorageFile implements InputFile {
-    private final Storage storage;
-    private final String file;
-    private final long size;
-
-    StorageFile(Storage storage, String file, long size) {
-      this.storage = storage;
-      this.file = file;
-      this.size = size;
-    }
-
-    @Override
-    public long getLength() {
-      return size;
-    }
-
-    @Override
-    public SeekableInputStream newStream() {
-      StorageChannel ch = new StorageChannel(storage, file, size, 256 << 10);
-      return new SeekableInputStream() {
-        @Override
-        public long getPos() {
-          return ch.position();
-        }
-
-        @Override
-        public void seek(long pos) {
-          ch.position(pos);
-        }
-
-        @Override
-        public void readFully(byte[] b) throws IOException {
-          ch.readFully(ch.position(), ByteBuffer.wrap(b));
-        }
-
-        @Override
-        public void readFully(byte[] b, int off, int len) throws IOException {
-          ch.readFully(ch.position(), ByteBuffer.wrap(b, off, len));
-        }
-
-        @Override
-        public int read(ByteBuffer buf) throws IOException {
-          return ch.read(buf);
-        }
-
-        @Override
-        public void readFully(ByteBuffer buf) throws IOException {
-          ch.readFully(ch.position(), buf);
-        }
-
-        @Override
-        public int read() throws IOException {
-          ByteBuffer one = ByteBuffer.allocate(1);
-          return ch.read(one) < 0 ? -1 : one.get(0) & 0xff;
-        }
-
-        @Override
-        public int read(byte[] b, int off, int len) throws IOException {
-          return len == 0 ? 0 : ch.read(ByteBuffer.wrap(b, off, len));
-        }
-      };
-    }
   }
 }
