@@ -17,6 +17,7 @@ import static org.bytedeco.opencv.global.opencv_imgproc.INTER_AREA;
 import static org.bytedeco.opencv.global.opencv_imgproc.cvtColor;
 import static org.bytedeco.opencv.global.opencv_imgproc.INTER_LINEAR;
 import static org.bytedeco.opencv.global.opencv_imgproc.resize;
+
 import io.unstall.flight.prep.PrepPipeline.CenterCrop;
 import io.unstall.flight.prep.PrepPipeline.DType;
 import io.unstall.flight.prep.PrepPipeline.HFlip;
@@ -36,7 +37,7 @@ import org.bytedeco.opencv.opencv_core.Size;
 /**
  * The OpenCV path of {@link ImagePrep} (libjpeg-turbo inside; PNG, WebP and whatever the native path does not
  * take): decode, crops and resizes on the BGR image, then one pass that writes RGB into the output tensor in the
- * pipeline's layout and dtype.
+ * pipeline's layout and dtype. Made only by {@link ImagePrep}, whose initialiser loads OpenCV first.
  */
 final class OpenCvTransform {
   private final PrepPipeline pipeline;
