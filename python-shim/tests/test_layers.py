@@ -11,8 +11,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "unstall"
 MAX_LINES = 500
 # Modules still over the limit, each capped where it stands so that it can only shrink: those yet to be split
-# (tracing's spans and counters, and Sidecar's attach/recover/control calls).
-LONGER = {"unstall.tracing": 642, "unstall.sidecar": 580}
+# (Sidecar's attach/recover/control calls).
+LONGER = {"unstall.sidecar": 580}
 
 
 def module_name(path: Path) -> str:
