@@ -10,9 +10,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "unstall"
 MAX_LINES = 500
-# Modules still over the limit, each capped where it stands so that it can only shrink: those yet to be split
-# (Sidecar's attach/recover/control calls).
-LONGER = {"unstall.sidecar": 580}
+# Modules allowed over the limit (none today), each capped where it stands so that it can only shrink.
+LONGER: dict[str, int] = {}
 
 
 def module_name(path: Path) -> str:
