@@ -19,10 +19,8 @@ or ``UNSTALL_TRACING=1``: a job that merely has the SDK installed does not start
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import tempfile
 import threading
 import time
 import weakref
@@ -31,6 +29,48 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
+from .counters import (
+    _COLUMNS,
+    _dataset_stats,
+    FETCH_CALLS as FETCH_CALLS,
+    FETCH_NS as FETCH_NS,
+    FETCH_BYTES as FETCH_BYTES,
+    FETCH_SAMPLES as FETCH_SAMPLES,
+    PREP_NS as PREP_NS,
+    PREP_SAMPLES as PREP_SAMPLES,
+    SHM_CALLS as SHM_CALLS,
+    PREP_CPU_NS as PREP_CPU_NS,
+    WorkCounters,
+    payload_bytes,
+    record_fetch,
+    record_prep,
+    bind_sidecar,
+)
+from .spans import (
+    STALL_SPAN,
+    STEP_SPAN,
+    SCOPE as SCOPE,
+    A_STALL_NS as A_STALL_NS,
+    A_IO_BYTES as A_IO_BYTES,
+    A_IO_CALLS as A_IO_CALLS,
+    A_IO_TIME as A_IO_TIME,
+    A_IO_PROCESS_BYTES as A_IO_PROCESS_BYTES,
+    A_ITER_CLASS as A_ITER_CLASS,
+    A_ITER_METHOD as A_ITER_METHOD,
+    A_THREAD_NAME as A_THREAD_NAME,
+    A_THREAD_ID as A_THREAD_ID,
+    A_EXC_TYPE as A_EXC_TYPE,
+    A_STEP_NS as A_STEP_NS,
+    A_BATCH as A_BATCH,
+    A_EPOCH as A_EPOCH,
+    A_DATASET as A_DATASET,
+    A_WORKERS as A_WORKERS,
+    A_FETCH_NS as A_FETCH_NS,
+    A_PREP_NS as A_PREP_NS,
+    tracing_wanted as tracing_wanted,
+    build_tracer,
+    StallTracer,
+)
 from .observers import IteratorWrapper
 
 __all__ = [
@@ -50,150 +90,12 @@ __all__ = [
 
 log = logging.getLogger("unstall")
 
-# -- stable names: the agent's where the meaning is the same (docs/AGENT.md), then the shim's own ------
-STALL_SPAN = "unstall.stall"
-STEP_SPAN = "unstall.step"
-SCOPE = "io.unstall.shim"
-A_STALL_NS = "unstall.stall.duration_ns"
-A_IO_BYTES = "unstall.io.bytes"  # bytes the waiting thread fetched during the wait (num_workers=0)
-A_IO_CALLS = "unstall.io.read_calls"  # fetches (FETCH or DoGet) the waiting thread made during the wait
-A_IO_TIME = "unstall.io.read_time_ns"  # time the waiting thread spent in those fetches
-A_IO_PROCESS_BYTES = "unstall.io.process_bytes"  # bytes fetched by this process AND its workers during the wait
-A_ITER_CLASS = "unstall.iterator.class"
-A_ITER_METHOD = "unstall.iterator.method"
-A_THREAD_NAME = "thread.name"
-A_THREAD_ID = "thread.id"
-A_EXC_TYPE = "exception.type"
-A_STEP_NS = "unstall.step.duration_ns"
-A_BATCH = "unstall.batch.index"
-A_EPOCH = "unstall.epoch"
-A_DATASET = "unstall.dataset"
-A_WORKERS = "unstall.loader.num_workers"
-A_FETCH_NS = "unstall.fetch.time_ns"  # fetch time, all processes, during the wait
-A_PREP_NS = "unstall.prep.time_ns"  # loader+transform time, all processes, during the wait
-
-
 # ---------------------------------------------------------------------------------------------
-# OpenTelemetry, imported lazily and only when enabled
-
-
-def _env_true(name: str) -> Optional[bool]:
-    v = os.environ.get(name, "").strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    return None
-
-
-def tracing_wanted() -> bool:
-    """Whether the environment asks for spans (the SDK may still be missing)."""
-    if _env_true("OTEL_SDK_DISABLED") or _env_true("UNSTALL_TRACING") is False:
-        return False
-    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporters == "none":
-        return False
-    if _env_true("UNSTALL_TRACING"):
-        return True
-    return bool(
-        exporters
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or os.environ.get("OTEL_SERVICE_NAME")
-    )
-
-
-class StallTracer:
-    """Emits ``unstall.stall`` / ``unstall.step`` spans with explicit timestamps, or nothing."""
-
-    def __init__(self, tracer: Any = None, provider: Any = None) -> None:
-        self._tracer = tracer
-        self._provider = provider
-        self._otel_context: Any = None
-        self._otel_trace: Any = None
-        if tracer is not None:
-            from opentelemetry import context, trace
-
-            self._otel_context, self._otel_trace = context, trace
-
-    @property
-    def enabled(self) -> bool:
-        return self._tracer is not None
-
-    def span(self, name: str, start_ns: int, end_ns: int, attributes: Dict[str, Any],
-             error: Optional[BaseException] = None) -> None:
-        """One finished span. Its parent is the application's current span, if it has one."""
-        if self._tracer is None:
-            return
-        try:
-            span = self._tracer.start_span(name, context=self._otel_context.get_current(),
-                                           start_time=start_ns, attributes=attributes)
-            if error is not None:
-                span.set_attribute(A_EXC_TYPE, type(error).__qualname__)
-                span.set_status(self._otel_trace.Status(self._otel_trace.StatusCode.ERROR, str(error)[:200]))
-            span.end(end_time=end_ns)
-        except Exception as e:  # tracing must never break training
-            log.warning("unstall: tracing failed (%s); spans are now off", e)
-            self._tracer = None
-
-    def flush(self, timeout_s: float = 10.0) -> None:
-        if self._provider is not None:
-            try:
-                self._provider.force_flush(int(timeout_s * 1000))
-            except Exception:
-                pass
-
-    def shutdown(self) -> None:
-        provider, self._provider, self._tracer = self._provider, None, None
-        if provider is not None:
-            try:
-                provider.shutdown()
-            except Exception:
-                pass
-
+# The process's tracer
 
 _tracer: Optional[StallTracer] = None
 _tracer_pid: Optional[int] = None
 _tracer_lock = threading.Lock()
-
-
-def _build_tracer() -> StallTracer:
-    if not tracing_wanted():
-        return StallTracer()
-    try:
-        from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    except ImportError:
-        log.info("unstall: OTEL_* is set but opentelemetry-sdk is not installed (pip install 'unstall[tracing]'); no spans")
-        return StallTracer()
-    # An application that configured its own SDK gets our spans in its pipeline.
-    current = trace.get_tracer_provider()
-    if isinstance(current, TracerProvider):
-        return StallTracer(current.get_tracer(SCOPE))
-    exporters = [e.strip() for e in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if e.strip()]
-    provider = TracerProvider(resource=Resource.create(), shutdown_on_exit=False)
-    for name in exporters:
-        if name == "otlp":
-            protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                                      os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
-            try:
-                if protocol == "grpc":
-                    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-                else:
-                    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            except ImportError:
-                log.warning("unstall: no OTLP %s exporter installed (pip install 'unstall[tracing]'); no spans", protocol)
-                continue
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        elif name == "console":
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-        else:
-            log.warning("unstall: OTEL_TRACES_EXPORTER=%s is not supported here (otlp, console, none)", name)
-    tracer = StallTracer(provider.get_tracer(SCOPE), provider)
-    atexit.register(tracer.shutdown)  # flushes what is queued
-    return tracer
 
 
 def stall_tracer() -> StallTracer:
@@ -202,7 +104,7 @@ def stall_tracer() -> StallTracer:
     with _tracer_lock:
         if _tracer is None or _tracer_pid != os.getpid():
             try:
-                _tracer = _build_tracer()
+                _tracer = build_tracer()
             except Exception as e:  # a broken OTel install must not stop training
                 log.warning("unstall: cannot set up tracing (%s); no spans", e)
                 _tracer = StallTracer()
@@ -217,128 +119,6 @@ def reset_tracer() -> None:
         if _tracer is not None:
             _tracer.shutdown()
         _tracer = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Work counters: one row per process (row 0 = the process that iterates, row k = worker k-1)
-
-FETCH_CALLS, FETCH_NS, FETCH_BYTES, FETCH_SAMPLES, PREP_NS, PREP_SAMPLES, SHM_CALLS, PREP_CPU_NS = range(8)
-_COLUMNS = 8
-
-
-class WorkCounters:
-    """A small int64 table in shared memory (a file under /dev/shm), one row per process; each process
-    only writes its own row, so no locks. Only its path travels to the workers (in the Dataset)."""
-
-    def __init__(self, rows: int, path: Optional[str] = None) -> None:
-        self.rows = rows
-        if path is None:
-            base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-            fd, path = tempfile.mkstemp(prefix="unstall-counters-", dir=base)
-            os.ftruncate(fd, rows * _COLUMNS * 8)
-            os.close(fd)
-            self._owner: Optional[int] = os.getpid()
-            weakref.finalize(self, _unlink, path, self._owner)
-        else:
-            self._owner = None
-        self.path = path
-        self.table = np.memmap(path, dtype=np.int64, mode="r+", shape=(rows, _COLUMNS))
-
-    def totals(self) -> np.ndarray:
-        return np.array(self.table.sum(axis=0))
-
-    def row(self, r: int) -> np.ndarray:
-        return np.array(self.table[r])
-
-
-def _unlink(path: str, owner: int) -> None:
-    if os.getpid() == owner:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-_opened: Dict[str, WorkCounters] = {}
-
-
-def _my_row(dataset: Any) -> Optional[np.ndarray]:
-    """The counters row of this process for ``dataset`` (an ``unstall.torch.Dataset``), or None when no
-    stall observer counts for it."""
-    path = dataset.work_counters
-    if path is None:
-        return None
-    counters = _opened.get(path)
-    if counters is None:
-        try:
-            rows = os.path.getsize(path) // (_COLUMNS * 8)
-            counters = _opened[path] = WorkCounters(rows, path)
-        except (OSError, ValueError):
-            dataset.work_counters = None  # this process's copy: stop trying
-            return None
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    r = 0 if info is None else info.id + 1
-    return counters.table[r] if r < counters.rows else None
-
-
-def payload_bytes(batch: Any) -> int:
-    """The sample bytes of a fetched batch (a ``SampleBatch``, or an Arrow batch's payload column), as
-    the sidecar counts them."""
-    nbytes = getattr(batch, "nbytes", None)
-    if not hasattr(batch, "column") and isinstance(nbytes, int):
-        return nbytes
-    import pyarrow.compute as pc
-
-    col = batch.column("payload")
-    return int(pc.sum(pc.binary_length(col)).as_py() or 0) if len(col) else 0
-
-
-def record_fetch(dataset: Any, samples: int, nbytes: int, ns: int, transport: str = "flight") -> None:
-    """Called by ``Dataset.fetch_samples`` after each request (a local-socket FETCH or a Flight DoGet)."""
-    row = _my_row(dataset)
-    if row is not None:
-        row[FETCH_CALLS] += 1
-        if transport == "shm":
-            row[SHM_CALLS] += 1
-        row[FETCH_NS] += ns
-        row[FETCH_BYTES] += nbytes
-        row[FETCH_SAMPLES] += samples
-
-
-def record_prep(dataset: Any, samples: int, ns: int, cpu_ns: int = 0) -> None:
-    """Called by ``Dataset._convert`` after loader/transform of a batch: its wall time and the thread's CPU time."""
-    row = _my_row(dataset)
-    if row is not None:
-        row[PREP_NS] += ns
-        row[PREP_SAMPLES] += samples
-        row[PREP_CPU_NS] += cpu_ns
-
-
-# The Sidecar a Dataset was built with. Kept here, weakly keyed, rather than on the Dataset: a Sidecar
-# (Py4J gateway, maybe the sidecar's own process) must never travel with the Dataset to DataLoader workers,
-# and only this process's stats need it.
-_sidecars: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def bind_sidecar(dataset: Any, sidecar: Any) -> None:
-    try:
-        _sidecars[dataset] = sidecar
-    except TypeError:
-        pass
-
-
-def _dataset_stats(dataset: Any) -> Any:
-    """The sidecar's per-dataset counters over the control plane (never Flight: this process may
-    still fork DataLoader workers), or None."""
-    sidecar = _sidecars.get(dataset)
-    if sidecar is None or not getattr(sidecar, "has_control_plane", False):
-        return None
-    try:
-        return sidecar.stats().dataset(dataset.name)
-    except Exception:
-        return None
 
 
 # ---------------------------------------------------------------------------------------------

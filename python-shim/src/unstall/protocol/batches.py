@@ -1,0 +1,197 @@
+"""Fetched batches: the v1 batch schema and its check, ``SampleBatch`` (a batch whatever the transport), and
+prepared batches (protocol/README.md, "Prepared-batch schema")."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import ProtocolMismatchError
+from .tickets import PROTOCOL_VERSION
+
+
+__all__ = [
+    "SCHEMA_VERSION_KEY",
+    "BATCH_SCHEMA",
+    "check_batch",
+    "SampleBatch",
+    "numpy_dtype",
+    "batch_to_numpy",
+    "skipped_of",
+    "tensor_batch",
+]
+
+SCHEMA_VERSION_KEY = b"unstall.schema"
+BATCH_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("label", pa.int64(), nullable=True),
+        pa.field("key", pa.utf8(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: str(PROTOCOL_VERSION).encode()},
+)
+
+
+
+def check_batch(batch: pa.RecordBatch) -> None:
+    """Checks that a batch has the v1 columns and types; raises ValueError naming what differs."""
+    schema_version = (batch.schema.metadata or {}).get(SCHEMA_VERSION_KEY)
+    if schema_version is not None and schema_version != str(PROTOCOL_VERSION).encode():
+        raise ValueError(
+            f"batch schema version {schema_version.decode(errors='replace')} is not supported "
+            f"(this client speaks version {PROTOCOL_VERSION})"
+        )
+    for f in BATCH_SCHEMA:
+        i = batch.schema.get_field_index(f.name)
+        if i < 0:
+            raise ValueError(f"batch has no column {f.name!r} (columns: {batch.schema.names})")
+        t = batch.schema.field(i).type
+        ok = t == f.type or (f.name == "payload" and t == pa.large_binary()) or (f.name == "key" and t == pa.large_utf8())
+        if not ok:
+            raise ValueError(f"batch column {f.name!r} has type {t}, expected {f.type}")
+
+
+# ---------------------------------------------------------------------------------------------
+# A fetched batch, whatever the transport
+
+
+@dataclass(eq=False)
+class SampleBatch:
+    """A batch of samples in request order, as either data plane delivers it.
+
+    ``payloads`` are read-only ``memoryview``s of the bytes where they arrived: the sidecar's shared
+    memory (``transport="shm"``: its cache arena or a staging file, mapped read-only) or the Arrow
+    buffer of a Flight batch (``"flight"``). Nothing is copied; a view keeps its mapping (or buffer)
+    alive for as long as it is referenced. ``labels[i]`` is meaningful only where ``label_valid[i]``.
+    """
+
+    ids: np.ndarray  # int64
+    labels: np.ndarray  # int64
+    label_valid: np.ndarray  # bool
+    keys: list[str]
+    payloads: list[memoryview]
+    transport: str
+    nbytes: int = -1  # the payload bytes; computed when not given
+    arrow: Optional[pa.RecordBatch] = field(default=None, repr=False)  # the Flight batch it views, if any
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            self.nbytes = sum(p.nbytes for p in self.payloads)
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def label_list(self) -> list[Optional[int]]:
+        """The labels as Python ints, ``None`` where a row has none (tfrecord)."""
+        return [v if ok else None for v, ok in zip(self.labels.tolist(), self.label_valid.tolist())]
+
+    def to_arrow(self) -> pa.RecordBatch:
+        """The batch in the Flight batch schema: the received one (Flight), or a copy of the payloads."""
+        if self.arrow is not None:
+            return self.arrow
+        lengths = np.fromiter((p.nbytes for p in self.payloads), dtype=np.int64, count=len(self.payloads))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if offsets[-1] > np.iinfo(np.int32).max:
+            raise ValueError(f"a batch of {int(offsets[-1])} payload bytes does not fit an Arrow binary column")
+        payload = pa.Array.from_buffers(
+            pa.binary(), len(lengths), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(self.payloads))]
+        )
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(self.ids, pa.int64()),
+                pa.array(self.labels, pa.int64(), mask=~self.label_valid),
+                pa.array(self.keys, pa.utf8()),
+                payload,
+            ],
+            schema=BATCH_SCHEMA,
+        )
+
+    @classmethod
+    def from_arrow(cls, batch: pa.RecordBatch, transport: str = "flight") -> SampleBatch:
+        """Views of a Flight batch (``check_batch`` it first): payloads are slices of the column's data buffer."""
+        label = batch.column("label")
+        payload = batch.column("payload")
+        n = len(payload)
+        wide = pa.types.is_large_binary(payload.type)
+        _, offsets_buf, data_buf = payload.buffers()
+        width = 8 if wide else 4
+        offsets = (
+            np.frombuffer(offsets_buf, dtype=f"<i{width}", count=n + 1, offset=payload.offset * width)
+            if n
+            else np.zeros(1, np.int64)
+        )
+        data = memoryview(data_buf if data_buf is not None else b"").toreadonly()
+        starts, ends = offsets[:-1].tolist(), offsets[1:].tolist()
+        return cls(
+            ids=batch.column("id").to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+            labels=label.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+            label_valid=label.is_valid().to_numpy(zero_copy_only=False),
+            keys=batch.column("key").to_pylist(),
+            payloads=[data[s:e] for s, e in zip(starts, ends)],
+            transport=transport,
+            nbytes=int(offsets[-1] - offsets[0]),
+            arrow=batch,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Prepared batches (protocol/README.md, "Prepared-batch schema")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a prepared tensor's elements (little-endian); bfloat16, which numpy lacks, as its raw
+    uint16 bits (``to_torch`` views them as ``torch.bfloat16``)."""
+    return np.dtype("uint16" if name == "bfloat16" else name).newbyteorder("<")
+
+
+def batch_to_numpy(batch: pa.RecordBatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tensors, labels, ids)`` of a prepared batch. ``tensors`` is a read-only view of the Arrow buffer
+    (no copy), shaped ``[n, *shape]`` from the schema metadata; labels are -1 where the format has none."""
+    meta = batch.schema.metadata or {}
+    try:
+        shape = tuple(json.loads(meta[b"unstall.prep.shape"]))
+        dtype = numpy_dtype(meta[b"unstall.prep.dtype"].decode())
+    except KeyError as e:
+        raise ProtocolMismatchError(f"prepared batch without {e.args[0]!r} metadata") from None
+    col = batch.column("tensor")
+    n = len(col)
+    width = col.type.byte_width
+    if width != int(np.prod(shape)) * dtype.itemsize:
+        raise ProtocolMismatchError(f"tensor width {width} bytes does not match shape {shape} {dtype}")
+    buf = col.buffers()[1]
+    if n == 0:  # every sample of the batch was skipped (decode on_error="skip")
+        tensors = np.empty((0,), dtype=dtype)
+    else:
+        tensors = np.frombuffer(buf, dtype=dtype, count=n * width // dtype.itemsize, offset=col.offset * width)
+    labels = pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False)
+    ids = batch.column("id").to_numpy(zero_copy_only=False)
+    return tensors.reshape((n,) + shape), labels, ids
+
+
+def skipped_of(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The samples a prepared batch left out (decode ``on_error="skip"``): ``{"id", "key", "reason"}`` each."""
+    raw = (batch.schema.metadata or {}).get(b"unstall.prep.skipped")
+    return list(json.loads(raw)) if raw else []
+
+
+def tensor_batch(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> pa.RecordBatch:
+    """A prepared batch (the sidecar's own schema) from ``[n, *shape]`` images: what members upload."""
+    x = np.ascontiguousarray(images)
+    n = x.shape[0]
+    width = x.nbytes // max(1, n)
+    tensor = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(x)])
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), pa.field("label", pa.int64()),
+         pa.field("tensor", pa.binary(width), nullable=False)],
+        metadata={"unstall.schema": "1", "unstall.prep.shape": json.dumps(list(x.shape[1:])),
+                  "unstall.prep.dtype": x.dtype.name, "unstall.prep.layout": "user"})
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.asarray(ids, dtype=np.int64)), pa.array(np.asarray(labels, dtype=np.int64)), tensor],
+        schema=schema)

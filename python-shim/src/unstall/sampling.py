@@ -1,0 +1,192 @@
+"""Epoch-tagged sampling for ``unstall.torch``: ``EpochIndex`` (a sample index tagged with its epoch and the
+loader's session) and ``EpochSampler`` (the sampler that draws them, reseeded per epoch)."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
+
+import torch
+import torch.utils.data as tud
+
+from .state import STATE_VERSION, check_state, epoch_seed, state_int
+
+
+__all__ = ["EpochIndex", "EpochSampler"]
+
+# ---------------------------------------------------------------------------------------------
+# Epoch-tagged sampling
+
+_MISSING = object()
+
+
+class EpochIndex(NamedTuple):
+    """A sample index tagged with the epoch it is drawn for (it travels in the request) and the session
+    of the DataLoader that drew it (local socket; 0: the dataset's own session in each process)."""
+
+    epoch: int
+    index: int  # type: ignore[assignment]  # the name torch users know; shadows tuple.index
+    session: int = 0
+
+
+def _draw_seed() -> int:
+    """A base seed drawn from torch's global RNG, as ``RandomSampler`` draws one without a generator."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def _reseeder(sampler: Any) -> Tuple[str, Callable[[int, int], None]]:
+    """How an epoch's order is made a function of ``(seed, epoch)`` for ``sampler``: ``(order, reseed)``
+    where ``order`` names the way (it goes into the state) and ``reseed(seed, epoch)`` applies it.
+
+    ``"set_epoch"``: the sampler's own ``set_epoch`` (``DistributedSampler``: its order is its seed and
+    the epoch); ``"seed"``: a sampler drawing from a ``torch.Generator`` (``RandomSampler``,
+    ``SubsetRandomSampler``, ``WeightedRandomSampler``; one without a generator is given its own),
+    reseeded per epoch; ``"fixed"``: no randomness (``SequentialSampler``, a list or range);
+    ``"sampler"``: anything else, whose order comes from its own state, which nothing here restores."""
+    if hasattr(sampler, "set_epoch"):
+        return "set_epoch", lambda seed, epoch: sampler.set_epoch(epoch)
+    if isinstance(sampler, tud.BatchSampler):
+        return _reseeder(sampler.sampler)
+    generator = getattr(sampler, "generator", _MISSING)
+    if generator is None or isinstance(generator, torch.Generator):
+        if generator is None:
+            sampler.generator = torch.Generator()
+
+        def reseed(seed: int, epoch: int) -> None:
+            sampler.generator.manual_seed(epoch_seed(seed, epoch))
+
+        return "seed", reseed
+    if isinstance(sampler, (tud.SequentialSampler, range, list, tuple)):
+        return "fixed", lambda seed, epoch: None
+    return "sampler", lambda seed, epoch: None
+
+
+def _own_seed(sampler: Any) -> Optional[int]:
+    """The initial seed of the ``torch.Generator`` a (batch) sampler draws from, if it has one."""
+    if isinstance(sampler, tud.BatchSampler):
+        return _own_seed(sampler.sampler)
+    generator = getattr(sampler, "generator", None)
+    return int(generator.initial_seed()) if isinstance(generator, torch.Generator) else None
+
+
+class EpochSampler(tud.Sampler):
+    """Wraps a sampler (or, with ``batched=True``, a batch sampler) and tags what it yields with the epoch.
+
+    The epoch starts at 0 and advances each time a new iteration starts, so it stays right with
+    ``persistent_workers=True`` (the index goes to the worker with each batch). ``set_epoch(e)`` makes
+    the next iteration epoch ``e``, like ``DistributedSampler.set_epoch``.
+
+    **The order of epoch e is a function of (seed, e) only**, however many epochs ran before in this
+    process: before each epoch a sampler with ``set_epoch`` (``DistributedSampler``) is told the epoch,
+    and one drawing from a ``torch.Generator`` (``RandomSampler``...) has it reseeded with
+    ``epoch_seed(seed, e)``. ``seed`` is the base seed: given, else the initial seed of the wrapped
+    sampler's generator, else drawn once from torch's global RNG (as ``RandomSampler`` does) when
+    first needed; it is part of the state. A wrapped sampler whose ``epoch`` the caller sets itself
+    (``sampler.set_epoch(e)`` before each epoch, the usual ``DistributedSampler`` loop) is followed: the
+    iteration carries that epoch. A sampler with neither (a custom random sampler) replays from its own
+    state, which ``state_dict`` does not hold: its ``"order"`` is ``"sampler"`` and restoring warns.
+
+    ``state_dict()``: ``{"version", "epoch", "seed", "order", "skip"}`` (plain ints and strings, for
+    ``torch.save``); ``skip`` is how many items (indices, or batches when ``batched``) of ``epoch`` the
+    next iteration leaves out, drawn but not yielded (a resumed epoch). ``load_state_dict`` restores it.
+    """
+
+    def __init__(
+        self,
+        sampler: Iterable[Any],
+        *,
+        batched: bool = False,
+        start_epoch: int = 0,
+        on_epoch: Optional[Callable[[int, List[int]], None]] = None,
+        seed: Optional[int] = None,
+    ) -> None:
+        if start_epoch < 0:
+            raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
+        self.sampler = sampler
+        self.batched = batched
+        self.on_epoch = on_epoch  # told the epoch's (remaining) order before it starts (clairvoyant prefetch)
+        self._seed = int(seed) if seed is not None else _own_seed(sampler)
+        self.order, self._reseed = _reseeder(sampler)
+        self._next_epoch = start_epoch
+        self._explicit = False  # the next epoch was set here (set_epoch, load_state_dict): it wins
+        self._told: Optional[int] = self._sampler_epoch()  # the wrapped sampler's epoch as last set here
+        self._skip = 0  # items of epoch _next_epoch the next iteration leaves out
+        self.last_epoch: Optional[int] = None
+        self.session = 0  # the DataLoader's session, set before it iterates (local socket only)
+
+    @property
+    def seed(self) -> int:
+        """The base seed (drawn from torch's global RNG on first use when none was given)."""
+        if self._seed is None:
+            self._seed = _draw_seed()
+        return self._seed
+
+    def _sampler_epoch(self) -> Optional[int]:
+        e = getattr(self.sampler, "epoch", None) if self.order == "set_epoch" else None
+        return e if isinstance(e, int) and not isinstance(e, bool) else None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will carry."""
+        if not self._explicit:
+            own = self._sampler_epoch()
+            if own is not None and own != self._told:  # the caller set the wrapped sampler's epoch itself
+                return own
+        return self._next_epoch
+
+    @property
+    def skip(self) -> int:
+        """Items (indices, or batches when ``batched``) of the next epoch that its iteration leaves out."""
+        return self._skip if self.epoch == self._next_epoch else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._next_epoch:
+            self._skip = 0  # a resumed epoch's skip applies to that epoch only
+        self._next_epoch = int(epoch)
+        self._explicit = True
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: torch calls iter() on the sampler more than once per epoch (once in
+        # _BaseDataLoaderIter.__init__, again in _reset), the epoch only advances when iteration starts.
+        epoch, skip = self.epoch, self.skip
+        self._next_epoch = epoch + 1
+        self._explicit = False
+        self._skip = 0
+        self.last_epoch = epoch
+        session = self.session
+        self._reseed(self.seed, epoch)
+        self._told = self._sampler_epoch()
+        order: Iterable[Any] = itertools.islice(self.sampler, skip, None) if skip else self.sampler
+        if self.on_epoch is not None:
+            order = list(order)  # the order is fixed by the seed: draw it now, replay it below
+            self.on_epoch(epoch, [int(i) for b in order for i in b] if self.batched else [int(i) for i in order])
+        if self.batched:
+            for batch in order:
+                yield [EpochIndex(epoch, int(i), session) for i in batch]
+        else:
+            for i in order:
+                yield EpochIndex(epoch, int(i), session)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def state_dict(self) -> dict[str, Union[int, str]]:
+        return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed, "order": self.order,
+                "skip": self.skip}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores ``state_dict()``: the next iteration is ``state["epoch"]`` with the same order, less its
+        first ``state["skip"]`` items. Warns when the wrapped sampler's order cannot be restored."""
+        check_state(state, "EpochSampler")
+        epoch, skip = state_int(state, "epoch", "EpochSampler"), state_int(state, "skip", "EpochSampler")
+        self._seed = state_int(state, "seed", "EpochSampler")
+        self.set_epoch(epoch)
+        self._skip = skip
+        if self.order == "sampler" and (skip or epoch):
+            warnings.warn(
+                f"restoring epoch {epoch}: {type(self.sampler).__name__} can be neither told the epoch (set_epoch) "
+                "nor reseeded (a torch.Generator), so its order comes from its own state, which the state_dict does "
+                "not restore; the resumed epoch may repeat or miss samples", stacklevel=2)
