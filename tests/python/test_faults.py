@@ -293,6 +293,9 @@ def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int], sig: s
                 killed.append(sidecar.pid)
                 _signal(sidecar.pid, sig)
             step += 1
+    # With batches in flight the loop can end without another call to the sidecar killed last: wait until the
+    # supervisor has replaced it, as the checks of the killed pids expect.
+    wait_until(lambda: sidecar.restarts == len(killed) and sidecar.healthy(), "the last outage to end")
     rejoins = loader.membership.rejoins
     loader.close()
     return seen, killed, rejoins
