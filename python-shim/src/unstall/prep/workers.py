@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..client import grpc_used_in_this_process
+from ..errors import PrepGroupNotFoundError
 from ..protocol import tensor_batch
 from .membership import Membership
 
@@ -109,7 +110,12 @@ def _worker_loop(spec: WorkerSpec, index: int, slot: Any, conn: multiprocessing.
         while True:
             try:
                 r = m.claim_next(epoch)
-            except Exception as e:  # the member was dropped, the group is gone: the main process says so too
+            except PrepGroupNotFoundError:
+                # the member read its last batch (and left) while this worker waited for a claim to come back, or
+                # it was dropped: the main process's reader gets the batches it still needs, or this same error
+                conn.send(("done", epoch))
+                break
+            except Exception as e:
                 conn.send(("error", _error(e, where)))
                 break
             if r["state"] == "done":
