@@ -198,7 +198,7 @@ def merge_states(states: Sequence[Mapping[str, Any]], what: str = "DataLoader") 
     world = state_int(first, "world_size", what)
     ranks = sorted(state_int(s, "rank", what) for s in states)
     if any(state_int(s, "world_size", what) != world for s in states):
-        sizes = sorted({s.get("world_size") for s in states})
+        sizes = sorted({str(s.get("world_size")) for s in states})
         raise ValueError(f"{what} state_dicts taken with different world sizes {sizes}: merge one job's states")
     if ranks != list(range(world)):
         dup = sorted({r for r in ranks if ranks.count(r) > 1})
