@@ -78,6 +78,15 @@ def test_the_order_is_a_function_of_the_seed_and_epoch(sources: List[Dataset]) -
     assert other[0] != first[0]
 
 
+def test_over_flight_the_same_samples_in_the_same_order(sidecar: unstall.Sidecar, sources: List[Dataset]) -> None:
+    remote = [Dataset(s.name, sidecar=sidecar, transport="flight") for s in sources]
+    m = mixture(remote, seed=7)
+    assert m.transport == "flight" and m._local is None
+    # Workers start from a forkserver once this process used gRPC: the mixture travels pickled.
+    assert epochs(DataLoader(m, batch_size=BATCH, num_workers=2), 2) == epochs(
+        DataLoader(mixture(sources, seed=7), batch_size=BATCH), 2)
+
+
 def test_a_mid_epoch_state_resumes_exactly_in_a_new_loader(sources: List[Dataset]) -> None:
     whole = [d for e in epochs(DataLoader(mixture(sources, seed=3), batch_size=BATCH), 2) for d in e]
     loader = DataLoader(mixture(sources, seed=3), batch_size=BATCH, num_workers=2)
@@ -136,15 +145,14 @@ def test_each_source_is_fetched_in_the_loaders_session_with_its_plan(sidecar: un
                                                                      sources: List[Dataset]) -> None:
     m = mixture(sources, seed=5)
     loader = DataLoader(m, batch_size=BATCH, num_workers=2, clairvoyant=True)
-    (drawn,) = epochs(loader, 1)
-    assert drawn == epochs(DataLoader(mixture(sources, seed=5), batch_size=BATCH), 1)[0]
-    assert loader.session is not None
-    per_source = m._local.opened[loader.session] if m._local is not None else ()
+    drawn = epochs(loader, 2)
+    assert drawn == epochs(DataLoader(mixture(sources, seed=5), batch_size=BATCH), 2)
+    assert m._local is not None and list(m._local.opened) == [loader.session], "one session for every epoch"
     stats = sidecar.stats()
-    counts = Counter(t for t, _ in drawn)
-    for tag, (name, session) in enumerate(zip(SIZES, per_source)):
+    counts = Counter(t for t, _ in drawn[0])
+    for tag, (name, session) in enumerate(zip(SIZES, m._local.opened[loader.session])):
         st = stats.session(session)
-        assert (st.dataset, st.total.samples) == (name, counts[tag]), f"source {tag}: fetched in its own session"
+        assert (st.dataset, st.total.samples) == (name, 2 * counts[tag]), f"source {tag}: fetched in its own session"
         assert st.name.endswith(f"DataLoader#{loader._number} source {tag}")
     planned: Dict[str, int] = {name: min(counts[t], n) for t, (name, n) in enumerate(SIZES.items())}
     assert m.plan(range(len(m)), 1, session=loader.session) == sum(planned.values()), "a plan per source, up to its size"
