@@ -135,6 +135,10 @@ def test_bad_entries_are_refused(sources: List[Dataset]) -> None:
         Mixture([sources[0]])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="entry 1: the dataset must be an unstall.torch.Dataset, got list"):
         Mixture([(sources[0], 1), ([1, 2], 1)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"entry 0 \(dataset 'mix-a'\): the weight 5e-324 is too small"):
+        mixture(sources[:2], (5e-324, 1))
+    with pytest.raises(ValueError, match="sum to inf"):
+        mixture(sources[:2], (1e308, 1e308))
     with pytest.raises(ValueError, match="samples_per_epoch must be an int >= 1, got 0"):
         mixture(sources, samples_per_epoch=0)
     with pytest.raises(IndexError, match=re.escape(f"position 37 is out of range for mixture {mixture(sources).name}")):

@@ -136,6 +136,12 @@ class Mixture(tud.Dataset):
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"Mixture seed must be an int, got {seed!r}")
         total = sum(raw)
+        if not math.isfinite(total):
+            raise ValueError(f"Mixture weights {raw} sum to {total}; scale them down")
+        for k, w in enumerate(raw):
+            if not math.isfinite(total / w):  # the schedule divides by each normalised weight
+                raise ValueError(f"Mixture entry {k} (dataset {sources[k].name!r}): the weight {w!r} is too small "
+                                 f"beside the sum of the weights, {total!r}")
         self.sources: Tuple[Dataset, ...] = tuple(sources)
         self.weights: Tuple[float, ...] = tuple(w / total for w in raw)
         self.seed: int = int(seed)
