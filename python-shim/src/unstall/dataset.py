@@ -176,7 +176,7 @@ class Dataset(tud.Dataset):
         local socket, a copy of the shared-memory payloads)."""
         return self.fetch_samples(ids, epoch).to_arrow()
 
-    def plan(self, ids: Sequence[int], epoch: int, session: int = 0) -> int:
+    def plan(self, ids: Union[Sequence[int], np.ndarray], epoch: int, session: int = 0) -> int:
         """Tells the sidecar the epoch's whole order so it reads upcoming misses ahead: a PLAN for
         ``session`` on the local socket, the ``prefetch`` action over Flight. Returns the planned count.
         A plan names at most one id per sample (the sidecar refuses longer ones): of a sampler that draws

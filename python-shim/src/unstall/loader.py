@@ -25,6 +25,7 @@ from .echo import Echo, EchoCounts, EchoedIterator
 from .state import STATE_VERSION, Progress, check_state, epoch_seed, position, state_int
 from .tracing import StallObserver
 from .dataset import Dataset
+from .mixture import Mixture
 from .sampling import EpochSampler
 
 
@@ -101,11 +102,11 @@ class DataLoader(tud.DataLoader):
     torch's iterator and nothing is measured). In a run of ``unstall analyze`` the analysis wraps them all.
     """
 
-    dataset: Dataset  # always unstall's (a name is looked up); narrows torch's ``Dataset[Any]``
+    dataset: Union[Dataset, Mixture]  # always unstall's (a name is looked up); narrows torch's ``Dataset[Any]``
 
     def __init__(
         self,
-        dataset: Union[Dataset, str],
+        dataset: Union[Dataset, Mixture, str],
         batch_size: Optional[int] = 1,
         shuffle: Optional[bool] = None,
         sampler: Union[tud.Sampler, Iterable[int], None] = None,
@@ -162,7 +163,7 @@ class DataLoader(tud.DataLoader):
                 sidecar=sidecar,
                 transport=transport,
             )
-        elif isinstance(dataset, Dataset):
+        elif isinstance(dataset, (Dataset, Mixture)):
             given = [k for k, v in (("root", root), ("loader", loader), ("transform", transform),
                                     ("target_transform", target_transform), ("sidecar", sidecar),
                                     ("transport", transport), ("options", options)) if v is not None]
@@ -170,7 +171,8 @@ class DataLoader(tud.DataLoader):
                 raise ValueError(f"{', '.join(given)} only apply when dataset is a name; set them on the Dataset")
         else:
             raise TypeError(
-                f"unstall.torch.DataLoader needs an unstall.torch.Dataset or a dataset name, got {type(dataset).__name__}"
+                f"unstall.torch.DataLoader needs an unstall.torch.Dataset, a Mixture or a dataset name, got "
+                f"{type(dataset).__name__}"
             )
         if seed is not None and generator is not None:
             raise ValueError("pass either seed or generator, not both")
@@ -363,6 +365,8 @@ class DataLoader(tud.DataLoader):
         check_state(state, "DataLoader")
         name = self.dataset.name
         if state.get("dataset", name) != name:
+            if isinstance(self.dataset, Mixture):
+                self.dataset.check_state_name(state["dataset"])  # names what differs
             raise ValueError(f"DataLoader state_dict was taken from a loader over dataset {state['dataset']!r}; "
                              f"this one reads {name!r}")
         n = self._num_batches()

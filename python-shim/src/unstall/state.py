@@ -23,7 +23,8 @@ STATE_VERSION = 1
 def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
     """The seed of epoch ``epoch``'s generator: a function of ``(seed, epoch)`` only (numpy's
     ``SeedSequence``), so the order of an epoch never depends on how far an earlier one advanced.
-    ``stream`` separates independent uses (0: the sampler's order, 1: the workers' base seed, 2: data echoing)."""
+    ``stream`` separates independent uses (0: the sampler's order, 1: the workers' base seed, 2: data echoing,
+    3: a ``Mixture``'s per-source orders)."""
     entropy = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, int(epoch), int(stream)]
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
 

@@ -12,7 +12,8 @@ Each epoch's iterator is torch's wrapped by the loader's observers (``unstall.ob
 by ``unstall analyze``, by the analysis (``unstall.analyze.context``), composed in ``DataLoader.__iter__``.
 
 The parts live in modules named by what they do (``sampling``: ``EpochIndex``, ``EpochSampler``; ``dataset``:
-``Dataset``; ``loader``: ``DataLoader``); this module is their public home.
+``Dataset``; ``mixture``: ``Mixture``, datasets read at fixed proportions; ``loader``: ``DataLoader``); this
+module is their public home.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.utils.data import get_worker_info
 
 from .dataset import TRANSPORTS, Dataset
 from .loader import DataLoader
+from .mixture import Mixture
 from .observers import Observer
 from .sampling import EpochIndex, EpochSampler
 from .samples import decode_image, pil_loader, tensor_loader
@@ -30,6 +32,7 @@ from .tracing import StallObserver
 __all__ = [
     "Dataset",
     "DataLoader",
+    "Mixture",
     "EpochIndex",
     "EpochSampler",
     "epoch_seed",
@@ -44,6 +47,6 @@ __all__ = [
 
 # The classes are known by their public path: spans and analyses name a loader by its class's module, and
 # pickles (spawned workers) find them here.
-for _cls in (Dataset, DataLoader, EpochIndex, EpochSampler):
+for _cls in (Dataset, DataLoader, Mixture, EpochIndex, EpochSampler):
     _cls.__module__ = __name__
 del _cls
