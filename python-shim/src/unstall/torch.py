@@ -12,7 +12,8 @@ Each epoch's iterator is torch's wrapped by the loader's observers (``unstall.ob
 by ``unstall analyze``, by the analysis (``unstall.analyze.context``), composed in ``DataLoader.__iter__``.
 
 The parts live in modules named by what they do (``sampling``: ``EpochIndex``, ``EpochSampler``; ``dataset``:
-``Dataset``; ``loader``: ``DataLoader``); this module is their public home.
+``Dataset``; ``loader``: ``DataLoader``; ``sharding``: ``DistributedSampler``, the job-wide order; ``elastic``:
+``merge_states``, the ranks' states as one a job on any number of ranks restores); this module is their public home.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from __future__ import annotations
 from torch.utils.data import get_worker_info
 
 from .dataset import TRANSPORTS, Dataset
+from .elastic import merge_states
 from .loader import DataLoader
 from .observers import Observer
 from .sampling import EpochIndex, EpochSampler
 from .samples import decode_image, pil_loader, tensor_loader
+from .sharding import DistributedSampler
 from .state import epoch_seed
 from .tracing import StallObserver
 
@@ -32,6 +35,8 @@ __all__ = [
     "DataLoader",
     "EpochIndex",
     "EpochSampler",
+    "DistributedSampler",
+    "merge_states",
     "epoch_seed",
     "get_worker_info",
     "pil_loader",
@@ -44,6 +49,6 @@ __all__ = [
 
 # The classes are known by their public path: spans and analyses name a loader by its class's module, and
 # pickles (spawned workers) find them here.
-for _cls in (Dataset, DataLoader, EpochIndex, EpochSampler):
+for _cls in (Dataset, DataLoader, EpochIndex, EpochSampler, DistributedSampler):
     _cls.__module__ = __name__
 del _cls
