@@ -164,6 +164,10 @@ def test_states_of_another_job_are_refused_naming_what_differs(sidecar: unstall.
         next(iter(stranger))
         with pytest.raises(ValueError, match=differs):
             merge_states([rank, stranger.state_dict(), *states(four["behind"], 0)[2:]])
-    loader = ranked(world=WORLD)
+    with pytest.raises(ValueError, match="deals batch_size=3 per step but the DataLoader batches 4"):
+        DataLoader(ours, batch_size=BATCH, sampler=DistributedSampler(ours, 2, 0, batch_size=3))
+    with pytest.raises(ValueError, match="seed 12 differs from its DistributedSampler's seed 11"):
+        DataLoader(ours, batch_size=BATCH, seed=SEED + 1, sampler=DistributedSampler(ours, 2, 0, seed=SEED))
+    loader = ranked(world=WORLD)  # a sampler without batch_size deals the loader's
     loader.load_state_dict(rank)  # rank 0's own state, same world size and batch size: taken as it is
     assert loader.state_dict() == rank
