@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from torch.utils.data import DistributedSampler
 
-from waits import wait_until
+from ranks import rank_env, run_ranks
 
 WORLD = 4
 SAMPLES = 64  # a multiple of WORLD: DistributedSampler pads nothing, so "exactly once" is exact
@@ -47,28 +44,11 @@ def test_four_ddp_ranks_share_one_sidecar_each_in_its_own_session(sidecar_jar: P
     files = make_dataset(tmp_path / "data")
     home, out = tmp_path / "home", tmp_path / "out"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("UNSTALL_SIDECAR", "UNSTALL_TOKEN", "UNSTALL_CONTROL_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env["UNSTALL_HOME"] = str(home)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    procs = []
-    for rank in range(WORLD):  # all four at once: the start lock decides which starts the sidecar
-        spec = {"rank": rank, "world": WORLD, "rendezvous": str(tmp_path / "rendezvous"), "root": str(tmp_path / "data"),
-                "jar": str(sidecar_jar), "seed": SEED, "epochs": EPOCHS, "batch_size": 4, "classes": CLASSES,
-                "out": str(out)}
-        log = (tmp_path / f"rank{rank}.log").open("wb")
-        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).parent / "ddp_rank.py"), json.dumps(spec)],
-                                      env=dict(env, LOCAL_RANK=str(rank)), stdout=log, stderr=subprocess.STDOUT))
-    try:
-        wait_until(lambda: all(p.poll() is not None for p in procs), "4 DDP ranks to finish", timeout=300, interval=0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    logs = "\n".join(f"--- rank {k}:\n" + (tmp_path / f"rank{k}.log").read_text(errors="replace")[-3000:]
-                     for k in range(WORLD))
-    assert [p.returncode for p in procs] == [0] * WORLD, logs
+    # All four at once: the start lock decides which starts the sidecar.
+    run_ranks("ddp_rank.py", [{"rank": rank, "world": WORLD, "rendezvous": str(tmp_path / "rendezvous"),
+                               "root": str(tmp_path / "data"), "jar": str(sidecar_jar), "seed": SEED, "epochs": EPOCHS,
+                               "batch_size": 4, "classes": CLASSES, "out": str(out)} for rank in range(WORLD)],
+              rank_env(UNSTALL_HOME=str(home)), tmp_path)
     ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in range(WORLD)]
     stats = json.loads((out / "stats.json").read_text())
 

@@ -22,6 +22,8 @@ from .local import LocalClient
 from .sidecar import Sidecar
 from .device import DevicePrefetcher, DeviceStats
 from .echo import Echo, EchoCounts, EchoedIterator
+from .elastic import restore
+from .sharding import DistributedSampler, distributed_initialized
 from .state import STATE_VERSION, Progress, check_state, epoch_seed, position, state_int
 from .tracing import StallObserver
 from .dataset import Dataset
@@ -42,13 +44,8 @@ def _rank_prefix() -> str:
     initialized ``torch.distributed`` group, else ``$RANK`` (torchrun, SLURM through it), and ``$LOCAL_RANK``.
     Ranks sharing one sidecar then tell their sessions apart in ``sidecar.stats()``; "" outside such a job."""
     rank: Optional[str] = None
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = str(dist.get_rank())
-    except (ImportError, RuntimeError):
-        pass
+    if distributed_initialized():
+        rank = str(torch.distributed.get_rank())
     rank = rank if rank is not None else os.environ.get("RANK", "").strip() or None
     if rank is None:
         return ""
@@ -64,6 +61,19 @@ def _close_session(local: LocalClient, session: int, conn: Optional[Tuple[int, i
             pass
 
 
+def _fit_global(sampler: DistributedSampler, batch_size: Optional[int], seed: Optional[int]) -> None:
+    """Gives ``sampler`` the loader's batch size when it has none, and refuses one whose batches (its dealing
+    step) or seed differ from the loader's: its chunks must be the loader's batches for the state to count them."""
+    if sampler.batch_size is None:
+        sampler.batch_size = batch_size
+    elif sampler.batch_size != batch_size:
+        raise ValueError(f"unstall.torch.DistributedSampler deals batch_size={sampler.batch_size} per step but the "
+                         f"DataLoader batches {batch_size}: pass the same (or leave the sampler's None)")
+    if seed is not None and seed != sampler.seed:
+        raise ValueError(f"the DataLoader's seed {seed} differs from its DistributedSampler's seed {sampler.seed}, "
+                         "which makes the order: pass one of them")
+
+
 class DataLoader(tud.DataLoader):
     """``torch.utils.data.DataLoader`` over an unstall ``Dataset`` (or a registered dataset's name).
 
@@ -73,6 +83,9 @@ class DataLoader(tud.DataLoader):
     ``seed``, or ``generator``'s initial seed, or one drawn once from torch's global RNG; the workers' base
     seed is derived from it per epoch too. ``state_dict()``/``load_state_dict()`` behave as torchdata's
     ``StatefulDataLoader``'s: a loader restored in a new process continues with the very next batch.
+    In an initialised ``torch.distributed`` job, without ``sampler``/``batch_sampler``, the sampler is an
+    ``unstall.torch.DistributedSampler`` (``shuffle``, ``seed`` or 0, this ``batch_size``): one job-wide order
+    per epoch, and a state that ``unstall.torch.merge_states`` turns into one a job on any number of ranks loads.
     ``echo=e`` (int >= 1) with ``echo_level="batch"`` or ``"example"``: data echoing (``unstall.echo``), each
     fetched batch (or sample) handed out ``e`` times per epoch, reshuffled by ``(seed, epoch)``; ``len(loader)``
     counts the echoed batches, ``loader.stats()`` the fresh ones too. Batch-level repeats are the same tensors:
@@ -210,9 +223,14 @@ class DataLoader(tud.DataLoader):
         else:
             if sampler is not None and shuffle:
                 raise ValueError("sampler option is mutually exclusive with shuffle")
-            if sampler is None:
+            if sampler is None and distributed_initialized():
+                # One job-wide order dealt to the ranks; its seed is 0 unless given, as torch's (all ranks must agree).
+                sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=base_seed or 0, batch_size=batch_size)
+            elif sampler is None:
                 # RandomSampler without a generator: the EpochSampler gives it one, reseeded per epoch.
                 sampler = tud.RandomSampler(dataset) if shuffle else tud.SequentialSampler(dataset)
+            if isinstance(sampler, DistributedSampler):
+                _fit_global(sampler, batch_size, base_seed)
             self.epoch_sampler = EpochSampler(sampler, start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed)
             super().__init__(
                 dataset, batch_size=batch_size, sampler=self.epoch_sampler, drop_last=drop_last, **common
@@ -221,6 +239,8 @@ class DataLoader(tud.DataLoader):
         # Sampler items per batch handed out: a resumed epoch skips batches_yielded * this in the sampler.
         self._items_per_batch = 1 if batch_sampler is not None or batch_size is None else int(batch_size)
         self._progress: Optional[Progress] = None  # the latest iterator's epoch and batches handed out
+        # The job-wide order the loader deals from: its state is then elastic (unstall.elastic).
+        self._global = sampler if isinstance(sampler, DistributedSampler) else None
 
     def _get_iterator(self) -> Any:
         # Workers forked from a process that has used gRPC (Flight) can hang: start them from a
@@ -336,7 +356,7 @@ class DataLoader(tud.DataLoader):
         except TypeError:  # a sampler without __len__
             return None
 
-    def state_dict(self) -> dict[str, Union[int, str]]:
+    def state_dict(self) -> dict[str, Any]:
         """The loader's position, as torchdata's ``StatefulDataLoader.state_dict``: take it between batches;
         ``load_state_dict`` into a new DataLoader built with the same arguments (any ``num_workers``)
         continues with the very next batch. A plain dict of ints and strings (``torch.save`` it):
@@ -344,24 +364,43 @@ class DataLoader(tud.DataLoader):
         of that epoch the loop was handed, not those the workers prefetched), ``num_batches`` (per epoch),
         ``seed`` (the base seed: epoch e's order is a function of (seed, e)) and ``order`` (how that holds:
         ``"seed"``, ``"set_epoch"``, ``"fixed"``, or ``"sampler"``: the wrapped sampler replays from its own
-        state, which this does not restore). Taken after an epoch's last batch, it is the next epoch's start."""
+        state, which this does not restore). Taken after an epoch's last batch, it is the next epoch's start.
+
+        Over an ``unstall.torch.DistributedSampler`` (``order`` ``"global"``) it is this rank's state of the job-wide
+        order instead of ``num_batches``: ``epoch_size``, ``consumed`` (the positions of the epoch's order its share
+        was dealt around), ``world_size``, ``rank``, ``chunk`` (the batch size), ``drop_last``; taken after the
+        rank's last batch of an epoch it is that epoch's end. ``merge_states`` of every rank's gives the job state."""
         if self.num_workers > 0 and not self.in_order:
             raise ValueError("state_dict() needs in_order=True: with in_order=False and workers, batches are handed "
                              "out of the sampler's order, so a count of batches does not say which were consumed")
         n = self._num_batches()
-        epoch, yielded = position(self._progress, self.epoch, self.epoch_sampler.skip // self._items_per_batch, n)
+        pending = self.epoch_sampler.skip // self._items_per_batch
+        progress = self._progress
+        if self._global is not None:
+            # Never the next epoch's start: a rank that finished its share while another is a batch behind is at
+            # that epoch's END, so their states merge (the next `for` after restoring yields nothing).
+            epoch, yielded = (progress.epoch, progress.yielded) if progress is not None else (self.epoch, pending)
+        else:
+            epoch, yielded = position(progress, self.epoch, pending, n)
         self.echo.check_resumable("DataLoader", yielded > 0)
-        state: dict[str, Union[int, str]] = {
+        state: dict[str, Any] = {
             "version": STATE_VERSION, "dataset": self.dataset.name, "epoch": epoch, "batches_yielded": yielded,
             "seed": self.epoch_sampler.seed, "order": self.epoch_sampler.order}
-        if n is not None:
+        if self._global is not None:
+            g = self._global
+            state.update(epoch_size=g.epoch_size, consumed=[list(r) for r in g.consumed(epoch)],
+                         world_size=g.num_replicas, rank=g.rank, chunk=g.chunk, drop_last=g.drop_last)
+        elif n is not None:  # a rank's batches per epoch differ with a job-wide order: not a key its ranks share
             state["num_batches"] = n
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores ``state_dict()`` (call it before iterating): the next iteration is the saved epoch, in the
         same order, without its first ``batches_yielded`` batches (skipped in the sampler, never fetched);
-        the epochs after it follow as they would have."""
+        the epochs after it follow as they would have. Over an ``unstall.torch.DistributedSampler`` it takes this
+        rank's own state (same world size, rank and batch size) or a job state (``merge_states``) on any world size
+        and batch size, whose unconsumed samples the ranks share; either refuses, naming it, a state whose dataset,
+        seed, order or epoch_size differ."""
         check_state(state, "DataLoader")
         name = self.dataset.name
         if state.get("dataset", name) != name:
@@ -369,6 +408,9 @@ class DataLoader(tud.DataLoader):
                 self.dataset.check_state_name(state["dataset"])  # names what differs
             raise ValueError(f"DataLoader state_dict was taken from a loader over dataset {state['dataset']!r}; "
                              f"this one reads {name!r}")
+        if self._global is not None:
+            self._load_global(self._global, state)
+            return
         n = self._num_batches()
         if "num_batches" in state and n is not None and state["num_batches"] != n:
             raise ValueError(f"DataLoader state_dict was taken from a loader with {state['num_batches']} batches per "
@@ -381,4 +423,26 @@ class DataLoader(tud.DataLoader):
         self.epoch_sampler.load_state_dict({
             "version": STATE_VERSION, "epoch": state_int(state, "epoch", "DataLoader"),
             "seed": state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})
+        self._progress = None
+
+    def _load_global(self, g: DistributedSampler, state: Mapping[str, Any]) -> None:
+        """Restores a rank's state (same world size, rank and batch size) or a job state (``merge_states``, any)."""
+        what = "DataLoader"
+        if state.get("order") != "global":
+            raise ValueError(f"{what} state_dict was taken from a loader whose order is {state.get('order')!r}; this "
+                             "one deals a job-wide order ('global', unstall.torch.DistributedSampler)")
+        seed = state_int(state, "seed", what)
+        if seed != g.seed:
+            raise ValueError(f"{what} state_dict was taken with seed {seed}; this loader's order has seed {g.seed}")
+        size = state_int(state, "epoch_size", what)
+        if size != g.epoch_size:
+            raise ValueError(f"{what} state_dict was taken over an epoch_size of {size} samples; dataset "
+                             f"{self.dataset.name!r} has {g.epoch_size} here")
+        if state.get("kind") != "job" and state.get("drop_last") != g.drop_last:
+            raise ValueError(f"{what} state_dict was taken with drop_last={state.get('drop_last')!r}; this loader's "
+                             f"DistributedSampler has drop_last={g.drop_last}")
+        resume = restore(state, world=g.num_replicas, rank=g.rank, chunk=g.chunk, what=what)
+        g.restore(resume.epoch, resume.consumed)
+        self.epoch_sampler.load_state_dict({"version": STATE_VERSION, "epoch": resume.epoch, "seed": seed,
+                                            "skip": resume.skip * self._items_per_batch})
         self._progress = None

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Mapping, NamedTuple,
 import torch
 import torch.utils.data as tud
 
+from .sharding import DistributedSampler
 from .state import STATE_VERSION, check_state, epoch_seed, state_int
 
 
@@ -43,7 +44,11 @@ def _reseeder(sampler: Any) -> Tuple[str, Callable[[int, int], None]]:
     the epoch); ``"seed"``: a sampler drawing from a ``torch.Generator`` (``RandomSampler``,
     ``SubsetRandomSampler``, ``WeightedRandomSampler``; one without a generator is given its own),
     reseeded per epoch; ``"fixed"``: no randomness (``SequentialSampler``, a list or range);
-    ``"sampler"``: anything else, whose order comes from its own state, which nothing here restores."""
+    ``"sampler"``: anything else, whose order comes from its own state, which nothing here restores;
+    ``"global"``: ``unstall.torch.DistributedSampler``, told the epoch too, whose job-wide order the loader's
+    state records as consumed ranges (``unstall.elastic``)."""
+    if isinstance(sampler, DistributedSampler):
+        return "global", lambda seed, epoch: sampler.set_epoch(epoch)
     if hasattr(sampler, "set_epoch"):
         return "set_epoch", lambda seed, epoch: sampler.set_epoch(epoch)
     if isinstance(sampler, tud.BatchSampler):
@@ -63,7 +68,10 @@ def _reseeder(sampler: Any) -> Tuple[str, Callable[[int, int], None]]:
 
 
 def _own_seed(sampler: Any) -> Optional[int]:
-    """The initial seed of the ``torch.Generator`` a (batch) sampler draws from, if it has one."""
+    """The initial seed of the ``torch.Generator`` a (batch) sampler draws from, if it has one (the seed of
+    ``unstall.torch.DistributedSampler``'s order)."""
+    if isinstance(sampler, DistributedSampler):
+        return sampler.seed
     if isinstance(sampler, tud.BatchSampler):
         return _own_seed(sampler.sampler)
     generator = getattr(sampler, "generator", None)
@@ -123,7 +131,7 @@ class EpochSampler(tud.Sampler):
         return self._seed
 
     def _sampler_epoch(self) -> Optional[int]:
-        e = getattr(self.sampler, "epoch", None) if self.order == "set_epoch" else None
+        e = getattr(self.sampler, "epoch", None) if self.order in ("set_epoch", "global") else None
         return e if isinstance(e, int) and not isinstance(e, bool) else None
 
     @property

@@ -12,8 +12,9 @@ Each epoch's iterator is torch's wrapped by the loader's observers (``unstall.ob
 by ``unstall analyze``, by the analysis (``unstall.analyze.context``), composed in ``DataLoader.__iter__``.
 
 The parts live in modules named by what they do (``sampling``: ``EpochIndex``, ``EpochSampler``; ``dataset``:
-``Dataset``; ``mixture``: ``Mixture``, datasets read at fixed proportions; ``loader``: ``DataLoader``); this
-module is their public home.
+``Dataset``; ``mixture``: ``Mixture``, datasets read at fixed proportions; ``loader``: ``DataLoader``; ``sharding``:
+``DistributedSampler``, the job-wide order; ``elastic``: ``merge_states``, the ranks' states as one a job on any number
+of ranks restores); this module is their public home.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from __future__ import annotations
 from torch.utils.data import get_worker_info
 
 from .dataset import TRANSPORTS, Dataset
+from .elastic import merge_states
 from .loader import DataLoader
 from .mixture import Mixture
 from .observers import Observer
 from .sampling import EpochIndex, EpochSampler
 from .samples import decode_image, pil_loader, tensor_loader
+from .sharding import DistributedSampler
 from .state import epoch_seed
 from .tracing import StallObserver
 
@@ -35,6 +38,8 @@ __all__ = [
     "Mixture",
     "EpochIndex",
     "EpochSampler",
+    "DistributedSampler",
+    "merge_states",
     "epoch_seed",
     "get_worker_info",
     "pil_loader",
@@ -47,6 +52,6 @@ __all__ = [
 
 # The classes are known by their public path: spans and analyses name a loader by its class's module, and
 # pickles (spawned workers) find them here.
-for _cls in (Dataset, DataLoader, Mixture, EpochIndex, EpochSampler):
+for _cls in (Dataset, DataLoader, Mixture, EpochIndex, EpochSampler, DistributedSampler):
     _cls.__module__ = __name__
 del _cls

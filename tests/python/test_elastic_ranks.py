@@ -1,0 +1,173 @@
+"""Elastic restore across processes: 4 ranks (real torch.distributed, gloo) read an epoch through
+``unstall.torch.DataLoader`` over its default job-wide order and are interrupted mid-epoch (in one case a rank is a
+batch behind); ``merge_states`` of their 4 states is restored on 2 and on 3 ranks, with the batch size kept and
+changed. Over the interrupted epoch every sample is delivered exactly once, and the next epoch equals an
+uninterrupted run's on the new world size. States of another job are refused, naming what differs.
+
+The ranks (``elastic_rank.py``) attach to one sidecar; each launch runs several scenarios in the same processes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import unstall
+from elastic_rank import keep, sample_id
+from ranks import rank_env, run_ranks
+from unstall.torch import DataLoader, Dataset, DistributedSampler, merge_states
+
+N = 50  # not a multiple of a step (4 ranks x 4): the last step is split, two ranks get a batch more
+WORLD = 4
+BATCH = 4
+SEED = 11
+NAME = "elastic"
+
+Runs = dict[str, list[dict[str, Any]]]  # run name -> per rank, its loops (epoch, ids, state)
+
+
+@pytest.fixture(scope="module")
+def dataset(sidecar: unstall.Sidecar, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """N files in an image-folder layout; each one's bytes are its id (its index in the folder's order)."""
+    root = tmp_path_factory.mktemp("elastic") / "data"
+    for i in range(N):
+        p = root / f"class{i * 2 // N}" / f"{i:03d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"%d" % i)
+    sidecar.register_dataset(NAME, root)
+    return root
+
+
+def launch(sidecar: unstall.Sidecar, tmp: Path, world: int, runs: list[dict[str, Any]]) -> Runs:
+    out = tmp / "out"
+    out.mkdir(parents=True)
+    run_ranks("elastic_rank.py", [{"rank": r, "world": world, "rendezvous": str(tmp / "rendezvous"), "out": str(out),
+                                   "dataset": NAME, "seed": SEED, "runs": runs} for r in range(world)],
+              rank_env(UNSTALL_HOME=str(sidecar.home), UNSTALL_EPOCH_LOG="0"), tmp)
+    return {run["name"]: [json.loads((out / f"{run['name']}-rank{r}.json").read_text()) for r in range(world)]
+            for run in runs}
+
+
+def ids(ranks: list[list[dict[str, Any]]], loop: int) -> Counter[int]:
+    return Counter(i for loops in ranks for i in loops[loop]["ids"])
+
+
+def states(ranks: list[list[dict[str, Any]]], loop: int) -> list[dict[str, Any]]:
+    return [loops[loop]["state"] for loops in ranks]
+
+
+EVERY = Counter(range(N))
+
+
+@pytest.fixture(scope="module")
+def four(sidecar: unstall.Sidecar, dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """One launch of 4 ranks: an uninterrupted run of 2 epochs, two interruptions after 2 batches (rank 2 after 1,
+    with a worker), and a restore of that one from each rank's own state."""
+    return launch(sidecar, tmp_path_factory.mktemp("four"), WORLD, [
+        {"name": "whole", "batch_size": BATCH, "loops": [None, None]},
+        {"name": "even", "batch_size": BATCH, "loops": [2]},
+        {"name": "behind", "batch_size": BATCH, "loops": [[2, 2, 1, 2]], "num_workers": 1},
+        {"name": "resumed", "batch_size": BATCH, "load": {"run": "behind"}, "loops": [None, None]},
+    ])
+
+
+@pytest.fixture(scope="module")
+def jobs(four: Runs, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The 4 ranks' states merged into job states, saved as a checkpoint would be."""
+    folder = tmp_path_factory.mktemp("jobs")
+    out = {}
+    for name, run, loop in (("even", "even", 0), ("behind", "behind", 0), ("end", "whole", 0)):
+        out[name] = folder / f"{name}.json"
+        out[name].write_text(json.dumps(merge_states(states(four[run], loop))))
+    return out
+
+
+def test_four_ranks_deal_one_order_and_their_states_merge(four: Runs, jobs: dict[str, Path]) -> None:
+    whole = four["whole"]
+    assert [[lp["epoch"] for lp in loops] for loops in whole] == [[0, 1]] * WORLD
+    assert ids(whole, 0) == EVERY and ids(whole, 1) == EVERY, "every sample once per epoch, none padded"
+    assert [len(loops[0]["ids"]) for loops in whole] == [13, 13, 12, 12]
+    order = DistributedSampler(range(N), 1, 0, seed=SEED).global_order(0)
+    steps = [i for s in range(4) for loops in whole for i in loops[0]["ids"][s * BATCH:(s + 1) * BATCH]]
+    assert steps == order, "step by step, rank by rank, the job consumes epoch 0's global order"
+    for r, loops in enumerate(whole):
+        assert four["even"][r][0]["ids"] == loops[0]["ids"][:2 * BATCH]
+        k = 1 if r == 2 else 2
+        assert four["behind"][r][0]["ids"] == loops[0]["ids"][:k * BATCH], "a worker's prefetch is not consumed"
+        resumed = four["resumed"][r]
+        assert four["behind"][r][0]["ids"] + resumed[0]["ids"] == loops[0]["ids"], "a rank's own state continues it"
+        assert resumed[1] == loops[1], "and the next epoch is the same"
+    end = states(whole, 0)
+    assert [(s["epoch"], s["batches_yielded"]) for s in end] == [(0, 4), (0, 4), (0, 3), (0, 3)], "each share's end"
+    assert states(four["behind"], 0)[2] == {
+        "version": 1, "dataset": NAME, "epoch": 0, "batches_yielded": 1, "seed": SEED, "order": "global",
+        "epoch_size": N, "consumed": [], "world_size": WORLD, "rank": 2, "chunk": BATCH, "drop_last": False}
+    merged = {name: json.loads(path.read_text()) for name, path in jobs.items()}
+    assert merged["even"]["consumed"] == [[0, 32]], "2 steps of 4 ranks x 4: a prefix"
+    assert merged["behind"]["consumed"] == [[0, 24], [28, 32]], "rank 2's second batch was not consumed"
+    assert merged["end"]["consumed"] == [[0, N]] and merged["end"]["kind"] == "job"
+
+
+@pytest.mark.parametrize("world,batch", [(2, 3), (3, 5)])
+def test_a_four_rank_job_restores_on_fewer_ranks_and_another_batch_size(
+        sidecar: unstall.Sidecar, four: Runs, jobs: dict[str, Path], tmp_path: Path, world: int, batch: int) -> None:
+    got = launch(sidecar, tmp_path, world, [
+        {"name": f"whole-{BATCH}", "batch_size": BATCH, "loops": [None, None]},
+        {"name": f"whole-{batch}", "batch_size": batch, "loops": [None, None]},
+        *({"name": f"{job}-{b}", "batch_size": b, "load": str(jobs[job]), "loops": [None, None]}
+          for job in ("even", "behind", "end") for b in (BATCH, batch)),
+    ])
+    for b in (BATCH, batch):
+        assert ids(got[f"whole-{b}"], 0) == EVERY
+        for job, source in (("even", "even"), ("behind", "behind"), ("end", "whole")):
+            restored = got[f"{job}-{b}"]
+            label = f"{WORLD} ranks' {job!r} state on {world} ranks, batch size {b}"
+            assert [[lp["epoch"] for lp in loops] for loops in restored] == [[0, 1]] * world, label
+            assert ids(four[source], 0) + ids(restored, 0) == EVERY, f"{label}: every sample of the epoch exactly once"
+            assert merge_states(states(restored, 0))["consumed"] == [[0, N]], f"{label}: the epoch's end, job-wide"
+            assert [loops[1] for loops in restored] == [loops[1] for loops in got[f"whole-{b}"]], (
+                f"{label}: the next epoch is an uninterrupted {world}-rank run's")
+        assert all(loops[0]["ids"] == [] for loops in got[f"end-{b}"]), "a state at the epoch's end: nothing left"
+    assert [lp[1]["ids"] for lp in got[f"whole-{BATCH}"]] != [lp[1]["ids"] for lp in got[f"whole-{batch}"]]
+
+
+def refused(make: Callable[[], DataLoader], state: dict[str, Any]) -> str:
+    with pytest.raises(ValueError) as info:
+        make().load_state_dict(state)
+    return str(info.value)
+
+
+def test_states_of_another_job_are_refused_naming_what_differs(sidecar: unstall.Sidecar, dataset: Path,
+                                                               four: Runs, jobs: dict[str, Path]) -> None:
+    sidecar.register_dataset(f"{NAME}-other", dataset)
+    ours, other = (Dataset(n, sidecar=sidecar, loader=sample_id) for n in (NAME, f"{NAME}-other"))
+
+    def ranked(ds: Dataset = ours, seed: int = SEED, world: int = 2) -> DataLoader:
+        return DataLoader(ds, batch_size=BATCH, collate_fn=keep, sampler=DistributedSampler(ds, world, 0, seed=seed))
+
+    job = json.loads(jobs["behind"].read_text())
+    rank = states(four["behind"], 0)[0]
+    assert "seed 11; this loader's order has seed 12" in refused(lambda: ranked(seed=SEED + 1), job)
+    assert "dataset 'elastic'; this one reads 'elastic-other'" in refused(lambda: ranked(other), job)
+    assert "epoch_size of 49 samples; dataset 'elastic' has 50" in refused(ranked, dict(job, epoch_size=N - 1))
+    assert "order is 'global'" in refused(lambda: DataLoader(ours, batch_size=BATCH, shuffle=True, seed=SEED), job)
+    assert "order is 'seed'; this one deals a job-wide order" in refused(ranked, DataLoader(
+        ours, batch_size=BATCH, shuffle=True, seed=SEED).state_dict())
+    assert "world_size 4 (now 2)" in refused(ranked, rank), "a rank's own state needs its world size: merge first"
+    for ds, seed, differs in ((ours, SEED + 1, "'seed' is 11 in the first and 12"),
+                              (other, SEED, "'dataset' is 'elastic' in the first and 'elastic-other'")):
+        stranger = DataLoader(ds, batch_size=BATCH, collate_fn=keep, sampler=DistributedSampler(ds, WORLD, 1, seed=seed))
+        next(iter(stranger))
+        with pytest.raises(ValueError, match=differs):
+            merge_states([rank, stranger.state_dict(), *states(four["behind"], 0)[2:]])
+    with pytest.raises(ValueError, match="deals batch_size=3 per step but the DataLoader batches 4"):
+        DataLoader(ours, batch_size=BATCH, sampler=DistributedSampler(ours, 2, 0, batch_size=3))
+    with pytest.raises(ValueError, match="seed 12 differs from its DistributedSampler's seed 11"):
+        DataLoader(ours, batch_size=BATCH, seed=SEED + 1, sampler=DistributedSampler(ours, 2, 0, seed=SEED))
+    loader = ranked(world=WORLD)  # a sampler without batch_size deals the loader's
+    loader.load_state_dict(rank)  # rank 0's own state, same world size and batch size: taken as it is
+    assert loader.state_dict() == rank
