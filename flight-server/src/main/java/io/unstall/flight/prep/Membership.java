@@ -31,14 +31,21 @@ final class Membership {
     long lastSeen;
     int waiting; // calls of this member waiting in the group now: such a member is alive
     boolean reportsReleases; // shared memory: it says which batches it let go of (prep.next "released")
+    final RankShare share; // a data-parallel rank's share of each epoch; null: every batch
 
-    Member(long id, String name, long startPos, long endPos, long now) {
+    Member(long id, String name, long startPos, long endPos, long now, RankShare share) {
       this.id = id;
       this.name = name;
       this.startPos = startPos;
       this.endPos = endPos;
-      this.cursor = startPos;
+      this.share = share;
+      this.cursor = next(startPos);
       this.lastSeen = now;
+    }
+
+    /** The first position at or after {@code from} this member reads; {@code endPos} when none is left. */
+    long next(long from) {
+      return share == null ? from : Math.min(share.next(from), endPos);
     }
   }
 
@@ -82,9 +89,12 @@ final class Membership {
 
   /**
    * Adds a member; null when the group has closed. {@code startEpoch} >= 0: a resumed member starting at batch
-   * {@code startBatch} of that epoch; otherwise a late joiner starts at the group's next whole epoch.
+   * {@code startBatch} of that epoch; otherwise a late joiner starts at the group's next whole epoch. {@code share}:
+   * the batches of each epoch a data-parallel rank reads (null: all); its cursor is always the next of them, so the
+   * group frees a batch once every rank that reads it did, and the member finishes after its last one. A member whose
+   * share has nothing left is gone at once ("finished").
    */
-  Member join(long memberId, String name, long epochs, long startEpoch, long startBatch) {
+  Member join(long memberId, String name, long epochs, long startEpoch, long startBatch, RankShare share) {
     if (closed) {
       return null;
     }
@@ -97,7 +107,8 @@ final class Membership {
             .toRuntimeException();
       }
       startPos = startEpoch * numBatches + startBatch;
-      if (started && startPos < minCursor()) {
+      long first = share == null ? startPos : share.next(startPos);
+      if (started && first < minCursor()) {
         long min = minCursor();
         throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + order.group + " (dataset '"
             + order.key.dataset() + "', seed " + order.key.seed() + ") cannot start a member at epoch " + startEpoch
@@ -112,7 +123,11 @@ final class Membership {
       startPos = (min + numBatches - 1) / numBatches * numBatches;
     }
     long endPos = epochs > 0 ? (startPos / numBatches + epochs) * numBatches : Long.MAX_VALUE;
-    Member m = new Member(memberId, name, startPos, endPos, System.nanoTime());
+    Member m = new Member(memberId, name, startPos, endPos, System.nanoTime(), share);
+    if (m.cursor >= endPos) {
+      gone.put(memberId, "finished: its share of its " + epochs + " epochs had nothing left");
+      return m;
+    }
     members.put(memberId, m);
     lock.changed();
     return m;
@@ -190,6 +205,16 @@ final class Membership {
     return out;
   }
 
+  /** Closes a group nobody is in, started or not (its only joiner had nothing to read); returns whether it did. */
+  boolean closeIfNobody() {
+    if (members.isEmpty() && !closed) {
+      closed = true;
+      lock.changed();
+      return true;
+    }
+    return false;
+  }
+
   /** Closes a started group whose members are all gone; returns whether it did. */
   boolean closeIfEmpty() {
     if (members.isEmpty() && started && !closed) {
@@ -242,6 +267,11 @@ final class Membership {
           + " declared " + (m.endPos - m.startPos) / numBatches + " epochs; epoch " + epoch + " is beyond them")
           .toRuntimeException();
     }
+    if (m.share != null && !m.share.reads(pos)) {
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + group + ": member " + m.id + " is rank "
+          + m.share.rank + " of " + m.share.world + " and does not read epoch " + epoch + " batch " + batch
+          + " (another rank's, or one its job read before its checkpoint)").toRuntimeException();
+    }
     return pos;
   }
 
@@ -256,6 +286,10 @@ final class Membership {
       mo.put("start_batch", m.startPos % numBatches);
       mo.put("epoch", m.cursor / numBatches);
       mo.put("batch", m.cursor % numBatches);
+      if (m.share != null) {
+        mo.put("world_size", m.share.world);
+        mo.put("rank", m.share.rank);
+      }
     }
     ArrayNode ds = o.putArray("dropped");
     dropped.forEach(ds::add);

@@ -173,13 +173,17 @@ final class PrepGroup {
    * Adds a member; null when the group has just closed (the caller makes a new one). {@code startEpoch} >= 0: a
    * resumed member (a job restored from a checkpoint) that starts at batch {@code startBatch} of that epoch; the
    * group never prepares the batches before it for this member. {@code epochs} counts from {@code startEpoch},
-   * the partial first epoch included.
+   * the partial first epoch included. {@code share}: a data-parallel rank's share of each epoch (null: all).
    */
-  ObjectNode join(long memberId, String name, long epochs, long startEpoch, long startBatch) {
+  ObjectNode join(long memberId, String name, long epochs, long startEpoch, long startBatch, RankShare.Spec share) {
     synchronized (lock) {
-      Membership.Member m = members.join(memberId, name, epochs, startEpoch, startBatch);
+      Membership.Member m = members.join(memberId, name, epochs, startEpoch, startBatch,
+          share == null ? null : share.of(order.numBatches, startEpoch));
       if (m == null) {
         return null;
+      }
+      if (!members.isMember(memberId)) { // its share had nothing left: gone at once, and the group if it was alone
+        afterRemoval(memberId, members.closeIfNobody());
       }
       ObjectNode o = JsonNodeFactory.instance.objectNode();
       o.put("v", 1);

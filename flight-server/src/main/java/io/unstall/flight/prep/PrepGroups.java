@@ -74,7 +74,7 @@ final class PrepGroups {
       PrepRequests.Join j) throws Exception {
     long member = nextMemberId();
     PrepGroup g = open.get(key);
-    ObjectNode r = g == null ? null : g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
+    ObjectNode r = g == null ? null : g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch(), j.share());
     if (r != null) {
       return r;
     }
@@ -88,7 +88,7 @@ final class PrepGroups {
     String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
     g = new PrepGroup(id, key, d, pipeline, shared, s);
     try {
-      r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch());
+      r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch(), j.share());
     } catch (RuntimeException e) {
       g.close(); // a bad start position: no group without members is left behind
       throw e;

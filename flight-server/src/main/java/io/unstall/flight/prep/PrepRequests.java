@@ -19,7 +19,8 @@ final class PrepRequests {
 
   /** A {@code prep.join} body. {@code pipeline} is null for a raw group and for an external one ({@code external}). */
   record Join(String dataset, PrepPipeline pipeline, String external, int batchSize, long seed, boolean shuffle,
-      boolean dropLast, PrepGroup.Settings settings, long epochs, long startEpoch, long startBatch, String name) {
+      boolean dropLast, PrepGroup.Settings settings, long epochs, long startEpoch, long startBatch, String name,
+      RankShare.Spec share) {
 
     /** What, besides the dataset, seed, batch size and order, decides which group a member joins. */
     String fingerprint() {
@@ -167,8 +168,46 @@ final class PrepRequests {
     if (startEpoch < 0 && startBatch > 0) {
       throw new IllegalArgumentException("prep.join: \"start_batch\" needs \"start_epoch\"");
     }
+    RankShare.Spec share = share(b.get("share"));
+    if (share != null && startEpoch < 0 && (share.consumed().length > 0 || share.skip() > 0)) {
+      throw new IllegalArgumentException("prep.join: \"share\" with \"consumed\" or \"skip\" needs \"start_epoch\""
+          + " (the epoch they apply to)");
+    }
     return new Join(dataset, pipeline, external, batchSize, seed, b.path("shuffle").asBoolean(true),
-        b.path("drop_last").asBoolean(false), s, epochs, startEpoch, startBatch, b.path("name").asText(""));
+        b.path("drop_last").asBoolean(false), s, epochs, startEpoch, startBatch, b.path("name").asText(""), share);
+  }
+
+  /**
+   * {@code prep.join}'s {@code "share"}: {@code {"world_size","rank"}}, optional {@code "consumed": [[start, end),
+   * ...]} (batches of {@code start_epoch} the job read before its checkpoint) and {@code "skip"} (the batches of its
+   * share there this member read itself); null when absent.
+   */
+  private static RankShare.Spec share(JsonNode s) {
+    if (s == null || s.isNull()) {
+      return null;
+    }
+    if (!s.isObject()) {
+      throw new IllegalArgumentException("prep.join: \"share\" must be {\"world_size\", \"rank\", \"consumed\","
+          + " \"skip\"}, got " + s);
+    }
+    int world = intIn(s, "world_size", 1, 65536, -1);
+    int rank = intIn(s, "rank", 0, world - 1, -1);
+    long skip = intIn(s, "skip", 0, Integer.MAX_VALUE, 0);
+    JsonNode c = s.get("consumed");
+    if (c != null && !c.isNull() && (!c.isArray() || c.size() > MAX_RELEASED)) {
+      throw new IllegalArgumentException("prep.join: \"consumed\" must be a list of at most " + MAX_RELEASED
+          + " [start, end) batch ranges, got " + c);
+    }
+    long[][] consumed = new long[c == null || c.isNull() ? 0 : c.size()][];
+    for (int i = 0; i < consumed.length; i++) {
+      JsonNode r = c.get(i);
+      if (!r.isArray() || r.size() != 2 || !isU32(r.get(0)) || !isU32(r.get(1))) {
+        throw new IllegalArgumentException("prep.join: \"consumed\"[" + i + "] must be [start, end), batch indices"
+            + " in 0.." + MAX_U32 + ", got " + r);
+      }
+      consumed[i] = new long[] {r.get(0).asLong(), r.get(1).asLong()};
+    }
+    return new RankShare.Spec(world, rank, consumed, skip);
   }
 
   /** A remote prep worker's batch: {@code {"group","worker","epoch","batch"}} (the worker id in {@code member}). */
@@ -197,8 +236,12 @@ final class PrepRequests {
     return u32Value(action, b.get(field), field);
   }
 
+  private static boolean isU32(JsonNode v) {
+    return v != null && v.isIntegralNumber() && v.canConvertToLong() && v.asLong() >= 0 && v.asLong() <= MAX_U32;
+  }
+
   private static long u32Value(String action, JsonNode v, String field) {
-    if (v == null || !v.isIntegralNumber() || !v.canConvertToLong() || v.asLong() < 0 || v.asLong() > MAX_U32) {
+    if (!isU32(v)) {
       throw new IllegalArgumentException(action + ": \"epoch\" and \"batch\" (integers in 0.." + MAX_U32
           + ") are required; \"" + field + "\" is " + v);
     }

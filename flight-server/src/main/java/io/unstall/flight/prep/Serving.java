@@ -109,7 +109,7 @@ final class Serving {
         }
         boolean closed = false;
         if (sent && m != null) {
-          m.cursor = Math.max(m.cursor, pos + 1);
+          m.cursor = Math.max(m.cursor, m.next(pos + 1)); // a rank's next batch: the ones between are others'
           m.lastSeen = System.nanoTime();
           if (m.cursor >= m.endPos) {
             closed = members.remove(m, "finished its " + (m.endPos - m.startPos) / order.numBatches + " epochs");

@@ -72,7 +72,7 @@ class ProductionTest {
 
   Membership.Member join() {
     synchronized (lock) {
-      Membership.Member m = members.join(1, "a", 1, -1, -1);
+      Membership.Member m = members.join(1, "a", 1, -1, -1, null);
       members.maybeStart(clock.get());
       return m;
     }
