@@ -48,7 +48,8 @@ def epochs(loader: Any, total: int) -> Iterator[Tuple[int, int]]:
     """``(epoch, index of its first batch)`` of each ``for`` left until ``total`` epochs (a restored loader
     continues an epoch: its state says how many batches of it were handed out before)."""
     while loader.epoch < total:
-        yield loader.epoch, loader.state_dict()["batches_yielded"]
+        state = loader.state_dict()  # after an epoch's last batch it may name that epoch (its end)
+        yield loader.epoch, state["batches_yielded"] if state["epoch"] == loader.epoch else 0
 
 
 def loader_batches(spec: dict) -> Tuple[Any, Batches]:

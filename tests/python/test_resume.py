@@ -95,8 +95,9 @@ def test_a_killed_prep_group_member_resumes_and_the_skipped_batches_are_never_pr
     whole_epochs(whole["seen"], EPOCHS, N_SAMPLES)
     ck = run({**spec, "kill_at": [1, 2], "member_timeout": 1}, env.sidecar.home, tmp_path, killed=True, **token)
     state = ck["loader"]
-    assert state == {"version": 1, "dataset": "imgs", "epoch": 1, "batches_yielded": 3, "num_batches": nb,
-                     "seed": 51, "start_epoch": 0}
+    assert state == {"version": 1, "dataset": "imgs", "epoch": 1, "batches_yielded": 3, "epoch_size": nb,
+                     "consumed": [], "world_size": 1, "rank": 0, "chunk": 1, "batch_size": BATCH, "seed": 51,
+                     "start_epoch": 0}
     consumed = ck["seen"]
     assert consumed == whole["seen"][: len(consumed)]
     # The killed member's group closes once it is dropped (no heartbeat): the restored job starts a new one.

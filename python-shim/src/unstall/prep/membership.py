@@ -129,6 +129,9 @@ class Membership:
     def _rejoin(self, epoch: int, index: int) -> None:
         assert self._join_body is not None
         body = dict(self._join_body, start_epoch=epoch, start_batch=index)
+        share = body.get("share")
+        if share is not None and epoch != int(self._join_body["start_epoch"]):  # what the job read was of that epoch
+            body["share"] = {"world_size": share["world_size"], "rank": share["rank"]}
         if "epochs" in body:  # counted from the first join's start: what is left of them from here
             body["epochs"] = int(self._join_body["epochs"]) - (epoch - int(self._join_body["start_epoch"]))
         # with recovery: the dataset may not be registered on the restarted sidecar yet (its owner does that)
@@ -162,10 +165,14 @@ class Membership:
             raise ProtocolMismatchError(f"expected one record batch, got {len(batches)}")
         return batches[0]
 
-    def epoch(self, epoch: int) -> Iterator[pa.RecordBatch]:
-        """The epoch's batches over Flight (raw groups, or any group), from :meth:`first_batch`."""
-        for b in range(self.first_batch(epoch), self.num_batches):
+    def epoch(self, epoch: int, batches: Optional[Sequence[int]] = None) -> Iterator[pa.RecordBatch]:
+        """The epoch's batches over Flight (raw groups, or any group): ``batches`` (this member's, in order), by
+        default those from :meth:`first_batch` on."""
+        for b in self._indices(epoch, batches):
             yield self.batch(epoch, b)
+
+    def _indices(self, epoch: int, batches: Optional[Sequence[int]]) -> Sequence[int]:
+        return range(self.first_batch(epoch), self.num_batches) if batches is None else batches
 
     def arrays(self, epoch: int, index: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(tensors, labels, ids)`` of a prepared batch without copying the tensors: a view of the Flight
@@ -215,8 +222,10 @@ class Membership:
             self._local = local
         return self._local
 
-    def epoch_arrays(self, epoch: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        for b in range(self.first_batch(epoch), self.num_batches):
+    def epoch_arrays(self, epoch: int, batches: Optional[Sequence[int]] = None
+                     ) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """:meth:`arrays` of the epoch's ``batches`` (as :meth:`epoch`'s)."""
+        for b in self._indices(epoch, batches):
             yield self.arrays(epoch, b)
         last = self.info.get("epochs")
         if self.shm and last is not None and epoch >= self.start_epoch + int(last) - 1:
@@ -300,6 +309,7 @@ def join(
     client: Optional[FlightClient] = None,
     sidecar: Any = None,
     slots: Optional[SlotMaps] = None,
+    share: Optional[Mapping[str, Any]] = None,
 ) -> Membership:
     """Joins (or creates) the group for this dataset, pipeline, seed, batch size, shuffle and drop_last.
 
@@ -331,6 +341,12 @@ def join(
 
     ``slots``: the ``SlotMaps`` that maps this member's shared-memory batches (``PrepLoader(device="cuda")``
     passes one that registers each slot as pinned memory).
+
+    ``share``: this member is one data-parallel rank of a job and reads only its share of each epoch
+    (``{"world_size", "rank"}``; a restored rank adds ``"consumed"``, the batch ranges of ``start_epoch`` its job read,
+    and ``"skip"``, the batches of its share there it read itself): the group frees a batch once every rank that
+    reads it did, and the member is done after its own last batch. The prep loaders pass it (``rank=``,
+    ``world_size=``).
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
@@ -369,6 +385,8 @@ def join(
         body["staging_bytes"] = int(staging_bytes)
     if compression is not None:
         body["compression"] = compression
+    if share is not None:
+        body["share"] = dict(share)
     if epochs is not None:
         body["epochs"] = int(epochs)
     if start_epoch is not None:
