@@ -15,7 +15,8 @@ native prep threads, keeps it until every member has read it, and frees it. See 
 
 Modules, each importing only those above it: ``pipeline`` (the pure op builders), ``membership`` (``join``
 and a member's calls), ``workers`` (the worker processes of ``SharedTransformLoader``, which need only a
-membership) and ``loaders`` (``PrepLoader``, ``SharedTransformLoader``). The prepared-batch schema (its
+membership), ``group_loader`` (``GroupLoader``: what the torch loaders share: joining, epochs, ranks, state) and
+``loaders`` (``PrepLoader``, ``SharedTransformLoader``). The prepared-batch schema (its
 encoding and decoding) is ``unstall.protocol``'s.
 """
 
