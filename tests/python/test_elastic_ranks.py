@@ -5,6 +5,7 @@ changed. Over the interrupted epoch every sample is delivered exactly once, and 
 uninterrupted run's on the new world size. States of another job are refused, naming what differs.
 
 The ranks (``elastic_rank.py``) attach to one sidecar; each launch runs several scenarios in the same processes.
+In-process loaders, one per rank, check ``drop_last`` and a ``BatchSampler`` over the job-wide order.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch.utils.data as tud
 
 import unstall
 from elastic_rank import keep, sample_id
@@ -171,3 +173,75 @@ def test_states_of_another_job_are_refused_naming_what_differs(sidecar: unstall.
     loader = ranked(world=WORLD)  # a sampler without batch_size deals the loader's
     loader.load_state_dict(rank)  # rank 0's own state, same world size and batch size: taken as it is
     assert loader.state_dict() == rank
+
+
+def read(loader: DataLoader) -> list[int]:
+    return [i for batch in loader for i, _ in batch]
+
+
+@pytest.mark.parametrize("dropping", ["loader", "sampler"])
+def test_a_state_after_the_last_batch_drop_last_kept_is_the_epochs_end(sidecar: unstall.Sidecar, dataset: Path,
+                                                                      dropping: str) -> None:
+    """torch's drop_last: the loader drops a rank's incomplete last batch, the sampler the samples that would leave
+    the ranks uneven; either way they are not delivered in that epoch, also not after a restore at its end."""
+    ds = Dataset(NAME, sidecar=sidecar, loader=sample_id)
+
+    def ranks(world: int) -> list[DataLoader]:
+        return [DataLoader(ds, batch_size=BATCH, collate_fn=keep, drop_last=dropping == "loader",
+                           sampler=DistributedSampler(ds, world, r, seed=SEED, drop_last=dropping == "sampler"))
+                for r in range(world)]
+
+    probe = ranks(WORLD)[0]
+    it = iter(probe)
+    next(it), next(it)
+    assert probe.state_dict()["batches_yielded"] == 2, "mid-epoch, the batches handed out"
+    four = ranks(WORLD)
+    delivered = [read(loader) for loader in four]
+    assert [len(x) for x in delivered] == [12] * WORLD and len(set().union(*delivered)) == 48
+    ends = [loader.state_dict() for loader in four]
+    job = merge_states(ends)
+    assert job["consumed"] == [[0, N]], "the epoch's end: the 2 samples drop_last left out are not delivered in it"
+    own = ranks(WORLD)[0]
+    own.load_state_dict(ends[0])
+    assert read(own) == [], "a rank's own state at the end: nothing left"
+    three, fresh = ranks(3), ranks(3)
+    for loader in three:
+        loader.load_state_dict(job)
+    assert [read(loader) for loader in three] == [[]] * 3, "the job state at the end: nothing left on 3 ranks"
+    for loader in fresh:
+        loader.set_epoch(1)
+    assert [read(loader) for loader in three] == [read(loader) for loader in fresh], (
+        "the next epoch is an uninterrupted 3-rank run's")
+
+
+def test_a_batch_sampler_over_the_job_wide_order_is_elastic(sidecar: unstall.Sidecar, dataset: Path) -> None:
+    ds = Dataset(NAME, sidecar=sidecar, loader=sample_id)
+
+    def batched(world: int, rank: int, batch: int) -> DataLoader:
+        sampler = DistributedSampler(ds, world, rank, seed=SEED)
+        return DataLoader(ds, collate_fn=keep, batch_sampler=tud.BatchSampler(sampler, batch, drop_last=False))
+
+    four = [batched(WORLD, r, BATCH) for r in range(WORLD)]
+    first: list[int] = []
+    iterators = [iter(loader) for loader in four]
+    for it in iterators:
+        first += [i for _ in range(2) for i, _ in next(it)]
+    ranked = [loader.state_dict() for loader in four]
+    assert ranked[1] == {
+        "version": 1, "dataset": NAME, "epoch": 0, "batches_yielded": 2, "seed": SEED, "order": "global",
+        "epoch_size": N, "consumed": [], "world_size": WORLD, "rank": 1, "chunk": BATCH, "drop_last": False}
+    job = merge_states(ranked)
+    assert job["consumed"] == [[0, 32]], "2 steps of 4 ranks x 4: a prefix"
+    three = [batched(3, r, 5) for r in range(3)]
+    for loader in three:
+        loader.load_state_dict(job)
+    assert Counter(first) + Counter(i for loader in three for i in read(loader)) == EVERY, (
+        "restored on 3 ranks with batches of 5: every sample of the epoch exactly once")
+    plain = [DataLoader(ds, batch_size=5, collate_fn=keep, sampler=DistributedSampler(ds, 3, r, seed=SEED))
+             for r in range(3)]
+    for loader in plain:
+        loader.set_epoch(1)
+    assert [read(loader) for loader in three] == [read(loader) for loader in plain], (
+        "the next epoch is a 3-rank run's with sampler= and batch_size=")
+    with pytest.raises(ValueError, match="deals batch_size=3 per step but its BatchSampler batches 4"):
+        DataLoader(ds, batch_sampler=tud.BatchSampler(DistributedSampler(ds, 2, 0, batch_size=3), BATCH, False))
