@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 import torch.utils.data as tud
 
-from unstall.torch import DistributedSampler
+from unstall.torch import DistributedSampler, merge_states
 
 
 def samplers(n: int, world: int, **kwargs: Any) -> list[DistributedSampler]:
@@ -87,3 +87,31 @@ def test_a_restored_epoch_is_dealt_around_what_was_consumed_then_the_next_is_who
     assert s.consumed(4) == [(0, 12)] and s.consumed(5) == []
     s.set_epoch(5)
     assert len(s) == 10 and list(s) == [p for k in (0, 6, 12, 18) for p in s.global_order(5)[k:k + 3]][:10]
+
+
+def rank_state(world: int, rank: int, yielded: int, **kwargs: Any) -> dict[str, Any]:
+    """A rank's state over 50 samples dealt 4 per step, as the loader takes it."""
+    state = {"version": 1, "dataset": "d", "epoch": 0, "batches_yielded": yielded, "seed": 0, "order": "global",
+             "epoch_size": 50, "consumed": [], "world_size": world, "rank": rank, "chunk": 4, "drop_last": False}
+    state.update(kwargs)
+    return state
+
+
+def test_a_loader_dropping_the_incomplete_last_batch_has_consumed_it_once_past_the_full_ones() -> None:
+    shares = [s.share() for s in samplers(50, 4, batch_size=4)]  # 13, 13, 12, 12 samples
+    assert [(s.num_items, len(s)) for s in shares] == [(13, 4), (13, 4), (12, 3), (12, 3)]
+    assert [s.chunks_consumed(3, drop_last=True) for s in shares] == [4, 4, 3, 3], "the dropped batch is consumed"
+    assert [s.chunks_consumed(3, drop_last=False) for s in shares] == [3] * 4, "without drop_last it is still due"
+    assert shares[0].chunks_consumed(2, drop_last=True) == 2
+    ends = [rank_state(4, r, s.chunks_consumed(3, drop_last=True)) for r, s in enumerate(shares)]
+    assert merge_states(ends)["consumed"] == [[0, 50]]
+
+
+def test_once_every_rank_is_past_its_share_the_job_state_is_the_epochs_end() -> None:
+    dropped = [len(s) for s in samplers(50, 4, batch_size=4, drop_last=True)]
+    assert dropped == [12] * 4, "drop_last leaves 2 of 50 samples out"
+    assert merge_states([rank_state(4, r, 3, drop_last=True) for r in range(4)])["consumed"] == [[0, 50]], (
+        "the 2 samples left out are not delivered in the epoch after a restore either")
+    assert merge_states([rank_state(4, r, 2, drop_last=True) for r in range(4)])["consumed"] == [[0, 32]]
+    assert merge_states([rank_state(4, r, 3 - (r == 3), drop_last=True) for r in range(4)])["consumed"] == [
+        [0, 44]], "a rank behind: the epoch goes on"

@@ -2,11 +2,14 @@
 
 It joins a gloo process group of ``world`` ranks (a ``file://`` rendezvous), attaches to the sidecar of
 ``$UNSTALL_HOME`` and runs the spec's ``runs`` in order, each with a new ``unstall.torch.DataLoader`` over the
-dataset (no sampler: the loader's default under torch.distributed, the job-wide order). A run may first load a
+dataset, shuffled (no sampler: the loader's default under torch.distributed, the job-wide order), or with
+``"mixture": true`` over the ``Mixture`` of the spec's ``mixture`` (``[[dataset, weight], ...]``), unshuffled as a
+mixture is read. A run may first load a
 state (``load``: a JSON file, the same job state for every rank, or ``{"run": NAME}``: this rank's own state at the
 end of that earlier run), then does its ``loops``: ``null`` reads a whole ``for``; an int, or a list with one int
 per rank, reads that many batches and stops there (an interruption). After each loop it records the epoch read,
-the sample ids it was handed (each file's bytes are its id) and ``state_dict()``. Writes ``<run>-rank<r>.json``.
+the sample ids it was handed (each file's bytes are its id), the size of each batch and ``state_dict()``. Writes
+``<run>-rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from unstall.torch import DataLoader, Dataset
+from unstall.torch import DataLoader, Dataset, Mixture
 
 
 def sample_id(payload: memoryview) -> int:
@@ -30,21 +33,24 @@ def keep(batch: list) -> list:
 
 
 def loop(loader: DataLoader, batches: Optional[int]) -> dict[str, Any]:
-    epoch, ids = loader.epoch, []
+    epoch, ids, sizes = loader.epoch, [], []
     for i, batch in enumerate(loader):
         ids.extend(sid for sid, _ in batch)
+        sizes.append(len(batch))
         if batches is not None and i + 1 == batches:
             break
-    return {"epoch": epoch, "ids": ids, "state": loader.state_dict()}
+    return {"epoch": epoch, "ids": ids, "sizes": sizes, "state": loader.state_dict()}
 
 
 def main(spec: dict[str, Any]) -> None:
     rank, world, out = int(spec["rank"]), int(spec["world"]), Path(spec["out"])
     dist.init_process_group("gloo", init_method=f"file://{spec['rendezvous']}", rank=rank, world_size=world)
     ds = Dataset(spec["dataset"], loader=sample_id, transport="shm")
+    mix = Mixture([(Dataset(name, loader=sample_id, transport="shm"), w) for name, w in spec["mixture"]])
     ends: dict[str, dict[str, Any]] = {}
     for run in spec["runs"]:
-        loader = DataLoader(ds, batch_size=run["batch_size"], shuffle=True, seed=spec["seed"],
+        mixed = bool(run.get("mixture"))
+        loader = DataLoader(mix if mixed else ds, batch_size=run["batch_size"], shuffle=not mixed, seed=spec["seed"],
                             num_workers=run.get("num_workers", 0), collate_fn=keep)
         load = run.get("load")
         if isinstance(load, str):

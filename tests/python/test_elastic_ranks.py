@@ -2,9 +2,12 @@
 ``unstall.torch.DataLoader`` over its default job-wide order and are interrupted mid-epoch (in one case a rank is a
 batch behind); ``merge_states`` of their 4 states is restored on 2 and on 3 ranks, with the batch size kept and
 changed. Over the interrupted epoch every sample is delivered exactly once, and the next epoch equals an
-uninterrupted run's on the new world size. States of another job are refused, naming what differs.
+uninterrupted run's on the new world size. A ``Mixture`` of two datasets (weights 0.7/0.3) read the same way deals
+each rank contiguous windows of its schedule, so every batch holds the proportions within one sample at its
+boundaries, and resumes as exactly. States of another job are refused, naming what differs.
 
 The ranks (``elastic_rank.py``) attach to one sidecar; each launch runs several scenarios in the same processes.
+In-process loaders, one per rank, check ``drop_last`` and a ``BatchSampler`` over the job-wide order.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytest
+import torch.utils.data as tud
 
 import unstall
 from elastic_rank import keep, sample_id
 from ranks import rank_env, run_ranks
-from unstall.torch import DataLoader, Dataset, DistributedSampler, merge_states
+from unstall.torch import DataLoader, Dataset, DistributedSampler, Mixture, merge_states
 
 N = 50  # not a multiple of a step (4 ranks x 4): the last step is split, two ranks get a batch more
 WORLD = 4
@@ -27,7 +32,10 @@ BATCH = 4
 SEED = 11
 NAME = "elastic"
 
-Runs = dict[str, list[dict[str, Any]]]  # run name -> per rank, its loops (epoch, ids, state)
+MIX = (("elastic-mix-a", 35, 0.7), ("elastic-mix-b", 15, 0.3))  # (name, samples, weight): 50 draws, each sample once
+TAG = 1000  # the id of source k's sample i is k * TAG + i
+
+Runs = dict[str, list[dict[str, Any]]]  # run name -> per rank, its loops (epoch, ids, sizes, state)
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +50,25 @@ def dataset(sidecar: unstall.Sidecar, tmp_path_factory: pytest.TempPathFactory) 
     return root
 
 
+@pytest.fixture(scope="module")
+def mixture(sidecar: unstall.Sidecar, tmp_path_factory: pytest.TempPathFactory) -> Mixture:
+    """The ranks' mixture, as this process sees it: two image-folder datasets whose files' bytes are their ids."""
+    for k, (name, n, _) in enumerate(MIX):
+        root = tmp_path_factory.mktemp(name) / "data"
+        for i in range(n):
+            p = root / "class0" / f"{i:03d}.jpg"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(b"%d" % (k * TAG + i))
+        sidecar.register_dataset(name, root)
+    return Mixture([(Dataset(name, sidecar=sidecar, loader=sample_id), w) for name, _, w in MIX])
+
+
 def launch(sidecar: unstall.Sidecar, tmp: Path, world: int, runs: list[dict[str, Any]]) -> Runs:
     out = tmp / "out"
     out.mkdir(parents=True)
     run_ranks("elastic_rank.py", [{"rank": r, "world": world, "rendezvous": str(tmp / "rendezvous"), "out": str(out),
-                                   "dataset": NAME, "seed": SEED, "runs": runs} for r in range(world)],
+                                   "dataset": NAME, "mixture": [[name, w] for name, _, w in MIX], "seed": SEED,
+                                   "runs": runs} for r in range(world)],
               rank_env(UNSTALL_HOME=str(sidecar.home), UNSTALL_EPOCH_LOG="0"), tmp)
     return {run["name"]: [json.loads((out / f"{run['name']}-rank{r}.json").read_text()) for r in range(world)]
             for run in runs}
@@ -61,17 +83,63 @@ def states(ranks: list[list[dict[str, Any]]], loop: int) -> list[dict[str, Any]]
 
 
 EVERY = Counter(range(N))
+EVERY_MIX = Counter(k * TAG + i for k, (_, n, _) in enumerate(MIX) for i in range(n))
+
+
+def mixture_batches(m: Mixture, ranks: list[list[dict[str, Any]]], loop: int) -> list[list[int]]:
+    """Every batch the ranks were handed in loop ``loop``, as the positions of the mixture's epoch they read (each
+    sample is drawn once per epoch, so its position is known; one that is not the mixture's draw fails here)."""
+    out = []
+    for loops in ranks:
+        lp = loops[loop]
+        source, sample = m.draws(range(len(m)), lp["epoch"])
+        where = {int(s) * TAG + int(i): p for p, (s, i) in enumerate(zip(source, sample))}
+        assert len(where) == len(m) and set(lp["ids"]) <= set(where), f"epoch {lp['epoch']}: not the mixture's draws"
+        at = 0
+        for size in lp["sizes"]:
+            out.append([where[i] for i in lp["ids"][at:at + size]])
+            at += size
+    return out
+
+
+def windows(batch: list[int]) -> list[tuple[int, int]]:
+    """``batch``'s positions as contiguous windows ``[a, b)`` of the schedule, in order."""
+    out: list[tuple[int, int]] = []
+    for p in batch:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+def check_proportions(m: Mixture, batches: list[list[int]], label: str, contiguous: bool) -> None:
+    """Each batch is dealt in windows of the schedule (one when nothing was consumed around it), at whose boundaries
+    the draws so far hold every source's share within one sample."""
+    source = m.draws(range(len(m)), 0)[0]  # the schedule: the same every epoch
+    before = np.vstack([np.zeros(len(MIX), int), np.cumsum(np.eye(len(MIX), dtype=int)[source], axis=0)])
+    share = np.outer(np.arange(len(m) + 1), m.weights)
+    for batch in batches:
+        ws = windows(batch)
+        assert not contiguous or len(ws) == 1, f"{label}: batch {batch} is not one window of the schedule"
+        for a, b in ws:
+            for end in (a, b):
+                assert np.all(np.abs(before[end] - share[end]) < 1), (
+                    f"{label}: after {end} draws the sources' counts {before[end]} are not within one of {share[end]}")
 
 
 @pytest.fixture(scope="module")
-def four(sidecar: unstall.Sidecar, dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+def four(sidecar: unstall.Sidecar, dataset: Path, mixture: Mixture, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """One launch of 4 ranks: an uninterrupted run of 2 epochs, two interruptions after 2 batches (rank 2 after 1,
-    with a worker), and a restore of that one from each rank's own state."""
+    with a worker), and a restore of that one from each rank's own state; over the mixture, an uninterrupted run and
+    an interruption with the ranks 1 to 3 steps in (with a worker)."""
     return launch(sidecar, tmp_path_factory.mktemp("four"), WORLD, [
         {"name": "whole", "batch_size": BATCH, "loops": [None, None]},
         {"name": "even", "batch_size": BATCH, "loops": [2]},
         {"name": "behind", "batch_size": BATCH, "loops": [[2, 2, 1, 2]], "num_workers": 1},
         {"name": "resumed", "batch_size": BATCH, "load": {"run": "behind"}, "loops": [None, None]},
+        {"name": "mix-whole", "batch_size": BATCH, "mixture": True, "loops": [None, None]},
+        {"name": "mix-behind", "batch_size": BATCH, "mixture": True, "loops": [[3, 1, 2, 2]], "num_workers": 1},
     ])
 
 
@@ -80,7 +148,8 @@ def jobs(four: Runs, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     """The 4 ranks' states merged into job states, saved as a checkpoint would be."""
     folder = tmp_path_factory.mktemp("jobs")
     out = {}
-    for name, run, loop in (("even", "even", 0), ("behind", "behind", 0), ("end", "whole", 0)):
+    for name, run, loop in (("even", "even", 0), ("behind", "behind", 0), ("end", "whole", 0),
+                            ("mix-behind", "mix-behind", 0)):
         out[name] = folder / f"{name}.json"
         out[name].write_text(json.dumps(merge_states(states(four[run], loop))))
     return out
@@ -112,15 +181,45 @@ def test_four_ranks_deal_one_order_and_their_states_merge(four: Runs, jobs: dict
     assert merged["end"]["consumed"] == [[0, N]] and merged["end"]["kind"] == "job"
 
 
+def test_four_ranks_read_a_mixture_in_windows_of_its_schedule(four: Runs, jobs: dict[str, Path],
+                                                                mixture: Mixture) -> None:
+    whole = four["mix-whole"]
+    assert [[lp["epoch"] for lp in loops] for loops in whole] == [[0, 1]] * WORLD
+    assert ids(whole, 0) == EVERY_MIX and ids(whole, 1) == EVERY_MIX, "each source's samples once per epoch"
+    for loop in (0, 1):
+        check_proportions(mixture, mixture_batches(mixture, whole, loop), f"4 ranks, epoch {loop}", contiguous=True)
+    for r, k in enumerate([3, 1, 2, 2]):
+        assert four["mix-behind"][r][0]["ids"] == whole[r][0]["ids"][:k * BATCH], "a worker's prefetch is not consumed"
+    assert merge_states(states(whole, 0))["consumed"] == [[0, N]]
+    assert json.loads(jobs["mix-behind"].read_text())["consumed"] == [[0, 20], [24, 36]], (
+        "rank 1's second and third batches were not consumed")
+
+
 @pytest.mark.parametrize("world,batch", [(2, 3), (3, 5)])
 def test_a_four_rank_job_restores_on_fewer_ranks_and_another_batch_size(
-        sidecar: unstall.Sidecar, four: Runs, jobs: dict[str, Path], tmp_path: Path, world: int, batch: int) -> None:
+        sidecar: unstall.Sidecar, four: Runs, jobs: dict[str, Path], mixture: Mixture, tmp_path: Path, world: int,
+        batch: int) -> None:
     got = launch(sidecar, tmp_path, world, [
         {"name": f"whole-{BATCH}", "batch_size": BATCH, "loops": [None, None]},
         {"name": f"whole-{batch}", "batch_size": batch, "loops": [None, None]},
         *({"name": f"{job}-{b}", "batch_size": b, "load": str(jobs[job]), "loops": [None, None]}
           for job in ("even", "behind", "end") for b in (BATCH, batch)),
+        *({"name": f"mix-whole-{b}", "batch_size": b, "mixture": True, "loops": [None, None]} for b in (BATCH, batch)),
+        *({"name": f"mix-behind-{b}", "batch_size": b, "mixture": True, "load": str(jobs["mix-behind"]),
+           "loops": [None, None]} for b in (BATCH, batch)),
     ])
+    for b in (BATCH, batch):
+        whole, restored = got[f"mix-whole-{b}"], got[f"mix-behind-{b}"]
+        label = f"{WORLD} ranks' mixture state on {world} ranks, batch size {b}"
+        for loop in (0, 1):
+            check_proportions(mixture, mixture_batches(mixture, whole, loop), f"{world} ranks, batch size {b}",
+                              contiguous=True)
+        assert [[lp["epoch"] for lp in loops] for loops in restored] == [[0, 1]] * world, label
+        assert ids(four["mix-behind"], 0) + ids(restored, 0) == ids(four["mix-whole"], 0) == EVERY_MIX, (
+            f"{label}: the epoch's draws, each exactly once, as an uninterrupted run's")
+        check_proportions(mixture, mixture_batches(mixture, restored, 0), label, contiguous=False)
+        assert [loops[1] for loops in restored] == [loops[1] for loops in whole], (
+            f"{label}: the next epoch is an uninterrupted {world}-rank run's")
     for b in (BATCH, batch):
         assert ids(got[f"whole-{b}"], 0) == EVERY
         for job, source in (("even", "even"), ("behind", "behind"), ("end", "whole")):
@@ -171,3 +270,75 @@ def test_states_of_another_job_are_refused_naming_what_differs(sidecar: unstall.
     loader = ranked(world=WORLD)  # a sampler without batch_size deals the loader's
     loader.load_state_dict(rank)  # rank 0's own state, same world size and batch size: taken as it is
     assert loader.state_dict() == rank
+
+
+def read(loader: DataLoader) -> list[int]:
+    return [i for batch in loader for i, _ in batch]
+
+
+@pytest.mark.parametrize("dropping", ["loader", "sampler"])
+def test_a_state_after_the_last_batch_drop_last_kept_is_the_epochs_end(sidecar: unstall.Sidecar, dataset: Path,
+                                                                      dropping: str) -> None:
+    """torch's drop_last: the loader drops a rank's incomplete last batch, the sampler the samples that would leave
+    the ranks uneven; either way they are not delivered in that epoch, also not after a restore at its end."""
+    ds = Dataset(NAME, sidecar=sidecar, loader=sample_id)
+
+    def ranks(world: int) -> list[DataLoader]:
+        return [DataLoader(ds, batch_size=BATCH, collate_fn=keep, drop_last=dropping == "loader",
+                           sampler=DistributedSampler(ds, world, r, seed=SEED, drop_last=dropping == "sampler"))
+                for r in range(world)]
+
+    probe = ranks(WORLD)[0]
+    it = iter(probe)
+    next(it), next(it)
+    assert probe.state_dict()["batches_yielded"] == 2, "mid-epoch, the batches handed out"
+    four = ranks(WORLD)
+    delivered = [read(loader) for loader in four]
+    assert [len(x) for x in delivered] == [12] * WORLD and len(set().union(*delivered)) == 48
+    ends = [loader.state_dict() for loader in four]
+    job = merge_states(ends)
+    assert job["consumed"] == [[0, N]], "the epoch's end: the 2 samples drop_last left out are not delivered in it"
+    own = ranks(WORLD)[0]
+    own.load_state_dict(ends[0])
+    assert read(own) == [], "a rank's own state at the end: nothing left"
+    three, fresh = ranks(3), ranks(3)
+    for loader in three:
+        loader.load_state_dict(job)
+    assert [read(loader) for loader in three] == [[]] * 3, "the job state at the end: nothing left on 3 ranks"
+    for loader in fresh:
+        loader.set_epoch(1)
+    assert [read(loader) for loader in three] == [read(loader) for loader in fresh], (
+        "the next epoch is an uninterrupted 3-rank run's")
+
+
+def test_a_batch_sampler_over_the_job_wide_order_is_elastic(sidecar: unstall.Sidecar, dataset: Path) -> None:
+    ds = Dataset(NAME, sidecar=sidecar, loader=sample_id)
+
+    def batched(world: int, rank: int, batch: int) -> DataLoader:
+        sampler = DistributedSampler(ds, world, rank, seed=SEED)
+        return DataLoader(ds, collate_fn=keep, batch_sampler=tud.BatchSampler(sampler, batch, drop_last=False))
+
+    four = [batched(WORLD, r, BATCH) for r in range(WORLD)]
+    first: list[int] = []
+    iterators = [iter(loader) for loader in four]
+    for it in iterators:
+        first += [i for _ in range(2) for i, _ in next(it)]
+    ranked = [loader.state_dict() for loader in four]
+    assert ranked[1] == {
+        "version": 1, "dataset": NAME, "epoch": 0, "batches_yielded": 2, "seed": SEED, "order": "global",
+        "epoch_size": N, "consumed": [], "world_size": WORLD, "rank": 1, "chunk": BATCH, "drop_last": False}
+    job = merge_states(ranked)
+    assert job["consumed"] == [[0, 32]], "2 steps of 4 ranks x 4: a prefix"
+    three = [batched(3, r, 5) for r in range(3)]
+    for loader in three:
+        loader.load_state_dict(job)
+    assert Counter(first) + Counter(i for loader in three for i in read(loader)) == EVERY, (
+        "restored on 3 ranks with batches of 5: every sample of the epoch exactly once")
+    plain = [DataLoader(ds, batch_size=5, collate_fn=keep, sampler=DistributedSampler(ds, 3, r, seed=SEED))
+             for r in range(3)]
+    for loader in plain:
+        loader.set_epoch(1)
+    assert [read(loader) for loader in three] == [read(loader) for loader in plain], (
+        "the next epoch is a 3-rank run's with sampler= and batch_size=")
+    with pytest.raises(ValueError, match="deals batch_size=3 per step but its BatchSampler batches 4"):
+        DataLoader(ds, batch_sampler=tud.BatchSampler(DistributedSampler(ds, 2, 0, batch_size=3), BATCH, False))

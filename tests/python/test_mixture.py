@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections import Counter
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import unstall
-from unstall.torch import DataLoader, Dataset, EpochIndex, Mixture
+from unstall.torch import DataLoader, Dataset, DistributedSampler, EpochIndex, Mixture
 
 SIZES = {"mix-a": 12, "mix-b": 5, "mix-c": 20}  # mix-b is upsampled, mix-c downsampled at these weights
 WEIGHTS = (2, 1.5, 1)
@@ -160,3 +161,19 @@ def test_each_source_is_fetched_in_the_loaders_session_with_its_plan(sidecar: un
         assert st.name.endswith(f"DataLoader#{loader._number} source {tag}")
     planned: Dict[str, int] = {name: min(counts[t], n) for t, (name, n) in enumerate(SIZES.items())}
     assert m.plan(range(len(m)), 1, session=loader.session) == sum(planned.values()), "a plan per source, up to its size"
+
+
+def test_a_loader_that_shuffles_a_mixture_warns_once(sources: List[Dataset]) -> None:
+    m = mixture(sources)
+    warning = (f"DataLoader shuffles {m!r}: a shuffled order loses the proportions of each batch (the mixture shuffles "
+               "each source itself); pass shuffle=False")
+    cases = [(True, lambda: DataLoader(m, batch_size=BATCH, shuffle=True)),
+             (True, lambda: DataLoader(m, batch_size=BATCH, sampler=DistributedSampler(m, 2, 0))),
+             (False, lambda: DataLoader(m, batch_size=BATCH, shuffle=False)),
+             (False, lambda: DataLoader(m, batch_size=BATCH, sampler=DistributedSampler(m, 2, 0, shuffle=False)))]
+    for shuffled, make in cases:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            epochs(make(), 2)
+        mine = [str(w.message) for w in record if issubclass(w.category, UserWarning) and "shuffles" in str(w.message)]
+        assert mine == ([warning] if shuffled else []), "once per loader, and only when it shuffles"

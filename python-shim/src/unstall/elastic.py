@@ -13,7 +13,10 @@ A rank's state records the ``consumed`` its share was dealt from, its ``world_si
 chunks it handed out (``batches_yielded``): taking it costs nothing. :func:`merge_states` turns the states of all
 ``W`` ranks into a **job state** (``"kind": "job"``) whose ``consumed`` is what the whole job consumed; a loader on any
 number of ranks, with any chunk, restores from it (:func:`restore`) and deals the rest of the epoch: every position
-no rank consumed is delivered exactly once, none that was consumed again. No torch here.
+no rank consumed is delivered exactly once, none that was consumed again. Once every rank is past its share the
+job state is the epoch's **end** (all of it consumed): what ``drop_last`` left out, by the dealing above or by a
+loader dropping a rank's incomplete last batch (:meth:`Share.chunks_consumed`), is not delivered in that epoch
+after a restore either. No torch here.
 """
 
 from __future__ import annotations
@@ -132,6 +135,14 @@ class Share:
             for a, b in self.remaining.ranges(*self.chunk_range(k)):
                 yield from range(a, b)
 
+    def chunks_consumed(self, handed: int, drop_last: bool) -> int:
+        """The chunks of this share that ``handed`` batches consumed, for a loader that batches its chunks: with
+        ``drop_last`` (torch's: the incomplete last batch is dropped, its samples not delivered that epoch) handing
+        out every full chunk consumes the incomplete last one too."""
+        if drop_last and handed >= self.num_items // self.chunk:
+            return len(self)
+        return handed
+
     def consumed(self, k: int) -> list[Range]:
         """The positions of this rank's first ``k`` chunks."""
         out: list[Range] = []
@@ -211,9 +222,14 @@ def merge_states(states: Sequence[Mapping[str, Any]], what: str = "DataLoader") 
     prior = _consumed_of(first, size, what)
     remaining = Remaining(size, prior)
     consumed = list(prior)
+    finished = True
     for s in states:
         share = Share(remaining, world, state_int(s, "rank", what), chunk, bool(s.get("drop_last", False)))
-        consumed.extend(share.consumed(state_int(s, "batches_yielded", what)))
+        yielded = state_int(s, "batches_yielded", what)
+        consumed.extend(share.consumed(yielded))
+        finished = finished and yielded >= len(share)
+    if finished:  # every rank is past its share: what drop_last left out of the epoch is not delivered in it either
+        consumed = [(0, size)] if size else []
     job = {k: v for k, v in first.items() if k not in RANK_KEYS}
     job.update(kind="job", version=STATE_VERSION, consumed=[list(r) for r in normalize(consumed, size)])
     return job

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -61,17 +62,28 @@ def _close_session(local: LocalClient, session: int, conn: Optional[Tuple[int, i
             pass
 
 
-def _fit_global(sampler: DistributedSampler, batch_size: Optional[int], seed: Optional[int]) -> None:
-    """Gives ``sampler`` the loader's batch size when it has none, and refuses one whose batches (its dealing
-    step) or seed differ from the loader's: its chunks must be the loader's batches for the state to count them."""
+def _fit_global(sampler: DistributedSampler, batch_size: Optional[int], seed: Optional[int],
+                batcher: str = "the DataLoader") -> None:
+    """Gives ``sampler`` the batch size of ``batcher`` (the loader, or its ``BatchSampler``) when it has none, and
+    refuses one whose batches (its dealing step) or seed differ: its chunks must be the loader's batches for the
+    state to count them."""
     if sampler.batch_size is None:
         sampler.batch_size = batch_size
     elif sampler.batch_size != batch_size:
-        raise ValueError(f"unstall.torch.DistributedSampler deals batch_size={sampler.batch_size} per step but the "
-                         f"DataLoader batches {batch_size}: pass the same (or leave the sampler's None)")
+        raise ValueError(f"unstall.torch.DistributedSampler deals batch_size={sampler.batch_size} per step but "
+                         f"{batcher} batches {batch_size}: pass the same (or leave the sampler's None)")
     if seed is not None and seed != sampler.seed:
         raise ValueError(f"the DataLoader's seed {seed} differs from its DistributedSampler's seed {sampler.seed}, "
                          "which makes the order: pass one of them")
+
+
+def _shuffles(sampler: Any) -> bool:
+    """Whether ``sampler`` (or a ``BatchSampler``'s) draws a random order."""
+    if isinstance(sampler, tud.BatchSampler):
+        return _shuffles(sampler.sampler)
+    if isinstance(sampler, (tud.RandomSampler, tud.SubsetRandomSampler, tud.WeightedRandomSampler)):
+        return True
+    return isinstance(sampler, (DistributedSampler, tud.DistributedSampler)) and bool(sampler.shuffle)
 
 
 class DataLoader(tud.DataLoader):
@@ -214,9 +226,12 @@ class DataLoader(tud.DataLoader):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        batcher = batch_sampler if isinstance(batch_sampler, tud.BatchSampler) else None  # its sampler is known
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
+            if batcher is not None and isinstance(batcher.sampler, DistributedSampler):
+                _fit_global(batcher.sampler, batcher.batch_size, base_seed, "its BatchSampler")
             self.epoch_sampler = EpochSampler(batch_sampler, batched=True, start_epoch=start_epoch, on_epoch=on_epoch,
                                               seed=base_seed)
             super().__init__(dataset, batch_sampler=self.epoch_sampler, **common)
@@ -239,8 +254,14 @@ class DataLoader(tud.DataLoader):
         # Sampler items per batch handed out: a resumed epoch skips batches_yielded * this in the sampler.
         self._items_per_batch = 1 if batch_sampler is not None or batch_size is None else int(batch_size)
         self._progress: Optional[Progress] = None  # the latest iterator's epoch and batches handed out
-        # The job-wide order the loader deals from: its state is then elastic (unstall.elastic).
-        self._global = sampler if isinstance(sampler, DistributedSampler) else None
+        # The job-wide order the loader deals from (its sampler's, or its BatchSampler's): its state is then elastic
+        # (unstall.elastic), and a rank's incomplete last batch dropped by the batching counts as consumed.
+        order = batcher.sampler if batcher is not None else sampler
+        self._global = order if isinstance(order, DistributedSampler) else None
+        self._drops_last = bool(batcher.drop_last) if batcher is not None else drop_last
+        if isinstance(dataset, Mixture) and _shuffles(batch_sampler if batch_sampler is not None else sampler):
+            warnings.warn(f"DataLoader shuffles {dataset!r}: a shuffled order loses the proportions of each batch "
+                          "(the mixture shuffles each source itself); pass shuffle=False", UserWarning, stacklevel=2)
 
     def _get_iterator(self) -> Any:
         # Workers forked from a process that has used gRPC (Flight) can hang: start them from a
@@ -368,8 +389,11 @@ class DataLoader(tud.DataLoader):
 
         Over an ``unstall.torch.DistributedSampler`` (``order`` ``"global"``) it is this rank's state of the job-wide
         order instead of ``num_batches``: ``epoch_size``, ``consumed`` (the positions of the epoch's order its share
-        was dealt around), ``world_size``, ``rank``, ``chunk`` (the batch size), ``drop_last``; taken after the
-        rank's last batch of an epoch it is that epoch's end. ``merge_states`` of every rank's gives the job state."""
+        was dealt around), ``world_size``, ``rank``, ``chunk`` (the batch size), ``drop_last`` (the sampler's); taken
+        after the rank's last batch of an epoch it is that epoch's end, also when the loader's ``drop_last`` dropped
+        an incomplete last batch (those samples count as consumed: they are not delivered that epoch).
+        ``merge_states`` of every rank's gives the job state. The same holds with ``batch_sampler=`` a
+        ``torch.utils.data.BatchSampler`` over an ``unstall.torch.DistributedSampler`` (its batch size is the chunk)."""
         if self.num_workers > 0 and not self.in_order:
             raise ValueError("state_dict() needs in_order=True: with in_order=False and workers, batches are handed "
                              "out of the sampler's order, so a count of batches does not say which were consumed")
@@ -380,6 +404,7 @@ class DataLoader(tud.DataLoader):
             # Never the next epoch's start: a rank that finished its share while another is a batch behind is at
             # that epoch's END, so their states merge (the next `for` after restoring yields nothing).
             epoch, yielded = (progress.epoch, progress.yielded) if progress is not None else (self.epoch, pending)
+            yielded = self._global.share(epoch).chunks_consumed(yielded, self._drops_last)
         else:
             epoch, yielded = position(progress, self.epoch, pending, n)
         self.echo.check_resumable("DataLoader", yielded > 0)

@@ -94,7 +94,9 @@ class Mixture(tud.Dataset):
 
     ``Mixture([(dataset, weight), ...], seed=0, samples_per_epoch=None)``: weights are numbers > 0, normalised
     to sum 1 (``mixture.weights``). Iterate it with ``DataLoader(mixture, batch_size=..., shuffle=False)``:
-    the mixture does the shuffling, and a shuffled sampler would lose the proportions of each batch.
+    the mixture does the shuffling, and a shuffled sampler would lose the proportions of each batch (the DataLoader
+    warns). Under torch.distributed the loader's default ``DistributedSampler`` deals each rank's batch as a window
+    of the schedule, so it holds the proportions too, and the state is the job-wide one (``merge_states``).
 
     **An epoch is ``samples_per_epoch`` draws** (by samples drawn, not by the first source exhausted; default:
     the sum of the sources' lengths). Position p of epoch e draws from the source ``schedule`` gives it, the
