@@ -22,7 +22,7 @@ from .local import LocalClient
 from .sidecar import Sidecar
 from .device import DevicePrefetcher, DeviceStats
 from .echo import Echo, EchoCounts, EchoedIterator
-from .state import STATE_VERSION, Progress, check_state, epoch_seed, position, state_int
+from .state import STATE_VERSION, CountingIterator, Progress, check_state, epoch_seed, mid_epoch, position, state_int
 from .tracing import StallObserver
 from .dataset import Dataset
 from .sampling import EpochSampler
@@ -97,8 +97,9 @@ class DataLoader(tud.DataLoader):
     CPU time per batch.
 
     ``observers`` (``unstall.observers``): what wraps each epoch's iterator, the first innermost; by default
-    one ``StallObserver``, whose measurements ``loader.stats()`` reads (``observers=()``: ``iter(loader)`` is
-    torch's iterator and nothing is measured). In a run of ``unstall analyze`` the analysis wraps them all.
+    one ``StallObserver``, whose measurements ``loader.stats()`` reads (``observers=()``: nothing is measured;
+    ``iter(loader)`` is torch's iterator inside the ``unstall.state.CountingIterator`` that marks the epoch's end
+    for ``state_dict``). In a run of ``unstall analyze`` the analysis wraps them all.
     """
 
     dataset: Dataset  # always unstall's (a name is looked up); narrows torch's ``Dataset[Any]``
@@ -257,14 +258,15 @@ class DataLoader(tud.DataLoader):
             if self.device is not None:
                 source = DevicePrefetcher(it, self.device, self.device_prefetch, stats=self.device_stats)
                 handed = lambda: source.handed  # noqa: E731
+            # The CountingIterator marks the epoch's end (StopIteration): before it, the state is this epoch's.
             if self.echo.factor == 1:
                 self._progress = Progress(epoch, skipped, handed)
-                return source
+                return CountingIterator(source, self._progress)
             counts = self.echo_counts
             self._progress = Progress(epoch, skipped, lambda: counts.batches)
             echoed = self.echo.apply(source, seed=self.epoch_sampler.seed, epoch=epoch, batch_size=self.batch_size,
                                      counts=counts)
-            return EchoedIterator(source, echoed, self._echoed_length)
+            return CountingIterator(EchoedIterator(source, echoed, self._echoed_length), self._progress)
 
         # Torch's iterator inside the loader's observers (the stall observer: loader.stats(), stall spans), the
         # analysis of `unstall analyze` around them all when this process runs under it.
@@ -342,13 +344,15 @@ class DataLoader(tud.DataLoader):
         of that epoch the loop was handed, not those the workers prefetched), ``num_batches`` (per epoch),
         ``seed`` (the base seed: epoch e's order is a function of (seed, e)) and ``order`` (how that holds:
         ``"seed"``, ``"set_epoch"``, ``"fixed"``, or ``"sampler"``: the wrapped sampler replays from its own
-        state, which this does not restore). Taken after an epoch's last batch, it is the next epoch's start."""
+        state, which this does not restore). As torchdata's, taken after an epoch's last batch it is that epoch's
+        end: restored, the next ``for`` yields nothing, then the next epoch begins; taken once the ``for`` is over
+        (or after ``set_epoch``), it is the next epoch's start."""
         if self.num_workers > 0 and not self.in_order:
             raise ValueError("state_dict() needs in_order=True: with in_order=False and workers, batches are handed "
                              "out of the sampler's order, so a count of batches does not say which were consumed")
         n = self._num_batches()
-        epoch, yielded = position(self._progress, self.epoch, self.epoch_sampler.skip // self._items_per_batch, n)
-        self.echo.check_resumable("DataLoader", yielded > 0)
+        epoch, yielded = position(self._progress, self.epoch, self.epoch_sampler.skip // self._items_per_batch)
+        self.echo.check_resumable("DataLoader", mid_epoch(yielded, n))
         state: dict[str, Union[int, str]] = {
             "version": STATE_VERSION, "dataset": self.dataset.name, "epoch": epoch, "batches_yielded": yielded,
             "seed": self.epoch_sampler.seed, "order": self.epoch_sampler.order}
@@ -358,8 +362,9 @@ class DataLoader(tud.DataLoader):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores ``state_dict()`` (call it before iterating): the next iteration is the saved epoch, in the
-        same order, without its first ``batches_yielded`` batches (skipped in the sampler, never fetched);
-        the epochs after it follow as they would have."""
+        same order, without its first ``batches_yielded`` batches (skipped in the sampler, never fetched; all of
+        them for a state taken at the epoch's end, so that iteration yields nothing); the epochs after it follow
+        as they would have."""
         check_state(state, "DataLoader")
         name = self.dataset.name
         if state.get("dataset", name) != name:
@@ -378,3 +383,5 @@ class DataLoader(tud.DataLoader):
             "version": STATE_VERSION, "epoch": state_int(state, "epoch", "DataLoader"),
             "seed": state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})
         self._progress = None
+        # Persistent workers restart, as torchdata's do: their RNG state belongs to the iterations they served.
+        self._iterator = None

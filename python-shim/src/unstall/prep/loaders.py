@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from ..echo import Echo
 from ..protocol import batch_to_numpy, tensor_batch
 from ..shm_slots import SlotMaps
-from ..state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
+from ..state import STATE_VERSION, CountingIterator, Progress, check_state, mid_epoch, position, state_int
 from .membership import Membership, join
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, Pipeline
 
@@ -86,7 +86,9 @@ class _GroupLoader:
     epoch, against which ``epochs`` counts). Call ``load_state_dict`` on a new loader built with the same
     arguments, before iterating: it joins the group at the saved batch (``prep.join``'s ``start_epoch``,
     ``start_batch``), so the sidecar never prepares the batches before it for this member, and the first
-    ``for`` continues the saved epoch.
+    ``for`` continues the saved epoch. As torchdata's, a state taken after an epoch's last batch is that epoch's
+    end: restored, the member joins at the next epoch's start and the first ``for`` yields nothing; one taken
+    once the ``for`` is over is the next epoch's start.
 
     ``echo``/``echo_level`` (not part of the group's key: every member echoes the group's batches on its own, in
     this process, after they arrived; ``unstall.echo``): each batch handed out ``echo`` times per epoch,
@@ -108,6 +110,7 @@ class _GroupLoader:
         self._first_epoch = 0  # this job's first epoch (kept across restores)
         self._resume: Optional[Tuple[int, int, int]] = None  # (first epoch, epoch, batch) to join at
         self._next_epoch = 0
+        self._ended: Optional[int] = None  # restored at this epoch's end: the next ``for`` reads it, empty
         self._progress: Optional[Progress] = None
 
     @property
@@ -130,13 +133,14 @@ class _GroupLoader:
     def epoch(self) -> int:
         """The epoch the next iteration reads."""
         self.membership  # noqa: B018  (a joiner learns its first epoch)
-        return self._next_epoch
+        return self._ended if self._ended is not None else self._next_epoch
 
     def set_epoch(self, epoch: int) -> None:
         m = self.membership
         if epoch < m.start_epoch:
             raise ValueError(f"this member starts at epoch {m.start_epoch}, not {epoch}")
         self._next_epoch = int(epoch)
+        self._ended = None
         self._progress = None
 
     def __len__(self) -> int:
@@ -146,6 +150,10 @@ class _GroupLoader:
 
     def __iter__(self) -> Iterator[Tuple[Any, ...]]:
         epoch = self.epoch
+        if self._ended is not None:  # every batch of it was handed out before the state was taken
+            self._ended = None
+            self._progress = Progress(epoch, self.membership.num_batches)
+            return CountingIterator(iter(()), self._progress)
         self._next_epoch = epoch + 1
         first = self.membership.first_batch(epoch)
         progress = self._progress = Progress(epoch, first)
@@ -158,9 +166,9 @@ class _GroupLoader:
 
     def state_dict(self) -> dict[str, Union[int, str]]:
         m = self.membership
-        epoch, yielded = position(self._progress, self._next_epoch, m.first_batch(self._next_epoch), m.num_batches)
-        self.echo.check_resumable(type(self).__name__, self._progress is not None and not self._progress.done
-                                  and self._progress.handed > 0)
+        pending = m.num_batches if self._ended is not None else m.first_batch(self._next_epoch)
+        epoch, yielded = position(self._progress, self.epoch, pending)
+        self.echo.check_resumable(type(self).__name__, mid_epoch(yielded, m.num_batches))
         return {"version": STATE_VERSION, "dataset": self._dataset, "epoch": epoch, "batches_yielded": yielded,
                 "num_batches": m.num_batches, "seed": int(self._join_kwargs.get("seed", 0)),
                 "start_epoch": self._first_epoch}
@@ -173,15 +181,20 @@ class _GroupLoader:
                              f"one reads {self._dataset!r}")
         epoch, batch = state_int(state, "epoch", what), state_int(state, "batches_yielded", what)
         first = state_int(state, "start_epoch", what)
+        # At an epoch's end (all its batches handed out) the member joins at the next epoch's start; the
+        # first ``for`` reads the finished epoch, empty.
+        ended = batch > 0 and batch >= state.get("num_batches", batch + 1)
         epochs = self._join_kwargs.get("epochs")
-        if epochs is not None and epoch >= first + int(epochs):
-            raise ValueError(f"{what} state_dict is at epoch {epoch}, past the {epochs} epochs from epoch {first} "
+        if epochs is not None and epoch + ended >= first + int(epochs):
+            where = f"the end of epoch {epoch}" if ended else f"epoch {epoch}"
+            raise ValueError(f"{what} state_dict is at {where}, past the {epochs} epochs from epoch {first} "
                              "this loader declares: nothing is left to read")
         self._join_kwargs["seed"] = state_int(state, "seed", what)
         if self._membership is not None:  # joined already (len(), epoch): join again at the saved batch
             self._membership.leave()
             self._membership = None
-        self._resume = (first, epoch, batch)
+        self._resume = (first, epoch + 1, 0) if ended else (first, epoch, batch)
+        self._ended = epoch if ended else None
         self._progress = None
         m = self.membership
         if m.num_batches != state.get("num_batches", m.num_batches):
