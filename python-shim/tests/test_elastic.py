@@ -121,3 +121,15 @@ def test_an_epoch_consumed_whole_restores_as_its_end() -> None:
     job = merge_states([rank_state([], 10, 2, r, 3, len(s)) for r, s in enumerate(ss)])
     assert job["consumed"] == [[0, 10]]
     assert all(len(s) == 0 for s in shares(10, job["consumed"], 3, 2)), "nothing left: the next for yields nothing"
+
+
+def test_a_rank_past_its_for_merges_as_the_end_of_the_epoch_the_others_are_in() -> None:
+    ss = shares(10, [], 2, 3)
+    behind = rank_state([], 10, 2, 0, 3, len(ss[0]) - 1)
+    after_for = dict(rank_state([], 10, 2, 1, 3, 0), epoch=1)  # torchdata: once the for is over, the next epoch
+    job = merge_states([behind, after_for])
+    assert job["epoch"] == 0
+    missing = set(range(10)) - {p for a, b in job["consumed"] for p in range(a, b)}
+    assert missing == set(range(*ss[0].chunk_range(len(ss[0]) - 1))), "only rank 0's last batch is left"
+    with pytest.raises(ValueError, match="'epoch' is 0 in the first and 2"):
+        merge_states([behind, dict(after_for, epoch=2)])

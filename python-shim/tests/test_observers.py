@@ -18,6 +18,7 @@ from unstall import tracing
 from unstall.analyze.child import AnalyzedIterator, Session
 from unstall.analyze.context import analysis
 from unstall.observers import IteratorWrapper
+from unstall.state import CountingIterator
 from unstall.torch import DataLoader, Dataset, StallObserver
 from fake_sidecar import FakeSidecar
 
@@ -66,7 +67,8 @@ def test_the_default_is_one_stall_observer_around_torchs_iterator(loader: DataLo
     (stall,) = loader.observers
     assert isinstance(stall, StallObserver) and loader.stall_observer is stall and stall.loader is loader
     it = iter(loader)
-    assert isinstance(it, tracing.ObservedIterator) and isinstance(it._inner, tud.dataloader._BaseDataLoaderIter)
+    assert isinstance(it, tracing.ObservedIterator) and isinstance(it._inner, CountingIterator)
+    assert isinstance(it._inner._inner, tud.dataloader._BaseDataLoaderIter)
     assert sum(len(b) for b in it) == 50
     assert loader.stats().batches == 7  # the stall observer measured the epoch
 
@@ -120,7 +122,8 @@ def test_an_observer_may_replace_the_iterator(dataset: Dataset) -> None:
 def test_without_observers_iter_is_torchs_iterator_and_stats_says_why_there_are_none(dataset: Dataset) -> None:
     loader = DataLoader(dataset, batch_size=8, collate_fn=keep, observers=())
     it = iter(loader)
-    assert isinstance(it, tud.dataloader._BaseDataLoaderIter)
+    # only the count that marks the epoch's end for state_dict wraps it
+    assert isinstance(it, CountingIterator) and isinstance(it._inner, tud.dataloader._BaseDataLoaderIter)
     assert sum(len(b) for b in it) == 50
     assert dataset.work_counters is None  # nothing counts
     with pytest.raises(ValueError, match="DataLoader over 'imgs' has no StallObserver"):

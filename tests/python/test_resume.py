@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import unstall
+from unstall import prep
 from waits import wait_until
 from datagen import make_image_folder
 from test_prep_support import BATCH, N_SAMPLES, PIPELINE_NCHW, PrepEnv, start_env
@@ -110,3 +111,31 @@ def test_a_killed_prep_group_member_resumes_and_the_skipped_batches_are_never_pr
     assert resumed["group"] not in groups
     assert s["batches_prepared_per_epoch"] == {"1": nb - 3, "2": nb}, "nothing before the checkpoint was prepared"
     assert s["batches_served"] == 2 * nb - 3 and s["state"] == "closed"
+
+
+def test_a_prep_member_restored_at_an_epochs_end_reads_it_empty_then_the_next_epoch(env: PrepEnv) -> None:
+    nb = -(-N_SAMPLES // BATCH)
+    kwargs: dict[str, Any] = dict(batch_size=BATCH, seed=52, epochs=3, with_ids=True)
+
+    def ids(loader: prep.PrepLoader) -> list[list[int]]:
+        return [b[2].tolist() for b in loader]
+
+    with env.client() as client:
+        first = prep.PrepLoader("imgs", PIPELINE_NCHW, client=client, **kwargs)
+        whole = []
+        for batch in first:
+            whole.append(batch[2].tolist())
+            inside = first.state_dict()  # after the epoch's last batch, before the loop ended
+        after = first.state_dict()
+        whole_next = ids(first)
+        first.close()
+        assert (inside["epoch"], inside["batches_yielded"], after["epoch"], after["batches_yielded"]) == (0, nb, 1, 0)
+        for state, first_for in ((inside, []), (after, whole_next)):
+            resumed = prep.PrepLoader("imgs", PIPELINE_NCHW, client=client, **kwargs)
+            resumed.load_state_dict(state)
+            assert resumed.state_dict() == state
+            got = [ids(resumed), ids(resumed)]
+            resumed.close()
+            assert got[0] == first_for, "at the end of epoch 0 the first for is empty; after its loop, epoch 1"
+            assert got[1 if state is inside else 0] == whole_next, "then epoch 1, as the uninterrupted run read it"
+    assert sorted(i for b in whole for i in b) == list(range(N_SAMPLES))

@@ -185,6 +185,23 @@ def restore(state: Mapping[str, Any], *, world: int, rank: int, chunk: int, what
     return Resume(epoch, tuple(consumed), state_int(state, "batches_yielded", what))
 
 
+def _at_one_epoch(states: Sequence[Mapping[str, Any]], what: str) -> list[Mapping[str, Any]]:
+    """``states`` with those taken once a rank's ``for`` was over (the next epoch's start: torchdata's semantics)
+    restated as the end of the epoch the other ranks are in, so that ranks one loop apart merge."""
+    epochs = sorted({state_int(s, "epoch", what) for s in states})
+    if len(epochs) != 2 or epochs[1] != epochs[0] + 1:
+        return list(states)
+    ending = [s for s in states if s["epoch"] == epochs[0]]
+    out: list[Mapping[str, Any]] = []
+    for s in states:
+        if s["epoch"] == epochs[1] and s.get("batches_yielded") == 0 and not s.get("consumed"):
+            # its whole share of the earlier epoch: more chunks than it can have (Share caps the count)
+            s = dict(s, epoch=epochs[0], consumed=ending[0].get("consumed", []),
+                     batches_yielded=state_int(s, "epoch_size", what) + 1)
+        out.append(s)
+    return out
+
+
 def merge_states(states: Sequence[Mapping[str, Any]], what: str = "DataLoader") -> dict[str, Any]:
     """The job state of ``states``, one per rank of one job (any order): what the whole job consumed of the epoch,
     loadable on any number of ranks. Refuses, naming what differs, states of different jobs, datasets, seeds,
@@ -199,6 +216,7 @@ def merge_states(states: Sequence[Mapping[str, Any]], what: str = "DataLoader") 
         if "epoch_size" not in s:
             raise ValueError(f"{what} state_dict has no 'epoch_size': it was not taken over a job-wide order "
                              "(unstall.torch.DistributedSampler, or a prep loader with ranks), so it cannot be merged")
+    states = _at_one_epoch(states, what)
     first = states[0]
     shared = [k for k in first if k not in RANK_KEYS]
     for i, s in enumerate(states[1:], 1):

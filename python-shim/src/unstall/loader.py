@@ -25,7 +25,7 @@ from .device import DevicePrefetcher, DeviceStats
 from .echo import Echo, EchoCounts, EchoedIterator
 from .elastic import restore
 from .sharding import DistributedSampler, distributed_initialized
-from .state import STATE_VERSION, Progress, check_state, epoch_seed, position, state_int
+from .state import STATE_VERSION, CountingIterator, Progress, check_state, epoch_seed, mid_epoch, position, state_int
 from .tracing import StallObserver
 from .dataset import Dataset
 from .mixture import Mixture
@@ -123,8 +123,9 @@ class DataLoader(tud.DataLoader):
     CPU time per batch.
 
     ``observers`` (``unstall.observers``): what wraps each epoch's iterator, the first innermost; by default
-    one ``StallObserver``, whose measurements ``loader.stats()`` reads (``observers=()``: ``iter(loader)`` is
-    torch's iterator and nothing is measured). In a run of ``unstall analyze`` the analysis wraps them all.
+    one ``StallObserver``, whose measurements ``loader.stats()`` reads (``observers=()``: nothing is measured;
+    ``iter(loader)`` is torch's iterator inside the ``unstall.state.CountingIterator`` that marks the epoch's end
+    for ``state_dict``). In a run of ``unstall analyze`` the analysis wraps them all.
     """
 
     dataset: Union[Dataset, Mixture]  # always unstall's (a name is looked up); narrows torch's ``Dataset[Any]``
@@ -300,14 +301,15 @@ class DataLoader(tud.DataLoader):
             if self.device is not None:
                 source = DevicePrefetcher(it, self.device, self.device_prefetch, stats=self.device_stats)
                 handed = lambda: source.handed  # noqa: E731
+            # The CountingIterator marks the epoch's end (StopIteration): before it, the state is this epoch's.
             if self.echo.factor == 1:
                 self._progress = Progress(epoch, skipped, handed)
-                return source
+                return CountingIterator(source, self._progress)
             counts = self.echo_counts
             self._progress = Progress(epoch, skipped, lambda: counts.batches)
             echoed = self.echo.apply(source, seed=self.epoch_sampler.seed, epoch=epoch, batch_size=self.batch_size,
                                      counts=counts)
-            return EchoedIterator(source, echoed, self._echoed_length)
+            return CountingIterator(EchoedIterator(source, echoed, self._echoed_length), self._progress)
 
         # Torch's iterator inside the loader's observers (the stall observer: loader.stats(), stall spans), the
         # analysis of `unstall analyze` around them all when this process runs under it.
@@ -385,7 +387,9 @@ class DataLoader(tud.DataLoader):
         of that epoch the loop was handed, not those the workers prefetched), ``num_batches`` (per epoch),
         ``seed`` (the base seed: epoch e's order is a function of (seed, e)) and ``order`` (how that holds:
         ``"seed"``, ``"set_epoch"``, ``"fixed"``, or ``"sampler"``: the wrapped sampler replays from its own
-        state, which this does not restore). Taken after an epoch's last batch, it is the next epoch's start.
+        state, which this does not restore). As torchdata's, taken after an epoch's last batch it is that epoch's
+        end: restored, the next ``for`` yields nothing, then the next epoch begins; taken once the ``for`` is over
+        (or after ``set_epoch``), it is the next epoch's start.
 
         Over an ``unstall.torch.DistributedSampler`` (``order`` ``"global"``) it is this rank's state of the job-wide
         order instead of ``num_batches``: ``epoch_size``, ``consumed`` (the positions of the epoch's order its share
@@ -398,16 +402,10 @@ class DataLoader(tud.DataLoader):
             raise ValueError("state_dict() needs in_order=True: with in_order=False and workers, batches are handed "
                              "out of the sampler's order, so a count of batches does not say which were consumed")
         n = self._num_batches()
-        pending = self.epoch_sampler.skip // self._items_per_batch
-        progress = self._progress
+        epoch, yielded = position(self._progress, self.epoch, self.epoch_sampler.skip // self._items_per_batch)
         if self._global is not None:
-            # Never the next epoch's start: a rank that finished its share while another is a batch behind is at
-            # that epoch's END, so their states merge (the next `for` after restoring yields nothing).
-            epoch, yielded = (progress.epoch, progress.yielded) if progress is not None else (self.epoch, pending)
             yielded = self._global.share(epoch).chunks_consumed(yielded, self._drops_last)
-        else:
-            epoch, yielded = position(progress, self.epoch, pending, n)
-        self.echo.check_resumable("DataLoader", yielded > 0)
+        self.echo.check_resumable("DataLoader", mid_epoch(yielded, n))
         state: dict[str, Any] = {
             "version": STATE_VERSION, "dataset": self.dataset.name, "epoch": epoch, "batches_yielded": yielded,
             "seed": self.epoch_sampler.seed, "order": self.epoch_sampler.order}
@@ -421,11 +419,12 @@ class DataLoader(tud.DataLoader):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores ``state_dict()`` (call it before iterating): the next iteration is the saved epoch, in the
-        same order, without its first ``batches_yielded`` batches (skipped in the sampler, never fetched);
-        the epochs after it follow as they would have. Over an ``unstall.torch.DistributedSampler`` it takes this
-        rank's own state (same world size, rank and batch size) or a job state (``merge_states``) on any world size
-        and batch size, whose unconsumed samples the ranks share; either refuses, naming it, a state whose dataset,
-        seed, order or epoch_size differ."""
+        same order, without its first ``batches_yielded`` batches (skipped in the sampler, never fetched; all of
+        them for a state taken at the epoch's end, so that iteration yields nothing); the epochs after it follow
+        as they would have. Over an ``unstall.torch.DistributedSampler`` it takes this rank's own state (same world
+        size, rank and batch size) or a job state (``merge_states``) on any world size and batch size, whose
+        unconsumed samples the ranks share; either refuses, naming it, a state whose dataset, seed, order or
+        epoch_size differ."""
         check_state(state, "DataLoader")
         name = self.dataset.name
         if state.get("dataset", name) != name:
@@ -449,6 +448,8 @@ class DataLoader(tud.DataLoader):
             "version": STATE_VERSION, "epoch": state_int(state, "epoch", "DataLoader"),
             "seed": state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})
         self._progress = None
+        # Persistent workers restart, as torchdata's do: their RNG state belongs to the iterations they served.
+        self._iterator = None
 
     def _load_global(self, g: DistributedSampler, state: Mapping[str, Any]) -> None:
         """Restores a rank's state (same world size, rank and batch size) or a job state (``merge_states``, any)."""
@@ -471,3 +472,4 @@ class DataLoader(tud.DataLoader):
         self.epoch_sampler.load_state_dict({"version": STATE_VERSION, "epoch": resume.epoch, "seed": seed,
                                             "skip": resume.skip * self._items_per_batch})
         self._progress = None
+        self._iterator = None

@@ -97,7 +97,8 @@ class EpochSampler(tud.Sampler):
 
     ``state_dict()``: ``{"version", "epoch", "seed", "order", "skip"}`` (plain ints and strings, for
     ``torch.save``); ``skip`` is how many items (indices, or batches when ``batched``) of ``epoch`` the
-    next iteration leaves out, drawn but not yielded (a resumed epoch). ``load_state_dict`` restores it.
+    next iteration leaves out, drawn but not yielded (a resumed epoch; a skip of the whole epoch, a state
+    taken at its end, makes an iteration that yields nothing). ``load_state_dict`` restores it.
     """
 
     def __init__(
@@ -170,7 +171,8 @@ class EpochSampler(tud.Sampler):
         order: Iterable[Any] = itertools.islice(self.sampler, skip, None) if skip else self.sampler
         if self.on_epoch is not None:
             order = list(order)  # the order is fixed by the seed: draw it now, replay it below
-            self.on_epoch(epoch, [int(i) for b in order for i in b] if self.batched else [int(i) for i in order])
+            if order:  # empty: an epoch restored at its end, nothing left to read
+                self.on_epoch(epoch, [int(i) for b in order for i in b] if self.batched else [int(i) for i in order])
         if self.batched:
             for batch in order:
                 yield [EpochIndex(epoch, int(i), session) for i in batch]

@@ -2,7 +2,8 @@
 iteration stands, counted in the batches the training loop was handed, and the checks of a ``state_dict``.
 
 The state dicts follow torchdata's ``StatefulDataLoader`` in use: taken between batches, restored into a
-new loader built with the same arguments, which then continues with the very next batch. They are plain
+new loader built with the same arguments, which then continues with the very next batch (after an epoch's
+last batch, that is the end of the epoch: ``position``). They are plain
 dicts of ints and strings, so ``torch.save`` persists them. No torch import here.
 """
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .observers import IteratorWrapper
 
-__all__ = ["STATE_VERSION", "epoch_seed", "Progress", "CountingIterator", "position", "check_state", "state_int"]
+__all__ = ["STATE_VERSION", "epoch_seed", "Progress", "CountingIterator", "position", "mid_epoch", "check_state", "state_int"]
 
 STATE_VERSION = 1
 """The version of every loader ``state_dict()`` (the ``"version"`` key)."""
@@ -64,17 +65,20 @@ class CountingIterator(IteratorWrapper):
         return batch
 
 
-def position(progress: Optional[Progress], next_epoch: int, pending: int,
-             num_batches: Optional[int]) -> Tuple[int, int]:
-    """``(epoch, batches_yielded)`` of a loader: its unfinished iteration's, else the next epoch's (``pending``:
-    batches a restored epoch will skip). After an epoch's last batch that is the next epoch's start."""
+def position(progress: Optional[Progress], next_epoch: int, pending: int) -> Tuple[int, int]:
+    """``(epoch, batches_yielded)`` of a loader, as torchdata's ``StatefulDataLoader`` counts it: its iteration's
+    until that iterator has ended, else the next epoch's (``pending``: batches a restored epoch will skip).
+    Taken after an epoch's last batch but before its iterator ended, it is that epoch's end (all its batches
+    yielded): restored, the next ``for`` yields nothing and the one after reads the next epoch. Taken once the
+    ``for`` is over, it is the next epoch's start."""
     if progress is not None and not progress.done:
-        epoch, yielded = progress.epoch, progress.yielded
-    else:
-        epoch, yielded = next_epoch, pending
-    if num_batches is not None and yielded >= num_batches:
-        return epoch + 1, 0
-    return epoch, yielded
+        return progress.epoch, progress.yielded
+    return next_epoch, pending
+
+
+def mid_epoch(yielded: int, num_batches: Optional[int]) -> bool:
+    """Whether a position lies inside its epoch: some of its batches handed out, not all of them."""
+    return yielded > 0 and (num_batches is None or yielded < num_batches)
 
 
 def check_state(state: Any, what: str) -> None:

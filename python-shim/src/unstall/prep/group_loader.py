@@ -7,7 +7,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
 
 from ..echo import Echo
 from ..elastic import Remaining, Resume, Share, restore
-from ..state import STATE_VERSION, CountingIterator, Progress, check_state, state_int
+from ..state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
 from .membership import Membership, join
 
 __all__ = ["GroupLoader"]
@@ -137,12 +137,8 @@ class GroupLoader:
     def state_dict(self) -> dict[str, Any]:
         m = self.membership
         progress = self._progress
-        if progress is not None:  # in progress, or done: the end of that epoch (its whole share, echoed or not)
-            epoch = progress.epoch
-            yielded = len(self._share(epoch)[0]) if progress.done else progress.yielded
-        else:
-            epoch = self._next_epoch
-            yielded = self._share(epoch)[1]
+        # As torchdata's: after the epoch's last batch, its end; once the ``for`` is over, the next epoch's start.
+        epoch, yielded = position(progress, self._next_epoch, self._share(self._next_epoch)[1])
         self.echo.check_resumable(type(self).__name__, progress is not None and not progress.done
                                   and progress.handed > 0)
         r = self._resume[1] if self._resume is not None and self._resume[1].epoch == epoch else None
