@@ -8,7 +8,7 @@ mixture is read. A run may first load a
 state (``load``: a JSON file, the same job state for every rank, or ``{"run": NAME}``: this rank's own state at the
 end of that earlier run), then does its ``loops``: ``null`` reads a whole ``for``; an int, or a list with one int
 per rank, reads that many batches and stops there (an interruption). After each loop it records the epoch read,
-the sample ids it was handed (each file's bytes are its id), the size of each batch and ``state_dict()``. Writes
+the sample ids it was handed (each file's bytes are its id), the size of each batch and ``state_dict()`` (in the loop after its last batch, and after the loop). Writes
 ``<run>-rank<r>.json``.
 """
 
@@ -33,13 +33,19 @@ def keep(batch: list) -> list:
 
 
 def loop(loader: DataLoader, batches: Optional[int]) -> dict[str, Any]:
+    """``state``: taken in the loop after its last batch (after a whole ``for``'s last batch: the epoch's end);
+    ``after``: taken once the loop is over (after a whole ``for``: the next epoch's start, as torchdata's)."""
     epoch, ids, sizes = loader.epoch, [], []
+    state: Optional[dict[str, Any]] = None
     for i, batch in enumerate(loader):
         ids.extend(sid for sid, _ in batch)
         sizes.append(len(batch))
+        state = loader.state_dict()
         if batches is not None and i + 1 == batches:
             break
-    return {"epoch": epoch, "ids": ids, "sizes": sizes, "state": loader.state_dict()}
+    after = loader.state_dict()
+    return {"epoch": epoch, "ids": ids, "sizes": sizes, "state": state if state is not None else after,
+            "after": after}
 
 
 def main(spec: dict[str, Any]) -> None:

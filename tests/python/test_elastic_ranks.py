@@ -227,7 +227,11 @@ def test_a_four_rank_job_restores_on_fewer_ranks_and_another_batch_size(
             label = f"{WORLD} ranks' {job!r} state on {world} ranks, batch size {b}"
             assert [[lp["epoch"] for lp in loops] for loops in restored] == [[0, 1]] * world, label
             assert ids(four[source], 0) + ids(restored, 0) == EVERY, f"{label}: every sample of the epoch exactly once"
-            assert merge_states(states(restored, 0))["consumed"] == [[0, N]], f"{label}: the epoch's end, job-wide"
+            merged = merge_states(states(restored, 0))
+            if job == "end":  # nothing was left: each rank's for was empty, and over (torchdata: the next epoch)
+                assert (merged["epoch"], merged["consumed"]) == (1, []), f"{label}: the next epoch's start"
+            else:
+                assert (merged["epoch"], merged["consumed"]) == (0, [[0, N]]), f"{label}: the epoch's end, job-wide"
             assert [loops[1] for loops in restored] == [loops[1] for loops in got[f"whole-{b}"]], (
                 f"{label}: the next epoch is an uninterrupted {world}-rank run's")
         assert all(loops[0]["ids"] == [] for loops in got[f"end-{b}"]), "a state at the epoch's end: nothing left"
@@ -276,6 +280,15 @@ def read(loader: DataLoader) -> list[int]:
     return [i for batch in loader for i, _ in batch]
 
 
+def read_to_end(loader: DataLoader) -> tuple[list[int], dict[str, Any]]:
+    """A whole ``for``, and the state taken in it after its last batch (torchdata: the epoch's end)."""
+    got, state = [], loader.state_dict()
+    for batch in loader:
+        got.extend(i for i, _ in batch)
+        state = loader.state_dict()
+    return got, state
+
+
 @pytest.mark.parametrize("dropping", ["loader", "sampler"])
 def test_a_state_after_the_last_batch_drop_last_kept_is_the_epochs_end(sidecar: unstall.Sidecar, dataset: Path,
                                                                       dropping: str) -> None:
@@ -293,9 +306,10 @@ def test_a_state_after_the_last_batch_drop_last_kept_is_the_epochs_end(sidecar: 
     next(it), next(it)
     assert probe.state_dict()["batches_yielded"] == 2, "mid-epoch, the batches handed out"
     four = ranks(WORLD)
-    delivered = [read(loader) for loader in four]
+    delivered, ends = map(list, zip(*(read_to_end(loader) for loader in four)))
     assert [len(x) for x in delivered] == [12] * WORLD and len(set().union(*delivered)) == 48
-    ends = [loader.state_dict() for loader in four]
+    after = merge_states([loader.state_dict() for loader in four])
+    assert (after["epoch"], after["consumed"]) == (1, []), "taken once the for is over: the next epoch's start"
     job = merge_states(ends)
     assert job["consumed"] == [[0, N]], "the epoch's end: the 2 samples drop_last left out are not delivered in it"
     own = ranks(WORLD)[0]
