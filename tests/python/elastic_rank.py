@@ -4,11 +4,11 @@ It joins a gloo process group of ``world`` ranks (a ``file://`` rendezvous), att
 ``$UNSTALL_HOME`` and runs the spec's ``runs`` in order, each with a new ``unstall.torch.DataLoader`` over the
 dataset, shuffled (no sampler: the loader's default under torch.distributed, the job-wide order), or with
 ``"mixture": true`` over the ``Mixture`` of the spec's ``mixture`` (``[[dataset, weight], ...]``), unshuffled as a
-mixture is read. A run may first load a
-state (``load``: a JSON file, the same job state for every rank, or ``{"run": NAME}``: this rank's own state at the
-end of that earlier run), then does its ``loops``: ``null`` reads a whole ``for``; an int, or a list with one int
-per rank, reads that many batches and stops there (an interruption). After each loop it records the epoch read,
-the sample ids it was handed (each file's bytes are its id), the size of each batch and ``state_dict()`` (in the loop after its last batch, and after the loop). Writes
+mixture is read. A run may first load a state (``load``: a JSON file, the same job state for every rank, or
+``{"run": NAME}``: this rank's own state at the end of that earlier run), then does its ``loops``: ``null`` reads a
+whole ``for``; an int, or a list with one int per rank, reads that many batches and stops there (an interruption).
+After each loop it records the epoch read, the sample ids it was handed (each file's bytes are its id), the size of
+each batch and ``state_dict()`` (in the loop after its last batch, and after the loop). Writes
 ``<run>-rank<r>.json``.
 """
 
