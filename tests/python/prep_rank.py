@@ -4,12 +4,12 @@ It joins a gloo process group of ``world`` ranks (a ``file://`` rendezvous) and 
 each with a new prep loader over the sidecar of ``$UNSTALL_HOME`` (the group is the run's: every rank joins it,
 ``group_size`` = the world size), which takes its rank and world size from torch.distributed. ``loader`` is
 ``"prep"`` (a ``PrepLoader``, the sidecar's pipeline, over ``transport``) or ``"transform"`` (a
-``SharedTransformLoader`` with ``num_workers`` worker processes). A run may first load a job state (``load``: a
-JSON file), then does its ``loops``: ``null`` reads a whole ``for``; a list with one int per rank reads that many
-batches and stops there (an interruption). After loop ``k`` the ranks' states are gathered with
+``SharedTransformLoader`` with ``num_workers`` worker processes), ``window`` optional. A run may first load a job
+state (``load``: a JSON file), then does its ``loops``: ``null`` reads a whole ``for``; a list with one int per rank
+reads that many batches and stops there (an interruption). After loop ``k`` the ranks' states are gathered with
 ``dist.all_gather_object`` and rank 0 writes their merge (``merge_states``) to ``<run>-<k>-job.json``, as a
-checkpoint would be saved. Each rank writes ``<run>-rank<r>.json``: the group's id, the batches its main process made, and
-per loop the epoch read, each batch's sample ids and images' digest, and ``state_dict()``.
+checkpoint would be saved. Each rank writes ``<run>-rank<r>.json``: the group's id and per loop the epoch read, each
+batch's sample ids and images' digest, and ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def transform() -> Any:
 
 
 def loader_of(run: dict[str, Any], world: int, seed: int) -> Any:
-    common = dict(batch_size=BATCH, seed=seed, with_ids=True, group_size=world, epochs=run["epochs"],
-                  window=run.get("window"))
+    common = dict(batch_size=BATCH, seed=seed, with_ids=True, group_size=world, epochs=run["epochs"])
+    if "window" in run:
+        common["window"] = run["window"]
     if run["loader"] == "transform":
         return prep.SharedTransformLoader("imgs", transform(), fingerprint=FINGERPRINT,
                                           num_workers=run.get("num_workers", 0), **common)
@@ -68,7 +69,7 @@ def main(spec: dict[str, Any]) -> None:
             if rank == 0:
                 job = merge_states(states, what="PrepLoader")
                 (out / f"{run['name']}-{k}-job.json").write_text(json.dumps(job))
-        record = {"group": loader.membership.group, "made": getattr(loader, "made", 0), "loops": loops}
+        record = {"group": loader.membership.group, "loops": loops}
         loader.close()
         (out / f"{run['name']}-rank{rank}.json").write_text(json.dumps(record))
         dist.barrier()  # every rank left this run's group before any joins the next run's

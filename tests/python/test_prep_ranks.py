@@ -29,7 +29,7 @@ BEHIND = [2, 2, 1, 2]  # rank 2 a step behind: batch 6, its second, is not read
 # reads batch 7 needs a window of 6 or more.
 BEHIND_WINDOW = 8
 
-Rank = dict[str, Any]  # one rank's record of a run: its group, the batches made, its loops
+Rank = dict[str, Any]  # one rank's record of a run: its group and its loops
 Runs = dict[str, list[Rank]]  # run name -> per rank
 
 
