@@ -3,7 +3,9 @@ deliver every position of an epoch exactly once, whatever the interruptions."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,6 +57,19 @@ def test_one_epoch_dealt_to_ranks_is_every_position_once(size: int, world: int, 
     assert max(len(s) for s in ss) - min(len(s) for s in ss) <= 1
     for s in ss:
         assert all(b - a <= chunk for a, b in (s.chunk_range(k) for k in range(len(s))))
+
+
+def test_shares_deal_the_golden_fixture_s_batches(fixtures_dir: Path) -> None:
+    """protocol/fixtures/share-v1.json, which the sidecar's RankShare also gives (its chunk 1 cases)."""
+    cases = json.loads((fixtures_dir / "share-v1.json").read_text())["cases"]
+    assert len(cases) > 100 and any(c["consumed"] and c["skip"] for c in cases)
+    for c in cases:
+        share = Share(Remaining(c["epoch_size"], c["consumed"]), c["world_size"], c["rank"], c["chunk"],
+                      c["drop_last"])
+        batches = [[p for a, b in share.remaining.ranges(*share.chunk_range(k)) for p in range(a, b)]
+                   for k in range(c["skip"], len(share))]
+        assert batches == c["batches"], c
+        assert list(share.positions(c["skip"])) == [p for batch in batches for p in batch], c
 
 
 def test_equal_steps_on_every_rank_consume_a_prefix() -> None:

@@ -1,25 +1,36 @@
-"""Data-parallel ranks in a prep group, with a real sidecar: each rank (its own member, explicit ``rank`` and
-``world_size``; the ranks run as loaders of one process, read in step) reads its share of every epoch, the group
-prepares each batch once, and the states of 4 ranks interrupted mid-epoch, merged, restore on 2 and on 3 ranks."""
+"""Data-parallel ranks in a prep group, with a real sidecar: ranks are processes of a real torch.distributed (gloo)
+job (``prep_rank.py``), each a member of the group that takes its rank and world size from torch.distributed and
+reads its share of every epoch; the group prepares each batch once. 4 ranks interrupted mid-epoch (one a batch
+behind), their states gathered and merged, restore on 2 and on 3 ranks: over the interrupted epoch every sample is
+delivered exactly once, and the next epoch equals an uninterrupted run's on the new world size. The same for
+Python-side transforms made in DataLoader-style worker processes. One launch per world size, each running several
+scenarios in the same processes."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from test_prep_support import N_SAMPLES, PIPELINE_NCHW, PrepEnv, digest, start_env
+from prep_rank import BATCH, FINGERPRINT, transform
+from ranks import rank_env, run_ranks
+from test_prep_support import N_SAMPLES, PIPELINE_NCHW, PrepEnv, start_env
 
 from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
-from unstall.elastic import merge_states  # noqa: E402
 
-BATCH = 4
 NUM_BATCHES = -(-N_SAMPLES // BATCH)  # 10: the last one partial
 EPOCHS = 2
 SEED = 5
+EVERY = Counter(range(N_SAMPLES))
+BEHIND = [2, 2, 1, 2]  # rank 2 a step behind: batch 6, its second, is not read
+# The group prepares batches within the window from the slowest rank's cursor: rank 2 still at batch 2 while rank 3
+# reads batch 7 needs a window of 6 or more.
+BEHIND_WINDOW = 8
 
-Batch = tuple[list[int], str]  # a batch's sample ids and its images' digest
-Read = list[list[Batch]]  # per rank, the batches it was handed
+Rank = dict[str, Any]  # one rank's record of a run: its group and its loops
+Runs = dict[str, list[Rank]]  # run name -> per rank
 
 
 @pytest.fixture(scope="module")
@@ -27,112 +38,156 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
     yield from start_env(tmp_path_factory.mktemp("prep-ranks"))
 
 
-def loaders(env: PrepEnv, world: int, transport: str) -> list[prep.PrepLoader]:
-    # window 8 >= world: the ranks of this one process read in turn, so each one's next batch lies within the window
-    out = [prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=SEED, with_ids=True, rank=r,
-                           world_size=world, group_size=world, epochs=EPOCHS, window=8, client=env.client(),
-                           transport=transport) for r in range(world)]
-    for loader in out:
-        loader.membership  # noqa: B018  (every rank joins before any reads: the group starts with all of them)
-    return out
+def launch(env: PrepEnv, tmp: Path, world: int, runs: list[dict[str, Any]]) -> Runs:
+    out = tmp / "out"
+    out.mkdir(parents=True)
+    run_ranks("prep_rank.py", [{"rank": r, "world": world, "rendezvous": str(tmp / "rendezvous"), "out": str(out),
+                                "seed": SEED, "runs": runs} for r in range(world)],
+              rank_env(UNSTALL_HOME=str(env.sidecar.home), UNSTALL_EPOCH_LOG="0"), tmp)
+    return {run["name"]: [json.loads((out / f"{run['name']}-rank{r}.json").read_text()) for r in range(world)]
+            for run in runs}
 
 
-def read(its: list[Iterator[Any]], steps: list[int]) -> Read:
-    """Step by step, each rank its next batch, rank ``r`` for ``steps[r]`` steps (or until its share ends)."""
-    out: Read = [[] for _ in its]
-    for step in range(max(steps)):
-        for r, it in enumerate(its):
-            if step < steps[r]:
-                batch = next(it, None)
-                if batch is not None:
-                    images, _, ids = batch
-                    out[r].append(([int(i) for i in ids], digest(images.numpy())))
-    return out
+def job(tmp: Path, run: str, loop: int) -> Path:
+    return tmp / "out" / f"{run}-{loop}-job.json"
 
 
-def ids(read: Read) -> list[int]:
-    return sorted(i for rank in read for batch_ids, _ in rank for i in batch_ids)
+def ids(ranks: list[Rank], loop: int) -> Counter[int]:
+    return Counter(i for r in ranks for batch_ids, _ in r["loops"][loop]["batches"] for i in batch_ids)
 
 
-def epoch(ls: list[prep.PrepLoader]) -> Read:
-    return read([iter(loader) for loader in ls], [NUM_BATCHES] * len(ls))
+def batches(ranks: list[Rank], loop: int) -> list[list[Any]]:
+    return [r["loops"][loop]["batches"] for r in ranks]
 
 
-@pytest.mark.parametrize("transport", ["shm", "flight"])
-def test_four_ranks_interrupted_mid_epoch_restore_on_two_and_three(env: PrepEnv, transport: str) -> None:
-    whole = {}
-    for world in (2, 3):  # uninterrupted runs: each rank its share, every batch prepared and served once
-        ls = loaders(env, world, transport)
-        whole[world] = [epoch(ls) for _ in range(EPOCHS)]
-        group = ls[0].membership.group
-        for e in range(EPOCHS):
-            assert ids(whole[world][e]) == list(range(N_SAMPLES)), f"{world} ranks, epoch {e}: every sample once"
-        s = env.group_stats(group)
-        assert s["batches_prepared_per_epoch"] == {str(e): NUM_BATCHES for e in range(EPOCHS)}
-        assert s["batches_served"] == EPOCHS * NUM_BATCHES, "each batch read by the one rank whose it is"
-        assert s["state"] == "closed" and s["members"] == [], "every rank finished after its own last batch"
+def yielded(ranks: list[Rank], loop: int) -> list[int]:
+    return [r["loops"][loop]["state"]["batches_yielded"] for r in ranks]
 
-    four = loaders(env, 4, transport)
-    its = [iter(loader) for loader in four]
-    before = read(its, [2, 2, 1, 2])  # rank 2 a step behind: batch 6, its second, is not read
-    states = [loader.state_dict() for loader in four]
-    assert [s["batches_yielded"] for s in states] == [2, 2, 1, 2]
-    assert all(s["world_size"] == 4 and s["epoch_size"] == NUM_BATCHES and s["consumed"] == [] for s in states)
-    for loader in four:
-        loader.close()
-    job = merge_states(states, what="PrepLoader")
-    assert job["consumed"] == [[0, 6], [7, 8]] and job["kind"] == "job"
 
-    for world in (2, 3):
-        restored = [prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=SEED, with_ids=True, rank=r,
-                                    world_size=world, group_size=world, epochs=EPOCHS, window=8,
-                                    client=env.client(), transport=transport) for r in range(world)]
-        for loader in restored:
-            loader.load_state_dict(job)  # joins the group at the first batch its share still needs
-        rest = epoch(restored)
-        assert sorted(ids(before) + ids(rest)) == list(range(N_SAMPLES)), \
-            f"on {world} ranks: every sample of the interrupted epoch once over both runs"
-        assert [s["batches_yielded"] for s in (loader.state_dict() for loader in restored)] == [len(r) for r in rest]
-        assert epoch(restored) == whole[world][1], f"the next epoch is an uninterrupted {world}-rank run's"
-        s = env.group_stats(restored[0].membership.group)
-        # positions from the first one a restored rank needs (batch 6) are prepared once; nothing before it
-        assert s["batches_prepared_per_epoch"] == {"0": NUM_BATCHES - 6, "1": NUM_BATCHES}
-        assert s["batches_served"] == 3 + NUM_BATCHES
+def stats(env: PrepEnv, ranks: list[Rank]) -> dict[str, Any]:
+    assert len({r["group"] for r in ranks}) == 1, "every rank of a run is a member of one group"
+    return env.group_stats(ranks[0]["group"])
+
+
+def prep_run(name: str, loops: list[Any], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "loader": "prep", "epochs": EPOCHS, "loops": loops, **extra}
+
+
+def transform_run(name: str, loops: list[Any], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "loader": "transform", "num_workers": 1, "epochs": 1, "loops": loops, **extra}
+
+
+@pytest.fixture(scope="module")
+def four(env: PrepEnv, tmp_path_factory: pytest.TempPathFactory) -> tuple[Runs, Path]:
+    """One launch of 4 ranks: an uninterrupted run of 2 epochs, and interruptions of a ``PrepLoader`` (over shared
+    memory) and of a ``SharedTransformLoader`` with a worker process per rank, rank 2 a batch behind."""
+    tmp = tmp_path_factory.mktemp("four")
+    return launch(env, tmp, 4, [prep_run("whole", [None, None], transport="shm"),
+                                prep_run("behind", [BEHIND], transport="shm", window=BEHIND_WINDOW),
+                                transform_run("transform-behind", [BEHIND], window=BEHIND_WINDOW)]), tmp
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def restored(request: pytest.FixtureRequest, env: PrepEnv, four: tuple[Runs, Path],
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Runs]:
+    """One launch of 2 (or 3) ranks: an uninterrupted run, the 4 ranks' interrupted job restored (2 ranks: over
+    Flight), their state after epoch 0's last batch restored, and (3 ranks) the interrupted transforms restored."""
+    world, (_, tmp4) = request.param, four
+    transport = "flight" if world == 2 else "shm"
+    runs = [prep_run("whole", [None, None], transport=transport),
+            prep_run("behind", [None, None], transport=transport, load=str(job(tmp4, "behind", 0))),
+            prep_run("end", [None, None], transport=transport, load=str(job(tmp4, "whole", 0)))]
+    if world == 3:
+        runs.append(transform_run("transform-behind", [None], load=str(job(tmp4, "transform-behind", 0))))
+    return world, launch(env, tmp_path_factory.mktemp(f"on{world}"), world, runs)
+
+
+def test_four_ranks_read_their_shares_and_their_interrupted_states_merge(env: PrepEnv,
+                                                                         four: tuple[Runs, Path]) -> None:
+    runs, tmp = four
+    whole = runs["whole"]
+    for e in range(EPOCHS):
+        assert [r["loops"][e]["epoch"] for r in whole] == [e] * 4
+        assert ids(whole, e) == EVERY, f"epoch {e}: every sample once, none padded"
+    assert [len(b) for b in batches(whole, 0)] == [3, 3, 2, 2], "rank r reads batches r, r + 4, ..."
+    s = stats(env, whole)
+    assert s["batches_prepared_per_epoch"] == {str(e): NUM_BATCHES for e in range(EPOCHS)}
+    assert s["batches_served"] == EPOCHS * NUM_BATCHES, "each batch read by the one rank whose it is"
+    assert s["state"] == "closed" and s["members"] == [], "every rank finished after its own last batch"
+
+    for run in ("behind", "transform-behind"):
+        ranks = runs[run]
+        assert yielded(ranks, 0) == BEHIND
+        states = [r["loops"][0]["state"] for r in ranks]
+        assert all(st["world_size"] == 4 and st["epoch_size"] == NUM_BATCHES and st["consumed"] == [] for st in states)
+        assert [st["rank"] for st in states] == [0, 1, 2, 3], "each rank's from torch.distributed"
+        merged = json.loads(job(tmp, run, 0).read_text())
+        assert merged["kind"] == "job" and merged["consumed"] == [[0, 6], [7, 8]], run
+        s = stats(env, ranks)
+        assert s["state"] == "closed" and s["members"] == [], f"{run}: every interrupted rank left the group"
+    for r, rank in enumerate(runs["behind"]):
+        assert rank["loops"][0]["batches"] == whole[r]["loops"][0]["batches"][:BEHIND[r]], \
+            "an interrupted rank read the first batches of its share, as prepared for the uninterrupted run"
+    assert json.loads(job(tmp, "whole", 0).read_text())["consumed"] == [[0, NUM_BATCHES]]
+
+
+def test_a_four_rank_job_restores_on_two_and_three_ranks(env: PrepEnv, four: tuple[Runs, Path],
+                                                         restored: tuple[int, Runs]) -> None:
+    (runs4, _), (world, runs) = four, restored
+    whole, behind = runs["whole"], runs["behind"]
+    label = f"the 4 ranks' interrupted job on {world} ranks"
+    for e in range(EPOCHS):
+        assert ids(whole, e) == EVERY, f"{world} ranks uninterrupted, epoch {e}: every sample once"
+    assert ids(runs4["behind"], 0) + ids(behind, 0) == EVERY, f"{label}: every sample of the epoch exactly once"
+    assert [r["loops"][0]["epoch"] for r in behind] == [0] * world
+    assert yielded(behind, 0) == [len(b) for b in batches(behind, 0)], "each rank's state: its share's end"
+    assert batches(behind, 1) == batches(whole, 1), f"{label}: the next epoch is an uninterrupted {world}-rank run's"
+    s = stats(env, behind)
+    # positions from the first one a restored rank needs (batch 6) are prepared once; nothing before it
+    assert s["batches_prepared_per_epoch"] == {"0": NUM_BATCHES - 6, "1": NUM_BATCHES}, label
+    assert s["batches_served"] == 3 + NUM_BATCHES, f"{label}: batches 6, 8 and 9, then a whole epoch"
+    assert s["state"] == "closed" and s["members"] == []
+    s = stats(env, whole)
+    assert s["batches_prepared_per_epoch"] == {str(e): NUM_BATCHES for e in range(EPOCHS)}
+
+    end = runs["end"]
+    assert [r["loops"][0]["batches"] for r in end] == [[]] * world, "a state after epoch 0's last batch: its end"
+    assert batches(end, 1) == batches(whole, 1), "then epoch 1, as an uninterrupted run reads it"
+
+    if world == 3:
+        rest = runs["transform-behind"]
+        assert ids(runs4["transform-behind"], 0) + ids(rest, 0) == EVERY, \
+            "transforms in worker processes: every sample of the interrupted epoch exactly once"
+        s = stats(env, rest)
+        # batches 6, 8 and 9, each made once by a worker; none the job consumed (a worker claims the ranks' batches)
+        assert s["batches_prepared_per_epoch"] == {"0": 3} and s["batches_served"] == 3
         assert s["state"] == "closed" and s["members"] == []
 
 
-def test_a_state_after_the_last_batch_restores_as_the_end_of_its_epoch(env: PrepEnv) -> None:
-    two = loaders(env, 2, "flight")
-    first = epoch(two)
-    job = merge_states([loader.state_dict() for loader in two], what="PrepLoader")
-    assert job["epoch"] == 0 and job["consumed"] == [[0, NUM_BATCHES]]
-    for loader in two:
-        loader.close()
-    three = [prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=BATCH, seed=SEED, with_ids=True, rank=r,
-                             world_size=3, group_size=3, epochs=EPOCHS, window=8, client=env.client(),
-                             transport="flight") for r in range(3)]
-    for loader in three:
-        loader.load_state_dict(job)
-    assert epoch(three) == [[], [], []], "the end of epoch 0: the first for yields nothing"
-    assert ids(epoch(three)) == list(range(N_SAMPLES)), "then epoch 1"
-    assert ids(first) == list(range(N_SAMPLES))
+def test_a_state_of_another_batch_size_is_refused(env: PrepEnv, four: tuple[Runs, Path]) -> None:
+    state = json.loads(job(four[1], "behind", 0).read_text())
     with pytest.raises(ValueError, match="taken with batch_size 4; this loader has 8"):
         prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=8, seed=SEED, rank=0, world_size=2,
-                        client=env.client()).load_state_dict(job)
+                        client=env.client()).load_state_dict(state)
 
 
-def test_ranks_of_python_side_transforms_each_make_and_read_their_own_batches(env: PrepEnv) -> None:
-    from torchvision import transforms
-
-    tf = transforms.Compose([transforms.Resize((16, 16)), transforms.ToTensor()])
-    ranks = [prep.SharedTransformLoader("imgs", tf, fingerprint="ranks-resize16", batch_size=BATCH, seed=SEED,
+def test_ranks_of_one_process_each_make_their_own_batches(env: PrepEnv) -> None:
+    """Explicit ``rank``/``world_size``, the ranks loaders of this one process read in turn, Python-side transforms
+    made by each rank's main process: each makes the batches of its share, and only those."""
+    ranks = [prep.SharedTransformLoader("imgs", transform(), fingerprint=FINGERPRINT, batch_size=BATCH, seed=SEED,
                                         with_ids=True, rank=r, world_size=3, group_size=3, epochs=1,
                                         client=env.client()) for r in range(3)]
     for loader in ranks:
         loader.membership  # noqa: B018  (all join before any reads)
-    got = epoch(ranks)
-    assert ids(got) == list(range(N_SAMPLES))
-    assert [len(r) for r in got] == [4, 3, 3] and [loader.made for loader in ranks] == [4, 3, 3]
+    its = [iter(loader) for loader in ranks]
+    got: list[list[int]] = [[], [], []]
+    for _ in range(NUM_BATCHES):
+        for r, it in enumerate(its):
+            batch = next(it, None)
+            if batch is not None:
+                got[r].extend(int(i) for i in batch[2])
+    assert Counter(i for r in got for i in r) == EVERY
+    assert [loader.made for loader in ranks] == [4, 3, 3]
     s = env.group_stats(ranks[0].membership.group)
     assert s["batches_prepared_per_epoch"] == {"0": NUM_BATCHES} and s["batches_served"] == NUM_BATCHES
     assert s["state"] == "closed"

@@ -6,8 +6,11 @@ import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
+import io.unstall.flight.protocol.ProtocolFixturesTest;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -112,6 +115,39 @@ class RankShareTest {
         assertEquals(all.size(), all.stream().distinct().count());
       }
     }
+  }
+
+  /**
+   * protocol/fixtures/share-v1.json, which the shim's {@code elastic.Share} also gives: its cases of one batch per
+   * step without drop_last (a prep group's) walked from the epoch's start, and for a whole epoch (nothing consumed,
+   * nothing skipped) also as a rank that was not restored.
+   */
+  @Test
+  void nextWalksTheGoldenFixturesBatches() throws Exception {
+    JsonNode cases = new ObjectMapper().readTree(ProtocolFixturesTest.FIXTURES.resolve("share-v1.json").toFile())
+        .get("cases");
+    int checked = 0;
+    for (JsonNode c : cases) {
+      if (c.get("chunk").asInt() != 1 || c.get("drop_last").asBoolean()) {
+        continue;
+      }
+      long nb = c.get("epoch_size").asLong();
+      long[][] consumed = new long[c.get("consumed").size()][];
+      for (int i = 0; i < consumed.length; i++) {
+        consumed[i] = new long[] {c.get("consumed").get(i).get(0).asLong(), c.get("consumed").get(i).get(1).asLong()};
+      }
+      List<Long> expected = new ArrayList<>();
+      c.get("batches").forEach(batch -> batch.forEach(p -> expected.add(p.asLong())));
+      int world = c.get("world_size").asInt();
+      int rank = c.get("rank").asInt();
+      long skip = c.get("skip").asLong();
+      assertEquals(expected, walked(new RankShare(world, rank, nb, 0, consumed, skip), 0, nb), c.toString());
+      if (consumed.length == 0 && skip == 0) {
+        assertEquals(expected, walked(new RankShare(world, rank, nb, -1, consumed, 0), 0, nb), c.toString());
+      }
+      checked++;
+    }
+    assertTrue(checked >= 100, "cases of one batch per step without drop_last: " + checked);
   }
 
   @Test

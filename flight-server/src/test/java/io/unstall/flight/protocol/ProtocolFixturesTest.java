@@ -23,9 +23,10 @@ import org.apache.arrow.vector.ipc.ArrowStreamWriter;
 import org.junit.jupiter.api.Test;
 
 /** The golden wire fixtures in protocol/fixtures, shared with python-shim/tests/test_protocol.py. */
-class ProtocolFixturesTest {
+public class ProtocolFixturesTest {
   static final ObjectMapper JSON = new ObjectMapper();
-  static final Path FIXTURES = Path.of(System.getProperty("unstall.root", "..")).resolve("protocol/fixtures");
+  /** protocol/fixtures, for the tests of other packages that read a golden fixture. */
+  public static final Path FIXTURES = Path.of(System.getProperty("unstall.root", "..")).resolve("protocol/fixtures");
 
   @Test
   void fetchTicketEncodesToTheGoldenBytes() throws Exception {
