@@ -46,12 +46,17 @@ def loader_of(run: dict[str, Any], world: int, seed: int) -> Any:
 
 
 def loop(loader: Any, batches: Optional[int]) -> dict[str, Any]:
+    """``state``: taken in the loop after its last batch (after a whole ``for``'s last batch: the epoch's end);
+    ``after``: once the loop is over (after a whole ``for``: the next epoch's start, as torchdata's)."""
     epoch, read = loader.epoch, []
+    state: Optional[dict[str, Any]] = None
     for images, _, ids in loader:
         read.append([[int(i) for i in ids], digest(images.numpy())])
+        state = loader.state_dict()
         if len(read) == batches:
             break
-    return {"epoch": epoch, "batches": read, "state": loader.state_dict()}
+    after = loader.state_dict()
+    return {"epoch": epoch, "batches": read, "state": state if state is not None else after, "after": after}
 
 
 def main(spec: dict[str, Any]) -> None:

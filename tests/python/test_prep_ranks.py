@@ -129,6 +129,8 @@ def test_four_ranks_read_their_shares_and_their_interrupted_states_merge(env: Pr
         assert rank["loops"][0]["batches"] == whole[r]["loops"][0]["batches"][:BEHIND[r]], \
             "an interrupted rank read the first batches of its share, as prepared for the uninterrupted run"
     assert json.loads(job(tmp, "whole", 0).read_text())["consumed"] == [[0, NUM_BATCHES]]
+    assert [(r["loops"][0]["after"]["epoch"], r["loops"][0]["after"]["batches_yielded"]) for r in whole] == [(1, 0)] * 4, \
+        "taken once the for is over: the next epoch's start (torchdata's)"
 
 
 def test_a_four_rank_job_restores_on_two_and_three_ranks(env: PrepEnv, four: tuple[Runs, Path],
