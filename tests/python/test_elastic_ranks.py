@@ -13,6 +13,8 @@ In-process loaders, one per rank, check ``drop_last`` and a ``BatchSampler`` ove
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +26,7 @@ import torch.utils.data as tud
 import unstall
 from elastic_rank import keep, sample_id
 from ranks import rank_env, run_ranks
+from waits import send_signal
 from unstall.torch import DataLoader, Dataset, DistributedSampler, Mixture, merge_states
 
 N = 50  # not a multiple of a step (4 ranks x 4): the last step is split, two ranks get a batch more
@@ -356,3 +359,31 @@ def test_a_batch_sampler_over_the_job_wide_order_is_elastic(sidecar: unstall.Sid
         "the next epoch is a 3-rank run's with sampler= and batch_size=")
     with pytest.raises(ValueError, match="deals batch_size=3 per step but its BatchSampler batches 4"):
         DataLoader(ds, batch_sampler=tud.BatchSampler(DistributedSampler(ds, 2, 0, batch_size=3), BATCH, False))
+
+
+def test_taking_and_merging_states_needs_no_sidecar(start_sidecar: Callable[..., unstall.Sidecar],
+                                                    dataset: Path) -> None:
+    """Checkpoints anywhere: with the sidecar stopped (SIGSTOP), every rank's state_dict() and their merge still
+    answer (a call to the sidecar would wait for it), at the first batch, mid-epoch and at the epoch's end."""
+    private = start_sidecar("8MiB")
+    private.register_dataset(NAME, dataset)
+    ds = Dataset(NAME, sidecar=private, loader=sample_id)
+    ranks = [DataLoader(ds, batch_size=BATCH, collate_fn=keep, sampler=DistributedSampler(ds, WORLD, r, seed=SEED))
+             for r in range(WORLD)]
+    its = [iter(loader) for loader in ranks]
+    before = [loader.state_dict() for loader in ranks]  # before the first batch
+    taken: list[tuple[int, list[dict[str, Any]]]] = []
+    for step in range(len(ranks[0])):
+        for it in its:
+            next(it, None)
+        if step in (0, 1, len(ranks[0]) - 1):
+            send_signal(private.pid, signal.SIGSTOP)
+            try:
+                taken.append((step, [loader.state_dict() for loader in ranks]))
+                job = merge_states(taken[-1][1])
+            finally:
+                os.kill(private.pid, signal.SIGCONT)
+            assert job["epoch"] == 0
+    assert merge_states(before)["consumed"] == [] and [s["batches_yielded"] for s in before] == [0] * WORLD
+    assert [[s["batches_yielded"] for s in states] for _, states in taken[:2]] == [[1] * WORLD, [2] * WORLD]
+    assert merge_states(taken[-1][1])["consumed"] == [[0, N]], "after every rank's last batch: the epoch's end"

@@ -22,7 +22,7 @@ import pytest
 import unstall
 from unstall.recovery import Deadlines
 from unstall.torch import DataLoader, Dataset
-from waits import wait_until
+from waits import send_signal, wait_until
 from fault_trials import count_epoch, keep, lost_and_duplicated, make_dataset, serve_standalone, state_pid
 
 EPOCHS = 3
@@ -67,24 +67,6 @@ def _assert_every_epoch_whole(epochs: list, files: dict, seed: int) -> None:
         assert sum(seen.values()) == N
 
 
-def _signal(pid: int, sig: signal.Signals) -> None:
-    """Sends ``sig`` and returns once it took effect on every thread: a thread that was running when the signal
-    was sent can still answer a request already in flight (measured under load: a SIGSTOPped sidecar answered the
-    next prep.next 3 ms after os.kill), so a test that counts outages per signal waits for the stop or the death."""
-    os.kill(pid, sig)
-
-    def took_effect() -> bool:
-        try:
-            tasks = Path(f"/proc/{pid}/task").iterdir()
-            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
-        except (FileNotFoundError, ProcessLookupError):  # the process, or one of its threads, is ending: read again
-            return not Path(f"/proc/{pid}").exists()
-        done = {"T", "t"} if sig == signal.SIGSTOP else {"Z", "X"}
-        return all(st in done for st in states)
-
-    wait_until(took_effect, f"signal {sig.name} to take effect on pid {pid}")
-
-
 def _epochs_signalling_the_sidecar(start_sidecar, tmp_path: Path, sig: signal.Signals, count: int,
                                    clairvoyant: bool) -> tuple[unstall.Sidecar, list[int]]:
     """EPOCHS epochs of a 2-worker shuffled DataLoader over an embedded sidecar (MinIO cache smaller than
@@ -107,7 +89,7 @@ def _epochs_signalling_the_sidecar(start_sidecar, tmp_path: Path, sig: signal.Si
             # a fresh outage each time: the previous one is over once the datasets are registered again
             wait_until(lambda: sidecar.restarts == len(signalled) and sidecar.healthy(), "the previous outage to end")
             signalled.append(sidecar.pid)
-            _signal(sidecar.pid, sig)
+            send_signal(sidecar.pid, sig)
         step += 1
 
     epochs = [count_epoch(loader, files, maybe_signal) for _ in range(EPOCHS)]
@@ -291,7 +273,7 @@ def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int], sig: s
             if step in kill_at:
                 wait_until(lambda: sidecar.restarts == len(killed) and sidecar.healthy(), "the previous outage to end")
                 killed.append(sidecar.pid)
-                _signal(sidecar.pid, sig)
+                send_signal(sidecar.pid, sig)
             step += 1
     # With batches in flight the loop can end without another call to the sidecar killed last: wait until the
     # supervisor has replaced it, as the checks of the killed pids expect.
