@@ -9,6 +9,8 @@ scenarios in the same processes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,8 +19,10 @@ import pytest
 from prep_rank import BATCH, FINGERPRINT, transform
 from ranks import rank_env, run_ranks
 from test_prep_support import N_SAMPLES, PIPELINE_NCHW, PrepEnv, start_env
+from waits import send_signal
 
 from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
+from unstall.elastic import merge_states  # noqa: E402
 
 NUM_BATCHES = -(-N_SAMPLES // BATCH)  # 10: the last one partial
 EPOCHS = 2
@@ -183,11 +187,19 @@ def test_ranks_of_one_process_each_make_their_own_batches(env: PrepEnv) -> None:
         loader.membership  # noqa: B018  (all join before any reads)
     its = [iter(loader) for loader in ranks]
     got: list[list[int]] = [[], [], []]
-    for _ in range(NUM_BATCHES):
+    for step in range(NUM_BATCHES):
         for r, it in enumerate(its):
             batch = next(it, None)
             if batch is not None:
                 got[r].extend(int(i) for i in batch[2])
+        if step == 1:  # checkpoints anywhere: the states and their merge need no call to the (stopped) sidecar
+            send_signal(env.sidecar.pid, signal.SIGSTOP)
+            try:
+                states = [loader.state_dict() for loader in ranks]
+                merged = merge_states(states, what="SharedTransformLoader")
+            finally:
+                os.kill(env.sidecar.pid, signal.SIGCONT)
+            assert [st["batches_yielded"] for st in states] == [2, 2, 2] and merged["consumed"] == [[0, 6]]
     assert Counter(i for r in got for i in r) == EVERY
     assert [loader.made for loader in ranks] == [4, 3, 3]
     s = env.group_stats(ranks[0].membership.group)
