@@ -93,8 +93,11 @@ class DataLoader(tud.DataLoader):
     carries the epoch (0 for the first iteration, then 1, 2, ...; ``set_epoch`` overrides), also with
     ``persistent_workers=True``. The order of epoch e is a function of ``(seed, e)`` only (``EpochSampler``):
     ``seed``, or ``generator``'s initial seed, or one drawn once from torch's global RNG; the workers' base
-    seed is derived from it per epoch too. ``state_dict()``/``load_state_dict()`` behave as torchdata's
-    ``StatefulDataLoader``'s: a loader restored in a new process continues with the very next batch.
+    seed is derived from it per epoch too, and each batch's ``loader``/``transform``/``target_transform`` run with
+    torch's, python's and numpy's RNGs seeded from ``(seed, epoch, batch)`` (``unstall.sampling.batch_rng``), in
+    a worker or in this process (whose own RNGs they leave as they were). ``state_dict()``/``load_state_dict()``
+    behave as torchdata's ``StatefulDataLoader``'s: a loader restored in a new process continues with the very next
+    batch, with the same random augmentations, on any ``num_workers``.
     In an initialised ``torch.distributed`` job, without ``sampler``/``batch_sampler``, the sampler is an
     ``unstall.torch.DistributedSampler`` (``shuffle``, ``seed`` or 0, this ``batch_size``): one job-wide order
     per epoch, and a state that ``unstall.torch.merge_states`` turns into one a job on any number of ranks loads.
@@ -247,13 +250,14 @@ class DataLoader(tud.DataLoader):
                 sampler = tud.RandomSampler(dataset) if shuffle else tud.SequentialSampler(dataset)
             if isinstance(sampler, DistributedSampler):
                 _fit_global(sampler, batch_size, base_seed)
-            self.epoch_sampler = EpochSampler(sampler, start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed)
+            self.epoch_sampler = EpochSampler(sampler, batch_size=1 if batch_size is None else int(batch_size),
+                                              start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed)
             super().__init__(
                 dataset, batch_size=batch_size, sampler=self.epoch_sampler, drop_last=drop_last, **common
             )
         self._user_context = multiprocessing_context is not None
         # Sampler items per batch handed out: a resumed epoch skips batches_yielded * this in the sampler.
-        self._items_per_batch = 1 if batch_sampler is not None or batch_size is None else int(batch_size)
+        self._items_per_batch = 1 if batch_sampler is not None else self.epoch_sampler.batch_size
         self._progress: Optional[Progress] = None  # the latest iterator's epoch and batches handed out
         # The job-wide order the loader deals from (its sampler's, or its BatchSampler's): its state is then elastic
         # (unstall.elastic), and a rank's incomplete last batch dropped by the batching counts as consumed.
