@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import pickle
 import random
 from collections import Counter
@@ -315,6 +316,23 @@ def test_dataloader_state_dict_resumes_at_the_next_batch(fake_sidecar: FakeSidec
         DataLoader(ds, batch_size=8, collate_fn=keep).load_state_dict(state)
     with pytest.raises(ValueError, match="state_dict\\(\\) needs in_order=True"):
         DataLoader(ds, batch_size=8, num_workers=1, in_order=False, collate_fn=keep).state_dict()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_of_an_iterator_collected_in_a_cycle_exit_on_their_own(fake_sidecar: FakeSidecar,
+                                                                      persistent: bool) -> None:
+    # An exception's traceback holds the loop's frames in a cycle: the iterator dies in the garbage collector.
+    before = set(multiprocessing.active_children())
+    loader = DataLoader(Dataset("imgs", sidecar=fake_sidecar), batch_size=5, num_workers=2,
+                        persistent_workers=persistent, collate_fn=keep)
+    it = iter(loader)
+    next(it)
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    cycle: list = [it, loader]
+    cycle.append(cycle)
+    del it, loader, cycle
+    gc.collect()  # torch's __del__ stops the workers and joins them, terminating those that did not stop
+    assert len(workers) == 2 and [w.exitcode for w in workers] == [0, 0], "told to stop, not terminated"
 
 
 def test_default_collate_of_decoded_samples(fake_sidecar: FakeSidecar) -> None:

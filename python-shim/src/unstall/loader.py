@@ -77,6 +77,19 @@ def _fit_global(sampler: DistributedSampler, batch_size: Optional[int], seed: Op
                          "which makes the order: pass one of them")
 
 
+def _hold_index_queues(iterator: Any) -> None:
+    """Keeps the index queues of torch's multiprocessing iterator referenced from outside it until it is gone.
+
+    Its ``__del__`` stops the workers by sending each a None on its index queue. When the iterator dies in a
+    reference cycle (an exception's traceback holding the loop's frame), the garbage collector first runs the
+    finalizers of the queues found in the cycle with it, which stop their feeder threads: the None is never sent,
+    and torch waits 5 s (``MP_STATUS_CHECK_INTERVAL``) for each worker before terminating it. Referenced from here,
+    the queues are not part of that garbage; the finalizer below lets go of them once the iterator is."""
+    queues = getattr(iterator, "_index_queues", None)
+    if queues:
+        weakref.finalize(iterator, list.clear, list(queues)).atexit = False
+
+
 def _shuffles(sampler: Any) -> bool:
     """Whether ``sampler`` (or a ``BatchSampler``'s) draws a random order."""
     if isinstance(sampler, tud.BatchSampler):
@@ -283,7 +296,9 @@ class DataLoader(tud.DataLoader):
             self.multiprocessing_context = ctx
         # The workers' base seed (their torch/random/numpy seeds) is a function of (seed, epoch) too.
         self.generator.manual_seed(epoch_seed(self.epoch_sampler.seed, self.epoch_sampler.epoch, stream=1))
-        return super()._get_iterator()
+        iterator = super()._get_iterator()
+        _hold_index_queues(iterator)
+        return iterator
 
     def __iter__(self) -> Any:
         self._ensure_session()
