@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import pickle
+import random
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
 
 import unstall
 from unstall.client import FlightClient
-from unstall.torch import DataLoader, Dataset, EpochIndex, EpochSampler
+from unstall.sampling import batch_rng
+from unstall.torch import DataLoader, Dataset, DistributedSampler, EpochIndex, EpochSampler
 from fake_sidecar import TOKEN, FakeSidecar
 
 
@@ -27,14 +31,19 @@ def first_byte(payload: memoryview) -> int:
 # -- EpochSampler -----------------------------------------------------------------------------
 
 
+def _unseeded(ix: EpochIndex) -> EpochIndex:
+    """``ix`` without its batch's seed (test_batch_seeds_follow_the_batches checks those)."""
+    return ix._replace(batch_seed=None)
+
+
 def test_epoch_sampler_tags_and_advances_per_iteration() -> None:
     s = EpochSampler(range(3))
     assert len(s) == 3 and s.epoch == 0
-    assert list(s) == [EpochIndex(0, 0), EpochIndex(0, 1), EpochIndex(0, 2)]
+    assert [_unseeded(ix) for ix in s] == [EpochIndex(0, 0), EpochIndex(0, 1), EpochIndex(0, 2)]
     assert [ix.epoch for ix in s] == [1, 1, 1]
     s.set_epoch(7)
     s.session = 5  # a DataLoader's session on the local socket travels with each index
-    assert set(s) == {EpochIndex(7, i, 5) for i in range(3)}
+    assert {_unseeded(ix) for ix in s} == {EpochIndex(7, i, 5) for i in range(3)}
     assert s.epoch == 8 and s.state_dict()["epoch"] == 8
 
 
@@ -43,7 +52,7 @@ def test_epoch_sampler_advances_only_when_iteration_starts() -> None:
     s = EpochSampler(range(2))
     iter(s)
     iter(s)
-    assert next(iter(s)) == EpochIndex(0, 0)
+    assert _unseeded(next(iter(s))) == EpochIndex(0, 0)
 
 
 def test_epoch_sampler_batched_and_forwarding_set_epoch() -> None:
@@ -62,7 +71,7 @@ def test_epoch_sampler_batched_and_forwarding_set_epoch() -> None:
 
     inner = Recording()
     s = EpochSampler(inner, batched=True)
-    assert list(s) == [[EpochIndex(0, 0), EpochIndex(0, 1)], [EpochIndex(0, 2)]]
+    assert [[_unseeded(ix) for ix in b] for b in s] == [[EpochIndex(0, 0), EpochIndex(0, 1)], [EpochIndex(0, 2)]]
     assert inner.epochs == [0]  # told every epoch: its order is a function of (its seed, epoch)
     s.set_epoch(3)
     list(s)
@@ -145,6 +154,90 @@ def test_a_sampler_that_cannot_be_reseeded_says_so() -> None:
     assert EpochSampler(range(4)).state_dict()["order"] == "fixed"
 
 
+def _draws() -> tuple[list[float], float, float]:
+    """What a random augmentation draws: from torch's, python's and numpy's global RNGs."""
+    return torch.rand(2).tolist(), random.random(), float(np.random.rand())
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def test_batch_rng_seeds_the_batch_and_gives_the_process_rngs_back() -> None:
+    _seed_all(1)
+    undisturbed = [_draws(), _draws()]
+    _seed_all(1)
+    with batch_rng([EpochIndex(0, 0, 0, 99), EpochIndex(0, 1, 0, 99)]):
+        a = _draws()
+    with batch_rng([EpochIndex(3, 7, 2, 99)]):  # the seed alone decides
+        b = _draws()
+    with batch_rng([EpochIndex(0, 0, 0, 98)]):
+        c = _draws()
+    assert a == b and a != c
+    assert _draws() == undisturbed[0]
+    with batch_rng([5, 6]):  # plain indices (a stock torch DataLoader): the process's own RNGs
+        assert _draws() == undisturbed[1]
+
+
+def test_batch_seeds_follow_the_batches() -> None:
+    flat = EpochSampler(tud.RandomSampler(range(10)), batch_size=3, seed=1)
+    batched = EpochSampler(tud.BatchSampler(tud.RandomSampler(range(10)), 3, False), batched=True, seed=1)
+    epoch0 = [ix.batch_seed for ix in flat]
+    assert [epoch0[k:k + 3] for k in range(0, 10, 3)] == [[ix.batch_seed for ix in b] for b in batched]
+    assert len(set(epoch0)) == 4 and all(len(set(epoch0[k:k + 3])) == 1 for k in range(0, 10, 3))
+    assert not set(epoch0) & {ix.batch_seed for ix in flat}  # another epoch, other seeds
+    resumed = EpochSampler(tud.RandomSampler(range(10)), batch_size=3, seed=5)
+    resumed.load_state_dict({"version": 1, "epoch": 0, "seed": 1, "skip": 6})
+    assert [ix.batch_seed for ix in resumed] == epoch0[6:]
+
+
+def test_batch_seeds_are_job_wide_over_a_distributed_sampler() -> None:
+    ds = list(range(24))
+
+    def seeds_of(sampler: tud.Sampler) -> dict[int, int]:
+        return {ix.index: ix.batch_seed for ix in EpochSampler(sampler, batch_size=4, seed=0)}
+
+    # unstall's: a batch is named by its first position in the job-wide order, so with 4 items per batch the
+    # same batches draw alike on 2 and on 3 ranks.
+    on = {w: [seeds_of(DistributedSampler(ds, num_replicas=w, rank=r, batch_size=4)) for r in range(w)]
+          for w in (2, 3)}
+    two, three = ({k: v for rank in on[w] for k, v in rank.items()} for w in (2, 3))
+    assert two == three and len(two) == 24 and len(set(two.values())) == 6
+    # torch's: its ranks' k-th batches are told apart.
+    ranks = [seeds_of(tud.DistributedSampler(ds, num_replicas=2, rank=r)) for r in range(2)]
+    assert len(set(ranks[0].values()) | set(ranks[1].values())) == 6
+
+
+class Jitter:
+    """A random augmentation: the sample with what it draws from torch's, python's and numpy's global RNGs."""
+
+    def __call__(self, sample: int) -> tuple[int, tuple[list[float], float, float]]:
+        return sample, _draws()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_transforms_resume_exactly_on_any_num_workers(fake_sidecar: FakeSidecar, workers: int) -> None:
+    ds = Dataset("imgs", sidecar=fake_sidecar, loader=first_byte, transform=Jitter())
+    _seed_all(2)
+    undisturbed = _draws()
+    _seed_all(2)
+    ref = DataLoader(ds, batch_size=8, shuffle=True, seed=3, collate_fn=keep)  # transforms in this process
+    whole = list(ref)
+    assert _draws() == undisturbed, "the transforms left the trainer's RNGs as they were"
+    assert len({draws[1] for batch in whole for (_, draws), _ in batch}) == 50
+    a = DataLoader(ds, batch_size=8, shuffle=True, seed=3, collate_fn=keep, num_workers=workers)
+    it = iter(a)
+    got = [next(it) for _ in range(3)]
+    state = a.state_dict()
+    del it, a
+    b = DataLoader(ds, batch_size=8, shuffle=True, seed=3, collate_fn=keep, num_workers=2 - workers,
+                   persistent_workers=workers == 0)
+    b.load_state_dict(state)
+    assert got + list(b) == whole
+
+
 # -- Dataset / DataLoader over the fake data plane -------------------------------------------------
 
 
@@ -223,6 +316,23 @@ def test_dataloader_state_dict_resumes_at_the_next_batch(fake_sidecar: FakeSidec
         DataLoader(ds, batch_size=8, collate_fn=keep).load_state_dict(state)
     with pytest.raises(ValueError, match="state_dict\\(\\) needs in_order=True"):
         DataLoader(ds, batch_size=8, num_workers=1, in_order=False, collate_fn=keep).state_dict()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_of_an_iterator_collected_in_a_cycle_exit_on_their_own(fake_sidecar: FakeSidecar,
+                                                                      persistent: bool) -> None:
+    # An exception's traceback holds the loop's frames in a cycle: the iterator dies in the garbage collector.
+    before = set(multiprocessing.active_children())
+    loader = DataLoader(Dataset("imgs", sidecar=fake_sidecar), batch_size=5, num_workers=2,
+                        persistent_workers=persistent, collate_fn=keep)
+    it = iter(loader)
+    next(it)
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    cycle: list = [it, loader]
+    cycle.append(cycle)
+    del it, loader, cycle
+    gc.collect()  # torch's __del__ stops the workers and joins them, terminating those that did not stop
+    assert len(workers) == 2 and [w.exitcode for w in workers] == [0, 0], "told to stop, not terminated"
 
 
 def test_default_collate_of_decoded_samples(fake_sidecar: FakeSidecar) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import pytest
+import torch
 
 import unstall
 from unstall.torch import DataLoader, Dataset, DistributedSampler, EpochIndex, Mixture
@@ -103,6 +104,29 @@ def test_a_mid_epoch_state_resumes_exactly_in_a_new_loader(sources: List[Dataset
     resumed.load_state_dict(state)
     rest = [d for e in epochs(resumed, 2) for d in e]
     assert consumed + rest == whole
+
+
+class Noise:
+    """A random augmentation: the row ``[source tag, row index]`` and a draw from torch's RNG."""
+
+    def __call__(self, row: np.ndarray) -> torch.Tensor:
+        return torch.tensor([*row.tolist(), torch.rand(()).item()], dtype=torch.float64)
+
+
+def test_random_transforms_resume_exactly_seeded_once_per_batch(sidecar: unstall.Sidecar,
+                                                                 sources: List[Dataset]) -> None:
+    noisy = [Dataset(s.name, sidecar=sidecar, transform=Noise()) for s in sources]
+    whole = [b.tolist() for b in DataLoader(mixture(noisy, seed=3), batch_size=BATCH, seed=5)]  # in this process
+    loader = DataLoader(mixture(noisy, seed=3), batch_size=BATCH, seed=5, num_workers=2)
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(5)]
+    state = loader.state_dict()
+    del it
+    resumed = DataLoader(mixture(noisy, seed=3), batch_size=BATCH, seed=5, num_workers=1)
+    resumed.load_state_dict(state)
+    assert got + [b.tolist() for b in resumed] == whole, "the same augmentations, whatever the workers"
+    draws = [d for batch in whole for *_, d in batch]
+    assert len(set(draws)) == len(draws), "a batch's sources draw on from one stream: none restarts it"
 
 
 def test_a_state_from_another_mixture_is_refused_naming_what_differs(sources: List[Dataset]) -> None:

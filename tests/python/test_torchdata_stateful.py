@@ -14,11 +14,15 @@ construction is adapted:
   ``multiprocessing_context`` (torchdata's forkserver on macOS) and ``pin_memory=TEST_CUDA``;
 - ``subTest`` loops and ``parameterized.expand`` are ``pytest.mark.parametrize``.
 
+A dataset that draws from torch's RNG in ``__getitem__`` (``DummyMapDataset(shuffle=True)``) resumes as
+torchdata's does, by other means: torchdata saves and restores each worker's RNG through the dataset's
+``state_dict`` (on the same ``num_workers`` only), while unstall seeds each batch's transforms from the loader's
+seed, the epoch and the batch (``unstall.sampling.batch_rng``), so a restored loader draws the same on any
+``num_workers``, with or without persistent workers.
+
 What unstall does not do is marked, each with the reason: iterable-style datasets (an unstall ``Dataset`` is
-indexed by sample id) are skipped; restoring the state of a dataset that draws from torch's RNG in
-``__getitem__`` (torchdata saves and restores it through the dataset's and each worker's ``state_dict``;
-unstall's state holds the loader's position and seed only), refusing another ``num_workers``, raising a
-``worker_init_fn`` error in ``iter()`` and ``in_order=False`` are expected failures (strict).
+indexed by sample id) are skipped; refusing another ``num_workers``, raising a ``worker_init_fn`` error in
+``iter()`` and ``in_order=False`` are expected failures (strict).
 """
 
 from __future__ import annotations
@@ -139,28 +143,12 @@ def DummyMapDataset(make_dataset: MakeDataset) -> Callable[..., Dataset]:  # noq
     return make
 
 
-DUMMY_RNG = ("DummyMapDataset(shuffle=True) draws its item from torch's RNG in __getitem__; torchdata restores "
-             "that RNG through the dataset's state_dict (Stateful), in the main process and in each worker, while "
-             "unstall's state is the loader's position and seed: a restored epoch reseeds the workers per epoch, "
-             "so the draws only match when the restored iteration starts where the saved one did with workers")
-
-
-PERSISTENT_RNG = ("DummyMapDataset(shuffle=True) draws from torch's RNG in the workers, and a persistent worker, seeded "
-                  "once when it starts, carries its RNG from one epoch into the next; a loader restored at that next "
-                  "epoch starts fresh workers seeded for it, where torchdata restores each worker's RNG through the "
-                  "dataset's state_dict")
-
-
-def rng_xfail(*values: Any, id: str, reason: str = DUMMY_RNG) -> Any:  # noqa: A002
-    return pytest.param(*values, id=id, marks=pytest.mark.xfail(strict=True, reason=reason))
-
-
 # ---------------------------------------------------------------------------------------------------------
 # TestStatefulDataLoaderIterable_shard0's test methods, which TestStatefulDataLoaderMap_shard1 and
 # TestStatefulSampler_shard1 inherit with their own _run_and_checkpoint.
 
 
-def _inherited_cases(random_state_passes: Callable[[int, int], bool]) -> list[Any]:
+def _inherited_cases() -> list[Any]:
     """``(num_workers, batch_size, pw, interrupt, shuffle)`` of each subTest of test_no_mp, test_mp_x,
     test_mp_pw, test_mp_every_n_steps (which passes no every_n_steps on) and test_random_state."""
     cases = []
@@ -170,16 +158,12 @@ def _inherited_cases(random_state_passes: Callable[[int, int], bool]) -> list[An
     for every_n_steps, interrupt in itertools.product([2, 5], [0, 1, 10]):
         cases.append(pytest.param(3, 7, True, interrupt, False, id=f"test_mp_every_n_steps-{every_n_steps}-{interrupt}"))
     for nw, interrupt in itertools.product([0, 3], [0, 1, 10]):
-        case = (nw, 7, False, interrupt, True)
-        cases.append(pytest.param(*case, id=f"test_random_state-{nw}-{interrupt}") if random_state_passes(nw, interrupt)
-                     else rng_xfail(*case, id=f"test_random_state-{nw}-{interrupt}"))
+        cases.append(pytest.param(nw, 7, False, interrupt, True, id=f"test_random_state-{nw}-{interrupt}"))
     return cases
 
 
-# TestStatefulDataLoaderMap_shard1 returns before doing anything without workers; with them, the restored
-# workers start at interrupt 0 only where the saved ones did.
-@pytest.mark.parametrize("num_workers, batch_size, pw, interrupt, shuffle",
-                         _inherited_cases(lambda nw, interrupt: nw == 0 or interrupt == 0))
+# TestStatefulDataLoaderMap_shard1 returns before doing anything without workers.
+@pytest.mark.parametrize("num_workers, batch_size, pw, interrupt, shuffle", _inherited_cases())
 def test_map_shard1(DummyMapDataset: Callable[..., Dataset], num_workers: int, batch_size: Optional[int],  # noqa: N803
                     pw: bool, interrupt: Optional[int], shuffle: bool) -> None:
     """TestStatefulDataLoaderMap_shard1: a RandomSampler seeded 13, interrupted and restored."""
@@ -233,8 +217,7 @@ def test_map_shard1(DummyMapDataset: Callable[..., Dataset], num_workers: int, b
 # DummySampler's order is fixed, so unstall's skip in the sampler restores it although unstall cannot restore
 # the sampler's own state (it warns that it restores a sampler it can neither reseed nor tell the epoch).
 @pytest.mark.filterwarnings("ignore:restoring epoch")
-@pytest.mark.parametrize("num_workers, batch_size, pw, interrupt, shuffle",
-                         _inherited_cases(lambda nw, interrupt: nw > 0 and interrupt == 0))
+@pytest.mark.parametrize("num_workers, batch_size, pw, interrupt, shuffle", _inherited_cases())
 def test_stateful_sampler_shard1(DummyMapDataset: Callable[..., Dataset], num_workers: int,  # noqa: N803
                                  batch_size: Optional[int], pw: bool, interrupt: Optional[int], shuffle: bool) -> None:
     """TestStatefulSampler_shard1: a custom sampler (torchdata restores its iterator's own state_dict)."""
@@ -328,12 +311,11 @@ def test_snapshot_zero_map_shuffle(DummyMapDataset: Callable[..., Dataset], pw: 
     assert batches == exp
 
 
-@pytest.mark.parametrize("pw, num_workers, every_n_steps", [
-    rng_xfail(pw, nw, n, id=f"{pw}-{nw}-{n}") for pw, nw, n in itertools.product([False, True], [0, 2], [1, 15])])
+@pytest.mark.parametrize("pw, num_workers, every_n_steps", list(itertools.product([False, True], [0, 2], [1, 15])))
 def test_snapshot_zero_map_iterrupted_shuffle(DummyMapDataset: Callable[..., Dataset], pw: bool,  # noqa: N803
                                               num_workers: int, every_n_steps: int) -> None:
     """TestSnapshotZero_shard2.test_map_iterrupted_shuffle: restores the state after 4 batches, then the state
-    before the first (in the middle of the epoch the workers' draws differ, see ``DUMMY_RNG``)."""
+    before the first."""
     dataset = DummyMapDataset(10, shuffle=True)
     dl = DataLoader(
         dataset=dataset,
@@ -367,9 +349,7 @@ def test_snapshot_zero_map_iterrupted_shuffle(DummyMapDataset: Callable[..., Dat
 # TestSnapshotEnd_shard2: a state taken once the epoch's loop is over restores as the next epoch's start.
 
 
-@pytest.mark.parametrize("pw, bs", [
-    rng_xfail(pw, bs, id=f"{pw}-{bs}", reason=PERSISTENT_RNG) if pw else pytest.param(pw, bs, id=f"{pw}-{bs}")
-    for pw, bs in itertools.product([False, True], [None, 4])])
+@pytest.mark.parametrize("pw, bs", list(itertools.product([False, True], [None, 4])))
 def test_snapshot_end_map(DummyMapDataset: Callable[..., Dataset], pw: bool, bs: Optional[int]) -> None:  # noqa: N803
     """TestSnapshotEnd_shard2.test_map."""
     num_workers = 3
@@ -568,8 +548,7 @@ def test_initial_state(DummyMapDataset: Callable[..., Dataset], pw: bool) -> Non
     assert data2 == exp
 
 
-@pytest.mark.parametrize("pw, interrupt", [
-    rng_xfail(pw, interrupt, id=f"{pw}-{interrupt}") for pw, interrupt in itertools.product([False, True], [2, 9])])
+@pytest.mark.parametrize("pw, interrupt", list(itertools.product([False, True], [2, 9])))
 def test_load_state_after_initial_state_dict(DummyMapDataset: Callable[..., Dataset], pw: bool,  # noqa: N803
                                              interrupt: int) -> None:
     """TestInitialState_shard0.test_load_state_after_initial_state_dict."""
@@ -600,8 +579,7 @@ def test_load_state_after_initial_state_dict(DummyMapDataset: Callable[..., Data
     assert data == exp
 
 
-@pytest.mark.parametrize("pw, interrupt", [
-    rng_xfail(pw, interrupt, id=f"{pw}-{interrupt}") for pw, interrupt in itertools.product([False, True], [2, 9])])
+@pytest.mark.parametrize("pw, interrupt", list(itertools.product([False, True], [2, 9])))
 def test_load_state_before_initial_state_dict(DummyMapDataset: Callable[..., Dataset], pw: bool,  # noqa: N803
                                               interrupt: int) -> None:
     """TestInitialState_shard0.test_load_state_before_initial_state_dict."""

@@ -22,7 +22,7 @@ from .errors import SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch
 from .sidecar import Sidecar, default_sidecar
-from .sampling import EpochIndex
+from .sampling import EpochIndex, batch_rng
 
 
 __all__ = ["Dataset", "TRANSPORTS"]
@@ -72,7 +72,9 @@ class Dataset(tud.Dataset):
     ``dataset[i]`` is ``(sample, target)``: ``sample = transform(loader(payload))``, ``target =
     target_transform(label)`` where the label is the class index (imagefolder) or the sample's key
     ``shard@offset`` for formats without labels (tfrecord). A batch of indices (``__getitems__``, which
-    torch's fetcher calls) is one request to the sidecar.
+    torch's fetcher calls) is one request to the sidecar. A batch of ``EpochIndex``es with a ``batch_seed`` (what
+    ``unstall.torch.DataLoader`` draws) runs its loader and transforms in ``unstall.sampling.batch_rng``: their
+    random draws are a function of the batch, not of the process that prepares it.
 
     The formats ``webdataset``, ``npy``, ``npz`` and ``csv`` (``unstall.formats``) decode their samples
     themselves, as the format's own reader does: a webdataset dict (or, with ``options={"payload": ...}``,
@@ -212,13 +214,19 @@ class Dataset(tud.Dataset):
             if i < 0:  # negative indices: as for sequences, but the wire carries unsigned ids
                 raise IndexError(f"sample index {i} is out of range for dataset {self.name!r} of {n} samples")
         if all(g == groups[0] for g in groups):
-            return self._convert(self.fetch_samples(ids, *groups[0]))
+            batch = self.fetch_samples(ids, *groups[0])
+            with batch_rng(indices):
+                return self._convert(batch)
         # Mixed epochs or sessions (a custom sampler): one request each, results put back in the asked order.
-        out: List[Any] = [None] * len(ids)
+        fetched: List[Tuple[List[int], SampleBatch]] = []
         for g in sorted(set(groups)):
             pos = [p for p, pg in enumerate(groups) if pg == g]
-            for p, item in zip(pos, self._convert(self.fetch_samples([ids[p] for p in pos], *g))):
-                out[p] = item
+            fetched.append((pos, self.fetch_samples([ids[p] for p in pos], *g)))
+        out: List[Any] = [None] * len(ids)
+        with batch_rng(indices):
+            for pos, batch in fetched:
+                for p, item in zip(pos, self._convert(batch)):
+                    out[p] = item
         return out
 
     def _convert(self, batch: SampleBatch) -> List[Tuple[Any, Any]]:

@@ -98,8 +98,8 @@ class Remaining:
 
 class Share:
     """Rank ``rank``'s share of ``remaining`` among ``world`` ranks, ``chunk`` items per step: ``len()`` chunks (the
-    rank's batches), ``chunk_range(k)`` the remaining-index range of its ``k``-th, ``positions(first)`` the positions
-    of its chunks from the ``first``-th on, in order."""
+    rank's batches), ``chunk_range(k)`` the remaining-index range of its ``k``-th, ``first_position(k)`` where it starts,
+    ``positions(first)`` the positions of its chunks from the ``first``-th on, in order."""
 
     def __init__(self, remaining: Remaining, world: int, rank: int, chunk: int, drop_last: bool = False) -> None:
         if world < 1 or not 0 <= rank < world or chunk < 1:
@@ -129,6 +129,10 @@ class Share:
             start = k * self.world * self.chunk + self.rank * self.chunk
             return start, start + self.chunk
         return self._tail_start, self._tail_start + self._tail_len
+
+    def first_position(self, k: int) -> int:
+        """The position of the ``k``-th chunk's first item."""
+        return self.remaining.ranges(*self.chunk_range(k))[0][0]
 
     def positions(self, first: int = 0) -> Iterator[int]:
         for k in range(first, len(self)):

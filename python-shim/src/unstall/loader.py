@@ -77,6 +77,19 @@ def _fit_global(sampler: DistributedSampler, batch_size: Optional[int], seed: Op
                          "which makes the order: pass one of them")
 
 
+def _hold_index_queues(iterator: Any) -> None:
+    """Keeps the index queues of torch's multiprocessing iterator referenced from outside it until it is gone.
+
+    Its ``__del__`` stops the workers by sending each a None on its index queue. When the iterator dies in a
+    reference cycle (an exception's traceback holding the loop's frame), the garbage collector first runs the
+    finalizers of the queues found in the cycle with it, which stop their feeder threads: the None is never sent,
+    and torch waits 5 s (``MP_STATUS_CHECK_INTERVAL``) for each worker before terminating it. Referenced from here,
+    the queues are not part of that garbage; the finalizer below lets go of them once the iterator is."""
+    queues = getattr(iterator, "_index_queues", None)
+    if queues:
+        weakref.finalize(iterator, list.clear, list(queues)).atexit = False
+
+
 def _shuffles(sampler: Any) -> bool:
     """Whether ``sampler`` (or a ``BatchSampler``'s) draws a random order."""
     if isinstance(sampler, tud.BatchSampler):
@@ -93,8 +106,11 @@ class DataLoader(tud.DataLoader):
     carries the epoch (0 for the first iteration, then 1, 2, ...; ``set_epoch`` overrides), also with
     ``persistent_workers=True``. The order of epoch e is a function of ``(seed, e)`` only (``EpochSampler``):
     ``seed``, or ``generator``'s initial seed, or one drawn once from torch's global RNG; the workers' base
-    seed is derived from it per epoch too. ``state_dict()``/``load_state_dict()`` behave as torchdata's
-    ``StatefulDataLoader``'s: a loader restored in a new process continues with the very next batch.
+    seed is derived from it per epoch too, and each batch's ``loader``/``transform``/``target_transform`` run with
+    torch's, python's and numpy's RNGs seeded from ``(seed, epoch, batch)`` (``unstall.sampling.batch_rng``), in
+    a worker or in this process (whose own RNGs they leave as they were). ``state_dict()``/``load_state_dict()``
+    behave as torchdata's ``StatefulDataLoader``'s: a loader restored in a new process continues with the very next
+    batch, with the same random augmentations, on any ``num_workers``.
     In an initialised ``torch.distributed`` job, without ``sampler``/``batch_sampler``, the sampler is an
     ``unstall.torch.DistributedSampler`` (``shuffle``, ``seed`` or 0, this ``batch_size``): one job-wide order
     per epoch, and a state that ``unstall.torch.merge_states`` turns into one a job on any number of ranks loads.
@@ -247,13 +263,14 @@ class DataLoader(tud.DataLoader):
                 sampler = tud.RandomSampler(dataset) if shuffle else tud.SequentialSampler(dataset)
             if isinstance(sampler, DistributedSampler):
                 _fit_global(sampler, batch_size, base_seed)
-            self.epoch_sampler = EpochSampler(sampler, start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed)
+            self.epoch_sampler = EpochSampler(sampler, batch_size=1 if batch_size is None else int(batch_size),
+                                              start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed)
             super().__init__(
                 dataset, batch_size=batch_size, sampler=self.epoch_sampler, drop_last=drop_last, **common
             )
         self._user_context = multiprocessing_context is not None
         # Sampler items per batch handed out: a resumed epoch skips batches_yielded * this in the sampler.
-        self._items_per_batch = 1 if batch_sampler is not None or batch_size is None else int(batch_size)
+        self._items_per_batch = 1 if batch_sampler is not None else self.epoch_sampler.batch_size
         self._progress: Optional[Progress] = None  # the latest iterator's epoch and batches handed out
         # The job-wide order the loader deals from (its sampler's, or its BatchSampler's): its state is then elastic
         # (unstall.elastic), and a rank's incomplete last batch dropped by the batching counts as consumed.
@@ -279,7 +296,9 @@ class DataLoader(tud.DataLoader):
             self.multiprocessing_context = ctx
         # The workers' base seed (their torch/random/numpy seeds) is a function of (seed, epoch) too.
         self.generator.manual_seed(epoch_seed(self.epoch_sampler.seed, self.epoch_sampler.epoch, stream=1))
-        return super()._get_iterator()
+        iterator = super()._get_iterator()
+        _hold_index_queues(iterator)
+        return iterator
 
     def __iter__(self) -> Any:
         self._ensure_session()

@@ -4,7 +4,8 @@ whose position p of epoch e is a fixed sample of a fixed source.
 Two parts: ``schedule`` (which source each position draws from: a function of the weights alone, computed once)
 and each source's order in an epoch (a permutation per (seed, epoch, source), repeated with fresh permutations
 while a source's draws outnumber its samples). A batch of positions becomes one request per source it touches,
-each through that source's own ``Dataset.__getitems__``: its transport, session, loader and transforms.
+each through that source's own ``Dataset.__getitems__``: its transport, session, loader and transforms, all
+of them inside the one ``batch_rng`` of the mixture's batch.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.utils.data as tud
 
 from .dataset import Dataset, Index
 from .errors import SidecarUnavailableError
-from .sampling import EpochIndex
+from .sampling import EpochIndex, batch_rng
 from .state import epoch_seed
 
 
@@ -239,15 +240,18 @@ class Mixture(tud.Dataset):
                 groups.append((self.epoch, 0))
                 positions.append(int(ix))
         out: List[Any] = [None] * len(positions)
-        for epoch, session in sorted(set(groups)):
-            asked = np.asarray([p for p, g in enumerate(groups) if g == (epoch, session)], dtype=np.int64)
-            source_of, ids = self.draws([positions[p] for p in asked], epoch)
-            sessions = self._sessions(session)
-            for i in np.unique(source_of):
-                mine = np.flatnonzero(source_of == i)
-                batch = [EpochIndex(epoch, int(ids[m]), sessions[i]) for m in mine]
-                for p, item in zip(asked[mine], self.sources[int(i)].__getitems__(batch)):
-                    out[p] = item
+        # The batch is seeded once, here: the sources' requests carry no batch_seed, so their transforms draw on
+        # from it, one source after the other, rather than each restarting the batch's draws.
+        with batch_rng(indices):
+            for epoch, session in sorted(set(groups)):
+                asked = np.asarray([p for p, g in enumerate(groups) if g == (epoch, session)], dtype=np.int64)
+                source_of, ids = self.draws([positions[p] for p in asked], epoch)
+                sessions = self._sessions(session)
+                for i in np.unique(source_of):
+                    mine = np.flatnonzero(source_of == i)
+                    batch = [EpochIndex(epoch, int(ids[m]), sessions[i]) for m in mine]
+                    for p, item in zip(asked[mine], self.sources[int(i)].__getitems__(batch)):
+                        out[p] = item
         return out
 
     def _sessions(self, session: int) -> Tuple[int, ...]:

@@ -1,20 +1,24 @@
-"""Epoch-tagged sampling for ``unstall.torch``: ``EpochIndex`` (a sample index tagged with its epoch and the
-loader's session) and ``EpochSampler`` (the sampler that draws them, reseeded per epoch)."""
+"""Epoch-tagged sampling for ``unstall.torch``: ``EpochIndex`` (a sample index tagged with its epoch, the
+loader's session and its batch's seed), ``EpochSampler`` (the sampler that draws them, reseeded per epoch) and
+``batch_rng`` (the seeded RNGs a batch's transforms run in)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import random
 import warnings
-from typing import Any, Callable, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 
 from .sharding import DistributedSampler
-from .state import STATE_VERSION, check_state, epoch_seed, state_int
+from .state import STATE_VERSION, batch_seed, check_state, epoch_seed, state_int
 
 
-__all__ = ["EpochIndex", "EpochSampler"]
+__all__ = ["EpochIndex", "EpochSampler", "batch_rng"]
 
 # ---------------------------------------------------------------------------------------------
 # Epoch-tagged sampling
@@ -23,12 +27,40 @@ _MISSING = object()
 
 
 class EpochIndex(NamedTuple):
-    """A sample index tagged with the epoch it is drawn for (it travels in the request) and the session
-    of the DataLoader that drew it (local socket; 0: the dataset's own session in each process)."""
+    """A sample index tagged with the epoch it is drawn for (it travels in the request), the session of the
+    DataLoader that drew it (local socket; 0: the dataset's own session in each process) and the seed of its
+    batch's random transforms (``unstall.state.batch_seed``; None: they draw from the process's RNGs)."""
 
     epoch: int
     index: int  # type: ignore[assignment]  # the name torch users know; shadows tuple.index
     session: int = 0
+    batch_seed: Optional[int] = None
+
+
+@contextlib.contextmanager
+def batch_rng(indices: Sequence[Any]) -> Iterator[None]:
+    """Runs the body (a batch's loader and transforms) with torch's CPU, python's and numpy's global RNGs seeded
+    from the batch's seed (its first index's ``batch_seed``), and gives them back their state afterwards: the
+    augmentations of a batch are then a function of (seed, epoch, batch) wherever it is prepared, and the
+    trainer's own RNGs (no workers) do not move. Without a seed (plain int indices) the body draws as it would."""
+    first = indices[0] if len(indices) else None
+    seed = first.batch_seed if isinstance(first, EpochIndex) else None
+    if seed is None:
+        yield
+        return
+    py, legacy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        # Not torch.manual_seed: it also queues seeds for every accelerator, this is the CPU generator only.
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        # torch and numpy both start an MT19937 from 32 bits of the seed: torch from the low half, numpy from the
+        # high one, or their streams would be the same numbers.
+        np.random.seed(seed >> 32)
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(legacy)
 
 
 def _draw_seed() -> int:
@@ -78,6 +110,21 @@ def _own_seed(sampler: Any) -> Optional[int]:
     return int(generator.initial_seed()) if isinstance(generator, torch.Generator) else None
 
 
+def _batch_names(sampler: Any, epoch: int) -> Callable[[int], int]:
+    """How batch ``k`` of ``epoch`` (counted from the epoch's start) is named in its ``batch_seed``: over
+    ``unstall.torch.DistributedSampler``, the job-wide position of its first sample, so that one batch size gives
+    the same batches the same draws on any number of ranks; over a sampler of ``num_replicas`` ranks (torch's
+    ``DistributedSampler``), the step-major ``k * num_replicas + rank``, so that no two ranks draw alike; else ``k``."""
+    if isinstance(sampler, tud.BatchSampler):
+        return _batch_names(sampler.sampler, epoch)
+    if isinstance(sampler, DistributedSampler):
+        return sampler.share(epoch).first_position
+    world, rank = getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)
+    if isinstance(world, int) and isinstance(rank, int):
+        return lambda k: k * world + rank
+    return lambda k: k
+
+
 class EpochSampler(tud.Sampler):
     """Wraps a sampler (or, with ``batched=True``, a batch sampler) and tags what it yields with the epoch.
 
@@ -95,6 +142,12 @@ class EpochSampler(tud.Sampler):
     iteration carries that epoch. A sampler with neither (a custom random sampler) replays from its own
     state, which ``state_dict`` does not hold: its ``"order"`` is ``"sampler"`` and restoring warns.
 
+    **The random transforms of a batch are a function of (seed, epoch, batch) too**: every index carries its
+    batch's ``batch_seed`` (``unstall.state.batch_seed``; the dataset runs the batch's transforms in
+    ``batch_rng``). A batch is what the wrapped batch sampler yields (``batched``), or ``batch_size`` consecutive
+    items (the DataLoader's batch size; 1 without automatic batching), counted from the epoch's start, the skip of
+    a resumed epoch included; ``_batch_names`` says how a distributed sampler's batches are named.
+
     ``state_dict()``: ``{"version", "epoch", "seed", "order", "skip"}`` (plain ints and strings, for
     ``torch.save``); ``skip`` is how many items (indices, or batches when ``batched``) of ``epoch`` the
     next iteration leaves out, drawn but not yielded (a resumed epoch; a skip of the whole epoch, a state
@@ -106,14 +159,18 @@ class EpochSampler(tud.Sampler):
         sampler: Iterable[Any],
         *,
         batched: bool = False,
+        batch_size: int = 1,
         start_epoch: int = 0,
         on_epoch: Optional[Callable[[int, List[int]], None]] = None,
         seed: Optional[int] = None,
     ) -> None:
         if start_epoch < 0:
             raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size (items per batch) must be an int >= 1, got {batch_size!r}")
         self.sampler = sampler
         self.batched = batched
+        self.batch_size = batch_size  # items per batch when not batched: batches name their seeds
         self.on_epoch = on_epoch  # told the epoch's (remaining) order before it starts (clairvoyant prefetch)
         self._seed = int(seed) if seed is not None else _own_seed(sampler)
         self.order, self._reseed = _reseeder(sampler)
@@ -173,12 +230,18 @@ class EpochSampler(tud.Sampler):
             order = list(order)  # the order is fixed by the seed: draw it now, replay it below
             if order:  # empty: an epoch restored at its end, nothing left to read
                 self.on_epoch(epoch, [int(i) for b in order for i in b] if self.batched else [int(i) for i in order])
+        name = _batch_names(self.sampler, epoch)
         if self.batched:
-            for batch in order:
-                yield [EpochIndex(epoch, int(i), session) for i in batch]
+            for k, batch in enumerate(order, skip):
+                bs = batch_seed(self.seed, epoch, name(k))
+                yield [EpochIndex(epoch, int(i), session, bs) for i in batch]
         else:
-            for i in order:
-                yield EpochIndex(epoch, int(i), session)
+            size, k, bs = self.batch_size, -1, 0
+            for n, i in enumerate(order, skip):
+                if n // size != k:
+                    k = n // size
+                    bs = batch_seed(self.seed, epoch, name(k))
+                yield EpochIndex(epoch, int(i), session, bs)
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]

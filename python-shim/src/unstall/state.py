@@ -15,7 +15,8 @@ import numpy as np
 
 from .observers import IteratorWrapper
 
-__all__ = ["STATE_VERSION", "epoch_seed", "Progress", "CountingIterator", "position", "mid_epoch", "check_state", "state_int"]
+__all__ = ["STATE_VERSION", "BATCH_STREAM", "epoch_seed", "batch_seed", "Progress", "CountingIterator", "position",
+           "mid_epoch", "check_state", "state_int"]
 
 STATE_VERSION = 1
 """The version of every loader ``state_dict()`` (the ``"version"`` key)."""
@@ -25,8 +26,20 @@ def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
     """The seed of epoch ``epoch``'s generator: a function of ``(seed, epoch)`` only (numpy's
     ``SeedSequence``), so the order of an epoch never depends on how far an earlier one advanced.
     ``stream`` separates independent uses (0: the sampler's order, 1: the workers' base seed, 2: data echoing,
-    3: a ``Mixture``'s per-source orders)."""
+    3: a ``Mixture``'s per-source orders, 4: the random transforms of each batch, ``batch_seed``)."""
     entropy = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, int(epoch), int(stream)]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+
+
+BATCH_STREAM = 4
+"""The ``epoch_seed`` stream of the batches' random transforms."""
+
+
+def batch_seed(seed: int, epoch: int, batch: int) -> int:
+    """The seed of the random transforms of batch ``batch`` of epoch ``epoch`` (``unstall.sampling.batch_rng``): a
+    function of ``(seed, epoch, batch)`` only, so a restored loader draws the same augmentations on any number of
+    workers. ``batch`` names the batch within its epoch (``unstall.sampling.EpochSampler`` says how)."""
+    entropy = [epoch_seed(seed, epoch, BATCH_STREAM), int(batch)]
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
 
 
