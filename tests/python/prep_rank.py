@@ -6,10 +6,12 @@ each with a new prep loader over the sidecar of ``$UNSTALL_HOME`` (the group is 
 ``"prep"`` (a ``PrepLoader``, the sidecar's pipeline, over ``transport``) or ``"transform"`` (a
 ``SharedTransformLoader`` with ``num_workers`` worker processes), ``window`` optional. A run may first load a job
 state (``load``: a JSON file), then does its ``loops``: ``null`` reads a whole ``for``; a list with one int per rank
-reads that many batches and stops there (an interruption). After loop ``k`` the ranks' states are gathered with
+reads that many batches and stops there (an interruption). ``lockstep``: the ranks meet at every step, as DDP's
+gradient allreduce makes them, a rank whose share is read joining in until every rank's is. After loop ``k`` the ranks' states are gathered with
 ``dist.all_gather_object`` and rank 0 writes their merge (``merge_states``) to ``<run>-<k>-job.json``, as a
 checkpoint would be saved. Each rank writes ``<run>-rank<r>.json``: the group's id and per loop the epoch read, each
-batch's sample ids and images' digest, and ``state_dict()``.
+batch's sample ids and images' digest, and ``state_dict()``; rank 0 adds the group's ``members`` and ``dropped`` once
+every rank closed its loader.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 from test_prep_support import PIPELINE_NCHW, digest
 
@@ -45,16 +48,29 @@ def loader_of(run: dict[str, Any], world: int, seed: int) -> Any:
     return prep.PrepLoader("imgs", PIPELINE_NCHW, transport=run.get("transport", "auto"), **common)
 
 
-def loop(loader: Any, batches: Optional[int]) -> dict[str, Any]:
+def step(has_batch: bool) -> bool:
+    """Every rank at every step, as DDP's gradient allreduce; a rank whose share is read goes on joining in, as
+    ``torch.distributed.algorithms.Join`` does with uneven shares. Whether any rank had a batch."""
+    more = torch.tensor([int(has_batch)])
+    dist.all_reduce(more)
+    return bool(more.item())
+
+
+def loop(loader: Any, batches: Optional[int], lockstep: bool) -> dict[str, Any]:
     """``state``: taken in the loop after its last batch (after a whole ``for``'s last batch: the epoch's end);
     ``after``: once the loop is over (after a whole ``for``: the next epoch's start, as torchdata's)."""
     epoch, read = loader.epoch, []
     state: Optional[dict[str, Any]] = None
-    for images, _, ids in loader:
+    batches_left = iter(loader)
+    while len(read) != batches:
+        item = next(batches_left, None)
+        if not (step(item is not None) if lockstep else item is not None):
+            break
+        if item is None:  # this rank's share is read, another rank's is not
+            continue
+        images, _, ids = item
         read.append([[int(i) for i in ids], digest(images.numpy())])
         state = loader.state_dict()
-        if len(read) == batches:
-            break
     after = loader.state_dict()
     return {"epoch": epoch, "batches": read, "state": state if state is not None else after, "after": after}
 
@@ -68,16 +84,20 @@ def main(spec: dict[str, Any]) -> None:
             loader.load_state_dict(json.loads(Path(run["load"]).read_text()))
         loops = []
         for k, batches in enumerate(run["loops"]):
-            loops.append(loop(loader, batches[rank] if isinstance(batches, list) else batches))
+            loops.append(loop(loader, batches[rank] if isinstance(batches, list) else batches,
+                              bool(run.get("lockstep"))))
             states: list[Any] = [None] * world
             dist.all_gather_object(states, loops[-1]["state"])  # every rank, at the same step
             if rank == 0:
                 job = merge_states(states, what="PrepLoader")
                 (out / f"{run['name']}-{k}-job.json").write_text(json.dumps(job))
-        record = {"group": loader.membership.group, "loops": loops}
+        record: dict[str, Any] = {"group": loader.membership.group, "loops": loops}
         loader.close()
-        (out / f"{run['name']}-rank{rank}.json").write_text(json.dumps(record))
         dist.barrier()  # every rank left this run's group before any joins the next run's
+        if rank == 0:
+            group = json.loads(loader.membership.client.do_action("prep.stats")[0])["groups"][record["group"]]
+            record["closed"] = {k: group[k] for k in ("members", "dropped")}
+        (out / f"{run['name']}-rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
 
 

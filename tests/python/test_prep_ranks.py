@@ -29,9 +29,7 @@ EPOCHS = 2
 SEED = 5
 EVERY = Counter(range(N_SAMPLES))
 BEHIND = [2, 2, 1, 2]  # rank 2 a step behind: batch 6, its second, is not read
-# The group prepares batches within the window from the slowest rank's cursor: rank 2 still at batch 2 while rank 3
-# reads batch 7 needs a window of 6 or more.
-BEHIND_WINDOW = 8
+LOCKSTEP_WINDOW = 2  # fewer than the 4 ranks: the group's window counts steps of 4 batches
 
 Rank = dict[str, Any]  # one rank's record of a run: its group and its loops
 Runs = dict[str, list[Rank]]  # run name -> per rank
@@ -48,8 +46,12 @@ def launch(env: PrepEnv, tmp: Path, world: int, runs: list[dict[str, Any]]) -> R
     run_ranks("prep_rank.py", [{"rank": r, "world": world, "rendezvous": str(tmp / "rendezvous"), "out": str(out),
                                 "seed": SEED, "runs": runs} for r in range(world)],
               rank_env(UNSTALL_HOME=str(env.sidecar.home), UNSTALL_EPOCH_LOG="0"), tmp)
-    return {run["name"]: [json.loads((out / f"{run['name']}-rank{r}.json").read_text()) for r in range(world)]
-            for run in runs}
+    records = {run["name"]: [json.loads((out / f"{run['name']}-rank{r}.json").read_text()) for r in range(world)]
+               for run in runs}
+    for name, ranks in records.items():
+        assert ranks[0]["closed"] == {"members": [], "dropped": []}, \
+            f"{name}: each rank's close() took it out of the group at once (none left to the member timeout)"
+    return records
 
 
 def job(tmp: Path, run: str, loop: int) -> Path:
@@ -83,12 +85,32 @@ def transform_run(name: str, loops: list[Any], **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def four(env: PrepEnv, tmp_path_factory: pytest.TempPathFactory) -> tuple[Runs, Path]:
-    """One launch of 4 ranks: an uninterrupted run of 2 epochs, and interruptions of a ``PrepLoader`` (over shared
-    memory) and of a ``SharedTransformLoader`` with a worker process per rank, rank 2 a batch behind."""
+    """One launch of 4 ranks: an uninterrupted run of 2 epochs, interruptions of a ``PrepLoader`` (over shared
+    memory) and of a ``SharedTransformLoader`` with a worker process per rank, rank 2 a batch behind, and both
+    loaders read in lockstep (an allreduce each step) with a window smaller than the world size."""
     tmp = tmp_path_factory.mktemp("four")
     return launch(env, tmp, 4, [prep_run("whole", [None, None], transport="shm"),
-                                prep_run("behind", [BEHIND], transport="shm", window=BEHIND_WINDOW),
-                                transform_run("transform-behind", [BEHIND], window=BEHIND_WINDOW)]), tmp
+                                prep_run("behind", [BEHIND], transport="shm"),
+                                transform_run("transform-behind", [BEHIND]),
+                                prep_run("lockstep", [None], transport="shm", epochs=1, window=LOCKSTEP_WINDOW,
+                                         lockstep=True),
+                                transform_run("transform-lockstep", [None], window=LOCKSTEP_WINDOW,
+                                              lockstep=True)]), tmp
+
+
+def test_ranks_in_lockstep_with_a_window_below_the_world_size_read_every_sample_once(
+        env: PrepEnv, four: tuple[Runs, Path]) -> None:
+    """At each step the 4 ranks read 4 consecutive batches and wait for each other, so the group prepares its
+    window in steps of 4 batches: with a window of 2 batches they would wait for the slowest rank, which waits for
+    them at the allreduce."""
+    runs, _ = four
+    for run in ("lockstep", "transform-lockstep"):
+        ranks = runs[run]
+        assert ids(ranks, 0) == EVERY, f"{run}: every sample once"
+        assert [len(b) for b in batches(ranks, 0)] == [3, 3, 2, 2], run
+        s = stats(env, ranks)
+        assert s["window"] == LOCKSTEP_WINDOW, run
+        assert s["batches_prepared_per_epoch"] == {"0": NUM_BATCHES}, f"{run}: each batch prepared once"
 
 
 @pytest.fixture(scope="module", params=[2, 3])

@@ -6,14 +6,16 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.management.ManagementFactory;
 import java.util.ArrayDeque;
 import java.util.function.BooleanSupplier;
+import java.util.function.IntSupplier;
 
 /**
  * Online tuning of one group, in the spirit of tf.data's AUTOTUNE, from what the group measures each period: the
  * production rate (batches staged per second), the consumption rate (batches members read per second), member
  * stalls (a member asked for a batch not staged yet) and each batch's CPU and wall time.
  * <ul>
- *   <li>Window: grows by one when members stalled and staging has room for one more batch (within the group's
- *       staging limit and the sidecar's prep budget); shrinks by one after {@link #QUIET_PERIODS} periods in which
+ *   <li>Window: grows by one when members stalled and staging has room for one more step (a batch, or one per
+ *       rank of the widest data-parallel job: {@link Membership#aheadEnd}; within the group's staging limit and the
+ *       sidecar's prep budget); shrinks by one after {@link #QUIET_PERIODS} periods in which
  *       no member waited.
  *   <li>Threads (sidecar prep: decode chunks of a batch in flight on the prep pool): when members stall and the
  *       machine's CPU is not saturated, tries one more and keeps it only if production improved by
@@ -36,6 +38,7 @@ final class Autotuner {
   private final Staging staging;
   private final BatchSource source;
   private final PrepCounts counts;
+  private final IntSupplier world; // the widest rank job's world size: a window step is that many batches
   private int threads;
   private int maxWindowUsed;
   private final BooleanSupplier cpuAvailable;
@@ -58,9 +61,11 @@ final class Autotuner {
   private final ArrayDeque<ObjectNode> decisions = new ArrayDeque<>();
   private long decisionsTotal;
 
+  /** {@code world}: the largest world size among the group's rank members ({@link Membership#maxWorld}). */
   Autotuner(boolean tuneWindow, boolean tuneThreads, int maxThreads, Staging staging, BatchSource source,
-      PrepCounts counts) {
-    this(tuneWindow, tuneThreads, maxThreads, staging, source, counts, System.nanoTime(), Autotuner::cpuAvailable);
+      PrepCounts counts, IntSupplier world) {
+    this(tuneWindow, tuneThreads, maxThreads, staging, source, counts, world, System.nanoTime(),
+        Autotuner::cpuAvailable);
   }
 
   /**
@@ -68,7 +73,8 @@ final class Autotuner {
    * cpuAvailable}: whether the machine's CPU has room for one more thread.
    */
   Autotuner(boolean tuneWindow, boolean tuneThreads, int maxThreads, Staging staging, BatchSource source,
-      PrepCounts counts, long start, BooleanSupplier cpuAvailable) {
+      PrepCounts counts, IntSupplier world, long start, BooleanSupplier cpuAvailable) {
+    this.world = world;
     this.tuneWindow = tuneWindow;
     this.tuneThreads = tuneThreads && source.parallel();
     this.periodStart = start;
@@ -129,7 +135,7 @@ final class Autotuner {
     int w = staging.window();
     if (stalls > 0) {
       quiet = 0;
-      if (staging.roomForWindow(w + 1, source)) {
+      if (staging.roomForWindow(w + 1, source, world.getAsInt())) {
         staging.window(w + 1);
         maxWindowUsed = Math.max(maxWindowUsed, w + 1);
         decide("window", w, w + 1, "members waited " + stalls + " times for batches; staging has room");
@@ -197,7 +203,7 @@ final class Autotuner {
     a.put("threads", threads);
     a.put("max_threads", maxThreads);
     a.put("window", staging.window());
-    a.put("max_window", staging.maxWindow(source));
+    a.put("max_window", staging.maxWindow(source, world.getAsInt()));
     a.put("periods", periods);
     a.put("production_rate", productionRate);
     a.put("consumption_rate", consumptionRate);

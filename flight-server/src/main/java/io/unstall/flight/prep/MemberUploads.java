@@ -18,9 +18,10 @@ import org.slf4j.LoggerFactory;
 /**
  * The member-upload source (a group joined with {@code {"python": fingerprint}}): members transform batches with
  * their own code. A member asks for a position ({@code prep.claim}); if nobody alive makes it and it is within the
- * window, the member gets its ids, makes it and uploads it (DoPut), and the batch is staged for all. Claims of
- * members that go, and claims held past {@code --prep-claim-timeout}, go back to the group. No producer thread:
- * uploads wait for room in staging instead. Guarded by the group lock.
+ * window's span and what staging holds ({@link #claimEnd}), the member gets its ids, makes it and uploads it
+ * (DoPut), and the batch is staged for all. Claims of members that go, and claims held past {@code
+ * --prep-claim-timeout}, go back to the group. No producer thread: uploads wait for room in staging instead.
+ * Guarded by the group lock.
  */
 final class MemberUploads implements BatchSource {
   private static final Logger LOG = LoggerFactory.getLogger(MemberUploads.class);
@@ -37,6 +38,7 @@ final class MemberUploads implements BatchSource {
   private final Map<Long, Claim> claimedBy = new HashMap<>(); // position -> the member making it
   private final Map<Long, Long> expiredClaims = new HashMap<>(); // position -> the member whose claim expired
   private final Map<Long, Long> producedBy = new HashMap<>(); // member -> batches uploaded
+  private long largestUpload; // bytes of the largest batch uploaded so far: what a claim may need in staging
   private long claimsExpired;
   private long claimsReleased; // given back by their member (a worker process died or its transform raised)
 
@@ -81,6 +83,21 @@ final class MemberUploads implements BatchSource {
     throw new IllegalStateException("prep group " + order.group + ": members upload its batches");
   }
 
+  /**
+   * The first position past what may be claimed: the window's span ahead of the slowest cursor ({@link
+   * Membership#aheadEnd}), and no more positions than staging holds batches of the largest size uploaded so far, so
+   * uploads of later batches never fill staging before the batch the slowest member needs. Caller holds the lock.
+   */
+  private long claimEnd() {
+    long end = members.aheadEnd(staging.window());
+    if (largestUpload == 0) {
+      return end;
+    }
+    long min = members.minCursor();
+    long held = Math.max(1, staging.limit() / largestUpload);
+    return min > Long.MAX_VALUE - held ? end : Math.min(end, min + held);
+  }
+
   /** Who holds the claim on {@code pos}, for messages of calls waiting for it. Caller holds the lock. */
   String claimer(long pos) {
     Claim c = claimedBy.get(pos);
@@ -101,7 +118,7 @@ final class MemberUploads implements BatchSource {
         return o.put("state", "ready");
       }
       members.maybeStart(System.nanoTime());
-      if (members.started() && !claimedBy.containsKey(pos) && pos < members.minCursor() + staging.window()) {
+      if (members.started() && !claimedBy.containsKey(pos) && pos < claimEnd()) {
         claimedBy.put(pos, new Claim(m.id, System.nanoTime()));
         expiredClaims.remove(pos, m.id);
         o.put("state", "produce");
@@ -142,7 +159,7 @@ final class MemberUploads implements BatchSource {
       long now = System.nanoTime();
       members.maybeStart(now);
       boolean done = true;
-      long limit = Math.min(end, members.minCursor() + staging.window());
+      long limit = Math.min(end, claimEnd());
       for (long pos = Math.max(first, m.cursor); pos < end && (done || pos < limit); pos++) {
         if (staging.has(pos)) {
           continue;
@@ -237,6 +254,8 @@ final class MemberUploads implements BatchSource {
         throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group " + group + ": an uploaded batch of " + bytes
             + " bytes exceeds staging_bytes " + staging.limit()).toRuntimeException();
       }
+      Staging.checkHoldsStep(group, staging.limit(), 0, bytes, members.maxWorld(), "an uploaded batch");
+      largestUpload = Math.max(largestUpload, bytes);
       long deadline = limits.deadline();
       while (staging.allocated() + bytes > staging.limit()) { // bounded staging: wait for readers to free
         if (cancelled.getAsBoolean() || members.closed()) {

@@ -17,7 +17,7 @@ import org.slf4j.LoggerFactory;
  * join_timeout_s}), late joiners (they start at the next whole epoch), resumed members (at their own position),
  * heartbeats, dropping the silent, and closing once the last member of a started group is gone. A member's cursor
  * is the first position it may still read; the slowest cursor ({@link #minCursor}) bounds what is prepared ahead
- * and what staging keeps. Guarded by the group lock: every method is called with it held.
+ * ({@link #aheadEnd}) and what staging keeps. Guarded by the group lock: every method is called with it held.
  */
 final class Membership {
   private static final Logger LOG = LoggerFactory.getLogger(Membership.class);
@@ -232,6 +232,29 @@ final class Membership {
       min = Math.min(min, m.cursor);
     }
     return min;
+  }
+
+  /** The largest world size among the members that are data-parallel ranks; 1 without ranks. */
+  int maxWorld() {
+    int w = 1;
+    for (Member m : members.values()) {
+      if (m.share != null) {
+        w = Math.max(w, m.share.world);
+      }
+    }
+    return w;
+  }
+
+  /**
+   * The first position past what may be prepared (or claimed) ahead of the slowest cursor: {@code window} steps of
+   * the widest job, {@code window * maxWorld()} positions. The W ranks of a data-parallel job read W consecutive
+   * positions at each step and wait for each other there (DDP's allreduce), so a span of fewer than W positions
+   * leaves the ranks past its end waiting for the slowest rank, which waits for them.
+   */
+  long aheadEnd(int window) {
+    long min = minCursor();
+    long span = (long) window * maxWorld();
+    return min > Long.MAX_VALUE - span ? Long.MAX_VALUE : min + span;
   }
 
   /** The end of the longest membership: nothing at or past it is prepared. */

@@ -94,9 +94,11 @@ final class PrepGroup {
   /**
    * {@code pipeline}: the sidecar's pipeline, or null for a raw group or (fingerprint {@code python:...}) a group
    * whose members upload their batches. The parts are made in the order they need each other; only the producer
-   * threads and the remote workers' claims (which production counts) meet after construction.
+   * threads and the remote workers' claims (which production counts) meet after construction. {@code world}: the
+   * first joiner's world size if it is a data-parallel rank (1 if not), which default staging is sized for.
    */
-  PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, PrepResources shared, Settings requested) {
+  PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, PrepResources shared, Settings requested,
+      int world) {
     this.id = id;
     this.key = key;
     this.limits = shared.limits();
@@ -110,7 +112,7 @@ final class PrepGroup {
     BatchSource made = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX) ? null
         : pipeline == null ? shared.rawBatches(order, counts) : shared.sidecarPrep(order, pipeline, counts, lock);
     Staging.Size size = made == null ? Staging.forUploads(requested, parent.getLimit())
-        : Staging.size(made, requested, parent.getLimit(), key.batchSize());
+        : Staging.size(made, requested, parent.getLimit(), key.batchSize(), world);
     PrepPipeline prepared = made == null ? null : made.pipeline();
     Path dir = requested.shm() && prepared != null ? Staging.sharedMemory(id) : null;
     ShmSlots.Files shm = dir == null ? null
@@ -126,7 +128,8 @@ final class PrepGroup {
         System::nanoTime);
     this.workers = new RemoteWorkers(order, source, members, staging, production, counts, limits,
         requested.memberTimeoutNanos(), lock);
-    this.tuner = new Autotuner(requested.tunesWindow(), requested.autotune(), threads, staging, source, counts);
+    this.tuner = new Autotuner(requested.tunesWindow(), requested.autotune(), threads, staging, source, counts,
+        members::maxWorld);
     this.serving = new Serving(order, members, staging, source, uploads, compressed, tuner, counts, limits, lock,
         this::release, this::afterRemoval);
     production.start();
@@ -173,10 +176,14 @@ final class PrepGroup {
    * Adds a member; null when the group has just closed (the caller makes a new one). {@code startEpoch} >= 0: a
    * resumed member (a job restored from a checkpoint) that starts at batch {@code startBatch} of that epoch; the
    * group never prepares the batches before it for this member. {@code epochs} counts from {@code startEpoch},
-   * the partial first epoch included. {@code share}: a data-parallel rank's share of each epoch (null: all).
+   * the partial first epoch included. {@code share}: a data-parallel rank's share of each epoch (null: all);
+   * RESOURCE_EXHAUSTED when staging cannot hold a step of its job's ranks.
    */
   ObjectNode join(long memberId, String name, long epochs, long startEpoch, long startBatch, RankShare.Spec share) {
     synchronized (lock) {
+      if (share != null) {
+        staging.checkHoldsStep(share.world(), source, key.batchSize());
+      }
       Membership.Member m = members.join(memberId, name, epochs, startEpoch, startBatch,
           share == null ? null : share.of(order.numBatches, startEpoch));
       if (m == null) {

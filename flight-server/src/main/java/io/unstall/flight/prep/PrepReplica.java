@@ -22,7 +22,7 @@ final class PrepReplica implements AutoCloseable {
     this.prep = shared.sidecarPrep(order, pipeline, counts, lock);
     PrepGroup.Settings one = new PrepGroup.Settings(1, 0, 0, 1, 0, false, false, true);
     this.staging = new Staging(group, "prep-worker-" + group, parent,
-        Staging.size(prep, one, parent.getLimit(), key.batchSize()), null, lock);
+        Staging.size(prep, one, parent.getLimit(), key.batchSize(), 1), null, lock);
   }
 
   /** Prepares batch {@code (epoch, batch)}; the caller owns (and closes) the root. */

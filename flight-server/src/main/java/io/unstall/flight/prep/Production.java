@@ -14,10 +14,10 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * What a group prepares next and who prepares it: hands out positions in order, within the window ahead of the
- * slowest member and within staging memory (positions given back by remote workers first), and runs the producer
- * threads that have the {@link BatchSource} make them and stage them. When the last producer thread ends (the group
- * closed) it frees staging. Guarded by the group lock.
+ * What a group prepares next and who prepares it: hands out positions in order, within the window's span ahead of
+ * the slowest member ({@link Membership#aheadEnd}) and within staging memory (positions given back by remote workers
+ * first), and runs the producer threads that have the {@link BatchSource} make them and stage them. When the last
+ * producer thread ends (the group closed) it frees staging. Guarded by the group lock.
  */
 final class Production {
   private static final Logger LOG = LoggerFactory.getLogger(Production.class);
@@ -110,7 +110,7 @@ final class Production {
       return returned.pollFirst();
     }
     next = Math.max(next, min);
-    if (next < min + staging.window() && next < members.maxEnd()) {
+    if (next < members.aheadEnd(staging.window()) && next < members.maxEnd()) {
       return next++;
     }
     return -1;

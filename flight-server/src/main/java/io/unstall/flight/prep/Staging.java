@@ -27,9 +27,10 @@ import org.slf4j.LoggerFactory;
 /**
  * A group's bounded staging: its own child allocator (limit: the group's staging bytes), the prepared batches by
  * position until every member's cursor has passed them, the failures members are told about, the /dev/shm files of
- * shared-memory groups, and the sends still holding staged buffers. What may be prepared ahead is the window; the
- * allocator's limit bounds the bytes whatever the window. Guarded by the group lock, but for the allocator, which
- * sources allocate from as they prepare.
+ * shared-memory groups, and the sends still holding staged buffers. What may be prepared ahead is the window, in
+ * steps of the widest rank job's world size ({@link Membership#aheadEnd}); the allocator's limit bounds the bytes
+ * whatever the window, and holds at least one step ({@link #checkHoldsStep}). Guarded by the group lock, but for the
+ * allocator, which sources allocate from as they prepare.
  */
 final class Staging {
   private static final Logger LOG = LoggerFactory.getLogger(Staging.class);
@@ -55,11 +56,13 @@ final class Staging {
   private final LongSupplier clock; // System::nanoTime but in tests
 
   /**
-   * Sizes staging for a source: {@code staging_bytes} if given, else what {@code window} batches need (times
+   * Sizes staging for a source and a first joiner of {@code world} data-parallel ranks (1: not a rank):
+   * {@code staging_bytes} if given, else what {@code window} steps of {@code world} batches need (times
    * {@link #AUTOTUNE_HEADROOM} when the window is tuned; for uploads: {@link #UPLOAD_STAGING}), within the sidecar's
-   * prep budget {@code parentLimit}; the window shrinks to what the limit holds.
+   * prep budget {@code parentLimit}; the window shrinks to the steps the limit holds, and a limit that cannot hold
+   * one step ({@link #checkHoldsStep}) is refused.
    */
-  static Size size(BatchSource source, PrepGroup.Settings requested, long parentLimit, int batchSize) {
+  static Size size(BatchSource source, PrepGroup.Settings requested, long parentLimit, int batchSize, int world) {
     long perBatch = source.batchBytes();
     long fixed = source.workingBytes();
     if (perBatch == 0) {
@@ -67,13 +70,30 @@ final class Staging {
     }
     long staging = within(parentLimit, requested.stagingBytes() > 0
         ? requested.stagingBytes()
-        : Math.min(parentLimit, fixed + perBatch * requested.window() * headroom(requested)));
-    if (fixed + perBatch > staging) {
-      throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep group: staging_bytes " + staging
-          + " cannot hold one batch (" + (fixed + perBatch) + " bytes for batch_size " + batchSize
-          + source.describeOutput() + "); raise staging_bytes or lower batch_size").toRuntimeException();
+        : Math.min(parentLimit, fixed + perBatch * requested.window() * world * headroom(requested)));
+    checkHoldsStep("", staging, fixed, perBatch, world, "batch_size " + batchSize + source.describeOutput());
+    return new Size(staging, (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / (perBatch * world))));
+  }
+
+  /**
+   * RESOURCE_EXHAUSTED unless {@code limit} holds {@code world} batches of {@code perBatch} bytes beside {@code
+   * fixed} working bytes: the ranks of a data-parallel job read {@code world} consecutive batches at each step and
+   * wait for each other there (DDP's allreduce), so a step's batches are staged at once. {@code batch}: what a batch
+   * is, for the message ("batch_size 4, ..." or "an uploaded batch").
+   */
+  static void checkHoldsStep(String group, long limit, long fixed, long perBatch, int world, String batch) {
+    if (fixed + perBatch * world <= limit) {
+      return;
     }
-    return new Size(staging, (int) Math.max(1, Math.min(requested.window(), (staging - fixed) / perBatch)));
+    String prefix = "prep group" + (group.isEmpty() ? "" : " " + group) + ": staging_bytes " + limit;
+    if (world == 1) {
+      throw CallStatus.RESOURCE_EXHAUSTED.withDescription(prefix + " cannot hold one batch (" + (fixed + perBatch)
+          + " bytes for " + batch + "); raise staging_bytes or lower batch_size").toRuntimeException();
+    }
+    throw CallStatus.RESOURCE_EXHAUSTED.withDescription(prefix + " cannot serve " + world + " data-parallel ranks:"
+        + " at each step they read " + world + " batches, staged at once, of " + perBatch + " bytes each (" + batch
+        + ")" + (fixed > 0 ? " beside " + fixed + " working bytes" : "") + ", " + (fixed + perBatch * world)
+        + " bytes in all; raise staging_bytes, lower batch_size or use fewer ranks").toRuntimeException();
   }
 
   /**
@@ -157,22 +177,33 @@ final class Staging {
     lock.changed();
   }
 
-  /** The largest window this staging holds for {@code source}'s batches. */
-  int maxWindow(BatchSource source) {
+  /** The largest window (steps of {@code world} batches, {@link Membership#aheadEnd}) this staging holds. */
+  int maxWindow(BatchSource source, int world) {
     long perBatch = source.batchBytes();
     return perBatch == 0 ? MAX_WINDOW
-        : (int) Math.max(1, Math.min(MAX_WINDOW, (limit - source.workingBytes()) / perBatch));
+        : (int) Math.max(1, Math.min(MAX_WINDOW, (limit - source.workingBytes()) / (perBatch * world)));
   }
 
   /**
-   * Whether a window of {@code w} fits: its batches within this group's limit, and one more batch within what the
-   * sidecar's prep budget (shared by every group) has left.
+   * Whether a window of {@code w} steps of {@code world} batches fits: its batches within this group's limit, and
+   * one more batch within what the sidecar's prep budget (shared by every group) has left.
    */
-  boolean roomForWindow(int w, BatchSource source) {
+  boolean roomForWindow(int w, BatchSource source, int world) {
     BufferAllocator parent = alloc.getParentAllocator();
     long pooled = slots == null ? 0 : slots.pooledBytes(); // freed when a group needs the memory
-    return w <= maxWindow(source)
+    return w <= maxWindow(source, world)
         && parent.getLimit() - parent.getAllocatedMemory() + pooled >= Math.max(source.batchBytes(), 1);
+  }
+
+  /**
+   * RESOURCE_EXHAUSTED unless this staging holds a step of {@code world} ranks of {@code source}'s batches
+   * ({@link #checkHoldsStep}); a source whose batch size is known only from uploads is checked as they arrive.
+   */
+  void checkHoldsStep(int world, BatchSource source, int batchSize) {
+    if (source.batchBytes() > 0) {
+      checkHoldsStep(group, limit, source.workingBytes(), source.batchBytes(), world,
+          "batch_size " + batchSize + source.describeOutput());
+    }
   }
 
   boolean shm() {

@@ -23,6 +23,7 @@ class AutotunerTest {
   StagingTest.FakeSource source;
   long now = 1_000_000_000L;
   boolean cpuFree = true;
+  int world = 1; // the widest rank job's world size
 
   @BeforeEach
   void start() {
@@ -39,7 +40,7 @@ class AutotunerTest {
   }
 
   Autotuner tuner(boolean window, boolean threads, int maxThreads) {
-    return new Autotuner(window, threads, maxThreads, staging, source, counts, now, () -> cpuFree);
+    return new Autotuner(window, threads, maxThreads, staging, source, counts, () -> world, now, () -> cpuFree);
   }
 
   /** One period ends: {@code prepared} and {@code served} batches in it, {@code stalls} member waits. */
@@ -96,8 +97,21 @@ class AutotunerTest {
     for (int i = 0; i < 20; i++) {
       period(t, 1, 1, 1);
     }
-    assertEquals(staging.maxWindow(source), staging.window());
+    assertEquals(staging.maxWindow(source, 1), staging.window());
     assertEquals(10, staging.window(), "10,000 bytes of staging hold 10 batches of 1,000");
+  }
+
+  @Test
+  void aWindowStepOfRanksIsABatchPerRank() {
+    world = 4; // a job of 4 data-parallel ranks: a step of the window is 4 batches
+    Autotuner t = tuner(true, false, 4);
+    for (int i = 0; i < 20; i++) {
+      period(t, 1, 1, 1);
+    }
+    assertEquals(2, staging.window(), "10,000 bytes of staging hold 2 steps of 4 batches of 1,000");
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    t.stats(o);
+    assertEquals(2, o.path("autotune").path("max_window").asInt());
   }
 
   @Test

@@ -97,6 +97,27 @@ class ProductionTest {
   }
 
   @Test
+  void theWindowCountsStepsOfTheWidestRankJob() {
+    synchronized (lock) {
+      // four ranks of one job, each at its first batch: rank r reads r, r + 4, ... of 20 positions (four epochs)
+      Membership.Member[] ranks = new Membership.Member[4];
+      for (int r = 0; r < 4; r++) {
+        ranks[r] = members.join(r + 1, "rank" + r, 4, -1, -1, new RankShare.Spec(4, r, new long[0][], 0).of(5, -1));
+      }
+      members.maybeStart(clock.get());
+      assertEquals(4, members.maxWorld());
+      for (long p = 0; p < 12; p++) {
+        assertEquals(p, production.take());
+      }
+      assertEquals(-1, production.take(), "window 3 steps of 4 ranks: 12 positions ahead of the slowest cursor;"
+          + " 3 would leave rank 3 waiting for rank 0, which waits for it at the step's allreduce");
+      ranks[0].cursor = ranks[0].next(1); // rank 0 read batch 0: its next is 4, the slowest cursor rank 1's
+      assertEquals(12, production.take());
+      assertEquals(-1, production.take());
+    }
+  }
+
+  @Test
   void roomCountsBatchesInPreparationHereAndRemotely() {
     synchronized (lock) {
       assertTrue(production.roomFor(2, 0), "2 x (1000 + 500) of 4000");

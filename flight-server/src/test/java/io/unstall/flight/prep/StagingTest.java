@@ -120,11 +120,11 @@ class StagingTest {
   @Test
   void windowShrinksToWhatTheLimitHolds() {
     FakeSource s = new FakeSource(100, 50, false);
-    Staging.Size size = Staging.size(s, settings(8, 400, false), 1 << 20, 4);
+    Staging.Size size = Staging.size(s, settings(8, 400, false), 1 << 20, 4, 1);
     assertEquals(new Staging.Size(400, 3), size, "(400 - 50) / 100 batches");
-    Staging.Size sized = Staging.size(s, settings(4, 0, false), 1 << 20, 4);
+    Staging.Size sized = Staging.size(s, settings(4, 0, false), 1 << 20, 4, 1);
     assertEquals(new Staging.Size(450, 4), sized, "the working bytes and four batches");
-    Staging.Size tuned = Staging.size(s, settings(4, 0, true), 1 << 20, 4);
+    Staging.Size tuned = Staging.size(s, settings(4, 0, true), 1 << 20, 4, 1);
     assertEquals(50 + 400 * Staging.AUTOTUNE_HEADROOM, tuned.limit(), "headroom for a tuned window");
   }
 
@@ -132,11 +132,11 @@ class StagingTest {
   void stagingBeyondTheBudgetOrTooSmallForABatchIsRefused() {
     FakeSource s = new FakeSource(100, 50, false);
     FlightRuntimeException over = assertThrows(FlightRuntimeException.class,
-        () -> Staging.size(s, settings(2, 2000, false), 1000, 4));
+        () -> Staging.size(s, settings(2, 2000, false), 1000, 4, 1));
     assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, over.status().code());
     assertTrue(over.getMessage().contains("exceeds the sidecar's prep staging budget of 1000"), over.getMessage());
     FlightRuntimeException small = assertThrows(FlightRuntimeException.class,
-        () -> Staging.size(s, settings(2, 120, false), 1000, 4));
+        () -> Staging.size(s, settings(2, 120, false), 1000, 4, 1));
     assertTrue(small.getMessage().contains("cannot hold one batch (150 bytes for batch_size 4"), small.getMessage());
   }
 
@@ -144,7 +144,7 @@ class StagingTest {
   void uploadsGetTheirOwnDefault() {
     FakeSource uploads = new FakeSource(0, 0, false); // batch size known only as uploads arrive
     assertEquals(new Staging.Size(Staging.UPLOAD_STAGING, 3),
-        Staging.size(uploads, settings(3, 0, false), 1L << 40, 4));
+        Staging.size(uploads, settings(3, 0, false), 1L << 40, 4, 1));
     assertEquals(new Staging.Size(1000, 3), Staging.forUploads(settings(3, 0, false), 1000), "within the budget");
     assertEquals(new Staging.Size(700, 3), Staging.forUploads(settings(3, 700, false), 1000));
   }
@@ -176,9 +176,35 @@ class StagingTest {
   void roomForAWindowIsWithinTheLimitAndTheBudget() {
     FakeSource s = new FakeSource(1000, 500, false);
     Staging st = new Staging("g", "prep-group-g", root, new Staging.Size(4500, 2), null, lock);
-    assertEquals(4, st.maxWindow(s), "(4500 - 500) / 1000");
-    assertTrue(st.roomForWindow(4, s));
-    assertFalse(st.roomForWindow(5, s));
+    assertEquals(4, st.maxWindow(s, 1), "(4500 - 500) / 1000");
+    assertTrue(st.roomForWindow(4, s, 1));
+    assertFalse(st.roomForWindow(5, s, 1));
+    assertEquals(2, st.maxWindow(s, 2), "steps of two ranks' batches: (4500 - 500) / (2 x 1000)");
+    assertTrue(st.roomForWindow(2, s, 2));
+    assertFalse(st.roomForWindow(3, s, 2));
+    st.free();
+  }
+
+  @Test
+  void stagingHoldsAStepOfEveryRankOrIsRefusedNamingWhy() {
+    FakeSource s = new FakeSource(100, 50, false);
+    assertEquals(new Staging.Size(50 + 2 * 4 * 100, 2), Staging.size(s, settings(2, 0, false), 1 << 20, 4, 4),
+        "default staging: two steps of four ranks' batches");
+    assertEquals(new Staging.Size(500, 1), Staging.size(s, settings(2, 500, false), 1 << 20, 4, 4),
+        "(500 - 50) / (4 x 100): one step");
+    FlightRuntimeException small = assertThrows(FlightRuntimeException.class,
+        () -> Staging.size(s, settings(2, 400, false), 1 << 20, 4, 4));
+    assertEquals(FlightStatusCode.RESOURCE_EXHAUSTED, small.status().code());
+    assertTrue(small.getMessage().contains("staging_bytes 400 cannot serve 4 data-parallel ranks: at each step they"
+        + " read 4 batches, staged at once, of 100 bytes each (batch_size 4) beside 50 working bytes, 450 bytes in"
+        + " all"), small.getMessage());
+
+    Staging st = new Staging("g", "prep-group-g", root, new Staging.Size(500, 1), null, lock);
+    st.checkHoldsStep(4, s, 4); // a later joiner of the same job size fits
+    FlightRuntimeException five = assertThrows(FlightRuntimeException.class, () -> st.checkHoldsStep(5, s, 4));
+    assertTrue(five.getMessage().contains("prep group g: staging_bytes 500 cannot serve 5 data-parallel ranks"),
+        five.getMessage());
+    st.checkHoldsStep(5, new FakeSource(0, 0, false), 4); // uploads: checked as batches arrive
     st.free();
   }
 
