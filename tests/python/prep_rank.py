@@ -7,11 +7,11 @@ each with a new prep loader over the sidecar of ``$UNSTALL_HOME`` (the group is 
 ``SharedTransformLoader`` with ``num_workers`` worker processes), ``window`` optional. A run may first load a job
 state (``load``: a JSON file), then does its ``loops``: ``null`` reads a whole ``for``; a list with one int per rank
 reads that many batches and stops there (an interruption). ``lockstep``: the ranks meet at every step, as DDP's
-gradient allreduce makes them, a rank whose share is read joining in until every rank's is. After loop ``k`` the ranks' states are gathered with
-``dist.all_gather_object`` and rank 0 writes their merge (``merge_states``) to ``<run>-<k>-job.json``, as a
-checkpoint would be saved. Each rank writes ``<run>-rank<r>.json``: the group's id and per loop the epoch read, each
-batch's sample ids and images' digest, and ``state_dict()``; rank 0 adds the group's ``members`` and ``dropped`` once
-every rank closed its loader.
+gradient allreduce makes them, a rank whose share is read joining in until every rank's is. After loop ``k`` the
+ranks' states are gathered with ``dist.all_gather_object`` and rank 0 writes their merge (``merge_states``) to
+``<run>-<k>-job.json``, as a checkpoint would be saved. Each rank writes ``<run>-rank<r>.json``: the group's id and
+per loop the epoch read, each batch's sample ids and images' digest, and ``state_dict()``; rank 0 adds the group's
+``members`` and ``dropped`` once every rank closed its loader.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Iterator, Optional
 import pytest
 
 import unstall
+from unstall.protocol import batch_to_numpy
 from unstall.recovery import Deadlines
 from unstall.torch import DataLoader, Dataset
 from waits import send_signal, wait_until
@@ -323,3 +324,28 @@ def _check_prep_faults(start_sidecar, tmp_path: Path, sig: signal.Signals, devic
         # Batches in flight: two kills can fall between two of the member's calls to the sidecar (the loop takes
         # prefetched batches in between), and then one rejoin follows both restarts.
         assert 1 <= rejoins <= 5, f"a new group after the restarts, never more than one per restart (seed {seed})"
+
+
+def test_a_prep_wait_that_timed_out_rejoins_and_its_old_member_leaves(start_sidecar, tmp_path: Path) -> None:
+    """A member's wait that timed out (``--wait-timeout``) on a sidecar that is still running is recovered from like a
+    fault: the member joins again at the batch in hand, and the member it was leaves the group at once instead of
+    holding back what the group frees until ``member_timeout`` drops it."""
+    from test_prep_support import PIPELINE_NCHW, make_images
+
+    from unstall import prep
+
+    sidecar = start_sidecar("16MiB", extra_args=["--wait-timeout", "1"])
+    sidecar.register_dataset("imgs", make_images(tmp_path / "imgs"))
+    # group_size 2: the group waits for a second member, so the first one's wait for batch 0 times out; its rejoin is
+    # that second member, and the group starts
+    m = prep.join("imgs", PIPELINE_NCHW, batch_size=4, seed=1, group_size=2, join_timeout=600, member_timeout=600,
+                  epochs=1, sidecar=sidecar)
+    first = m.member
+    try:
+        images = batch_to_numpy(m.batch(0, 0))[0]
+        assert m.rejoins == 1 and m.member != first and len(images) == 4
+        s = json.loads(m.client.do_action("prep.stats")[0])["groups"][m.group]
+        assert [x["member"] for x in s["members"]] == [m.member], "the member that timed out left at once"
+        assert s["left"] == 1 and s["dropped"] == []
+    finally:
+        m.leave()

@@ -134,8 +134,14 @@ class Membership:
             body["share"] = {"world_size": share["world_size"], "rank": share["rank"]}
         if "epochs" in body:  # counted from the first join's start: what is left of them from here
             body["epochs"] = int(self._join_body["epochs"]) - (epoch - int(self._join_body["start_epoch"]))
+        old = (self.group, self.member)
         # with recovery: the dataset may not be registered on the restarted sidecar yet (its owner does that)
         info = _join_reply(self.client.do_action("prep.join", json.dumps(body).encode()), body.get("epochs"))
+        # The fault may have been a wait that timed out on a sidecar that is still running: the old member is then
+        # still in its group, holding back what the group frees until it would time out. It leaves now, after the
+        # new one joined (before, the group could free the batch the new one starts at); on a restarted sidecar
+        # its group died with it, and this fails: fine.
+        self._leave_group(*old)
         log.info("unstall: prep member %s joined the restarted sidecar's group %s at epoch %d batch %d",
                  self.member, info["group"], epoch, index)
         self.info = info
@@ -272,11 +278,15 @@ class Membership:
         self._slots.clear()
         if self._local is not None:
             self._local.close()
+        self._leave_group(self.group, self.member)
+
+    def _leave_group(self, group: str, member: int) -> None:
+        """``prep.leave`` for ``member`` of ``group`` (one already gone is fine: with its group, or its sidecar)."""
         try:
-            self.client.do_action("prep.leave", json.dumps({"group": self.group, "member": self.member}).encode(),
+            self.client.do_action("prep.leave", json.dumps({"group": group, "member": member}).encode(),
                                   recover=False)
         except SidecarError:
-            pass  # gone already (with its group, or with its sidecar)
+            pass
 
     def __enter__(self) -> Membership:
         return self
