@@ -189,6 +189,13 @@ class FlightClient:
         results = self.do_action("prefetch", protocol.encode_plan(dataset, ids, epoch))
         return int(json.loads(results[0])["planned"])
 
+    def cached(self, dataset: str) -> bytes:
+        """The ``cached`` action: which samples of ``dataset`` the sidecar holds now (its JSON document)."""
+        results = self.do_action("cached", json.dumps({"dataset": dataset}).encode())
+        if len(results) != 1:
+            raise ProtocolMismatchError(f"the cached action returned {len(results)} results, expected 1")
+        return results[0]
+
     def stats(self) -> protocol.Stats:
         """The ``stats`` action."""
         results = self.do_action("stats")

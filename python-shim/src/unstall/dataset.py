@@ -18,9 +18,9 @@ from . import formats as _formats
 from . import progress as _progress
 from . import tracing as _tracing
 from .client import FlightClient
-from .errors import SidecarError, SidecarUnavailableError
+from .errors import ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from .local import LocalClient
-from .protocol import DatasetInfo, SampleBatch
+from .protocol import DatasetInfo, SampleBatch, parse_cached
 from .sidecar import Sidecar, default_sidecar
 from .sampling import EpochIndex, batch_rng
 
@@ -187,6 +187,18 @@ class Dataset(tud.Dataset):
         if self._local is not None:
             return self._local.plan(self._session(session), ids, epoch, dataset=self.name)
         return self._client.prefetch(self.name, ids, epoch)
+
+    def cached(self, session: int = 0) -> np.ndarray:
+        """Which samples the sidecar holds now (memory cache or disk tier): a bool array of ``len(self)``, by sample
+        id. One request (CACHED for ``session`` on the local socket, the ``cached`` action over Flight)."""
+        if self._local is not None:
+            doc: Any = self._local.cached(self._session(session), dataset=self.name)
+        else:
+            doc = self._client.cached(self.name)
+        try:
+            return parse_cached(doc, self.name, len(self))
+        except ValueError as e:
+            raise ProtocolMismatchError(str(e)) from None
 
     def open_session(self, name: str) -> int:
         """A new session on the local socket (owned by this process's connection); needs transport 'shm'."""

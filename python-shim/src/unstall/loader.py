@@ -11,6 +11,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 
@@ -30,6 +31,7 @@ from .tracing import StallObserver
 from .dataset import Dataset
 from .mixture import Mixture
 from .sampling import EpochSampler
+from .cache_order import ORDERS, CacheFirst, CacheOrderStats
 
 
 __all__ = ["DataLoader"]
@@ -121,6 +123,16 @@ class DataLoader(tud.DataLoader):
     With ``clairvoyant=True`` each epoch's order is drawn when the epoch starts and sent to the sidecar,
     which then reads upcoming misses ahead of consumption (NoPFS-style prefetch, within its window).
 
+    ``order="cache_first"`` (opt-in; Seneca's opportunistic data sampling, Quiver's substitutable hits, within a bounded
+    window): when an epoch starts the loader asks the sidecar once which samples it holds (memory cache or disk tier),
+    and reorders the seeded order within aligned windows of ``order_window`` positions (default 4 batches) so that
+    each window serves its cached samples first and its misses last; the reordered order is sent as the clairvoyant
+    plan, so the sidecar reads those misses ahead. Every sample is still delivered exactly once per epoch, none moves
+    ``order_window`` positions or more, and the order is a function of (seed, epoch, snapshot): ``state_dict`` carries
+    the epoch's snapshot, so a restored loader continues the same order. ``order_stats``: the rank correlation with
+    the seeded order and the largest move (``unstall.cache_order``). Not with ``batch_sampler``, a ``Mixture`` or
+    ``unstall.torch.DistributedSampler``.
+
     Over the local socket (``dataset.transport == "shm"``) the loader opens its own **session** in this
     process when it first iterates (``loader.session``): its clairvoyant plans and counters are its own,
     so several loaders on one dataset do not disturb each other, and its workers use it by id. This
@@ -169,6 +181,8 @@ class DataLoader(tud.DataLoader):
         seed: Optional[int] = None,
         start_epoch: int = 0,
         clairvoyant: bool = False,
+        order: str = "sampler",
+        order_window: Optional[int] = None,
         sidecar: Optional[Sidecar] = None,
         root: Optional[str] = None,
         format: str = "imagefolder",
@@ -224,8 +238,23 @@ class DataLoader(tud.DataLoader):
         # Reseeded per epoch from (seed, epoch) in _get_iterator: the workers' base seed.
         generator = torch.Generator()
 
-        # Clairvoyant prefetch (NoPFS): the sampler's order is known once the epoch starts, so send it.
-        on_epoch = self._plan_epoch if clairvoyant else None
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+        self.cache_order: Optional[CacheFirst] = None
+        if order == "cache_first":
+            if not isinstance(dataset, Dataset):
+                raise ValueError(f"order='cache_first' needs an unstall.torch.Dataset (one cache snapshot), not "
+                                 f"{type(dataset).__name__}")
+            if batch_sampler is not None:
+                raise ValueError("order='cache_first' reorders a sampler's indices: pass sampler=, not batch_sampler=")
+            self.cache_order = CacheFirst(4 * (batch_size or 1) if order_window is None else order_window,
+                                          self._cache_snapshot)
+        elif order_window is not None:
+            raise ValueError("order_window applies to order='cache_first' only")
+        # Clairvoyant prefetch (NoPFS): the sampler's order is known once the epoch starts, so send it. A cache-first
+        # order is always sent: the sidecar reads its misses ahead while the window's hits are served.
+        on_epoch = self._plan_epoch if clairvoyant or self.cache_order is not None else None
+        reorder = self.cache_order.reorder if self.cache_order is not None else None
         self._number = next(_loader_numbers)
         self._session: Optional[int] = None
         self._session_conn: Optional[Tuple[int, int]] = None  # the connection the session belongs to
@@ -262,9 +291,14 @@ class DataLoader(tud.DataLoader):
                 # RandomSampler without a generator: the EpochSampler gives it one, reseeded per epoch.
                 sampler = tud.RandomSampler(dataset) if shuffle else tud.SequentialSampler(dataset)
             if isinstance(sampler, DistributedSampler):
+                if reorder is not None:
+                    raise ValueError("order='cache_first' does not apply over unstall.torch.DistributedSampler: its "
+                                     "job-wide order is consumed step by step across ranks, which a rank's reorder "
+                                     "would break")
                 _fit_global(sampler, batch_size, base_seed)
             self.epoch_sampler = EpochSampler(sampler, batch_size=1 if batch_size is None else int(batch_size),
-                                              start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed)
+                                              start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed,
+                                              reorder=reorder)
             super().__init__(
                 dataset, batch_size=batch_size, sampler=self.epoch_sampler, drop_last=drop_last, **common
             )
@@ -360,6 +394,17 @@ class DataLoader(tud.DataLoader):
     def _plan_epoch(self, epoch: int, ids: List[int]) -> None:
         self.dataset.plan(ids, epoch, session=self._session or 0)
 
+    def _cache_snapshot(self) -> "np.ndarray":
+        assert isinstance(self.dataset, Dataset)
+        return self.dataset.cached(session=self._session or 0)
+
+    @property
+    def order_stats(self) -> Optional[CacheOrderStats]:
+        """With ``order="cache_first"``, the latest epoch's reorder: its rank correlation with the seeded order, the
+        most positions a sample moved (below ``order_window``), the cached samples and the snapshot's digest; None
+        before the first epoch, or with the sampler's order."""
+        return self.cache_order.stats if self.cache_order is not None else None
+
     @property
     def stall_observer(self) -> Optional[StallObserver]:
         """The first ``StallObserver`` among the loader's observers (None without one)."""
@@ -415,7 +460,9 @@ class DataLoader(tud.DataLoader):
         was dealt around), ``world_size``, ``rank``, ``chunk`` (the batch size), ``drop_last`` (the sampler's); taken
         after the rank's last batch of an epoch it is that epoch's end, also when the loader's ``drop_last`` dropped
         an incomplete last batch (those samples count as consumed: they are not delivered that epoch).
-        ``merge_states`` of every rank's gives the job state. The same holds with ``batch_sampler=`` a
+        ``merge_states`` of every rank's gives the job state. With ``order="cache_first"`` it also has ``cache_window``
+        and, taken inside an epoch, ``cache_snapshot`` (the cache snapshot that epoch was reordered from, a compressed
+        bitmap as a string). The same holds with ``batch_sampler=`` a
         ``torch.utils.data.BatchSampler`` over an ``unstall.torch.DistributedSampler`` (its batch size is the chunk)."""
         if self.num_workers > 0 and not self.in_order:
             raise ValueError("state_dict() needs in_order=True: with in_order=False and workers, batches are handed "
@@ -434,6 +481,8 @@ class DataLoader(tud.DataLoader):
                          world_size=g.num_replicas, rank=g.rank, chunk=g.chunk, drop_last=g.drop_last)
         elif n is not None:  # a rank's batches per epoch differ with a job-wide order: not a key its ranks share
             state["num_batches"] = n
+        if self.cache_order is not None:
+            state.update(self.cache_order.state(epoch, mid_epoch(yielded, n)))
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -463,6 +512,11 @@ class DataLoader(tud.DataLoader):
             raise ValueError(f"DataLoader state_dict was taken from a loader whose order is {state['order']!r}; this "
                              f"one's is {self.epoch_sampler.order!r} (build it with the same shuffle and sampler)")
         yielded = state_int(state, "batches_yielded", "DataLoader")
+        if self.cache_order is not None:
+            self.cache_order.restore(state, state_int(state, "epoch", "DataLoader"), len(self.dataset), "DataLoader")
+        elif "cache_window" in state:
+            raise ValueError("DataLoader state_dict was taken from a loader with order='cache_first'; this one's order "
+                             "is 'sampler' (build it with the same order and order_window)")
         self.epoch_sampler.load_state_dict({
             "version": STATE_VERSION, "epoch": state_int(state, "epoch", "DataLoader"),
             "seed": state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})

@@ -340,6 +340,13 @@ class LocalClient:
                 protocol.encode_local_plan(s, ids, epoch), "PLAN", dataset)), "PLAN")
         return int(doc.get("planned", 0))
 
+    def cached(self, session: int, dataset: Optional[str] = None) -> dict[str, Any]:
+        """CACHED: the ``cached`` document of the session's dataset (which samples the sidecar holds now).
+        ``dataset`` names the dataset whose default session replaces a forgotten ``session``."""
+        with self._lock:
+            return self._ok(self._on_session(session, dataset, lambda s: self._request(
+                protocol.encode_local_cached(s), "CACHED", dataset)), "CACHED")
+
     def fetch(self, session: int, ids: Union[Sequence[int], np.ndarray], epoch: int = 0,
               dataset: Optional[str] = None) -> protocol.SampleBatch:
         """FETCH: the samples ``ids`` in request order, payloads as read-only views of shared memory.

@@ -163,7 +163,10 @@ class EpochSampler(tud.Sampler):
         start_epoch: int = 0,
         on_epoch: Optional[Callable[[int, List[int]], None]] = None,
         seed: Optional[int] = None,
+        reorder: Optional[Callable[[int, List[int]], List[int]]] = None,
     ) -> None:
+        if reorder is not None and batched:
+            raise ValueError("a reordered epoch (reorder) needs a sampler of indices, not a batch sampler")
         if start_epoch < 0:
             raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -172,6 +175,9 @@ class EpochSampler(tud.Sampler):
         self.batched = batched
         self.batch_size = batch_size  # items per batch when not batched: batches name their seeds
         self.on_epoch = on_epoch  # told the epoch's (remaining) order before it starts (clairvoyant prefetch)
+        # Given epoch e's whole order, returns the order to serve (unstall.cache_order); a resumed epoch's skip applies
+        # to what it returns.
+        self.reorder = reorder
         self._seed = int(seed) if seed is not None else _own_seed(sampler)
         self.order, self._reseed = _reseeder(sampler)
         self._next_epoch = start_epoch
@@ -225,7 +231,11 @@ class EpochSampler(tud.Sampler):
         session = self.session
         self._reseed(self.seed, epoch)
         self._told = self._sampler_epoch()
-        order: Iterable[Any] = itertools.islice(self.sampler, skip, None) if skip else self.sampler
+        order: Iterable[Any]
+        if self.reorder is not None:
+            order = self.reorder(epoch, [int(i) for i in self.sampler])[skip:]
+        else:
+            order = itertools.islice(self.sampler, skip, None) if skip else self.sampler
         if self.on_epoch is not None:
             order = list(order)  # the order is fixed by the seed: draw it now, replay it below
             if order:  # empty: an epoch restored at its end, nothing left to read

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
+
+import numpy as np
 
 
 from .tickets import PROTOCOL_VERSION
@@ -28,6 +31,7 @@ __all__ = [
     "parse_stats",
     "ManifestExport",
     "parse_manifest_export",
+    "parse_cached",
 ]
 
 
@@ -286,3 +290,28 @@ def parse_manifest_export(doc: str | bytes) -> ManifestExport:
         return ManifestExport(path=str(d["path"]), known=int(d["known"]), num_samples=int(d["num_samples"]))
     except KeyError as e:
         raise ValueError(f"manifest export: missing field {e.args[0]!r}") from None
+
+
+def parse_cached(doc: str | bytes | Mapping[str, Any], dataset: str, samples: int) -> "np.ndarray":
+    """The ``cached`` document (the Flight action, the local socket's CACHED) of ``dataset`` with ``samples`` samples:
+    a bool array, True where the sample is in the memory cache or the disk tier. Its ``bitmap`` is base64 of
+    ``ceil(samples / 8)`` bytes, bit ``id % 8`` (least significant first) of byte ``id // 8`` for sample ``id``."""
+    d = _loads(doc, "cached") if isinstance(doc, (str, bytes)) else doc
+    if not isinstance(d, Mapping):
+        raise ValueError(f"cached: expected a JSON object, got {type(d).__name__}")
+    _check_version(d, "cached")
+    if d.get("dataset") != dataset or d.get("samples") != samples:
+        raise ValueError(f"cached: the answer is for dataset {d.get('dataset')!r} of {d.get('samples')!r} samples, "
+                         f"asked for {dataset!r} of {samples}")
+    try:
+        raw = base64.b64decode(str(d["bitmap"]), validate=True)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"cached: dataset {dataset!r}: no valid base64 'bitmap' ({e})") from None
+    if len(raw) != (samples + 7) // 8:
+        raise ValueError(f"cached: dataset {dataset!r}: a bitmap of {len(raw)} bytes for {samples} samples, expected "
+                         f"{(samples + 7) // 8}")
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=samples, bitorder="little").astype(bool)
+    if int(bits.sum()) != d.get("cached"):
+        raise ValueError(f"cached: dataset {dataset!r}: the bitmap sets {int(bits.sum())} samples, the answer says "
+                         f"{d.get('cached')!r}")
+    return bits

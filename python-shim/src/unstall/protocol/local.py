@@ -24,6 +24,7 @@ __all__ = [
     "LOCAL_PLAN",
     "LOCAL_CLOSE",
     "LOCAL_PREP",
+    "LOCAL_CACHED",
     "LOCAL_MAX_ACTION_TYPE",
     "LOCAL_MAX_PLAN_IDS",
     "REPLY_OK",
@@ -41,6 +42,7 @@ __all__ = [
     "encode_local_plan",
     "encode_local_close",
     "encode_local_prep",
+    "encode_local_cached",
     "decode_local_request",
     "encode_local_ok",
     "encode_local_error",
@@ -56,7 +58,7 @@ LOCAL_MAGIC = b"UNSL"
 LOCAL_VERSION = 1
 LOCAL_MAX_FRAME = 256 << 20
 LOCAL_FRAME = struct.Struct("<I")  # every frame: u32 length of the body, then the body
-LOCAL_HELLO, LOCAL_OPEN, LOCAL_FETCH, LOCAL_PLAN, LOCAL_CLOSE, LOCAL_PREP = 1, 2, 3, 4, 5, 6
+LOCAL_HELLO, LOCAL_OPEN, LOCAL_FETCH, LOCAL_PLAN, LOCAL_CLOSE, LOCAL_PREP, LOCAL_CACHED = 1, 2, 3, 4, 5, 6, 7
 LOCAL_MAX_ACTION_TYPE = 64  # PREP: the longest action type
 LOCAL_MAX_PLAN_IDS = 1 << 25
 REPLY_OK, REPLY_ERROR, REPLY_BATCH = 0, 1, 2
@@ -69,12 +71,12 @@ LOCAL_ERROR_CODES = {
     6: "UNAVAILABLE",
 }
 _LOCAL_IDS = struct.Struct("<BQII")  # kind, session, epoch, n (FETCH, PLAN)
-_LOCAL_SESSION = struct.Struct("<BQ")  # kind, session (CLOSE)
+_LOCAL_SESSION = struct.Struct("<BQ")  # kind, session (CLOSE, CACHED)
 _LOCAL_HELLO = struct.Struct("<B4sBH")  # kind, magic, version, token length
 _LOCAL_BATCH = struct.Struct("<B3xIII")  # kind, pad, n, nseg, keyBytes
 _LOCAL_PREP = struct.Struct("<BH")  # kind, action type length (PREP)
 _LOCAL_NAMES = {LOCAL_HELLO: "HELLO", LOCAL_OPEN: "OPEN", LOCAL_FETCH: "FETCH", LOCAL_PLAN: "PLAN", LOCAL_CLOSE: "CLOSE",
-                LOCAL_PREP: "PREP"}
+                LOCAL_PREP: "PREP", LOCAL_CACHED: "CACHED"}
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class LocalRequest:
     kind: int
     token: Optional[bytes] = None  # HELLO
     doc: Optional[dict[str, Any]] = None  # OPEN
-    session: Optional[int] = None  # FETCH, PLAN, CLOSE
+    session: Optional[int] = None  # FETCH, PLAN, CLOSE, CACHED
     epoch: Optional[int] = None  # FETCH, PLAN
     ids: Optional[np.ndarray] = None  # FETCH, PLAN (uint64)
     action: Optional[str] = None  # PREP: the prep.* action
@@ -152,6 +154,12 @@ def encode_local_plan(session: int, ids: Union[Sequence[int], np.ndarray], epoch
 
 def encode_local_close(session: int) -> bytes:
     return _LOCAL_SESSION.pack(LOCAL_CLOSE, _u64(session, "session"))
+
+
+def encode_local_cached(session: int) -> bytes:
+    """CACHED: ``u8 7, u64 session``: which samples of the session's dataset are cached now; the reply is OK with
+    the ``cached`` document (``unstall.protocol.parse_cached``), as the Flight action answers it."""
+    return _LOCAL_SESSION.pack(LOCAL_CACHED, _u64(session, "session"))
 
 
 def encode_local_prep(action: str, body: bytes) -> bytes:
@@ -223,8 +231,8 @@ def decode_local_request(body: Union[bytes, bytearray, memoryview]) -> LocalRequ
         if not action.startswith("prep."):
             raise ValueError(f"malformed request: PREP carries prep.* actions only, not {action!r}")
         return LocalRequest(kind, action=action, body=bytes(buf[_LOCAL_PREP.size + n :]))
-    if kind == LOCAL_CLOSE:
-        _expect_size(buf, _LOCAL_SESSION.size, "CLOSE")
+    if kind in (LOCAL_CLOSE, LOCAL_CACHED):
+        _expect_size(buf, _LOCAL_SESSION.size, _LOCAL_NAMES[kind])
         return LocalRequest(kind, session=_LOCAL_SESSION.unpack_from(buf)[1])
     raise ValueError(f"malformed request: unknown kind {kind}")
 

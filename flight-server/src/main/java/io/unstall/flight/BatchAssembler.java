@@ -14,6 +14,7 @@ import io.unstall.flight.protocol.BatchSchema;
 import io.unstall.flight.shm.ShmRef;
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.BitSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -98,6 +99,20 @@ public final class BatchAssembler {
   public void joinCluster(Ownership ownership, PeerClients peers) {
     this.ownership = ownership;
     this.peers = peers;
+  }
+
+  /**
+   * The samples of {@code d} cached here now (memory cache or disk tier): bit {@code id} of the set. A snapshot, read
+   * sample by sample while batches go on, for orders that serve cached samples first.
+   */
+  public BitSet cached(Dataset d) {
+    BitSet set = new BitSet(d.size());
+    for (int id = 0; id < d.size(); id++) {
+      if (isCached(d, id)) {
+        set.set(id);
+      }
+    }
+    return set;
   }
 
   /** Whether the prefetcher need not read {@code id}: cached here. */

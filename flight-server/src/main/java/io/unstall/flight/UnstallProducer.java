@@ -1,5 +1,6 @@
 package io.unstall.flight;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -22,6 +23,9 @@ import io.unstall.flight.protocol.Plan;
 import io.unstall.flight.protocol.MalformedTicketException;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
+import java.util.Base64;
+import java.util.BitSet;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Predicate;
@@ -55,6 +59,7 @@ public final class UnstallProducer extends NoOpFlightProducer {
   private static final ObjectMapper JSON = new ObjectMapper();
   public static final String ACTION_STATS = "stats";
   public static final String ACTION_PREFETCH = "prefetch";
+  public static final String ACTION_CACHED = "cached";
 
   private final DatasetRegistry registry;
   private final SampleCache cache;
@@ -223,9 +228,13 @@ public final class UnstallProducer extends NoOpFlightProducer {
           assembler.prefetcher().plan(d, d.name(), d.stats(), plan.epoch(), ids);
           listener.onNext(new Result(("{\"v\":1,\"planned\":" + ids.length + "}").getBytes(StandardCharsets.UTF_8)));
         }
+        case ACTION_CACHED -> {
+          Dataset d = dataset(p, cachedRequest(action.getBody()));
+          listener.onNext(new Result(cachedJson(d, assembler).getBytes(StandardCharsets.UTF_8)));
+        }
         default -> throw CallStatus.UNIMPLEMENTED
             .withDescription("unknown action '" + action.getType() + "'; supported: " + ACTION_STATS + ", "
-                + ACTION_PREFETCH)
+                + ACTION_PREFETCH + ", " + ACTION_CACHED)
             .toRuntimeException();
       }
       listener.onCompleted();
@@ -242,8 +251,43 @@ public final class UnstallProducer extends NoOpFlightProducer {
   public void listActions(CallContext context, StreamListener<ActionType> listener) {
     listener.onNext(new ActionType(ACTION_STATS, "cache and per-dataset, per-epoch statistics as JSON"));
     listener.onNext(new ActionType(ACTION_PREFETCH, "the epoch's sample order (a PLAN message): read ahead"));
+    listener.onNext(new ActionType(ACTION_CACHED, "which samples of a dataset are cached now, as a bitmap"));
     PrepService.listActions(listener);
     listener.onCompleted();
+  }
+
+  /** The dataset a {@code cached} action's body names: UTF-8 JSON {@code {"dataset": name}}. */
+  static String cachedRequest(byte[] body) {
+    JsonNode req;
+    try {
+      req = JSON.readTree(body);
+    } catch (IOException e) {
+      throw new IllegalArgumentException("the cached action's body is not UTF-8 JSON {\"dataset\": name}: "
+          + e.getMessage());
+    }
+    String name = req == null ? "" : req.path("dataset").asText("");
+    if (name.isEmpty()) {
+      throw new IllegalArgumentException("the cached action needs a body {\"dataset\": name}");
+    }
+    return name;
+  }
+
+  /**
+   * The {@code cached} document (protocol/README.md), over Flight and the local socket alike: {@code samples} in
+   * the dataset, how many are {@code cached} in the memory cache or the disk tier, and {@code bitmap}, base64 of
+   * {@code ceil(samples / 8)} bytes where bit {@code id % 8} (least significant first) of byte {@code id / 8} is set
+   * when sample {@code id} is cached.
+   */
+  public static String cachedJson(Dataset d, BatchAssembler assembler) {
+    BitSet cached = assembler.cached(d);
+    byte[] bitmap = Arrays.copyOf(cached.toByteArray(), (d.size() + 7) / 8);
+    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    o.put("v", 1);
+    o.put("dataset", d.name());
+    o.put("samples", d.size());
+    o.put("cached", cached.cardinality());
+    o.put("bitmap", Base64.getEncoder().encodeToString(bitmap));
+    return o.toString();
   }
 
   /** Adds the cluster's view (members, served to peers) to the stats. */

@@ -1,5 +1,6 @@
 package io.unstall.flight.local;
 
+import static io.unstall.flight.protocol.LocalFrames.CACHED;
 import static io.unstall.flight.protocol.LocalFrames.CLOSE;
 import static io.unstall.flight.protocol.LocalFrames.FETCH;
 import static io.unstall.flight.protocol.LocalFrames.HELLO;
@@ -144,6 +145,9 @@ final class LocalConnection implements Runnable {
         byte[] result = service.prepAction(LocalFrames.parsePrep(body), () -> !ch.isOpen());
         return ByteBuffer.wrap(LocalFrames.ok(result));
       }
+      case CACHED -> {
+        return ByteBuffer.wrap(LocalFrames.ok(service.cached(service.session(LocalFrames.parseSession(body)))));
+      }
       case CLOSE -> {
         long id = LocalFrames.parseSession(body);
         service.close(id);
@@ -153,7 +157,8 @@ final class LocalConnection implements Runnable {
         return ok(JSON.createObjectNode().put("v", 1).put("closed", true));
       }
       default -> throw new IllegalArgumentException(
-          "malformed local request: unknown kind " + kind + " (1 HELLO, 2 OPEN, 3 FETCH, 4 PLAN, 5 CLOSE, 6 PREP)");
+          "malformed local request: unknown kind " + kind
+              + " (1 HELLO, 2 OPEN, 3 FETCH, 4 PLAN, 5 CLOSE, 6 PREP, 7 CACHED)");
     }
   }
 

@@ -4,6 +4,7 @@ import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.Bounds;
 import io.unstall.flight.Prefetcher;
 import io.unstall.flight.StreamBudget;
+import io.unstall.flight.UnstallProducer;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.auth.Principal;
 import io.unstall.flight.dataset.DatasetRegistry;
@@ -91,6 +92,11 @@ public final class LocalService {
     int[] ids = Prefetcher.checkedPlan(d, requested, bounds.maxPlanIds());
     assembler.prefetcher().plan(d, s.owner(), s.stats(), epoch, ids);
     return ids.length;
+  }
+
+  /** The {@code cached} document of the session's dataset ({@link UnstallProducer#cachedJson}). */
+  String cached(FetchSession s) {
+    return UnstallProducer.cachedJson(s.dataset(), assembler);
   }
 
   /** A same-host batch: rows referenced in the cache's segments, the rest in {@code staging} (may be null). */

@@ -30,6 +30,7 @@ public final class LocalFrames {
   public static final int PLAN = 4;
   public static final int CLOSE = 5;
   public static final int PREP = 6;
+  public static final int CACHED = 7;
   /** The longest action type a PREP request may name ({@code prep.*}, as DoAction would). */
   public static final int MAX_ACTION_TYPE = 64;
 
