@@ -205,6 +205,24 @@ def test_local_prep_request_matches_its_golden_bytes(fixtures_dir: Path) -> None
     assert json.loads(req.body)["released"] == [[1, 3], [1, 4]]
 
 
+def test_local_cached_request_and_document_match_their_golden_fixtures(fixtures_dir: Path) -> None:
+    doc = json.loads((fixtures_dir / "local-cached-v1.json").read_text())
+    golden = (fixtures_dir / "local-cached-v1.bin").read_bytes()
+    assert doc["kind"] == protocol.LOCAL_CACHED
+    assert protocol.encode_local_cached(doc["session"]) == golden
+    req = protocol.decode_local_request(golden)
+    assert (req.kind, req.session) == (7, doc["session"])
+    # The document CachedSnapshotTest gets from a real data plane: samples 1, 3 and 8 of 10 cached.
+    cached = (fixtures_dir / "cached-v1.json").read_bytes()
+    assert protocol.parse_cached(cached, "imgs", 10).nonzero()[0].tolist() == [1, 3, 8]
+    with pytest.raises(ValueError, match="the answer is for dataset 'imgs' of 10 samples, asked for 'imgs' of 11"):
+        protocol.parse_cached(cached, "imgs", 11)
+    with pytest.raises(ValueError, match="the bitmap sets 3 samples, the answer says 2"):
+        protocol.parse_cached(cached.replace(b'"cached":3', b'"cached":2'), "imgs", 10)
+    with pytest.raises(ValueError, match="a bitmap of 3 bytes for 10 samples, expected 2"):
+        protocol.parse_cached(cached.replace(b"CgE=", b"CgEA"), "imgs", 10)
+
+
 def test_local_prep_request_carries_prep_actions_only() -> None:
     with pytest.raises(ValueError, match="prep.\\* actions"):
         protocol.encode_local_prep("stats", b"")

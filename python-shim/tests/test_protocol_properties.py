@@ -258,6 +258,7 @@ GOLDEN: dict[str, list[Callable[[bytes], object]]] = {
     "peer-ticket-v1.bin": TICKET_DECODERS,  # sidecar to sidecar: every shim decoder refuses it
     "local-fetch-v1.bin": [_check_local_request],
     "local-prep-next-v1.bin": [_check_local_request],
+    "local-cached-v1.bin": [_check_local_request],
     "local-batch-v1.bin": [_check_local_reply],
 }
 

@@ -308,8 +308,8 @@ class DataLoader(tud.DataLoader):
         self._progress: Optional[Progress] = None  # the latest iterator's epoch and batches handed out
         # The job-wide order the loader deals from (its sampler's, or its BatchSampler's): its state is then elastic
         # (unstall.elastic), and a rank's incomplete last batch dropped by the batching counts as consumed.
-        order = batcher.sampler if batcher is not None else sampler
-        self._global = order if isinstance(order, DistributedSampler) else None
+        dealer = batcher.sampler if batcher is not None else sampler
+        self._global = dealer if isinstance(dealer, DistributedSampler) else None
         self._drops_last = bool(batcher.drop_last) if batcher is not None else drop_last
         if isinstance(dataset, Mixture) and _shuffles(batch_sampler if batch_sampler is not None else sampler):
             warnings.warn(f"DataLoader shuffles {dataset!r}: a shuffled order loses the proportions of each batch "

@@ -8,8 +8,8 @@ import com.fasterxml.jackson.databind.JsonNode;
 import io.unstall.flight.format.ImageFolders;
 import io.unstall.flight.local.LocalTestClient;
 import io.unstall.flight.protocol.LocalFrames;
+import io.unstall.flight.protocol.ProtocolFixturesTest;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -35,8 +35,7 @@ class CachedSnapshotTest {
   }
 
   private static byte[] cachedFrame(long session) {
-    return ByteBuffer.allocate(9).order(ByteOrder.LITTLE_ENDIAN).put((byte) LocalFrames.CACHED).putLong(session)
-        .array();
+    return LocalFrames.encodeSession(LocalFrames.CACHED, session);
   }
 
   @Test
@@ -62,8 +61,8 @@ class CachedSnapshotTest {
       expected.set(3);
       expected.set(8);
       assertEquals(expected, bits(flight));
-      assertEquals(3, flight.get("cached").asInt());
-      assertEquals("imgs", flight.get("dataset").asText());
+      assertEquals(FlightTestClient.JSON.readTree(
+          ProtocolFixturesTest.FIXTURES.resolve("cached-v1.json").toFile()), flight, "the golden document");
 
       try (LocalTestClient l = new LocalTestClient(plane.localEndpoint(), FlightTestClient.TOKEN)) {
         long session = l.open("imgs");

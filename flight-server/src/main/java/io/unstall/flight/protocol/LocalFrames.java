@@ -115,7 +115,12 @@ public final class LocalFrames {
     return new IdList(session, epoch, ids);
   }
 
-  /** A CLOSE body (after the kind byte): the session id. */
+  /** The request body of a CLOSE or CACHED (kind byte included), as a client sends it. */
+  public static byte[] encodeSession(int kind, long session) {
+    return ByteBuffer.allocate(9).order(ByteOrder.LITTLE_ENDIAN).put((byte) kind).putLong(session).array();
+  }
+
+  /** A CLOSE or CACHED body (after the kind byte): the session id. */
   public static long parseSession(ByteBuffer b) {
     need(b, 8, "session id");
     long s = b.getLong();

@@ -239,6 +239,17 @@ public class ProtocolFixturesTest {
   }
 
   @Test
+  void localCachedRequestMatchesItsGoldenBytes() throws Exception {
+    JsonNode expected = JSON.readTree(FIXTURES.resolve("local-cached-v1.json").toFile());
+    byte[] golden = Files.readAllBytes(FIXTURES.resolve("local-cached-v1.bin"));
+    long session = expected.get("session").asLong();
+    assertArrayEquals(golden, LocalFrames.encodeSession(LocalFrames.CACHED, session));
+    java.nio.ByteBuffer b = java.nio.ByteBuffer.wrap(golden).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+    assertEquals(LocalFrames.CACHED, b.get());
+    assertEquals(session, LocalFrames.parseSession(b));
+  }
+
+  @Test
   void localPrepRequestMatchesItsGoldenBytes() throws Exception {
     JsonNode expected = JSON.readTree(FIXTURES.resolve("local-prep-next-v1.json").toFile());
     byte[] golden = Files.readAllBytes(FIXTURES.resolve("local-prep-next-v1.bin"));

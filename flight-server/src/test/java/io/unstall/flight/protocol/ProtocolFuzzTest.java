@@ -95,9 +95,8 @@ class ProtocolFuzzTest {
           LocalFrames.IdList r = LocalFrames.parseIds(b, kind);
           assertArrayEquals(body, LocalFrames.encodeIds(kind, r.session(), r.epoch(), r.ids()));
         }
-        case LocalFrames.CLOSE -> {
-          LocalFrames.parseSession(b);
-          assertEquals(9, body.length);
+        case LocalFrames.CLOSE, LocalFrames.CACHED -> {
+          assertArrayEquals(body, LocalFrames.encodeSession(kind, LocalFrames.parseSession(b)));
         }
         case LocalFrames.PREP -> {
           LocalFrames.PrepAction r = LocalFrames.parsePrep(b);
