@@ -115,6 +115,8 @@ def test_a_mid_epoch_state_continues_the_same_order_on_another_cache(start_sidec
     ds = Dataset("resumed", root=root, sidecar=warm)
     loader = DataLoader(ds, batch_size=BATCH, shuffle=True, seed=SEED, order="cache_first", collate_fn=keep)
     _epoch(loader, ids)  # fills the cache
+    flight = Dataset("resumed", sidecar=warm, transport="flight")
+    assert np.array_equal(flight.cached(), ds.cached()), "the cached action answers as the local socket's CACHED"
     it = iter(loader)
     head = [ids[payload] for _ in range(5) for payload, _ in next(it)]
     state = loader.state_dict()

@@ -148,6 +148,9 @@ class EpochSampler(tud.Sampler):
     items (the DataLoader's batch size; 1 without automatic batching), counted from the epoch's start, the skip of
     a resumed epoch included; ``_batch_names`` says how a distributed sampler's batches are named.
 
+    ``reorder(epoch, order)``: given the epoch's whole order, the order to serve instead (``unstall.cache_order``'s
+    cache-first order); the skip of a resumed epoch applies to what it returns.
+
     ``state_dict()``: ``{"version", "epoch", "seed", "order", "skip"}`` (plain ints and strings, for
     ``torch.save``); ``skip`` is how many items (indices, or batches when ``batched``) of ``epoch`` the
     next iteration leaves out, drawn but not yielded (a resumed epoch; a skip of the whole epoch, a state
