@@ -207,6 +207,8 @@ def _check_local_request(data: bytes) -> None:
         assert struct.pack("<BQII", r.kind, r.session, r.epoch, r.ids.size) + r.ids.tobytes() == data
     elif r.kind == protocol.LOCAL_CLOSE:
         assert protocol.encode_local_close(r.session or 0) == data
+    elif r.kind == protocol.LOCAL_CACHED:
+        assert protocol.encode_local_cached(r.session or 0) == data
     elif r.kind == protocol.LOCAL_PREP:
         assert r.action is not None and r.body is not None
         assert protocol.encode_local_prep(r.action, r.body) == data

@@ -24,8 +24,7 @@ from .local import LocalClient
 from .sidecar import Sidecar
 from .device import DevicePrefetcher, DeviceStats
 from .echo import Echo, EchoCounts, EchoedIterator
-from .elastic import restore
-from .sharding import DistributedSampler, distributed_initialized
+from .sharding import DistributedSampler, distributed_initialized, fit_batches, rank_prefix, shuffles
 from .state import STATE_VERSION, CountingIterator, Progress, check_state, epoch_seed, mid_epoch, position, state_int
 from .tracing import StallObserver
 from .dataset import Dataset
@@ -42,41 +41,12 @@ __all__ = ["DataLoader"]
 _loader_numbers = itertools.count(1)
 
 
-def _rank_prefix() -> str:
-    """``"rank R "`` (and ``"local L "``) in a distributed job, as torch numbers its processes: the rank from an
-    initialized ``torch.distributed`` group, else ``$RANK`` (torchrun, SLURM through it), and ``$LOCAL_RANK``.
-    Ranks sharing one sidecar then tell their sessions apart in ``sidecar.stats()``; "" outside such a job."""
-    rank: Optional[str] = None
-    if distributed_initialized():
-        rank = str(torch.distributed.get_rank())
-    rank = rank if rank is not None else os.environ.get("RANK", "").strip() or None
-    if rank is None:
-        return ""
-    local = os.environ.get("LOCAL_RANK", "").strip()
-    return f"rank {rank} " + (f"local {local} " if local else "")
-
-
 def _close_session(local: LocalClient, session: int, conn: Optional[Tuple[int, int]]) -> None:
     if local.connection_id == conn:
         try:
             local.close_session(session)
         except SidecarError:
             pass
-
-
-def _fit_global(sampler: DistributedSampler, batch_size: Optional[int], seed: Optional[int],
-                batcher: str = "the DataLoader") -> None:
-    """Gives ``sampler`` the batch size of ``batcher`` (the loader, or its ``BatchSampler``) when it has none, and
-    refuses one whose batches (its dealing step) or seed differ: its chunks must be the loader's batches for the
-    state to count them."""
-    if sampler.batch_size is None:
-        sampler.batch_size = batch_size
-    elif sampler.batch_size != batch_size:
-        raise ValueError(f"unstall.torch.DistributedSampler deals batch_size={sampler.batch_size} per step but "
-                         f"{batcher} batches {batch_size}: pass the same (or leave the sampler's None)")
-    if seed is not None and seed != sampler.seed:
-        raise ValueError(f"the DataLoader's seed {seed} differs from its DistributedSampler's seed {sampler.seed}, "
-                         "which makes the order: pass one of them")
 
 
 def _hold_index_queues(iterator: Any) -> None:
@@ -90,15 +60,6 @@ def _hold_index_queues(iterator: Any) -> None:
     queues = getattr(iterator, "_index_queues", None)
     if queues:
         weakref.finalize(iterator, list.clear, list(queues)).atexit = False
-
-
-def _shuffles(sampler: Any) -> bool:
-    """Whether ``sampler`` (or a ``BatchSampler``'s) draws a random order."""
-    if isinstance(sampler, tud.BatchSampler):
-        return _shuffles(sampler.sampler)
-    if isinstance(sampler, (tud.RandomSampler, tud.SubsetRandomSampler, tud.WeightedRandomSampler)):
-        return True
-    return isinstance(sampler, (DistributedSampler, tud.DistributedSampler)) and bool(sampler.shuffle)
 
 
 class DataLoader(tud.DataLoader):
@@ -277,7 +238,7 @@ class DataLoader(tud.DataLoader):
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
             if batcher is not None and isinstance(batcher.sampler, DistributedSampler):
-                _fit_global(batcher.sampler, batcher.batch_size, base_seed, "its BatchSampler")
+                fit_batches(batcher.sampler, batcher.batch_size, base_seed, "its BatchSampler")
             self.epoch_sampler = EpochSampler(batch_sampler, batched=True, start_epoch=start_epoch, on_epoch=on_epoch,
                                               seed=base_seed)
             super().__init__(dataset, batch_sampler=self.epoch_sampler, **common)
@@ -295,7 +256,7 @@ class DataLoader(tud.DataLoader):
                     raise ValueError("order='cache_first' does not apply over unstall.torch.DistributedSampler: its "
                                      "job-wide order is consumed step by step across ranks, which a rank's reorder "
                                      "would break")
-                _fit_global(sampler, batch_size, base_seed)
+                fit_batches(sampler, batch_size, base_seed)
             self.epoch_sampler = EpochSampler(sampler, batch_size=1 if batch_size is None else int(batch_size),
                                               start_epoch=start_epoch, on_epoch=on_epoch, seed=base_seed,
                                               reorder=reorder)
@@ -311,7 +272,7 @@ class DataLoader(tud.DataLoader):
         dealer = batcher.sampler if batcher is not None else sampler
         self._global = dealer if isinstance(dealer, DistributedSampler) else None
         self._drops_last = bool(batcher.drop_last) if batcher is not None else drop_last
-        if isinstance(dataset, Mixture) and _shuffles(batch_sampler if batch_sampler is not None else sampler):
+        if isinstance(dataset, Mixture) and shuffles(batch_sampler if batch_sampler is not None else sampler):
             warnings.warn(f"DataLoader shuffles {dataset!r}: a shuffled order loses the proportions of each batch "
                           "(the mixture shuffles each source itself); pass shuffle=False", UserWarning, stacklevel=2)
 
@@ -385,7 +346,7 @@ class DataLoader(tud.DataLoader):
             return
         if self._session_closer is not None:
             self._session_closer.detach()
-        self._session = self.dataset.open_session(f"{_rank_prefix()}pid {os.getpid()} DataLoader#{self._number}")
+        self._session = self.dataset.open_session(f"{rank_prefix()}pid {os.getpid()} DataLoader#{self._number}")
         self._session_conn = local.connection_id
         self.epoch_sampler.session = self._session
         self._session_closer = weakref.finalize(self, _close_session, local, self._session, self._session_conn)
@@ -526,23 +487,8 @@ class DataLoader(tud.DataLoader):
 
     def _load_global(self, g: DistributedSampler, state: Mapping[str, Any]) -> None:
         """Restores a rank's state (same world size, rank and batch size) or a job state (``merge_states``, any)."""
-        what = "DataLoader"
-        if state.get("order") != "global":
-            raise ValueError(f"{what} state_dict was taken from a loader whose order is {state.get('order')!r}; this "
-                             "one deals a job-wide order ('global', unstall.torch.DistributedSampler)")
-        seed = state_int(state, "seed", what)
-        if seed != g.seed:
-            raise ValueError(f"{what} state_dict was taken with seed {seed}; this loader's order has seed {g.seed}")
-        size = state_int(state, "epoch_size", what)
-        if size != g.epoch_size:
-            raise ValueError(f"{what} state_dict was taken over an epoch_size of {size} samples; dataset "
-                             f"{self.dataset.name!r} has {g.epoch_size} here")
-        if state.get("kind") != "job" and state.get("drop_last") != g.drop_last:
-            raise ValueError(f"{what} state_dict was taken with drop_last={state.get('drop_last')!r}; this loader's "
-                             f"DistributedSampler has drop_last={g.drop_last}")
-        resume = restore(state, world=g.num_replicas, rank=g.rank, chunk=g.chunk, what=what)
-        g.restore(resume.epoch, resume.consumed)
-        self.epoch_sampler.load_state_dict({"version": STATE_VERSION, "epoch": resume.epoch, "seed": seed,
+        resume = g.load_state(state, "DataLoader", self.dataset.name)
+        self.epoch_sampler.load_state_dict({"version": STATE_VERSION, "epoch": resume.epoch, "seed": g.seed,
                                             "skip": resume.skip * self._items_per_batch})
         self._progress = None
         self._iterator = None

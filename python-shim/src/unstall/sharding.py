@@ -3,21 +3,60 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence, Sized, Tuple
+import os
+from typing import Any, Iterator, Mapping, Optional, Sequence, Sized, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.utils.data as tud
 
-from .elastic import Range, Remaining, Share, normalize
-from .state import epoch_seed
+from .elastic import Range, Remaining, Resume, Share, normalize, restore
+from .state import epoch_seed, state_int
 
-__all__ = ["DistributedSampler", "distributed_initialized"]
+__all__ = ["DistributedSampler", "distributed_initialized", "rank_prefix", "fit_batches", "shuffles"]
 
 
 def distributed_initialized() -> bool:
     """Whether this process is in an initialised ``torch.distributed`` process group."""
     return dist.is_available() and dist.is_initialized()
+
+
+def rank_prefix() -> str:
+    """``"rank R "`` (and ``"local L "``) in a distributed job, as torch numbers its processes: the rank from an
+    initialized ``torch.distributed`` group, else ``$RANK`` (torchrun, SLURM through it), and ``$LOCAL_RANK``.
+    Ranks sharing one sidecar then tell their sessions apart in ``sidecar.stats()``; "" outside such a job."""
+    rank: Optional[str] = None
+    if distributed_initialized():
+        rank = str(dist.get_rank())
+    rank = rank if rank is not None else os.environ.get("RANK", "").strip() or None
+    if rank is None:
+        return ""
+    local = os.environ.get("LOCAL_RANK", "").strip()
+    return f"rank {rank} " + (f"local {local} " if local else "")
+
+
+def fit_batches(sampler: DistributedSampler, batch_size: Optional[int], seed: Optional[int],
+                batcher: str = "the DataLoader") -> None:
+    """Gives ``sampler`` the batch size of ``batcher`` (the loader, or its ``BatchSampler``) when it has none, and
+    refuses one whose batches (its dealing step) or seed differ: its chunks must be the loader's batches for the
+    state to count them."""
+    if sampler.batch_size is None:
+        sampler.batch_size = batch_size
+    elif sampler.batch_size != batch_size:
+        raise ValueError(f"unstall.torch.DistributedSampler deals batch_size={sampler.batch_size} per step but "
+                         f"{batcher} batches {batch_size}: pass the same (or leave the sampler's None)")
+    if seed is not None and seed != sampler.seed:
+        raise ValueError(f"the DataLoader's seed {seed} differs from its DistributedSampler's seed {sampler.seed}, "
+                         "which makes the order: pass one of them")
+
+
+def shuffles(sampler: Any) -> bool:
+    """Whether ``sampler`` (or a ``BatchSampler``'s) draws a random order."""
+    if isinstance(sampler, tud.BatchSampler):
+        return shuffles(sampler.sampler)
+    if isinstance(sampler, (tud.RandomSampler, tud.SubsetRandomSampler, tud.WeightedRandomSampler)):
+        return True
+    return isinstance(sampler, (DistributedSampler, tud.DistributedSampler)) and bool(sampler.shuffle)
 
 
 class DistributedSampler(tud.Sampler[int]):
@@ -93,6 +132,28 @@ class DistributedSampler(tud.Sampler[int]):
         a restore; ``unstall.elastic.restore`` says which) and the current epoch; later epochs are whole."""
         self._restored = (int(epoch), tuple(normalize(consumed, self.epoch_size)))
         self.epoch = int(epoch)
+
+    def load_state(self, state: Mapping[str, Any], what: str, dataset: str) -> Resume:
+        """Applies a loader's state over this order to this sampler (its epoch and the consumed ranges it deals the
+        rest around) and returns where the rank continues: a rank's own state (same world size, rank and batch
+        size) or a job state (``merge_states``, any). Refuses, naming it, another order, seed, epoch_size or
+        drop_last."""
+        if state.get("order") != "global":
+            raise ValueError(f"{what} state_dict was taken from a loader whose order is {state.get('order')!r}; this "
+                             "one deals a job-wide order ('global', unstall.torch.DistributedSampler)")
+        seed = state_int(state, "seed", what)
+        if seed != self.seed:
+            raise ValueError(f"{what} state_dict was taken with seed {seed}; this loader's order has seed {self.seed}")
+        size = state_int(state, "epoch_size", what)
+        if size != self.epoch_size:
+            raise ValueError(f"{what} state_dict was taken over an epoch_size of {size} samples; dataset "
+                             f"{dataset!r} has {self.epoch_size} here")
+        if state.get("kind") != "job" and state.get("drop_last") != self.drop_last:
+            raise ValueError(f"{what} state_dict was taken with drop_last={state.get('drop_last')!r}; this loader's "
+                             f"DistributedSampler has drop_last={self.drop_last}")
+        resume = restore(state, world=self.num_replicas, rank=self.rank, chunk=self.chunk, what=what)
+        self.restore(resume.epoch, resume.consumed)
+        return resume
 
     def consumed(self, epoch: int) -> list[Range]:
         """The positions of epoch ``epoch`` that this rank's share is dealt around (empty but for a restored one)."""
