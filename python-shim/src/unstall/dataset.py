@@ -22,7 +22,7 @@ from .errors import ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from .local import LocalClient
 from .protocol import DatasetInfo, SampleBatch, parse_cached
 from .sidecar import Sidecar, default_sidecar
-from .sampling import EpochIndex, batch_rng
+from .sampling import EpochIndex, batch_rng, split_indices
 
 
 __all__ = ["Dataset", "TRANSPORTS"]
@@ -212,15 +212,7 @@ class Dataset(tud.Dataset):
     def __getitems__(self, indices: Sequence[Index]) -> List[Tuple[Any, Any]]:
         if len(indices) == 0:
             return []
-        groups: List[Tuple[int, int]] = []  # (epoch, session) of each index
-        ids: List[int] = []
-        for ix in indices:
-            if isinstance(ix, EpochIndex):
-                groups.append((ix.epoch, ix.session))
-                ids.append(ix.index)
-            else:
-                groups.append((self.epoch, 0))
-                ids.append(int(ix))
+        groups, ids = split_indices(indices, self.epoch)  # (epoch, session) of each index, and the indices
         n = len(self)
         for i in ids:
             if i < 0:  # negative indices: as for sequences, but the wire carries unsigned ids

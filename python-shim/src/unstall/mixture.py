@@ -21,7 +21,7 @@ import torch.utils.data as tud
 
 from .dataset import Dataset, Index
 from .errors import SidecarUnavailableError
-from .sampling import EpochIndex, batch_rng
+from .sampling import EpochIndex, batch_rng, split_indices
 from .state import epoch_seed
 
 
@@ -230,15 +230,7 @@ class Mixture(tud.Dataset):
     def __getitems__(self, indices: Sequence[Index]) -> List[Any]:
         if len(indices) == 0:
             return []
-        groups: List[Tuple[int, int]] = []  # (epoch, session) of each index
-        positions: List[int] = []
-        for ix in indices:
-            if isinstance(ix, EpochIndex):
-                groups.append((ix.epoch, ix.session))
-                positions.append(ix.index)
-            else:
-                groups.append((self.epoch, 0))
-                positions.append(int(ix))
+        groups, positions = split_indices(indices, self.epoch)  # (epoch, session) of each index, and the indices
         out: List[Any] = [None] * len(positions)
         # The batch is seeded once, here: the sources' requests carry no batch_seed, so their transforms draw on
         # from it, one source after the other, rather than each restarting the batch's draws.

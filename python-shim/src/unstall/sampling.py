@@ -18,7 +18,7 @@ from .sharding import DistributedSampler
 from .state import STATE_VERSION, batch_seed, check_state, epoch_seed, state_int
 
 
-__all__ = ["EpochIndex", "EpochSampler", "batch_rng"]
+__all__ = ["EpochIndex", "EpochSampler", "batch_rng", "split_indices"]
 
 # ---------------------------------------------------------------------------------------------
 # Epoch-tagged sampling
@@ -35,6 +35,21 @@ class EpochIndex(NamedTuple):
     index: int  # type: ignore[assignment]  # the name torch users know; shadows tuple.index
     session: int = 0
     batch_seed: Optional[int] = None
+
+
+def split_indices(indices: Sequence[Any], epoch: int) -> Tuple[List[Tuple[int, int]], List[int]]:
+    """A batch's ``(epoch, session)`` per index and its sample indices: an ``EpochIndex`` carries both, a plain int
+    is of ``epoch`` (the dataset's own) and its default session 0."""
+    groups: List[Tuple[int, int]] = []
+    positions: List[int] = []
+    for ix in indices:
+        if isinstance(ix, EpochIndex):
+            groups.append((ix.epoch, ix.session))
+            positions.append(ix.index)
+        else:
+            groups.append((epoch, 0))
+            positions.append(int(ix))
+    return groups, positions
 
 
 @contextlib.contextmanager
