@@ -63,19 +63,29 @@ def batch_rng(indices: Sequence[Any]) -> Iterator[None]:
     if seed is None:
         yield
         return
+    if tud.get_worker_info() is not None:
+        # A DataLoader worker's RNGs are the loader's (torch seeds them per worker): seeded per batch, nothing to
+        # give back, and saving numpy's state would cost more than the rest together.
+        _seed_all(seed)
+        yield
+        return
     py, legacy = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        # Not torch.manual_seed: it also queues seeds for every accelerator, this is the CPU generator only.
-        torch.default_generator.manual_seed(seed)
-        random.seed(seed)
-        # torch and numpy both start an MT19937 from 32 bits of the seed: torch from the low half, numpy from the
-        # high one, or their streams would be the same numbers.
-        np.random.seed(seed >> 32)
+        _seed_all(seed)
         try:
             yield
         finally:
             random.setstate(py)
             np.random.set_state(legacy)
+
+
+def _seed_all(seed: int) -> None:
+    # Not torch.manual_seed: it also queues seeds for every accelerator, this is the CPU generator only.
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    # torch and numpy both start an MT19937 from 32 bits of the seed: torch from the low half, numpy from the high
+    # one, or their streams would be the same numbers.
+    np.random.seed(seed >> 32)
 
 
 def _draw_seed() -> int:

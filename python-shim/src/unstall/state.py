@@ -9,6 +9,7 @@ dicts of ints and strings, so ``torch.save`` persists them. No torch import here
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
 import numpy as np
@@ -21,7 +22,10 @@ __all__ = ["STATE_VERSION", "BATCH_STREAM", "epoch_seed", "batch_seed", "Progres
 STATE_VERSION = 1
 """The version of every loader ``state_dict()`` (the ``"version"`` key)."""
 
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
 
+
+@functools.lru_cache(maxsize=256)  # asked once per batch (batch_seed) with the same few arguments
 def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
     """The seed of epoch ``epoch``'s generator: a function of ``(seed, epoch)`` only (numpy's
     ``SeedSequence``), so the order of an epoch never depends on how far an earlier one advanced.
@@ -39,8 +43,12 @@ def batch_seed(seed: int, epoch: int, batch: int) -> int:
     """The seed of the random transforms of batch ``batch`` of epoch ``epoch`` (``unstall.sampling.batch_rng``): a
     function of ``(seed, epoch, batch)`` only, so a restored loader draws the same augmentations on any number of
     workers. ``batch`` names the batch within its epoch (``unstall.sampling.EpochSampler`` says how)."""
-    entropy = [epoch_seed(seed, epoch, BATCH_STREAM), int(batch)]
-    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+    # splitmix64's finalizer over the epoch's seed and the batch: per batch in the loader's main process, a few
+    # integer operations rather than a SeedSequence
+    z = (epoch_seed(seed, epoch, BATCH_STREAM) + (int(batch) + 1) * 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
 
 
 class Progress:
