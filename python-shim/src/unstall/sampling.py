@@ -57,7 +57,8 @@ def batch_rng(indices: Sequence[Any]) -> Iterator[None]:
     """Runs the body (a batch's loader and transforms) with torch's CPU, python's and numpy's global RNGs seeded
     from the batch's seed (its first index's ``batch_seed``): the augmentations of a batch are then a function of
     (seed, epoch, batch) wherever it is prepared. In the main process (no workers) their states are given back
-    afterwards, so the trainer's own RNGs do not move; a worker's are the loader's, and are not saved. Without a seed (plain int indices) the body draws as it would."""
+    afterwards, so the trainer's own RNGs do not move; a worker's are the loader's, and are not saved. Without a
+    seed (plain int indices) the body draws as it would."""
     first = indices[0] if len(indices) else None
     seed = first.batch_seed if isinstance(first, EpochIndex) else None
     if seed is None:
