@@ -338,7 +338,8 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
     keep = ["--model", "--batch", "--steps", "--warmup", "--crop", "--workers", "--device"]
     extra = [a for opt in keep for a in (opt, str(getattr(args, opt[2:])))]
     extra += ["--k", str(args.jobs), "--location", sidecar.flight_location]
-    env = dict(os.environ, UNSTALL_TOKEN=sidecar.token, PYTHONPATH=str(REPO / "python-shim" / "src"))
+    path = os.pathsep.join(filter(None, [str(REPO / "python-shim" / "src"), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, UNSTALL_TOKEN=sidecar.token, PYTHONPATH=path)  # the bundle's site (gpu_node.sh) too
     meter = CpuMeter([os.getpid(), sidecar.pid])
     results, machine = run_jobs(kind, args.jobs, data, extra, env, script=Path(__file__), meter=meter)
     s = summarize(results, machine)

@@ -23,12 +23,15 @@ wheels=("$work"/unstall-offline-*/*.whl)
 export PYTHONPATH=$work/site${PYTHONPATH:+:$PYTHONPATH}
 commit_file=$(dirname "$bundle")/COMMIT
 [ -f "$commit_file" ] && export UNSTALL_BENCH_COMMIT="$(cat "$commit_file")"
-"$python" - <<'PY'
-import unstall, unstall.sidecar as s
-java = s.find_java()
-print(f"gpu_node: unstall {unstall.__version__} from {unstall.__file__}; java {java}; jar {s.find_jar()}")
+# bench_gpu.py imports the shim from this tree (the bundle's commit); it takes the bundle's jar and Java runtime.
+eval "$("$python" - <<'PY'
+import shlex, sys, unstall, unstall.sidecar as s
+java, jar = s.find_java(), s.find_jar()
+print(f"gpu_node: unstall {unstall.__version__} from {unstall.__file__}; java {java}; jar {jar}", file=sys.stderr)
 assert "/_jre/" in str(java), f"expected the bundled runtime, got {java}"
+print(f"export UNSTALL_JAVA={shlex.quote(str(java))} UNSTALL_SIDECAR_JAR={shlex.quote(str(jar))}")
 PY
+)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu_node: /' || true
 
 IFS=, read -r -a model_list <<< "$models"
