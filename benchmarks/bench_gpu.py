@@ -11,6 +11,8 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
   * ``unstall.prep.PrepLoader`` uint8 host batches, copied and normalized on the device by hand;
   * ``PrepLoader(..., device=DEV)``: the sidecar prepares uint8, the loader puts the batches on the device and
     normalizes them there;
+  * the same with ``decode(device="mixed")``: the sidecar serves the stored JPEG bytes, the loader decodes them
+    on the device (nvJPEG through torchvision) and crops, flips and normalizes them there;
   * an HP search: ``--jobs`` concurrent training processes on the one device, each with its own
     ``torch.utils.data.DataLoader`` (``--workers // --jobs`` workers each), against the same number of
     PrepLoaders sharing one prep group (group_size = jobs, one seed and pipeline);
@@ -24,7 +26,7 @@ same run; nothing is asserted.
 
     python benchmarks/bench_gpu.py [--model resnet18|resnet50] [--batch 256] [--steps 100] [--warmup 20]
         [--workers N] [--jobs 4] [--images 9600] [--size 500x375] [--data DIR] [--device cuda|cpu]
-        [--jpeg q75|q93|prog] [--json PATH] [--toy]
+        [--jpeg q75|q93|prog] [--rows ROW,...] [--sidecar-cpus N] [--json PATH] [--toy]
 
 ``--toy`` makes everything tiny (48 images of 64x48, batch 8, 2 steps, 64-pixel crops, 2 jobs) so that it runs
 end to end on a CPU in seconds of work; tests/python/test_bench_gpu.py runs it so. The data: ``--data DIR`` (an
@@ -214,21 +216,36 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
     return loader, on_device(forever(loader), dev)
 
 
-def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, **where: Any
-                ) -> Tuple[Any, Batches]:
+def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, mixed: bool = False,
+                **where: Any) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
-    loader puts on the device, normalized there from the sidecar's uint8. ``where``: ``sidecar=`` or ``client=``."""
+    loader puts on the device, normalized there from the sidecar's uint8, or (``mixed``) decoded there from the
+    stored JPEG bytes (``decode(device="mixed")``). ``where``: ``sidecar=`` or ``client=``."""
     import torch
     from unstall import prep
 
     if device:
-        pipe = prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC")
+        pipe = prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC", decode_device="mixed" if mixed else None)
         loader = prep.PrepLoader(DATASET, pipe, batch_size=batch, seed=seed, group_size=k, drop_last=True,
                                  device=str(dev), device_prefetch=2, memory_format=torch.channels_last, **where)
         return loader, on_device(forever(loader), dev)
     loader = prep.PrepLoader(DATASET, prep.imagenet_train(crop, dtype="uint8"), batch_size=batch, seed=seed,
                              group_size=k, drop_last=True, **where)
     return loader, normalize_by_hand(forever(loader), dev)
+
+
+def sidecar_java(args: argparse.Namespace, home: Path) -> Optional[str]:
+    """With ``--sidecar-cpus N``: a java that runs under ``taskset -c 0-(N-1)`` (the JVM sizes its pools to it)."""
+    if not args.sidecar_cpus:
+        return None
+    from unstall.sidecar import find_java
+
+    if not 1 <= args.sidecar_cpus <= (os.cpu_count() or 1):
+        raise SystemExit(f"--sidecar-cpus {args.sidecar_cpus}: this machine has {os.cpu_count()} cores")
+    wrapper = home / "java-taskset"
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c 0-{args.sidecar_cpus - 1} "{find_java()}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 def handed_out(loader: Any) -> Optional[Tuple[int, float]]:
@@ -258,7 +275,7 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 
 @dataclasses.dataclass
 class Row:
-    key: str  # stable across runs: model, torch, unstall, prep, prep_device, hp_torch, hp_prep; KEY_alone
+    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, hp_torch, hp_prep; KEY_alone
     row: str
     images_per_s: float
     busy_cores: float  # CPU seconds of the processes involved / wall seconds
@@ -416,6 +433,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
+    ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
+                    "prep_mixed, hp_torch, hp_prep; the model-alone row always runs")
+    ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
+                    "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
     ap.add_argument("--job", choices=("torch", "prep"), help=argparse.SUPPRESS)  # an HP-search job (run_jobs)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -474,8 +495,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
          lambda: prep_loader(args.crop, args.batch, 3, 1, dev, False, sidecar=sidecar)),
         ("prep_device", f"PrepLoader(device={str(dev)!r}), bf16 channels_last",
          lambda: prep_loader(args.crop, args.batch, 4, 1, dev, True, sidecar=sidecar)),
+        ("prep_mixed", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed')",
+         lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, sidecar=sidecar)),
     ]
-    total = 1 + len(loaders) * (2 if args.loader_alone else 1) + 2
+    chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | {"hp_torch", "hp_prep"}
+    unknown = chosen - {key for key, _, _ in loaders} - {"hp_torch", "hp_prep"}
+    if unknown:
+        raise SystemExit(f"--rows: unknown rows {sorted(unknown)}; rows: {[key for key, _, _ in loaders]}, "
+                         "hp_torch, hp_prep")
+    loaders = [entry for entry in loaders if entry[0] in chosen]
+    hp = [kind for kind in ("torch", "prep") if f"hp_{kind}" in chosen]
+    total = 1 + len(loaders) * (2 if args.loader_alone else 1) + len(hp)
     trained: list[Row] = []  # the table lists the training rows first, the loaders alone last
     alone: list[Row] = []
 
@@ -489,7 +519,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     cache = data_bytes + (64 << 20)
     budget = (cache + (1 << 30) + 32 * batch_bytes) * 8 // 7
     home = Path(tempfile.mkdtemp(prefix="unstall-bench-gpu-"))
-    with unstall.Sidecar(home=home, cache_capacity=cache, memory_budget=budget,
+    with unstall.Sidecar(home=home, cache_capacity=cache, memory_budget=budget, java=sidecar_java(args, home),
                          java_options=[f"-XX:MaxDirectMemorySize={budget // 2**20 + 256}m"]) as sidecar:
         sidecar.register_dataset(DATASET, data)
         pids = [sidecar.pid]
@@ -510,10 +540,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        done(hp_search(f"HP search, {k} jobs: {k} torch DataLoaders ({max(1, args.workers // k)} workers each)",
-                       "torch", args, data, sidecar), trained)
-        done(hp_search(f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group", "prep", args, data,
-                       sidecar), trained)
+        if "torch" in hp:
+            done(hp_search(f"HP search, {k} jobs: {k} torch DataLoaders ({max(1, args.workers // k)} workers each)",
+                           "torch", args, data, sidecar), trained)
+        if "prep" in hp:
+            done(hp_search(f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group", "prep", args,
+                           data, sidecar), trained)
     rows = trained + alone
     for r in rows:
         r.of_model_alone = r.images_per_s / model_row.images_per_s
@@ -523,7 +555,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     head = header() + [f"- GPU: {gpu}", f"- commit: {commit}",
                        f"- data: {len(files)} images in {data}, {data_bytes / len(files) / 1024:.0f} KB mean; "
                        f"batch {args.batch}, {args.model}, crop {args.crop}, bf16 autocast, channels_last, SGD; "
-                       f"{args.warmup} warm-up + {args.steps} measured steps per row on {dev}"]
+                       f"{args.warmup} warm-up + {args.steps} measured steps per row on {dev}"
+                       + (f"; the sidecar on {args.sidecar_cpus} of {os.cpu_count()} cores (taskset)"
+                          if args.sidecar_cpus else "")]
     lines = [f"# unstall GPU benchmark ({args.model})", "", *head, "", *table(rows)]
     print("\n".join(lines), flush=True)
     if args.json is not None:

@@ -200,10 +200,12 @@ class DevicePrefetcher(IteratorWrapper):
     of what was handed out (``pulled - handed <= depth``). An error ``source`` raises is raised after the batches
     pulled before it were handed out. ``close()`` waits for the copies in flight, drops the host batches and
     closes ``source`` (a generator); a prefetcher that is garbage-collected closes itself. ``stats``: a
-    ``DeviceStats`` to add to (a loader's, over its epochs)."""
+    ``DeviceStats`` to add to (a loader's, over its epochs). ``threaded``: every copy and ``convert`` is issued
+    from one thread of its own, in order (for a ``convert`` with host work, such as a decode)."""
 
     def __init__(self, source: Iterator[Any], device: DeviceLike, depth: int = 2,
-                 convert: Optional[Callable[[Any], Any]] = None, stats: Optional[DeviceStats] = None) -> None:
+                 convert: Optional[Callable[[Any], Any]] = None, stats: Optional[DeviceStats] = None,
+                 threaded: bool = False) -> None:
         super().__init__(source)
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {depth!r}")
@@ -211,6 +213,7 @@ class DevicePrefetcher(IteratorWrapper):
         self.depth = depth
         self.stats = stats if stats is not None else DeviceStats()
         self._convert = convert
+        self._threaded = threaded
         self._cuda = self.device.type == "cuda"
         if self._cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -271,7 +274,7 @@ class DevicePrefetcher(IteratorWrapper):
     def _issue(self, host: Any) -> Union[_InFlight, concurrent.futures.Future]:
         staged = self._cuda and any(not t.is_pinned() and t.nbytes >= _STAGE_MIN_BYTES for t in tensors_of(host))
         busy = any(isinstance(p, concurrent.futures.Future) and not p.done() for p in self._pending)
-        if not (staged or busy):
+        if not (staged or busy or self._threaded):
             return self._launch(host, False)
         if self._stager is None:  # one thread: batches reach the side stream in order
             self._stager = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="unstall-device-stage")

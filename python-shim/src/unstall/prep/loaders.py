@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from ..protocol import batch_to_numpy, tensor_batch
 from ..shm_slots import SlotMaps
 from .group_loader import GroupLoader
+from .mixed import MIXED, MixedDecode, decode_device, payload_tensors
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, Pipeline
 
 __all__ = ["PrepLoader", "SharedTransformLoader", "device_pipeline", "to_torch"]
@@ -113,6 +114,15 @@ class PrepLoader(GroupLoader):
     ) -> None:
         self.device: Any = None
         self._conversion: Any = None
+        self._mixed: Optional[MixedDecode] = None
+        if pipeline is not None and decode_device(pipeline) == MIXED:
+            if device is None:
+                raise ValueError("decode(device='mixed') decodes on the loader's device: pass device= ('cuda'; "
+                                 "'cpu' runs the same ops with torchvision's CPU decoder)")
+            spec = pipeline.to_json() if isinstance(pipeline, Pipeline) else dict(pipeline)
+            self._mixed = MixedDecode(spec["ops"], str(spec.get("dtype", "float32")), str(spec.get("layout", "NCHW")),
+                                      device, memory_format)
+            pipeline = None  # the group serves the stored bytes; the device does the rest
         if device is not None or memory_format is not None:
             import torch
 
@@ -124,8 +134,9 @@ class PrepLoader(GroupLoader):
                 raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {device_prefetch!r}")
             self.device = torch.device(device)
             self.device_stats = DeviceStats()
-            pipeline, self._conversion = device_pipeline(pipeline, memory_format)
-            if self.device.type == "cuda":
+            if self._mixed is None:
+                pipeline, self._conversion = device_pipeline(pipeline, memory_format)
+            if self.device.type == "cuda" and self._mixed is None:
                 pinned = PinnedSlots(self.device_stats)
                 join_kwargs["slots"] = SlotMaps(on_map=pinned.on_map, on_unmap=pinned.on_unmap)
         super().__init__(dataset, pipeline, batch_size, join_kwargs, rank, world_size)
@@ -144,7 +155,14 @@ class PrepLoader(GroupLoader):
         progress = self._progress
         batches: Iterator[Any] = self._host_batches(epoch, indices)
         prefetcher = None
-        if self.device is not None:
+        if self._mixed is not None:
+            from ..device import DevicePrefetcher
+
+            # decoded on the device in the prefetcher's thread, off the training thread
+            batches = prefetcher = DevicePrefetcher(self._raw_batches(epoch, indices), self.device,
+                                                    self.device_prefetch, convert=self._mixed_decoder(epoch),
+                                                    stats=self.device_stats, threaded=True)
+        elif self.device is not None:
             from ..device import DevicePrefetcher
 
             batches = prefetcher = DevicePrefetcher(batches, self.device, self.device_prefetch,
@@ -159,6 +177,27 @@ class PrepLoader(GroupLoader):
         finally:
             if prefetcher is not None:
                 prefetcher.close()  # the copies in flight done, their slots released
+
+    def _raw_batches(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
+        """``(record batch, labels, ids)`` of the stored bytes, for ``decode(device="mixed")``."""
+        import torch
+
+        for rb in self.membership.epoch(epoch, indices):
+            ids = rb.column("id").to_numpy(zero_copy_only=False)
+            labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
+            yield (rb, torch.from_numpy(np.array(labels, dtype=np.int64)),
+                   torch.from_numpy(np.array(ids, dtype=np.int64)))
+
+    def _mixed_decoder(self, epoch: int) -> Callable[[Any], Tuple[Any, ...]]:
+        mixed, seed = self._mixed, int(self._join_kwargs.get("seed", 0))
+        assert mixed is not None
+
+        def convert(batch: Any) -> Tuple[Any, ...]:
+            rb, labels, ids = batch
+            images = mixed(payload_tensors(rb.column("payload")), rb.column("id").to_pylist(), epoch, seed,
+                           rb.column("key").to_pylist())
+            return (images, labels, ids) if self.with_ids else (images, labels)
+        return convert
 
     def _convert_images(self, batch: Any) -> Any:
         if self._conversion is None or not isinstance(batch, tuple) or not hasattr(batch[0], "dtype"):

@@ -17,6 +17,7 @@ ON_ERROR = ("raise", "skip")
 
 def decode(
     *,
+    device: Optional[str] = None,
     formats: Optional[Sequence[str]] = None,
     max_pixels: Optional[int] = None,
     max_aspect_ratio: Optional[float] = None,
@@ -30,8 +31,19 @@ def decode(
     ``Image.MAX_IMAGE_PIXELS``), ``max_aspect_ratio`` (longer side / shorter side; default the sidecar's
     ``--max-decode-aspect-ratio``, 100). ``on_error``: ``"raise"`` (default; the batch fails with an error
     naming the sample) or ``"skip"`` (the sample is left out of its batch and counted).
+
+    ``device``: ``"cpu"`` (default: the sidecar decodes and runs every op) or ``"mixed"``, DALI's name: the
+    sidecar serves the stored JPEG bytes and ``PrepLoader(device=...)`` decodes them on its device (nvJPEG through
+    torchvision on CUDA), each sample's crop and flip drawn exactly as the sidecar would (``unstall.prep.draws``);
+    docs/PREP.md, "Decoding on the GPU".
     """
     op: dict[str, Any] = {"op": "decode"}
+    if device is not None:
+        if device not in ("cpu", "mixed"):
+            raise ValueError(f"decode device must be 'cpu' (the sidecar) or 'mixed' (JPEG decoded on the loader's "
+                             f"device, as DALI's device='mixed'), got {device!r}")
+        if device == "mixed":
+            op["device"] = device
     if formats is not None:
         op["formats"] = [str(f) for f in formats]
     if max_pixels is not None:
@@ -108,9 +120,10 @@ class Pipeline:
 
 
 def imagenet_train(size: int = 224, *, layout: str = "NCHW", dtype: str = "float32",
-                   on_error: Optional[str] = None) -> Pipeline:
-    """The common training recipe: decode, random-resized-crop, flip, normalize."""
-    ops = [decode(on_error=on_error), random_resized_crop(size), hflip()]
+                   on_error: Optional[str] = None, decode_device: Optional[str] = None) -> Pipeline:
+    """The common training recipe: decode (``decode_device``: see :func:`decode`), random-resized-crop, flip,
+    normalize."""
+    ops = [decode(on_error=on_error, device=decode_device), random_resized_crop(size), hflip()]
     if dtype != "uint8":
         ops.append(normalize())
     return Pipeline(tuple(ops), layout=layout, dtype=dtype)

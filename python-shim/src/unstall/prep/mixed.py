@@ -1,0 +1,143 @@
+"""``decode(device="mixed")`` (DALI's name: encoded bytes in host memory, images out on the device): a prep
+pipeline's JPEG decode, crop, resize, flip and normalize run on the trainer's device from the raw batches of a prep
+group, with every sample's window and flip drawn as the sidecar would draw them (``draws``).
+
+The decode is torchvision's (``torchvision.io.decode_jpeg``: nvJPEG, batched, on CUDA; libjpeg-turbo on the CPU,
+which the tests use); the windows of a whole batch are resampled in one ``torchvision.ops.roi_align`` call per
+distinct image size (adaptive sampling: an area average when shrinking, bilinear when enlarging, on the same sample
+points as the CPU path's resize), rounded to integers as the CPU path's uint8 intermediate is, then flipped,
+normalized and cast on the device."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .draws import Box, sample_box, sample_rng
+
+__all__ = ["MIXED", "decode_device", "MixedDecode", "payload_tensors"]
+
+MIXED = "mixed"
+
+
+def decode_device(spec: Any) -> str:
+    """Where a pipeline (``Pipeline`` or its JSON) decodes: ``"cpu"`` (the sidecar) or ``"mixed"`` (the device)."""
+    doc = spec.to_json() if hasattr(spec, "to_json") else spec
+    ops = doc.get("ops") if isinstance(doc, Mapping) else None
+    if not ops or not isinstance(ops[0], Mapping) or ops[0].get("op") != "decode":
+        return "cpu"
+    device = str(ops[0].get("device", "cpu"))
+    if device not in ("cpu", MIXED):
+        raise ValueError(f"decode device must be 'cpu' (the sidecar) or 'mixed' (the trainer's device), got {device!r}")
+    return device
+
+
+class MixedDecode:
+    """Turns raw batches (a prep group's stored bytes) into the pipeline's images on ``device``.
+
+    ``ops``: the pipeline's ops (``decode(device="mixed")`` first); ``dtype``: ``"uint8"`` or a float type (with a
+    ``normalize`` op, normalized); ``memory_format``: ``torch.channels_last`` or ``torch.contiguous_format`` (NCHW
+    images), else the pipeline's ``layout``. ``__call__(payloads, ids, epoch, seed)`` (``seed``: the group's)
+    returns the images of one batch; a sample whose bytes do not decode raises an error naming its id and key."""
+
+    def __init__(self, ops: Sequence[Mapping[str, Any]], dtype: str, layout: str, device: Any,
+                 memory_format: Any = None) -> None:
+        import torch
+
+        self.ops = [dict(o) for o in ops]
+        first = self.ops[0] if self.ops else {}
+        if first.get("op") != "decode" or first.get("device") != MIXED:
+            raise ValueError("MixedDecode runs pipelines whose first op is decode(device='mixed')")
+        if first.get("on_error", "raise") != "raise":
+            raise ValueError("decode(device='mixed') supports on_error='raise' only: a batch is decoded whole on "
+                             "the device")
+        sample_box(self.ops, 64, 64, sample_rng(0, 0, 0))  # refuses ops the device path cannot run, now
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.layout = layout
+        self.memory_format = memory_format
+        norm = next((o for o in self.ops if o.get("op") == "normalize"), None)
+        self._norm: Optional[Tuple[Any, Any]] = None
+        if dtype != "uint8" and norm is not None:
+            mean = torch.tensor(norm.get("mean", (0.485, 0.456, 0.406)), device=self.device).view(1, 3, 1, 1)
+            std = torch.tensor(norm.get("std", (0.229, 0.224, 0.225)), device=self.device).view(1, 3, 1, 1)
+            self._norm = (mean * 255, std * 255)
+
+    def boxes(self, sizes: Sequence[Tuple[int, int]], ids: Sequence[int], epoch: int, seed: int) -> List[Box]:
+        """Each sample's window, output size and flip, from its decoded ``(height, width)``."""
+        return [sample_box(self.ops, h, w, sample_rng(seed, epoch, int(i))) for (h, w), i in zip(sizes, ids)]
+
+    def __call__(self, payloads: Sequence[Any], ids: Sequence[int], epoch: int, seed: int,
+                 keys: Optional[Sequence[str]] = None) -> Any:
+        import torch
+        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.ops import roi_align
+
+        data = [p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(p), dtype=torch.uint8)
+                for p in payloads]
+        n = len(data)
+        try:
+            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            names = keys if keys is not None else [""] * n
+            images = [self._decode_one(d, i, k) for d, i, k in zip(data, ids, names)]  # names the one that fails
+        boxes = self.boxes([(int(im.shape[1]), int(im.shape[2])) for im in images], ids, epoch, seed)
+        out_sizes = {(b.out_h, b.out_w) for b in boxes}
+        if len(out_sizes) != 1:
+            raise ValueError(f"decode(device='mixed'): a batch's images must come out one size, got {sorted(out_sizes)}")
+        oh, ow = out_sizes.pop()
+        out = torch.empty((n, 3, oh, ow), dtype=torch.float32, device=self.device)
+        by_size: Dict[Tuple[int, int], List[int]] = {}
+        for k, im in enumerate(images):
+            by_size.setdefault((int(im.shape[1]), int(im.shape[2])), []).append(k)
+        for members in by_size.values():
+            stack = torch.stack([images[k] for k in members]).float()
+            rois = torch.tensor([[j, b.left, b.top, b.left + b.w, b.top + b.h]
+                                 for j, b in enumerate(boxes[k] for k in members)],
+                                dtype=torch.float32, device=self.device)
+            out[members] = roi_align(stack, rois, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1,
+                                     aligned=True)
+        out.round_().clamp_(0, 255)  # the CPU path's uint8 intermediate
+        flips = [k for k, b in enumerate(boxes) if b.flip]
+        if flips:
+            idx = torch.tensor(flips, device=self.device)
+            out[idx] = out[idx].flip(-1)
+        if self.dtype == "uint8":
+            result = out.to(torch.uint8)
+        else:
+            if self._norm is not None:
+                out.sub_(self._norm[0]).div_(self._norm[1])
+            else:
+                out.div_(255)
+            result = out.to(getattr(torch, self.dtype))
+        if self.memory_format is not None:
+            return result.contiguous(memory_format=self.memory_format)
+        return result.permute(0, 2, 3, 1).contiguous() if self.layout == "NHWC" else result
+
+    def _decode_one(self, data: Any, sample_id: int, key: str) -> Any:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError as e:
+            raise ValueError(f"decode(device='mixed'): sample {sample_id} ({key}) is not a JPEG the device "
+                             f"decodes: {e}") from e
+
+
+def payload_tensors(column: Any) -> List[Any]:
+    """The values of an Arrow binary column as uint8 tensors over its buffer (no copy)."""
+    import torch
+
+    import pyarrow as pa
+
+    offsets_buf, data_buf = column.buffers()[1], column.buffers()[2]
+    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    offsets = np.frombuffer(offsets_buf, dtype=width, count=len(column) + 1 + column.offset)[column.offset:]
+    if data_buf is None or data_buf.size == 0:
+        return [torch.empty(0, dtype=torch.uint8) for _ in range(len(column))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "not writable": read only, by decode_jpeg
+        data = torch.from_numpy(np.frombuffer(data_buf, dtype=np.uint8))
+    return [data[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]

@@ -1,0 +1,120 @@
+"""``decode(device="mixed")``: the sidecar serves a prep group's stored JPEG bytes and ``PrepLoader(device=...)``
+decodes, crops, flips and normalizes them on its device, each sample's window and flip drawn as the sidecar draws
+them. Against the sidecar's own CPU path for the same seed, through a real sidecar: the same samples in the same
+order, every crop within the pixel bound of docs/PREP.md ("Decoding on the GPU"). ``device="cpu"`` runs torchvision's
+CPU decoder through the same code; the CUDA case (nvJPEG) runs where a GPU is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from test_prep_native import _images
+from test_prep_support import PrepEnv, start_env
+
+from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
+
+# uint8 units, over every pixel of every crop: the bound docs/PREP.md states for the mixed path against the CPU path
+MAX_MEAN_DIFF = 1.5
+MAX_P99_DIFF = 8
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrepEnv, list[Path]]]:
+    tmp = tmp_path_factory.mktemp("prep-mixed")
+    for e in start_env(tmp):
+        paths = _images(tmp / "jpegs")
+        e.sidecar.register_dataset("jpegs", tmp / "jpegs")
+        yield e, paths
+
+
+def _epochs(e: PrepEnv, pipeline: prep.Pipeline, device: Any = None, epochs: int = 2, **kw: Any
+            ) -> list[list[tuple[int, np.ndarray, int]]]:
+    """Each epoch's ``(id, image as HWC uint8 or float, label)`` in the order served."""
+    out = []
+    with e.client() as client, prep.PrepLoader("jpegs", pipeline, batch_size=4, seed=7, shuffle=True, epochs=epochs,
+                                                client=client, with_ids=True, copy=True, device=device,
+                                                **kw) as loader:
+        for _ in range(epochs):
+            epoch = []
+            for images, labels, ids in loader:
+                arr = images.float().cpu().numpy() if images.dtype != np.uint8 else images.cpu().numpy()
+                for img, label, i in zip(arr, labels.cpu().numpy(), ids.cpu().numpy()):
+                    epoch.append((int(i), img, int(label)))
+            out.append(epoch)
+    return out
+
+
+def _compare(cpu: list[list[tuple[int, np.ndarray, int]]], mixed: list[list[tuple[int, np.ndarray, int]]]) -> None:
+    diffs = []
+    for e_cpu, e_mixed in zip(cpu, mixed, strict=True):
+        assert [(i, label) for i, _, label in e_cpu] == [(i, label) for i, _, label in e_mixed]
+        for (i, a, _), (_, b, _) in zip(e_cpu, e_mixed):
+            assert a.shape == b.shape, f"sample {i}"
+            diffs.append(np.abs(a.astype(np.int16) - b.astype(np.int16)).ravel())
+    d = np.concatenate(diffs)
+    assert d.mean() <= MAX_MEAN_DIFF and np.percentile(d, 99) <= MAX_P99_DIFF, \
+        (float(d.mean()), float(np.percentile(d, 99)), int(d.max()))
+
+
+def _devices() -> list[str]:
+    import torch
+
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    "cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG through torchvision)"))])
+def test_mixed_decode_gives_the_cpu_paths_samples_crops_and_flips(env: tuple[PrepEnv, list[Path]],
+                                                                     device: str) -> None:
+    e, paths = env
+    cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"))
+    mixed = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed"), device)
+    assert len(cpu[0]) == len(paths) and sorted(i for i, _, _ in cpu[0]) == list(range(len(paths)))
+    assert [i for i, _, _ in cpu[0]] != [i for i, _, _ in cpu[1]]  # reshuffled: each epoch's own draws
+    _compare(cpu, mixed)
+
+
+def test_an_eval_pipeline_resizes_and_center_crops_the_same_window(env: tuple[PrepEnv, list[Path]]) -> None:
+    e, _ = env
+    ops = (prep.resize(56), prep.center_crop(48))
+    cpu = _epochs(e, prep.Pipeline((prep.decode(), *ops), layout="NHWC", dtype="uint8"), epochs=1)
+    mixed = _epochs(e, prep.Pipeline((prep.decode(device="mixed"), *ops), layout="NHWC", dtype="uint8"), "cpu",
+                    epochs=1)
+    _compare(cpu, mixed)
+
+
+def test_normalized_bfloat16_channels_last_is_the_uint8_crop_normalized(env: tuple[PrepEnv, list[Path]]) -> None:
+    import torch
+
+    e, _ = env
+    u8 = _epochs(e, prep.imagenet_train(48, dtype="uint8", decode_device="mixed"), "cpu", epochs=1)
+    bf = _epochs(e, prep.imagenet_train(48, dtype="bfloat16", decode_device="mixed"), "cpu", epochs=1,
+                 memory_format=torch.channels_last)
+    mean = np.array(prep.IMAGENET_MEAN).reshape(3, 1, 1) * 255
+    std = np.array(prep.IMAGENET_STD).reshape(3, 1, 1) * 255
+    for (i, a, _), (j, b, _) in zip(u8[0], bf[0], strict=True):
+        assert i == j and b.shape == a.shape  # NCHW (channels_last strides)
+        np.testing.assert_allclose(b, (a - mean) / std, atol=0.02, rtol=0.01, err_msg=f"sample {i}")
+
+
+def test_bad_input_names_the_thing(env: tuple[PrepEnv, list[Path]], tmp_path: Path) -> None:
+    e, _ = env
+    with pytest.raises(ValueError, match="pass device="):
+        prep.PrepLoader("jpegs", prep.imagenet_train(48, decode_device="mixed"), batch_size=4, sidecar=e.sidecar)
+    with pytest.raises(ValueError, match="'cpu'.*'mixed'.*'gpu'"):
+        prep.decode(device="gpu")
+    with pytest.raises(ValueError, match="cannot run the op 'rotate' on the GPU"):
+        prep.PrepLoader("jpegs", {"ops": [{"op": "decode", "device": "mixed"}, {"op": "rotate"}], "dtype": "uint8"},
+                        batch_size=4, device="cpu", sidecar=e.sidecar)
+    bad = tmp_path / "bad"
+    (bad / "c0").mkdir(parents=True)
+    (bad / "c0" / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
+    e.sidecar.register_dataset("bad-mixed", bad)
+    with e.client() as client, prep.PrepLoader("bad-mixed", prep.imagenet_train(48, decode_device="mixed"),
+                                                batch_size=1, device="cpu", client=client, epochs=1) as loader:
+        with pytest.raises(ValueError, match=r"sample 0 .*a\.jpg"):
+            next(iter(loader))
