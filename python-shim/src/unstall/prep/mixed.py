@@ -94,15 +94,15 @@ class MixedDecode:
             by_size.setdefault((int(im.shape[1]), int(im.shape[2])), []).append(k)
         for members in by_size.values():
             stack = torch.stack([images[k] for k in members]).float()
-            rois = torch.tensor([[j, b.left, b.top, b.left + b.w, b.top + b.h]
-                                 for j, b in enumerate(boxes[k] for k in members)],
-                                dtype=torch.float32, device=self.device)
+            rois = self._to_device(torch.tensor([[j, b.left, b.top, b.left + b.w, b.top + b.h]
+                                                 for j, b in enumerate(boxes[k] for k in members)],
+                                                dtype=torch.float32))
             out[members] = roi_align(stack, rois, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1,
                                      aligned=True)
         out.round_().clamp_(0, 255)  # the CPU path's uint8 intermediate
         flips = [k for k, b in enumerate(boxes) if b.flip]
         if flips:
-            idx = torch.tensor(flips, device=self.device)
+            idx = self._to_device(torch.tensor(flips))
             out[idx] = out[idx].flip(-1)
         if self.dtype == "uint8":
             result = out.to(torch.uint8)
@@ -115,6 +115,12 @@ class MixedDecode:
         if self.memory_format is not None:
             return result.contiguous(memory_format=self.memory_format)
         return result.permute(0, 2, 3, 1).contiguous() if self.layout == "NHWC" else result
+
+    def _to_device(self, t: Any) -> Any:
+        """A small host tensor onto the device without blocking this thread on the stream's earlier work."""
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _decode_one(self, data: Any, sample_id: int, key: str) -> Any:
         from torchvision.io import ImageReadMode, decode_jpeg

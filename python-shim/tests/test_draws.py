@@ -1,0 +1,47 @@
+"""``unstall.prep.draws``: the sidecar's per-sample draws in Python, against protocol/fixtures/draws-v1.json (which
+flight-server's SpatialOpsTest holds the sidecar's own draws to)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from unstall.prep.draws import SplittableRandom, crop_params, sample_box, sample_rng
+
+
+def test_every_case_of_the_golden_fixture(fixtures_dir: Path) -> None:
+    cases = json.loads((fixtures_dir / "draws-v1.json").read_text())["cases"]
+    assert len(cases) >= 300
+    assert any(c["box"]["flip"] for c in cases) and any(not c["box"]["flip"] for c in cases)
+    assert any(c["height"] * 10 < c["width"] for c in cases)  # the central-crop fallback
+    for c in cases:
+        box = sample_box(c["ops"], c["height"], c["width"], sample_rng(c["seed"], c["epoch"], c["id"]))
+        assert dataclasses.asdict(box) == c["box"], c
+
+
+def test_bounded_ints_stay_in_range_and_use_every_value() -> None:
+    rng = SplittableRandom(12345)
+    for bound in (1, 2, 3, 7, 64, 1000, 2**31 - 1):
+        seen = {rng.next_int(bound) for _ in range(200)}
+        assert min(seen) >= 0 and max(seen) < bound
+        if bound <= 7:
+            assert seen == set(range(bound))
+    with pytest.raises(ValueError, match="bound must be positive"):
+        rng.next_int(0)
+
+
+def test_the_same_sample_and_epoch_draw_the_same_crop_and_another_epoch_another() -> None:
+    crop = [crop_params(375, 500, (0.08, 1.0), (3 / 4, 4 / 3), sample_rng(3, e, 17)) for e in (0, 0, 1)]
+    assert crop[0] == crop[1] != crop[2]
+    top, left, h, w = crop[0]
+    assert 0 <= top <= 375 - h and 0 <= left <= 500 - w
+
+
+def test_ops_the_device_cannot_run_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="cannot run the op 'rotate'"):
+        sample_box([{"op": "decode"}, {"op": "rotate"}], 10, 10, sample_rng(0, 0, 0))
+    with pytest.raises(ValueError, match="center_crop 20x20 is larger than the 10x10 image"):
+        sample_box([{"op": "decode"}, {"op": "center_crop", "size": [20, 20]}], 10, 10, sample_rng(0, 0, 0))
