@@ -131,11 +131,11 @@ def table(rows: List[Row], args: argparse.Namespace, dataset_bytes: int, capacit
     ]
     for r in rows:
         steady = r.steady(r.epoch_s)
-        lines.append(
-            f"| {r.label} | {r.epoch_s[0]:.2f} | {steady:.2f} | {steady / base.steady(base.epoch_s):.2f}x | "
-            f"{100 * r.steady(r.stall):.0f}% | {r.steady(r.storage_bytes) / 1e6:.1f} | "
-            f"{100 * r.steady(r.hits) / r.samples:.0f}% | {100 * r.steady(r.read_ahead) / r.samples:.0f}% | "
-            f"{r.steady(r.spearman):.4f} |")
+        cells = [r.label, f"{r.epoch_s[0]:.2f}", f"{steady:.2f}", f"{steady / base.steady(base.epoch_s):.2f}x",
+                 f"{100 * r.steady(r.stall):.0f}%", f"{r.steady(r.storage_bytes) / 1e6:.1f}",
+                 f"{100 * r.steady(r.hits) / r.samples:.0f}%", f"{100 * r.steady(r.read_ahead) / r.samples:.0f}%",
+                 f"{r.steady(r.spearman):.4f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
