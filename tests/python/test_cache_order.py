@@ -1,7 +1,7 @@
 """``DataLoader(order="cache_first")`` over a real sidecar whose MinIO cache holds a third of the dataset: every
 sample once per epoch, the order a function of (seed, epoch, cache snapshot), moves bounded by the window, cached
-samples served first in each window, and a mid-epoch state that a new loader (on a sidecar with another cache)
-continues in exactly the same order."""
+samples served first in each window, the misses read ahead in the order they are served, and a mid-epoch state
+that a new loader (on a sidecar with another cache) continues in exactly the same order."""
 
 from __future__ import annotations
 
@@ -94,6 +94,8 @@ def test_each_sample_once_deterministic_for_the_snapshot_and_cached_first(start_
         moved = [abs(served.index(i) - seeded.index(i)) for i in range(N)]
         assert stats.max_displacement == max(moved) < W
         assert stats.cached == int(snapshot.sum()) == (0 if epoch == 0 else K)
+        seen = loader.stats()
+        assert (seen.order_spearman, seen.order_max_displacement) == (stats.spearman, stats.max_displacement)
         if epoch == 0:  # a cold cache: nothing to serve first, the seeded order as it is
             assert served == seeded and stats.spearman == 1.0
         else:
@@ -149,14 +151,58 @@ def test_a_mid_epoch_state_continues_the_same_order_on_another_cache(start_sidec
         DataLoader(ds, order="cache_first", order_window=0)
 
 
-def test_a_sidecar_killed_mid_epoch_changes_nothing_of_the_order(start_sidecar, tmp_path: Path) -> None:
+def test_the_misses_are_read_ahead_in_the_order_they_are_served(start_sidecar, tmp_path: Path) -> None:
+    root, ids = _dataset(tmp_path)
+    ahead = 2 * BATCH  # the sidecar's prefetch window: samples it reads beyond those served
+    sidecar = start_sidecar(cache_capacity=K * SIZE,
+                            extra_args=["--prefetch-window", str(ahead), "--prefetch-window-bytes", "1MiB"])
+    ds = Dataset("ahead", root=root, sidecar=sidecar)
+    loader = DataLoader(ds, batch_size=BATCH, shuffle=True, seed=SEED, order="cache_first", collate_fn=keep)
+    _epoch(loader, ids)
+    snapshot = ds.cached()
+    planned = cache_first(_seeded(1), snapshot, W)
+
+    def read() -> int:
+        return sidecar.stats().dataset("ahead").epoch(1).storage_bytes
+
+    it = iter(loader)
+    first = [ids[payload] for payload, _ in next(it)]  # the plan went out as the epoch started
+    # The prefetcher walks the served order up to `ahead` positions past the samples served, skipping the cached:
+    # after one batch it has read exactly the misses up to there, not the seeded order's next misses.
+    reach = BATCH + ahead + 1
+    wait_until(lambda: read() == SIZE * int(np.count_nonzero(~snapshot[planned[:reach]])),
+               "the misses of the first positions of the served order read ahead")
+    rest = [ids[payload] for batch in it for payload, _ in batch]
+    assert first + rest == planned
+    e = sidecar.stats().dataset("ahead").epoch(1)
+    assert e.hits == K and e.storage_bytes == (N - K) * SIZE, "every miss read once"
+    assert e.prefetch_hits >= int(np.count_nonzero(~snapshot[planned[BATCH:reach]])), \
+        "the misses read ahead while the first batch was in hand were served from the read-ahead"
+    assert loader.stats().prefetch_hits == e.prefetch_hits
+
+
+def test_a_sidecar_without_prefetch_serves_the_same_order(start_sidecar, tmp_path: Path) -> None:
+    root, ids = _dataset(tmp_path)
+    sidecar = start_sidecar(cache_capacity=K * SIZE, extra_args=["--prefetch-window-bytes", "0"])
+    ds = Dataset("noahead", root=root, sidecar=sidecar)
+    loader = DataLoader(ds, batch_size=BATCH, shuffle=True, seed=SEED, order="cache_first", collate_fn=keep)
+    with pytest.warns(RuntimeWarning, match="'noahead', order='cache_first': the sidecar refused the read-ahead plan"):
+        assert sorted(_epoch(loader, ids)) == list(range(N))
+    snapshot = ds.cached()
+    assert _epoch(loader, ids) == cache_first(_seeded(1), snapshot, W), "warned once, then reordered as ever"
+    assert sidecar.stats().dataset("noahead").epoch(1).prefetch_hits == 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sidecar_killed_mid_epoch_changes_nothing_of_the_order(start_sidecar, tmp_path: Path,
+                                                                 num_workers: int) -> None:
     root, ids = _dataset(tmp_path)
     fast = Deadlines(call=5.0, index=60.0, health_interval=0.3, health=1.5, recovery=120.0)
     sidecar = start_sidecar(cache_capacity=K * SIZE, deadlines=fast)
     ds = Dataset("restarted", root=root, sidecar=sidecar)
-    loader = DataLoader(ds, batch_size=BATCH, shuffle=True, seed=SEED, num_workers=2, order="cache_first",
-                        collate_fn=keep)
-    _epoch(loader, ids)
+    loader = DataLoader(ds, batch_size=BATCH, shuffle=True, seed=SEED, num_workers=num_workers, order="cache_first",
+                        persistent_workers=num_workers > 0, collate_fn=keep)
+    assert sorted(_epoch(loader, ids)) == list(range(N))
     snapshot = ds.cached()
     served: list[int] = []
     for step, batch in enumerate(loader):
@@ -165,6 +211,10 @@ def test_a_sidecar_killed_mid_epoch_changes_nothing_of_the_order(start_sidecar, 
             send_signal(sidecar.pid, signal.SIGKILL)
     assert served == cache_first(_seeded(1), snapshot, W), "the epoch's order was fixed when it started"
     wait_until(lambda: sidecar.restarts == 1 and sidecar.healthy(), "the restarted sidecar")
-    after = _epoch(loader, ids)
-    assert sorted(after) == list(range(N)), "the next epoch, on the new sidecar, is whole"
-    assert loader.order_stats is not None and loader.order_stats.epoch == 2
+    for epoch in (2, 3):  # each epoch reordered from the new sidecar's snapshot
+        snapshot = ds.cached()
+        after = _epoch(loader, ids)
+        assert sorted(after) == list(range(N)), f"epoch {epoch}, on the new sidecar, is whole"
+        assert after == cache_first(_seeded(epoch), snapshot, W)
+        assert loader.order_stats is not None and loader.order_stats.epoch == epoch
+        assert loader.order_stats.cached == K, "the rest of epoch 1 filled the new sidecar's cache"

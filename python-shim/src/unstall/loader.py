@@ -19,7 +19,7 @@ from . import tracing as _tracing
 from .analyze import context as _analysis
 from .observers import Observer, held, observed
 from .client import grpc_used_in_this_process
-from .errors import SidecarError
+from .errors import InvalidRequestError, SidecarError
 from .local import LocalClient
 from .sidecar import Sidecar
 from .device import DevicePrefetcher, DeviceStats
@@ -215,6 +215,8 @@ class DataLoader(tud.DataLoader):
         # Clairvoyant prefetch (NoPFS): the sampler's order is known once the epoch starts, so send it. A cache-first
         # order is always sent: the sidecar reads its misses ahead while the window's hits are served.
         on_epoch = self._plan_epoch if clairvoyant or self.cache_order is not None else None
+        self._clairvoyant = clairvoyant
+        self._plan_refused = False  # a cache-first read-ahead plan the sidecar refused: warned once, not sent again
         reorder = self.cache_order.reorder if self.cache_order is not None else None
         self._number = next(_loader_numbers)
         self._session: Optional[int] = None
@@ -353,7 +355,19 @@ class DataLoader(tud.DataLoader):
         self._session_closer.atexit = False  # at exit the connection closes, and its sessions with it
 
     def _plan_epoch(self, epoch: int, ids: List[int]) -> None:
-        self.dataset.plan(ids, epoch, session=self._session or 0)
+        if self._plan_refused:
+            return
+        try:
+            self.dataset.plan(ids, epoch, session=self._session or 0)
+        except InvalidRequestError as e:
+            if self._clairvoyant:  # asked for: the refusal is the caller's to see
+                raise
+            # Cache-first read-ahead is an optimisation of an order that is fixed either way: without it (a sidecar
+            # started with prefetch off) misses are read when their batch is fetched.
+            self._plan_refused = True
+            warnings.warn(f"DataLoader over {self.dataset.name!r}, order='cache_first': the sidecar refused the "
+                          f"read-ahead plan of its misses ({e}); they are read when their batch is fetched",
+                          RuntimeWarning, stacklevel=2)
 
     def _cache_snapshot(self) -> "np.ndarray":
         assert isinstance(self.dataset, Dataset)

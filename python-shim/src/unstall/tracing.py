@@ -160,6 +160,9 @@ class LoaderStats:
     cache_bytes: Optional[int] = None
     peer_hits: Optional[int] = None  # a cluster: served from the cache of the sidecar that owns the sample
     peer_bytes: Optional[int] = None
+    prefetch_hits: Optional[int] = None  # served from what the sidecar read ahead (clairvoyant or cache-first plans)
+    order_spearman: Optional[float] = None  # order="cache_first", the epoch's view: rank correlation with the seeded order
+    order_max_displacement: Optional[int] = None  # ... and the most positions a sample moved (below order_window)
     transport: Optional[str] = None
     echo: int = 1
     echo_level: str = "batch"
@@ -193,8 +196,12 @@ class LoaderStats:
                   f"{_mb(self.cache_bytes)} from cache")
             if self.peer_hits:
                 s += f", {self.peer_hits} peer hits ({_mb(self.peer_bytes)})"
+            if self.prefetch_hits:
+                s += f", {self.prefetch_hits} read ahead"
         else:
             s += f", {_mb(self.bytes_fetched)} fetched"
+        if self.order_spearman is not None:
+            s += f", cache-first order: spearman {self.order_spearman:.4f}, max move {self.order_max_displacement}"
         return s
 
 
@@ -307,6 +314,10 @@ class StallObserver:
             st.cache_bytes = sum(e.cache_bytes for e in epochs)
             st.peer_hits = sum(e.peer_hits for e in epochs)
             st.peer_bytes = sum(e.peer_bytes for e in epochs)
+            st.prefetch_hits = sum(e.prefetch_hits for e in epochs)
+        order = getattr(self.loader, "order_stats", None)  # unstall.cache_order.CacheOrderStats
+        if order is not None and not all_epochs and order.epoch == epoch:
+            st.order_spearman, st.order_max_displacement = order.spearman, order.max_displacement
         return st
 
     def begin_epoch(self, epoch: int) -> None:
