@@ -118,3 +118,49 @@ def test_bad_input_names_the_thing(env: tuple[PrepEnv, list[Path]], tmp_path: Pa
                                                 batch_size=1, device="cpu", client=client, epochs=1) as loader:
         with pytest.raises(ValueError, match=r"sample 0 .*a\.jpg"):
             next(iter(loader))
+
+
+def test_hybrid_the_sidecar_prepares_its_share_of_each_batch_and_the_device_the_rest(
+        env: tuple[PrepEnv, list[Path]]) -> None:
+    """``cpu_load=0.5``: of each batch of 4 the sidecar prepares the first 2 (bit for bit the CPU path's), the device
+    decodes the other 2 (within the bound); the same samples in the same order."""
+    e, paths = env
+    cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"))
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=0.5), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
+    hybrid = _epochs(e, pipe, "cpu")
+    _compare(cpu, hybrid)
+    for e_cpu, e_hybrid in zip(cpu, hybrid):
+        for k, ((i, a, _), (_, b, _)) in enumerate(zip(e_cpu, e_hybrid)):
+            if k % 4 < 2 and k < len(paths) - len(paths) % 4:
+                np.testing.assert_array_equal(a, b, err_msg=f"sample {i}, prepared by the sidecar")
+    groups = [g for g in e.stats()["groups"].values() if g.get("prep") == "hybrid"]
+    assert groups and groups[-1]["hybrid"]["cpu_rows"] == 2 and groups[-1]["hybrid"]["auto"] is False
+    assert groups[-1]["hybrid"]["samples_prepared"] >= len(paths) and groups[-1]["hybrid"]["samples_encoded"] > 0
+
+
+def test_hybrid_auto_tunes_the_split_and_still_serves_every_sample_once(env: tuple[PrepEnv, list[Path]]) -> None:
+    e, paths = env
+    pipe = prep.imagenet_train(48, dtype="bfloat16", decode_device="mixed")
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load="auto"), *pipe.ops[1:]), dtype="bfloat16")
+    got = _epochs(e, pipe, "cpu", epochs=3)
+    for epoch in got:
+        assert sorted(i for i, _, _ in epoch) == list(range(len(paths)))
+    groups = [g for g in e.stats()["groups"].values() if g.get("prep") == "hybrid" and g["hybrid"]["auto"]]
+    assert groups, e.stats()["groups"]
+    h = groups[-1]["hybrid"]
+    assert 0 <= h["cpu_rows"] <= 4 and h["samples_prepared"] + h["samples_encoded"] >= 3 * len(paths)
+    decisions = groups[-1]["autotune"]["decisions"]
+    assert all(d["what"] != "cpu_rows" or d["why"] for d in decisions)
+
+
+def test_bad_hybrid_settings_name_the_field(env: tuple[PrepEnv, list[Path]]) -> None:
+    e, _ = env
+    with pytest.raises(ValueError, match="cpu_load must be a number in \\[0, 1\\] or 'auto'"):
+        prep.decode(device="mixed", cpu_load=2)
+    with pytest.raises(ValueError, match="cpu_load splits a decode\\(device='mixed'\\)"):
+        prep.decode(cpu_load=0.5)
+    from unstall.prep.membership import join
+
+    with e.client() as client, pytest.raises(Exception, match="hybrid.*uint8, NHWC"):
+        join("jpegs", prep.imagenet_train(48), batch_size=4, client=client, hybrid={"cpu_load": 0.5})

@@ -122,7 +122,10 @@ class PrepLoader(GroupLoader):
             spec = pipeline.to_json() if isinstance(pipeline, Pipeline) else dict(pipeline)
             self._mixed = MixedDecode(spec["ops"], str(spec.get("dtype", "float32")), str(spec.get("layout", "NCHW")),
                                       device, memory_format)
-            pipeline = None  # the group serves the stored bytes; the device does the rest
+            # the group serves the stored bytes (and, hybrid, the samples its CPUs prepared); the device does the rest
+            pipeline = self._mixed.sidecar_pipeline()
+            if pipeline is not None:
+                join_kwargs["hybrid"] = {"cpu_load": self._mixed.cpu_load}
         if device is not None or memory_format is not None:
             import torch
 
@@ -194,8 +197,10 @@ class PrepLoader(GroupLoader):
 
         def convert(batch: Any) -> Tuple[Any, ...]:
             rb, labels, ids = batch
+            prepared = (rb.column("prepared").to_numpy(zero_copy_only=False)
+                        if "prepared" in rb.schema.names else None)
             images = mixed(payload_tensors(rb.column("payload")), rb.column("id").to_pylist(), epoch, seed,
-                           rb.column("key").to_pylist())
+                           rb.column("key").to_pylist(), prepared)
             return (images, labels, ids) if self.with_ids else (images, labels)
         return convert
 

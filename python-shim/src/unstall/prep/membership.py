@@ -320,6 +320,7 @@ def join(
     sidecar: Any = None,
     slots: Optional[SlotMaps] = None,
     share: Optional[Mapping[str, Any]] = None,
+    hybrid: Optional[Mapping[str, Any]] = None,
 ) -> Membership:
     """Joins (or creates) the group for this dataset, pipeline, seed, batch size, shuffle and drop_last.
 
@@ -357,6 +358,10 @@ def join(
     and ``"skip"``, the batches of its share there it read itself): the group frees a batch once every rank that
     reads it did, and the member is done after its own last batch. The prep loaders pass it (``rank=``,
     ``world_size=``).
+
+    ``hybrid``: ``{"cpu_load": 0..1 or "auto"}``: the sidecar prepares that share of each batch with ``pipeline``
+    (uint8 NHWC) and leaves the rest encoded, for the member's device (``PrepLoader`` with
+    ``decode(device="mixed", cpu_load=...)`` passes it).
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
@@ -397,6 +402,8 @@ def join(
         body["compression"] = compression
     if share is not None:
         body["share"] = dict(share)
+    if hybrid is not None:
+        body["hybrid"] = dict(hybrid)
     if epochs is not None:
         body["epochs"] = int(epochs)
     if start_epoch is not None:

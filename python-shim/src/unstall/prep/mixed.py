@@ -54,6 +54,7 @@ class MixedDecode:
             raise ValueError("decode(device='mixed') supports on_error='raise' only: a batch is decoded whole on "
                              "the device")
         sample_box(self.ops, 64, 64, sample_rng(0, 0, 0))  # refuses ops the device path cannot run, now
+        self.cpu_load: Any = first.get("cpu_load", 0) or 0
         self.device = torch.device(device)
         self.dtype = dtype
         self.layout = layout
@@ -65,12 +66,21 @@ class MixedDecode:
             std = torch.tensor(norm.get("std", (0.229, 0.224, 0.225)), device=self.device).view(1, 3, 1, 1)
             self._norm = (mean * 255, std * 255)
 
+    def sidecar_pipeline(self) -> Optional[dict[str, Any]]:
+        """What a hybrid group's sidecar runs on its share of each batch (the same ops, uint8 NHWC: the device
+        normalizes), or None when the device decodes every sample (a raw group)."""
+        if self.cpu_load == 0:
+            return None
+        decode = {k: v for k, v in self.ops[0].items() if k not in ("device", "cpu_load")}
+        rest = [o for o in self.ops[1:] if o.get("op") != "normalize"]
+        return {"ops": [decode, *rest], "dtype": "uint8", "layout": "NHWC"}
+
     def boxes(self, sizes: Sequence[Tuple[int, int]], ids: Sequence[int], epoch: int, seed: int) -> List[Box]:
         """Each sample's window, output size and flip, from its decoded ``(height, width)``."""
         return [sample_box(self.ops, h, w, sample_rng(seed, epoch, int(i))) for (h, w), i in zip(sizes, ids)]
 
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], epoch: int, seed: int,
-                 keys: Optional[Sequence[str]] = None) -> Any:
+                 keys: Optional[Sequence[str]] = None, prepared: Optional[Sequence[bool]] = None) -> Any:
         import torch
         from torchvision.io import ImageReadMode, decode_jpeg
         from torchvision.ops import roi_align
@@ -78,32 +88,35 @@ class MixedDecode:
         data = [p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(p), dtype=torch.uint8)
                 for p in payloads]
         n = len(data)
+        on_cpu = [k for k in range(n) if prepared is not None and prepared[k]]  # pixels the sidecar prepared
+        encoded = [k for k in range(n) if prepared is None or not prepared[k]]
+        names = keys if keys is not None else [""] * n
         try:
-            images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+            images = decode_jpeg([data[k] for k in encoded], mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:
-            names = keys if keys is not None else [""] * n
-            images = [self._decode_one(d, i, k) for d, i, k in zip(data, ids, names)]  # names the one that fails
-        boxes = self.boxes([(int(im.shape[1]), int(im.shape[2])) for im in images], ids, epoch, seed)
-        out_sizes = {(b.out_h, b.out_w) for b in boxes}
-        if len(out_sizes) != 1:
-            raise ValueError(f"decode(device='mixed'): a batch's images must come out one size, got {sorted(out_sizes)}")
-        oh, ow = out_sizes.pop()
+            images = [self._decode_one(data[k], ids[k], names[k]) for k in encoded]  # names the one that fails
+        boxes = self.boxes([(int(im.shape[1]), int(im.shape[2])) for im in images], [ids[k] for k in encoded],
+                           epoch, seed)
+        oh, ow = self.out_size(boxes)
         out = torch.empty((n, 3, oh, ow), dtype=torch.float32, device=self.device)
+        if on_cpu:
+            px = torch.stack([data[k] for k in on_cpu]).view(len(on_cpu), oh, ow, 3)
+            out[on_cpu] = self._to_device(px).permute(0, 3, 1, 2).float()
         by_size: Dict[Tuple[int, int], List[int]] = {}
-        for k, im in enumerate(images):
-            by_size.setdefault((int(im.shape[1]), int(im.shape[2])), []).append(k)
+        for j, im in enumerate(images):
+            by_size.setdefault((int(im.shape[1]), int(im.shape[2])), []).append(j)
         for members in by_size.values():
-            stack = torch.stack([images[k] for k in members]).float()
-            rois = self._to_device(torch.tensor([[j, b.left, b.top, b.left + b.w, b.top + b.h]
-                                                 for j, b in enumerate(boxes[k] for k in members)],
+            stack = torch.stack([images[j] for j in members]).float()
+            rois = self._to_device(torch.tensor([[r, b.left, b.top, b.left + b.w, b.top + b.h]
+                                                 for r, b in enumerate(boxes[j] for j in members)],
                                                 dtype=torch.float32))
-            out[members] = roi_align(stack, rois, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1,
-                                     aligned=True)
-        out.round_().clamp_(0, 255)  # the CPU path's uint8 intermediate
-        flips = [k for k, b in enumerate(boxes) if b.flip]
-        if flips:
-            idx = self._to_device(torch.tensor(flips))
-            out[idx] = out[idx].flip(-1)
+            resampled = roi_align(stack, rois, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1,
+                                  aligned=True).round_().clamp_(0, 255)  # the CPU path's uint8 intermediate
+            flips = [r for r, j in enumerate(members) if boxes[j].flip]
+            if flips:
+                idx = self._to_device(torch.tensor(flips))
+                resampled[idx] = resampled[idx].flip(-1)
+            out[[encoded[j] for j in members]] = resampled
         if self.dtype == "uint8":
             result = out.to(torch.uint8)
         else:
@@ -115,6 +128,16 @@ class MixedDecode:
         if self.memory_format is not None:
             return result.contiguous(memory_format=self.memory_format)
         return result.permute(0, 2, 3, 1).contiguous() if self.layout == "NHWC" else result
+
+    def out_size(self, boxes: Sequence[Box]) -> Tuple[int, int]:
+        """The one output size of a batch: from its boxes, or, when the sidecar prepared every sample, the ops'."""
+        sizes = {(b.out_h, b.out_w) for b in boxes}
+        if not sizes:
+            box = sample_box(self.ops, 1 << 16, 1 << 16, sample_rng(0, 0, 0))  # fixed-size outputs only
+            sizes = {(box.out_h, box.out_w)}
+        if len(sizes) != 1:
+            raise ValueError(f"decode(device='mixed'): a batch's images must come out one size, got {sorted(sizes)}")
+        return sizes.pop()
 
     def _to_device(self, t: Any) -> Any:
         """A small host tensor onto the device without blocking this thread on the stream's earlier work."""

@@ -18,6 +18,7 @@ ON_ERROR = ("raise", "skip")
 def decode(
     *,
     device: Optional[str] = None,
+    cpu_load: Union[float, str, None] = None,
     formats: Optional[Sequence[str]] = None,
     max_pixels: Optional[int] = None,
     max_aspect_ratio: Optional[float] = None,
@@ -35,7 +36,9 @@ def decode(
     ``device``: ``"cpu"`` (default: the sidecar decodes and runs every op) or ``"mixed"``, DALI's name: the
     sidecar serves the stored JPEG bytes and ``PrepLoader(device=...)`` decodes them on its device (nvJPEG through
     torchvision on CUDA), each sample's crop and flip drawn exactly as the sidecar would (``unstall.prep.draws``);
-    docs/PREP.md, "Decoding on the GPU".
+    ``cpu_load`` (with ``"mixed"``): the share of each batch the sidecar's CPUs prepare all the same (0, the
+    default: none), or ``"auto"``: tuned online, the sidecar taking as much as it keeps up with while the
+    device decodes the rest. docs/PREP.md, "Decoding on the GPU".
     """
     op: dict[str, Any] = {"op": "decode"}
     if device is not None:
@@ -44,6 +47,13 @@ def decode(
                              f"device, as DALI's device='mixed'), got {device!r}")
         if device == "mixed":
             op["device"] = device
+    if cpu_load is not None:
+        if device != "mixed":
+            raise ValueError("cpu_load splits a decode(device='mixed') between the sidecar's CPUs and the device; "
+                             f"this decode's device is {device!r}")
+        if not (cpu_load == "auto" or (isinstance(cpu_load, (int, float)) and 0 <= cpu_load <= 1)):
+            raise ValueError(f"cpu_load must be a number in [0, 1] or 'auto', got {cpu_load!r}")
+        op["cpu_load"] = cpu_load
     if formats is not None:
         op["formats"] = [str(f) for f in formats]
     if max_pixels is not None:

@@ -30,6 +30,7 @@ final class Autotuner {
   static final int QUIET_PERIODS = 4;
   static final double GAIN = 1.05;
   static final double SLACK = 1.5;
+  static final double SPLIT_BUSY = 0.6;
   private static final int DECISIONS = 16;
 
   private final boolean tuneWindow;
@@ -122,6 +123,9 @@ final class Autotuner {
       if (tuneThreads) {
         tuneThreads();
       }
+      if (source.tunesSplit()) {
+        tuneSplit(dt);
+      }
     }
     periodStart = now;
     preparedAt = counts.batchesPrepared;
@@ -174,6 +178,25 @@ final class Autotuner {
       hold = QUIET_PERIODS;
       decide("threads", t, t - 1, String.format("production %.2f/s outpaces consumption %.2f/s", productionRate,
           consumptionRate));
+    }
+  }
+
+  /**
+   * A hybrid source's split: members that waited for batches get fewer samples prepared by the sidecar (their
+   * device decodes more); producers busy less than {@link #SPLIT_BUSY} of the period with nobody waiting get more
+   * (the CPU takes work off the device). Steps of a sixteenth of a batch.
+   */
+  private void tuneSplit(long dt) {
+    int rows = source.cpuRows();
+    int step = source.splitStep();
+    double busy = (counts.prepNanos - wallAt) / (double) dt / Production.PRODUCERS;
+    if (stalls > 0 && rows > 0) {
+      source.cpuRows(rows - step);
+      decide("cpu_rows", rows, source.cpuRows(), "members waited " + stalls + " times for batches: their device"
+          + " decodes more of each");
+    } else if (stalls == 0 && busy < SPLIT_BUSY && consumptionRate > 0 && source.cpuRows(rows + step) != rows) {
+      decide("cpu_rows", rows, source.cpuRows(), String.format("nobody waited and the producers were busy %.0f%% of"
+          + " the period: the sidecar prepares more of each batch", 100 * busy));
     }
   }
 

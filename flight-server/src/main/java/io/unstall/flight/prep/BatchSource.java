@@ -42,6 +42,26 @@ interface BatchSource {
   /** At most {@code n} tasks of one batch run at once from now on ({@link Autotuner}); only if {@link #parallel}. */
   default void parallelism(int n) {}
 
+  /** Whether the {@link Autotuner} moves its split between the sidecar's CPUs and the members' device. */
+  default boolean tunesSplit() {
+    return false;
+  }
+
+  /** The samples of a batch the sidecar prepares (a hybrid source; the rest are decoded on the device). */
+  default int cpuRows() {
+    return -1;
+  }
+
+  /** From the next batch on, the sidecar prepares {@code n} samples of each (within the batch); returns that. */
+  default int cpuRows(int n) {
+    return -1;
+  }
+
+  /** How many samples one step of the split's tuning moves. */
+  default int splitStep() {
+    return 1;
+  }
+
   /** " and output [3, 224, 224] float32": the batch for messages; empty when the batch is the raw one. */
   default String describeOutput() {
     return "";

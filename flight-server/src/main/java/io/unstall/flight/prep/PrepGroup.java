@@ -96,9 +96,10 @@ final class PrepGroup {
    * whose members upload their batches. The parts are made in the order they need each other; only the producer
    * threads and the remote workers' claims (which production counts) meet after construction. {@code world}: the
    * first joiner's world size if it is a data-parallel rank (1 if not), which default staging is sized for.
+   * {@code cpuLoad}: a hybrid group's share of each batch the sidecar prepares (negative: tuned), else null.
    */
   PrepGroup(String id, Key key, Dataset dataset, PrepPipeline pipeline, PrepResources shared, Settings requested,
-      int world) {
+      int world, Double cpuLoad) {
     this.id = id;
     this.key = key;
     this.limits = shared.limits();
@@ -110,7 +111,9 @@ final class PrepGroup {
         pipeline == null ? "" : ", JPEGs prepared by " + ImagePrep.describeDecoder(pipeline));
     // null: an external group, whose source (member uploads) needs its staging
     BatchSource made = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX) ? null
-        : pipeline == null ? shared.rawBatches(order, counts) : shared.sidecarPrep(order, pipeline, counts, lock);
+        : pipeline == null ? shared.rawBatches(order, counts)
+        : cpuLoad != null ? shared.hybridPrep(order, pipeline, cpuLoad, counts, lock)
+        : shared.sidecarPrep(order, pipeline, counts, lock);
     Staging.Size size = made == null ? Staging.forUploads(requested, parent.getLimit())
         : Staging.size(made, requested, parent.getLimit(), key.batchSize(), world);
     PrepPipeline prepared = made == null ? null : made.pipeline();

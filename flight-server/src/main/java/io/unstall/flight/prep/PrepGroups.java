@@ -86,7 +86,7 @@ final class PrepGroups {
           + " --prep-groups").toRuntimeException();
     }
     String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
-    g = new PrepGroup(id, key, d, pipeline, shared, s, j.share() == null ? 1 : j.share().world());
+    g = new PrepGroup(id, key, d, pipeline, shared, s, j.share() == null ? 1 : j.share().world(), j.cpuLoad());
     try {
       r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch(), j.share());
     } catch (RuntimeException e) {

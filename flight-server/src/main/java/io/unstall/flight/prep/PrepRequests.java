@@ -20,13 +20,14 @@ final class PrepRequests {
   /** A {@code prep.join} body. {@code pipeline} is null for a raw group and for an external one ({@code external}). */
   record Join(String dataset, PrepPipeline pipeline, String external, int batchSize, long seed, boolean shuffle,
       boolean dropLast, PrepGroup.Settings settings, long epochs, long startEpoch, long startBatch, String name,
-      RankShare.Spec share) {
+      RankShare.Spec share, Double cpuLoad) {
 
     /** What, besides the dataset, seed, batch size and order, decides which group a member joins. */
     String fingerprint() {
       return external != null
           ? PrepService.EXTERNAL_PREFIX + external
-          : pipeline == null ? "raw" : pipeline.fingerprint();
+          : pipeline == null ? "raw" : cpuLoad != null ? "hybrid:" + cpuLoad + ":" + pipeline.fingerprint()
+          : pipeline.fingerprint();
     }
   }
 
@@ -174,7 +175,42 @@ final class PrepRequests {
           + " (the epoch they apply to)");
     }
     return new Join(dataset, pipeline, external, batchSize, seed, b.path("shuffle").asBoolean(true),
-        b.path("drop_last").asBoolean(false), s, epochs, startEpoch, startBatch, b.path("name").asText(""), share);
+        b.path("drop_last").asBoolean(false), s, epochs, startEpoch, startBatch, b.path("name").asText(""), share,
+        hybrid(b.get("hybrid"), pipeline));
+  }
+
+  /**
+   * {@code prep.join}'s {@code "hybrid": {"cpu_load": 0..1 | "auto"}}: the share of each batch the sidecar prepares
+   * with the pipeline (uint8 NHWC, on_error raise), the rest left encoded for the members' device; "auto" is -1
+   * (tuned online). Null when absent.
+   */
+  private static Double hybrid(JsonNode h, PrepPipeline pipeline) {
+    if (h == null || h.isNull()) {
+      return null;
+    }
+    if (!h.isObject() || !h.has("cpu_load") || h.size() != 1) {
+      throw new IllegalArgumentException("prep.join: \"hybrid\" is {\"cpu_load\": a number in [0, 1] or \"auto\"}, got "
+          + h);
+    }
+    if (pipeline == null) {
+      throw new IllegalArgumentException("prep.join: \"hybrid\" needs a sidecar \"pipeline\" (the ops the sidecar runs"
+          + " on its share of each batch)");
+    }
+    if (pipeline.dtype() != PrepPipeline.DType.UINT8 || pipeline.layout() != PrepPipeline.Layout.NHWC
+        || pipeline.decode().onError() != PrepPipeline.OnError.RAISE) {
+      throw new IllegalArgumentException("prep.join: a \"hybrid\" group's pipeline is uint8, NHWC and on_error"
+          + " \"raise\" (the device normalizes; a batch is decoded whole), got " + pipeline.dtype().wire() + ", "
+          + pipeline.layout() + ", on_error " + pipeline.decode().onError().wire());
+    }
+    JsonNode c = h.get("cpu_load");
+    if (c.isTextual() && c.asText().equals("auto")) {
+      return -1.0;
+    }
+    if (!c.isNumber() || !(c.asDouble() >= 0 && c.asDouble() <= 1)) {
+      throw new IllegalArgumentException("prep.join: \"hybrid\".\"cpu_load\" must be a number in [0, 1] or \"auto\","
+          + " got " + c);
+    }
+    return c.asDouble();
   }
 
   /**

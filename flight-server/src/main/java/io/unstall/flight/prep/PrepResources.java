@@ -18,6 +18,13 @@ record PrepResources(BatchAssembler assembler, ExecutorService pool, int threads
         allocator.getRoundingPolicy(), counts, lock);
   }
 
+  /** The hybrid source: the first rows of each raw batch prepared by {@code pipeline}, the rest left encoded. */
+  HybridPrep hybridPrep(BatchOrder order, PrepPipeline pipeline, double cpuLoad, PrepCounts counts, GroupLock lock) {
+    RawBatches raw = rawBatches(order, counts);
+    return new HybridPrep(order, raw, new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool, threads,
+        allocator.getRoundingPolicy(), counts, lock), pipeline, cpuLoad, allocator.getRoundingPolicy());
+  }
+
   /** The raw-batch source: batches fetched through the data plane's tiers. */
   RawBatches rawBatches(BatchOrder order, PrepCounts counts) {
     return new RawBatches(order, assembler, allocator.getRoundingPolicy(), counts);

@@ -141,7 +141,7 @@ final class SidecarPrep implements BatchSource {
    * within the pipeline's rules fails the batch, naming it, or (on_error "skip") is left out: the kept rows close
    * up, and the batch's schema lists the skipped ones ({@link PrepSchema#SKIPPED}).
    */
-  private VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Staging staging) throws Exception {
+  VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Staging staging) throws Exception {
     long epoch = pos / order.numBatches;
     long seed = order.key.seed();
     int n = ids.length;

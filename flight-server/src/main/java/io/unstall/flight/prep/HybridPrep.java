@@ -1,0 +1,208 @@
+package io.unstall.flight.prep;
+
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.protocol.BatchSchema;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.rounding.RoundingPolicy;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.BitVector;
+import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VarCharVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.types.pojo.ArrowType;
+import org.apache.arrow.vector.types.pojo.Field;
+import org.apache.arrow.vector.types.pojo.FieldType;
+import org.apache.arrow.vector.types.pojo.Schema;
+
+/**
+ * The hybrid source ({@code prep.join}'s {@code "hybrid"}; the shim's {@code decode(device="mixed", cpu_load=...)}):
+ * of each raw batch, the sidecar prepares the first {@link #cpuRows} samples with the group's pipeline (uint8 NHWC,
+ * the same code and draws as {@link SidecarPrep}) and leaves the rest encoded, for the members' device to decode.
+ * A batch is the raw one with a {@code prepared} column: where it is true, {@code payload} holds the sample's
+ * prepared pixels instead of its stored bytes. The {@link Autotuner} moves the split online when it is "auto".
+ */
+final class HybridPrep implements BatchSource {
+  static final String PREPARED = "prepared";
+  static final Schema SCHEMA = hybridSchema();
+
+  private final BatchOrder order;
+  private final RawBatches raw;
+  private final SidecarPrep rows;
+  private final PrepPipeline pipeline;
+  private final boolean auto;
+  private final long cost;
+  private volatile int cpuRows;
+  // Guarded by the group lock (stats) or updated by producers under it (PrepCounts-style totals).
+  private long samplesPrepared;
+  private long samplesEncoded;
+
+  /** {@code cpuLoad}: the fraction of each batch the sidecar prepares, or negative for "auto" (tuned, from half). */
+  HybridPrep(BatchOrder order, RawBatches raw, SidecarPrep rows, PrepPipeline pipeline, double cpuLoad,
+      RoundingPolicy rounding) {
+    this.order = order;
+    this.raw = raw;
+    this.rows = rows;
+    this.pipeline = pipeline;
+    this.auto = cpuLoad < 0;
+    int b = order.key.batchSize();
+    this.cpuRows = (int) Math.round((auto ? 0.5 : cpuLoad) * b);
+    this.cost = raw.batchBytes() + rounding.getRoundedSize(pipeline.sampleBytes() * b) + b * PrepGroup.ROW_OVERHEAD;
+  }
+
+  private static Schema hybridSchema() {
+    List<Field> fields = new ArrayList<>(BatchSchema.SCHEMA.getFields());
+    fields.add(new Field(PREPARED, FieldType.notNullable(ArrowType.Bool.INSTANCE), null));
+    return new Schema(fields, BatchSchema.SCHEMA.getCustomMetadata());
+  }
+
+  @Override
+  public String mode() {
+    return "hybrid";
+  }
+
+  @Override
+  public Schema schema() {
+    return SCHEMA;
+  }
+
+  @Override
+  public int producers() {
+    return Production.PRODUCERS;
+  }
+
+  @Override
+  public long batchBytes() {
+    return cost;
+  }
+
+  @Override
+  public long workingBytes() {
+    return rows.workingBytes() + rows.batchBytes(); // the raw batch and its prepared rows, merged into the batch
+  }
+
+  @Override
+  public boolean parallel() {
+    return true;
+  }
+
+  @Override
+  public void parallelism(int n) {
+    rows.parallelism(n);
+  }
+
+  @Override
+  public boolean tunesSplit() {
+    return auto;
+  }
+
+  @Override
+  public int cpuRows() {
+    return cpuRows;
+  }
+
+  @Override
+  public int cpuRows(int n) {
+    cpuRows = Math.max(0, Math.min(order.key.batchSize(), n));
+    return cpuRows;
+  }
+
+  @Override
+  public int splitStep() {
+    return Math.max(1, order.key.batchSize() / 16);
+  }
+
+  @Override
+  public String describeOutput() {
+    return " and output " + Arrays.toString(pipeline.sampleShape()) + " " + pipeline.dtype().wire()
+        + " for the samples it prepares";
+  }
+
+  @Override
+  public VectorSchemaRoot prepare(long pos, Staging staging) throws Exception {
+    int[] ids = order.ids(pos);
+    VectorSchemaRoot in = raw.fetch(pos, ids, staging);
+    try {
+      int m = Math.min(ids.length, cpuRows);
+      if (m == 0) {
+        return merged(in, null, 0, staging);
+      }
+      try (VectorSchemaRoot head = in.slice(0, m);
+          VectorSchemaRoot prepped = rows.decode(head, pos, Arrays.copyOf(ids, m), staging)) {
+        return merged(in, prepped, m, staging);
+      }
+    } finally {
+      in.close();
+    }
+  }
+
+  /** The raw batch {@code in} with its first {@code m} payloads replaced by {@code prepped}'s rows. */
+  private VectorSchemaRoot merged(VectorSchemaRoot in, VectorSchemaRoot prepped, int m, Staging staging) {
+    int n = in.getRowCount();
+    VectorSchemaRoot out = VectorSchemaRoot.create(SCHEMA, staging.allocator());
+    try {
+      BigIntVector id = (BigIntVector) out.getVector(BatchSchema.ID);
+      BigIntVector label = (BigIntVector) out.getVector(BatchSchema.LABEL);
+      VarCharVector key = (VarCharVector) out.getVector(BatchSchema.KEY);
+      VarBinaryVector payload = (VarBinaryVector) out.getVector(BatchSchema.PAYLOAD);
+      BitVector prepared = (BitVector) out.getVector(PREPARED);
+      BigIntVector idIn = (BigIntVector) in.getVector(BatchSchema.ID);
+      BigIntVector labelIn = (BigIntVector) in.getVector(BatchSchema.LABEL);
+      VarCharVector keyIn = (VarCharVector) in.getVector(BatchSchema.KEY);
+      VarBinaryVector payloadIn = (VarBinaryVector) in.getVector(BatchSchema.PAYLOAD);
+      FixedSizeBinaryVector tensor = prepped == null ? null
+          : (FixedSizeBinaryVector) prepped.getVector(PrepSchema.TENSOR);
+      int sb = (int) pipeline.sampleBytes();
+      for (int i = 0; i < n; i++) {
+        id.copyFromSafe(i, i, idIn);
+        label.copyFromSafe(i, i, labelIn);
+        key.copyFromSafe(i, i, keyIn);
+        if (i < m) {
+          ArrowBuf px = tensor.getDataBuffer();
+          payload.setSafe(i, px.nioBuffer((long) i * sb, sb), 0, sb);
+          prepared.setSafe(i, 1);
+        } else {
+          payload.copyFromSafe(i, i, payloadIn);
+          prepared.setSafe(i, 0);
+        }
+      }
+      out.setRowCount(n);
+      synchronized (this) {
+        samplesPrepared += m;
+        samplesEncoded += n - m;
+      }
+      return out;
+    } catch (RuntimeException | Error e) {
+      out.close();
+      throw e;
+    }
+  }
+
+  @Override
+  public void describe(ObjectNode join) {
+    ObjectNode h = join.putObject("hybrid");
+    h.put("cpu_load", auto ? "auto" : String.valueOf((double) cpuRows / order.key.batchSize()));
+    h.put("dtype", pipeline.dtype().wire());
+    h.put("layout", pipeline.layout().name());
+    var shape = h.putArray("shape");
+    for (int s : pipeline.sampleShape()) {
+      shape.add(s);
+    }
+  }
+
+  @Override
+  public void stats(ObjectNode o) {
+    rows.stats(o);
+    ObjectNode h = o.putObject("hybrid");
+    h.put("auto", auto);
+    h.put("cpu_rows", cpuRows);
+    h.put("batch_size", order.key.batchSize());
+    synchronized (this) {
+      h.put("samples_prepared", samplesPrepared);
+      h.put("samples_encoded", samplesEncoded);
+    }
+  }
+}
