@@ -87,6 +87,11 @@ final class Autotuner {
     this.maxWindowUsed = staging.window();
   }
 
+  /** Batches the members read per second in the last period. Caller holds the lock. */
+  double consumptionRate() {
+    return consumptionRate;
+  }
+
   /** The largest window used so far: no more batches were ever staged ahead. Caller holds the lock. */
   int maxWindowUsed() {
     return maxWindowUsed;
