@@ -32,6 +32,43 @@ final class DecodedImages implements AutoCloseable {
   private final LongAdder hits = new LongAdder();
   private final LongAdder made = new LongAdder();
   private final LongAdder noRoom = new LongAdder();
+  private final ConcurrentHashMap<String, Measured> measured = new ConcurrentHashMap<>(); // by pipeline fingerprint
+
+  /**
+   * One pipeline's CPU per sample on each path, for the cost model: from the encoded bytes (a sample decoded into
+   * the store counts here: a whole-image decode, an upper bound of the crop's) and from kept pixels; and the bytes
+   * of each form. Kept by the store, so a group whose samples are all kept still knows the encoded path's cost.
+   */
+  static final class Measured {
+    private final LongAdder encodedNanos = new LongAdder();
+    private final LongAdder encodedSamples = new LongAdder();
+    private final LongAdder decodedNanos = new LongAdder();
+    private final LongAdder decodedSamples = new LongAdder();
+    private final LongAdder encodedBytes = new LongAdder();
+    private final LongAdder keptBytes = new LongAdder(); // the decoded form's bytes (0: the sample has none)
+
+    void add(boolean fromKept, long cpuNanos, long encoded, long kept) {
+      (fromKept ? decodedNanos : encodedNanos).add(cpuNanos);
+      (fromKept ? decodedSamples : encodedSamples).increment();
+      encodedBytes.add(encoded);
+      keptBytes.add(kept);
+    }
+
+    /** CPU seconds per sample from encoded bytes and from kept pixels (NaN: none yet), bytes per sample of each. */
+    double[] rates() {
+      long e = encodedSamples.sum();
+      long k = decodedSamples.sum();
+      long all = e + k;
+      return new double[] {e == 0 ? Double.NaN : encodedNanos.sum() / 1e9 / e,
+          k == 0 ? Double.NaN : decodedNanos.sum() / 1e9 / k, all == 0 ? 0 : (double) encodedBytes.sum() / all,
+          all == 0 ? 0 : (double) keptBytes.sum() / all};
+    }
+  }
+
+  /** The measurements of the pipeline with {@code fingerprint}, shared by its groups. */
+  Measured measured(String fingerprint) {
+    return measured.computeIfAbsent(fingerprint, f -> new Measured());
+  }
 
   /** Pixels in {@code memory} (the forms memory); null, a zero limit or the native path missing: off. */
   DecodedImages(BufferAllocator memory) {

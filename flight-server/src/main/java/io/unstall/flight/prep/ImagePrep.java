@@ -17,7 +17,6 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
-import java.util.concurrent.atomic.LongAdder;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import org.bytedeco.opencv.global.opencv_core;
@@ -63,13 +62,7 @@ public final class ImagePrep {
   private final DecodeBudget budget;
   private final ReindexedJpegs reindexed; // null: decode the bytes as given
   private final DecodedImages decoded; // null: no decoded form
-  /** CPU per sample on each path, for the cost model (FormPlanner): from the encoded bytes, from kept pixels. */
-  private final LongAdder encodedNanos = new LongAdder();
-  private final LongAdder encodedSamples = new LongAdder();
-  private final LongAdder decodedNanos = new LongAdder();
-  private final LongAdder decodedSamples = new LongAdder();
-  private final LongAdder keptBytes = new LongAdder(); // decoded-form bytes of the samples prepared from the encoded
-  private final LongAdder encodedBytes = new LongAdder();
+  private final DecodedImages.Measured measured; // this pipeline's CPU per sample on each path, every group
   private final Decoder decoder;
   private final String decoderReason; // why OpenCV prepares this pipeline's JPEGs; null when the native path does
   /** The native path's output table (3 x 256 elements; null for uint8). */
@@ -97,6 +90,7 @@ public final class ImagePrep {
     this.budget = budget;
     this.reindexed = reindexed;
     this.decoded = decoded;
+    this.measured = decoded == null ? new DecodedImages.Measured() : decoded.measured(pipeline.fingerprint());
     this.decoderReason = openCvReason(pipeline, decoder);
     this.decoder = decoderReason == null ? decoder : Decoder.OPENCV;
     this.table = NativeJpeg.table(pipeline.dtype(), normalize(pipeline));
@@ -247,11 +241,8 @@ public final class ImagePrep {
       }
       // A sample decoded into the store now counts as prepared from the encoded bytes (a whole-image decode: an
       // upper bound of the crop's).
-      long cpu = CPU.getCurrentThreadCpuTime() - cpu0;
-      (wasKept ? decodedNanos : encodedNanos).add(cpu);
-      (wasKept ? decodedSamples : encodedSamples).increment();
-      encodedBytes.add(encoded.remaining());
-      keptBytes.add(d > 0 ? DecodedImages.bytes(h, d) : 0);
+      measured.add(wasKept, CPU.getCurrentThreadCpuTime() - cpu0, encoded.remaining(),
+          d > 0 ? DecodedImages.bytes(h, d) : 0);
       NativeJpeg.NATIVE_SAMPLES.increment();
       return;
     }
@@ -348,17 +339,9 @@ public final class ImagePrep {
     return coefficients + rows + resampled + kernels + DECODER_OVERHEAD;
   }
 
-  /**
-   * Measured rates of this pipeline's samples for the cost model: CPU seconds per sample from the encoded bytes and
-   * from kept pixels (NaN: none measured yet), and bytes per sample of each form.
-   */
+  /** This pipeline's measured rates for the cost model ({@link DecodedImages.Measured#rates}). */
   double[] rates() {
-    long e = encodedSamples.sum();
-    long k = decodedSamples.sum();
-    long all = e + k;
-    return new double[] {e == 0 ? Double.NaN : encodedNanos.sum() / 1e9 / e,
-        k == 0 ? Double.NaN : decodedNanos.sum() / 1e9 / k, all == 0 ? 0 : (double) encodedBytes.sum() / all,
-        all == 0 ? 0 : (double) keptBytes.sum() / all};
+    return measured.rates();
   }
 
   /**

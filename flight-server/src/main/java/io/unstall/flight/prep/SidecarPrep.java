@@ -59,7 +59,7 @@ final class SidecarPrep implements BatchSource {
   private final PrepCounts counts;
   private final GroupLock lock;
   private final DecodedImages decoded; // null: no decoded form
-  private volatile DoubleSupplier consumption = () -> 0; // batches/s the members read (Autotuner)
+  private volatile DoubleSupplier consumption = () -> 0; // batches/s the members can read (Autotuner; 0: unknown)
   // Guarded by the group lock.
   private long plannedEpoch = -1;
   private long epochStartNanos;
@@ -88,7 +88,7 @@ final class SidecarPrep implements BatchSource {
     this.lock = lock;
   }
 
-  /** Where the members' consumption rate (batches per second) is read for the cost model. */
+  /** Where the members' capacity (batches per second; 0: unknown) is read for the cost model. */
   void consumption(DoubleSupplier batchesPerSecond) {
     consumption = batchesPerSecond;
   }
