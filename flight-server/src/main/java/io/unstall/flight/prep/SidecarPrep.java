@@ -63,6 +63,8 @@ final class SidecarPrep implements BatchSource {
   // Guarded by the group lock.
   private long plannedEpoch = -1;
   private long epochStartNanos;
+  private long fetchNanosAtPlan; // the fetch clock and samples prepared at the last plan: the epoch's fetch rate
+  private long samplesAtPlan;
   private final ArrayDeque<ObjectNode> plans = new ArrayDeque<>(); // the latest plans, with their measured epoch
   private long samplesSkipped;
   private final ArrayDeque<ObjectNode> skippedRecent = new ArrayDeque<>();
@@ -95,8 +97,9 @@ final class SidecarPrep implements BatchSource {
 
   /**
    * Re-plans the cache forms when a batch of a new epoch is prepared ({@link FormPlanner}): the decoded form's
-   * quota, from the rates measured so far; the plan before it gets the epoch's measured seconds. Before any
-   * measurement the decoded form may fill the forms memory.
+   * quota, from the rates measured so far (CPU: this pipeline's, every group; fetch: the epoch that ended); the plan
+   * before it gets the epoch's measured seconds. Until both paths are measured the decoded form may fill the forms
+   * memory.
    */
   private void planForms(long epoch) {
     synchronized (lock) {
@@ -111,20 +114,23 @@ final class SidecarPrep implements BatchSource {
       epochStartNanos = now;
       double[] r = imagePrep.rates(); // encoded CPU s, decoded CPU s, encoded bytes, decoded bytes per sample
       long samples = (long) order.numBatches * order.key.batchSize();
+      long fetched = counts.fetchNanos.get();
+      long prepared = counts.samplesPrepared;
+      double fetchS = prepared > samplesAtPlan ? (fetched - fetchNanosAtPlan) / 1e9 / (prepared - samplesAtPlan) : 0;
+      fetchNanosAtPlan = fetched;
+      samplesAtPlan = prepared;
       ObjectNode o = JsonNodeFactory.instance.objectNode();
       o.put("epoch", epoch);
       String line;
-      if (Double.isNaN(r[0]) && Double.isNaN(r[1])) {
+      if (Double.isNaN(r[0]) || Double.isNaN(r[1])) {
         decoded.quota(decoded.limit());
         o.put("decoded_bytes", decoded.limit());
-        line = "nothing measured yet: decoded pixels may fill the forms memory (" + (decoded.limit() >> 20)
-            + " MB) while this epoch measures the rates";
+        line = "prep from " + (Double.isNaN(r[0]) ? "encoded bytes" : "decoded pixels") + " not measured yet:"
+            + " decoded pixels may fill the forms memory (" + (decoded.limit() >> 20) + " MB) meanwhile";
         o.put("reason", line);
       } else {
-        long prepared = Math.max(1, counts.samplesPrepared);
         double consumer = consumption.getAsDouble() * order.key.batchSize();
-        FormPlanner.Rates rates = new FormPlanner.Rates(samples, Double.isNaN(r[0]) ? r[1] : r[0],
-            Double.isNaN(r[1]) ? r[0] : r[1], counts.fetchNanos.get() / 1e9 / prepared, r[2], r[3], consumer,
+        FormPlanner.Rates rates = new FormPlanner.Rates(samples, r[0], r[1], fetchS, r[2], r[3], consumer,
             parallelism, decoded.limit(), 0);
         FormPlanner.Plan plan = FormPlanner.plan(rates);
         decoded.quota(Math.max(plan.decodedBytes(), decoded.bytesHeld())); // kept images are never evicted
