@@ -1004,22 +1004,44 @@ static void vertical_rows(scratch *s, const window_plan *p, uint8_t *dst, const 
   }
 }
 
-/* prep() on the JPEG to decode: everything that libjpeg may longjmp out of. */
-static __attribute__((noinline)) int decode_window(JNIEnv *env, scratch *s, const uint8_t *src, int src_len,
-                                                   uint8_t *dst, const uint8_t *lut, const jint *g,
-                                                   const jdouble *box) {
-  int width = g[0], height = g[1], out_h = g[6], out_w = g[7], flip = g[8];
-  int max_denom = g[11], window = g[12];
-  struct jpeg_decompress_struct *ci = &s->cinfo;
+/*
+ * Runs body(env, s, args) with libjpeg's errors caught: error_exit longjmps back to this frame, which aborts the
+ * decode and throws a BadImageException naming libjpeg's reason.
+ */
+static __attribute__((noinline)) int with_decoder(JNIEnv *env, scratch *s,
+                                                  int (*body)(JNIEnv *, scratch *, const void *), const void *args) {
   if (open_decoder(env, s) != OK) {
     return FAILED;
   }
   if (setjmp(s->err.jump)) {
-    jpeg_abort_decompress(ci);
+    jpeg_abort_decompress(&s->cinfo);
     char m[sizeof s->err.message + 32];
     snprintf(m, sizeof m, "libjpeg: %s", s->err.message);
     return fail(env, m);
   }
+  return body(env, s, args);
+}
+
+typedef struct {
+  const uint8_t *src;
+  int src_len;
+  uint8_t *dst;
+  const uint8_t *lut;
+  const jint *g;
+  const jdouble *box;
+} window_args;
+
+/* prep() on the JPEG to decode, within with_decoder. */
+static int window_body(JNIEnv *env, scratch *s, const void *args) {
+  const window_args *a = args;
+  const uint8_t *src = a->src, *lut = a->lut;
+  int src_len = a->src_len;
+  uint8_t *dst = a->dst;
+  const jint *g = a->g;
+  const jdouble *box = a->box;
+  int width = g[0], height = g[1], out_h = g[6], out_w = g[7], flip = g[8];
+  int max_denom = g[11], window = g[12];
+  struct jpeg_decompress_struct *ci = &s->cinfo;
   int denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h, max_denom, box[4]);
   char why[160];
   const char *bad = start_decode(s, src, src_len, width, height, denom, why, sizeof why);
@@ -1068,22 +1090,27 @@ static __attribute__((noinline)) int decode_window(JNIEnv *env, scratch *s, cons
   return OK;
 }
 
-/* The decodeScaled call once the arguments are read: every row of the image at 1/denom into dst. */
-static __attribute__((noinline)) int decode_whole(JNIEnv *env, scratch *s, const uint8_t *src, int src_len,
-                                                  int width, int height, int denom, uint8_t *dst, int dst_w,
-                                                  int dst_h) {
+static int decode_window(JNIEnv *env, scratch *s, const uint8_t *src, int src_len, uint8_t *dst,
+                         const uint8_t *lut, const jint *g, const jdouble *box) {
+  window_args a = {src, src_len, dst, lut, g, box};
+  return with_decoder(env, s, window_body, &a);
+}
+
+typedef struct {
+  const uint8_t *src;
+  int src_len, width, height, denom;
+  uint8_t *dst;
+  int dst_w, dst_h;
+} whole_args;
+
+/* The decodeScaled call within with_decoder: every row of the image at 1/denom into dst. */
+static int whole_body(JNIEnv *env, scratch *s, const void *args) {
+  const whole_args *a = args;
+  int dst_w = a->dst_w, dst_h = a->dst_h, denom = a->denom;
+  uint8_t *dst = a->dst;
   struct jpeg_decompress_struct *ci = &s->cinfo;
-  if (open_decoder(env, s) != OK) {
-    return FAILED;
-  }
-  if (setjmp(s->err.jump)) {
-    jpeg_abort_decompress(ci);
-    char m[sizeof s->err.message + 32];
-    snprintf(m, sizeof m, "libjpeg: %s", s->err.message);
-    return fail(env, m);
-  }
   char why[160];
-  const char *bad = start_decode(s, src, src_len, width, height, denom, why, sizeof why);
+  const char *bad = start_decode(s, a->src, a->src_len, a->width, a->height, denom, why, sizeof why);
   if (bad != NULL) {
     return fail(env, bad);
   }
@@ -1122,7 +1149,8 @@ JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_decodeScaled(JNIEn
   if (s == NULL) {
     return fail(env, "out of native memory for the JPEG decoder's scratch buffers");
   }
-  return decode_whole(env, s, src + src_pos, src_len, width, height, denom, dst + dst_pos, dst_w, dst_h);
+  whole_args a = {src + src_pos, src_len, width, height, denom, dst + dst_pos, dst_w, dst_h};
+  return with_decoder(env, s, whole_body, &a);
 }
 
 /*
