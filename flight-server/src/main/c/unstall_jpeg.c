@@ -699,6 +699,13 @@ static int splice(scratch *s, const uint8_t *src, size_t len, const rst_layout *
   return 1;
 }
 
+/* run()'s and resample()'s geom (13 ints) and box (5 doubles) into g and box; FAILED with a Java exception pending. */
+static int read_geometry(JNIEnv *env, jintArray geom_arr, jdoubleArray box_arr, jint *g, jdouble *box) {
+  (*env)->GetIntArrayRegion(env, geom_arr, 0, 13, g);
+  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 5, box);
+  return (*env)->ExceptionCheck(env) ? FAILED : OK;
+}
+
 /*
  * geom: {width, height (the header's), clipX0, clipY0, clipX1, clipY1 (the crop that bounds the filter, in image
  * pixels), outH, outW, flip, nchw, elemBytes, maxScaleDenom (1: no DCT scaling), window (0: decode every row and
@@ -713,9 +720,7 @@ JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_run(JNIEnv *env, j
   (void)cls;
   jint g[13];
   jdouble box[5];
-  (*env)->GetIntArrayRegion(env, geom_arr, 0, 13, g);
-  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 5, box);
-  if ((*env)->ExceptionCheck(env)) {
+  if (read_geometry(env, geom_arr, box_arr, g, box) != OK) {
     return FAILED;
   }
   uint8_t *src = (*env)->GetDirectBufferAddress(env, src_buf);
@@ -1165,9 +1170,7 @@ JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_resample(JNIEnv *e
   (void)cls;
   jint g[13];
   jdouble box[5];
-  (*env)->GetIntArrayRegion(env, geom_arr, 0, 13, g);
-  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 5, box);
-  if ((*env)->ExceptionCheck(env)) {
+  if (read_geometry(env, geom_arr, box_arr, g, box) != OK) {
     return FAILED;
   }
   const uint8_t *px = (*env)->GetDirectBufferAddress(env, px_buf);
