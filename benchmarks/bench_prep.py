@@ -277,26 +277,31 @@ def pinned(cpus: Optional[set[int]]) -> Iterator[None]:
 
 
 class Config(NamedTuple):
-    """One unstall configuration of --unstall: TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS]."""
+    """One unstall configuration of --unstall: TRANSPORT:DTYPE[:REINDEX_MEMORY[:FORMS]][@SIDECAR_CPUS/JOB_CPUS]."""
 
     transport: str
     dtype: str
     reindex_memory: Optional[str]
     sidecar_cpus: Optional[set[int]] = None  # pinned: the sidecar on these CPUs, the jobs on job_cpus
     job_cpus: Optional[set[int]] = None
+    forms: Optional[str] = None  # "encoded": the decoded form off; "decoded" or None: the sidecar's default (on)
 
     @staticmethod
     def parse(text: str) -> "Config":
         spec, _, layout = text.partition("@")
         parts = spec.split(":")
-        if len(parts) not in (2, 3) or (layout and layout.count("/") != 1):
-            raise SystemExit(f"--unstall {text!r}: expected TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS]")
+        if len(parts) not in (2, 3, 4) or (layout and layout.count("/") != 1) \
+                or (len(parts) == 4 and parts[3] not in ("encoded", "decoded")):
+            raise SystemExit(f"--unstall {text!r}: expected "
+                             "TRANSPORT:DTYPE[:REINDEX_MEMORY[:encoded|decoded]][@SIDECAR_CPUS/JOB_CPUS]")
         cpus = [cpu_set(c) for c in layout.split("/")] if layout else [None, None]
-        return Config(parts[0], parts[1], parts[2] if len(parts) == 3 else None, cpus[0], cpus[1])
+        return Config(parts[0], parts[1], parts[2] if len(parts) >= 3 else None, cpus[0], cpus[1],
+                      parts[3] if len(parts) == 4 else None)
 
     @property
     def kind(self) -> str:
         extra = "" if self.reindex_memory is None else f" reindex-memory {self.reindex_memory}"
+        extra += "" if self.forms is None else f" {self.forms} form"
         if self.sidecar_cpus is not None:
             extra += f", sidecar on CPU {sorted(self.sidecar_cpus)}, jobs on {sorted(self.job_cpus or ())}"
         return f"unstall {self.transport} {self.dtype}{extra}"
@@ -304,6 +309,10 @@ class Config(NamedTuple):
     @property
     def sidecar_args(self) -> list[str]:
         return [] if self.reindex_memory is None else ["--reindex-memory", self.reindex_memory]
+
+    @property
+    def java_options(self) -> list[str]:
+        return ["-Dunstall.prep.decoded-form=off"] if self.forms == "encoded" else []
 
 
 def run_jobs(kind: str, k: int, data: Path, extra: list[str], env: dict[str, str], cpus: Optional[set[int]] = None,
@@ -403,10 +412,12 @@ def main() -> None:
                          "k: the cache fills and the sidecar's JIT compiles most of the path (it goes on compiling "
                          "for minutes; the JIT column shows how much), as it would early in a training job of hours")
     ap.add_argument("--unstall", default="auto:float32,flight:uint8",
-                    help="unstall configurations, each TRANSPORT:DTYPE[:REINDEX_MEMORY][@SIDECAR_CPUS/JOB_CPUS] "
+                    help="unstall configurations, each "
+                         "TRANSPORT:DTYPE[:REINDEX_MEMORY[:FORMS]][@SIDECAR_CPUS/JOB_CPUS] "
                          "(transport auto = shared memory on this host, shm, flight; dtype float32 (normalized), "
                          "uint8, float16, bfloat16; REINDEX_MEMORY: the sidecar's --reindex-memory, 0 to decode without "
-                         "restart-indexed copies; @0/1: the sidecar pinned to CPU 0 and the jobs to CPU 1)")
+                         "restart-indexed copies; FORMS: encoded (the decoded form off) or decoded (the default); "
+                         "@0/1: the sidecar pinned to CPU 0 and the jobs to CPU 1)")
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)  # a job's own
     ap.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--compression", choices=("lz4", "zstd"), help="unstall over Flight: Arrow IPC body compression")
@@ -467,12 +478,13 @@ def main() -> None:
     configs = [Config.parse(c) for c in args.unstall.split(",")] if "unstall" in systems else []
     for cfg in configs:
         transport, dtype, kind = cfg.transport, cfg.dtype, cfg.kind
-        home = Path(os.environ.get("TMPDIR", "/tmp")) / f"unstall-bench-{os.getpid()}-{transport}-{dtype}"
+        home = Path(os.environ.get("TMPDIR", "/tmp")) / f"unstall-bench-{os.getpid()}-{transport}-{dtype}-{cfg.forms}"
         with contextlib.ExitStack() as stack:
             with pinned(cfg.sidecar_cpus):  # the JVM sizes its pools to the CPUs it starts on
                 sidecar = stack.enter_context(unstall.Sidecar(
                     home=home, cache_capacity="512MiB", memory_budget="2GiB",
-                    java_options=["-XX:MaxDirectMemorySize=3g", *args.java_option], extra_args=cfg.sidecar_args))
+                    java_options=["-XX:MaxDirectMemorySize=3g", *args.java_option, *cfg.java_options],
+                    extra_args=cfg.sidecar_args))
             sidecar.register_dataset("bench", data)
             env_u = dict(env, UNSTALL_TOKEN=sidecar.token)
             extra = ["--location", sidecar.flight_location, "--dtype", dtype, "--transport", transport]
@@ -535,6 +547,11 @@ def main() -> None:
                          f"made {rx.get('made', 0)} in {rx.get('rewrite_cpu_ms', 0) / 1e3:.1f} CPU s, "
                          f"{rx.get('hits', 0)} hits); decodes of only the crop's intervals: "
                          f"{dc.get('samples_spliced', 0)} of {dc.get('samples_native', 0)} native")
+            dd = dc.get("decoded", {})
+            if dd.get("enabled"):
+                plans = g.get("cache_forms", [])
+                notes.append(f"{kind}: decoded form {dd.get('images', 0)} images ({dd.get('bytes', 0) / 1e6:.0f} MB, "
+                             f"{dd.get('hits', 0)} hits); the last plan: {plans[-1].get('reason') if plans else '-'}")
     for kind in ("torch", "tf"):
         if kind in systems:
             for _ in range(args.repeats):

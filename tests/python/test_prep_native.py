@@ -41,7 +41,9 @@ def _images(root: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrepEnv, list[Path]]]:
     tmp = tmp_path_factory.mktemp("prep-native")
-    for e in start_env(tmp):
+    # The encoded path is what this module measures: kept decoded pixels would replace the restart-indexed copies
+    # (docs/PREP.md, "Cache forms"; tests/python/test_prep_forms.py covers them).
+    for e in start_env(tmp, java_options=["-Dunstall.prep.decoded-form=off"]):
         paths = _images(tmp / "jpegs")
         e.sidecar.register_dataset("jpegs", tmp / "jpegs")
         yield e, paths

@@ -699,6 +699,13 @@ static int splice(scratch *s, const uint8_t *src, size_t len, const rst_layout *
   return 1;
 }
 
+/* run()'s and resample()'s geom (13 ints) and box (5 doubles) into g and box; FAILED with a Java exception pending. */
+static int read_geometry(JNIEnv *env, jintArray geom_arr, jdoubleArray box_arr, jint *g, jdouble *box) {
+  (*env)->GetIntArrayRegion(env, geom_arr, 0, 13, g);
+  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 5, box);
+  return (*env)->ExceptionCheck(env) ? FAILED : OK;
+}
+
 /*
  * geom: {width, height (the header's), clipX0, clipY0, clipX1, clipY1 (the crop that bounds the filter, in image
  * pixels), outH, outW, flip, nchw, elemBytes, maxScaleDenom (1: no DCT scaling), window (0: decode every row and
@@ -713,9 +720,7 @@ JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_run(JNIEnv *env, j
   (void)cls;
   jint g[13];
   jdouble box[5];
-  (*env)->GetIntArrayRegion(env, geom_arr, 0, 13, g);
-  (*env)->GetDoubleArrayRegion(env, box_arr, 0, 5, box);
-  if ((*env)->ExceptionCheck(env)) {
+  if (read_geometry(env, geom_arr, box_arr, g, box) != OK) {
     return FAILED;
   }
   uint8_t *src = (*env)->GetDirectBufferAddress(env, src_buf);
@@ -879,43 +884,41 @@ static int prep(JNIEnv *env, scratch *s, const uint8_t *src, int src_len, uint8_
   return decode_window(env, s, s->spliced, (int)len, dst, lut, gs, bs);
 }
 
-/* prep() on the JPEG to decode: everything that libjpeg may longjmp out of. */
-static __attribute__((noinline)) int decode_window(JNIEnv *env, scratch *s, const uint8_t *src, int src_len,
-                                                   uint8_t *dst, const uint8_t *lut, const jint *g,
-                                                   const jdouble *box) {
-  int width = g[0], height = g[1], out_h = g[6], out_w = g[7], flip = g[8], nchw = g[9], elem = g[10];
-  int max_denom = g[11], window = g[12];
-  struct jpeg_decompress_struct *ci = &s->cinfo;
-  if (!s->created) {
-    ci->err = jpeg_std_error(&s->err.pub);
-    s->err.pub.error_exit = on_error;
-    s->err.pub.emit_message = on_message;
-    s->err.message[0] = 0;
-    if (setjmp(s->err.jump)) {
-      return fail(env, s->err.message);
-    }
-    jpeg_create_decompress(ci);
-    s->created = 1;
+/* The thread's decompressor, created on first use; OK, or FAILED with a BadImageException pending. */
+static int open_decoder(JNIEnv *env, scratch *s) {
+  if (s->created) {
+    return OK;
   }
+  s->cinfo.err = jpeg_std_error(&s->err.pub);
+  s->err.pub.error_exit = on_error;
+  s->err.pub.emit_message = on_message;
+  s->err.message[0] = 0;
   if (setjmp(s->err.jump)) {
-    jpeg_abort_decompress(ci);
-    char m[sizeof s->err.message + 32];
-    snprintf(m, sizeof m, "libjpeg: %s", s->err.message);
-    return fail(env, m);
+    return fail(env, s->err.message);
   }
-  int denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h, max_denom, box[4]);
+  jpeg_create_decompress(&s->cinfo);
+  s->created = 1;
+  return OK;
+}
+
+/*
+ * Reads the header of the JPEG src and starts decoding it at 1/denom: RGB, the accurate IDCT, fancy upsampling.
+ * libjpeg's errors longjmp to the caller's setjmp; NULL, or why the JPEG is not the one the header check read.
+ */
+static const char *start_decode(scratch *s, const uint8_t *src, int src_len, int width, int height, int denom,
+                                char *why, size_t why_len) {
+  struct jpeg_decompress_struct *ci = &s->cinfo;
   jpeg_mem_src(ci, src, (unsigned long)src_len);
   jpeg_read_header(ci, TRUE);
   if ((int)ci->image_width != width || (int)ci->image_height != height) {
     jpeg_abort_decompress(ci);
-    char m[160];
-    snprintf(m, sizeof m, "libjpeg reads %ux%u pixels where the header check read %dx%d", ci->image_width,
+    snprintf(why, why_len, "libjpeg reads %ux%u pixels where the header check read %dx%d", ci->image_width,
              ci->image_height, width, height);
-    return fail(env, m);
+    return why;
   }
   if (ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK) { /* the caller sends those to OpenCV */
     jpeg_abort_decompress(ci);
-    return fail(env, "a CMYK/YCCK JPEG reached the native decoder, which only converts YCbCr, RGB and grayscale");
+    return "a CMYK/YCCK JPEG reached the native decoder, which only converts YCbCr, RGB and grayscale";
   }
   ci->out_color_space = JCS_RGB;
   ci->dct_method = JDCT_ISLOW;
@@ -923,84 +926,79 @@ static __attribute__((noinline)) int decode_window(JNIEnv *env, scratch *s, cons
   ci->scale_num = 1;
   ci->scale_denom = denom;
   jpeg_start_decompress(ci);
-  int sw = (int)ci->output_width, sh = (int)ci->output_height;
-  /* The clip window and box at the decoded scale. */
+  return NULL;
+}
+
+/* What the resampling filters of one sample read: their sizes, the rows and columns, the widest tap count. */
+typedef struct {
+  int kxs, kys, xa, xb, ya, yb, maxn;
+} window_plan;
+
+/*
+ * The filters for geom's clip window and box (image pixels) on the image decoded at 1/denom (sw x sh): the
+ * coefficients in s->kx, s->ky with bounds in decoded-image coordinates. NULL, or why not.
+ */
+static const char *plan_window(scratch *s, int sw, int sh, int denom, const jint *g, const jdouble *box,
+                               window_plan *p) {
+  int out_h = g[6], out_w = g[7];
   int cx0 = g[2] / denom, cy0 = g[3] / denom;
   int cx1 = (g[4] + denom - 1) / denom, cy1 = (g[5] + denom - 1) / denom;
   cx1 = cx1 > sw ? sw : cx1;
   cy1 = cy1 > sh ? sh : cy1;
   if (cx0 >= cx1 || cy0 >= cy1) {
-    jpeg_abort_decompress(ci);
-    return fail(env, "empty crop window");
+    return "empty crop window";
   }
-  int kxs, kys;
-  if (!coeffs(s, 1, cx1 - cx0, box[0] / denom - cx0, box[2] / denom - cx0, out_w, &kxs)
-      || !coeffs(s, 0, cy1 - cy0, box[1] / denom - cy0, box[3] / denom - cy0, out_h, &kys)) {
-    jpeg_abort_decompress(ci);
-    return fail(env, "out of native memory for the resampling coefficients");
+  if (!coeffs(s, 1, cx1 - cx0, box[0] / denom - cx0, box[2] / denom - cx0, out_w, &p->kxs)
+      || !coeffs(s, 0, cy1 - cy0, box[1] / denom - cy0, box[3] / denom - cy0, out_h, &p->kys)) {
+    return "out of native memory for the resampling coefficients";
   }
-  /* Bounds to decoded-image coordinates, and the rows and columns the filters read. */
-  int xa = sw, xb = 0, ya = sh, yb = 0, maxn = 1;
+  p->xa = sw, p->xb = 0, p->ya = sh, p->yb = 0, p->maxn = 1;
   for (int i = 0; i < out_w; i++) {
-    maxn = s->bx[i * 2 + 1] > maxn ? s->bx[i * 2 + 1] : maxn;
+    p->maxn = s->bx[i * 2 + 1] > p->maxn ? s->bx[i * 2 + 1] : p->maxn;
     s->bx[i * 2] += cx0;
-    xa = s->bx[i * 2] < xa ? s->bx[i * 2] : xa;
-    xb = s->bx[i * 2] + s->bx[i * 2 + 1] > xb ? s->bx[i * 2] + s->bx[i * 2 + 1] : xb;
+    p->xa = s->bx[i * 2] < p->xa ? s->bx[i * 2] : p->xa;
+    p->xb = s->bx[i * 2] + s->bx[i * 2 + 1] > p->xb ? s->bx[i * 2] + s->bx[i * 2 + 1] : p->xb;
   }
   for (int i = 0; i < out_h; i++) {
     s->by[i * 2] += cy0;
-    ya = s->by[i * 2] < ya ? s->by[i * 2] : ya;
-    yb = s->by[i * 2] + s->by[i * 2 + 1] > yb ? s->by[i * 2] + s->by[i * 2 + 1] : yb;
+    p->ya = s->by[i * 2] < p->ya ? s->by[i * 2] : p->ya;
+    p->yb = s->by[i * 2] + s->by[i * 2 + 1] > p->yb ? s->by[i * 2] + s->by[i * 2 + 1] : p->yb;
   }
-  /*
-   * Chroma upsampling at a window's edge replicates the edge instead of reading its neighbour: a margin of
-   * MARGIN pixels (where the image has them) keeps the pixels the filters read equal to the full decode's.
-   */
-  int wa = xa - MARGIN < 0 ? 0 : xa - MARGIN, wb = xb + MARGIN > sw ? sw : xb + MARGIN;
-  JDIMENSION x0 = 0, cw = (JDIMENSION)sw;
-  if (window && (wa > 0 || wb < sw)) {
-    x0 = (JDIMENSION)wa;
-    cw = (JDIMENSION)(wb - wa);
-    jpeg_crop_scanline(ci, &x0, &cw); /* widens to iMCU boundaries */
-  }
+  return NULL;
+}
+
+/* The horizontal pass's steps per output pixel (horizontal_avx2). */
+static int plan_pairs(const window_plan *p) { return (p->maxn + 1) / 2; }
+
+/* Buffers for decoded rows of line_bytes and the plan's rows and filters; 0 when out of memory. */
+static int reserve_rows(scratch *s, size_t line_bytes, const window_plan *p, int out_w) {
   size_t row_bytes = (size_t)out_w * 3;
-  int rows = yb - ya;
-  int pairs = (maxn + 1) / 2; /* horizontal_avx2's steps per output pixel */
-  size_t line_bytes = (size_t)ci->output_width * ci->output_components;
-  size_t line_pad = (size_t)pairs * 6 + 16; /* its reads past a row's end (multiplied by 0) */
-  if (!reserve_line(s, line_bytes + line_pad) || !RESERVE(s, tmp, (size_t)rows * row_bytes)
-      || !RESERVE(s, acc, row_bytes) || !RESERVE(s, row8, row_bytes) || !RESERVE(s, rows, (size_t)kys)
-      || (use_avx2 && !layout_kv(s, out_w, kxs, pairs))) {
-    jpeg_abort_decompress(ci);
-    return fail(env, "out of native memory for the decoded rows");
+  size_t line_pad = (size_t)plan_pairs(p) * 6 + 16; /* horizontal_avx2's reads past a row's end (multiplied by 0) */
+  if (!reserve_line(s, line_bytes + line_pad) || !RESERVE(s, tmp, (size_t)(p->yb - p->ya) * row_bytes)
+      || !RESERVE(s, acc, row_bytes) || !RESERVE(s, row8, row_bytes) || !RESERVE(s, rows, (size_t)p->kys)
+      || (use_avx2 && !layout_kv(s, out_w, p->kxs, plan_pairs(p)))) {
+    return 0;
   }
   memset(s->line + line_bytes, 0, line_pad);
-  int y = 0;
-  if (window && ya > MARGIN) {
-    y = (int)jpeg_skip_scanlines(ci, (JDIMENSION)(ya - MARGIN));
-  }
-  JSAMPROW line = s->line;
-  while (y < yb) {
-    if (jpeg_read_scanlines(ci, &line, 1) != 1) {
-      jpeg_abort_decompress(ci);
-      return fail(env, "libjpeg returned no row (suspended decoder)");
-    }
-    if (y >= ya) {
-      uint8_t *out = s->tmp + (size_t)(y - ya) * row_bytes;
+  return 1;
+}
+
+/* One row in s->line (starting at decoded column x0) through the horizontal pass into the plan's row y. */
+static void horizontal_row(scratch *s, const window_plan *p, int y, int out_w, int x0, int flip) {
+  uint8_t *out = s->tmp + (size_t)(y - p->ya) * out_w * 3;
 #ifdef HAVE_AVX2_PATH
-      if (use_avx2) {
-        horizontal_avx2(s->line, out, out_w, s->kv, pairs, s->bx, (int)x0, flip);
-      } else
-#endif
-      {
-        horizontal(s->line, out, out_w, s->kx, s->bx, kxs, (int)x0, flip);
-      }
-    }
-    y++;
+  if (use_avx2) {
+    horizontal_avx2(s->line, out, out_w, s->kv, plan_pairs(p), s->bx, x0, flip);
+    return;
   }
-  jpeg_abort_decompress(ci); /* the rows below the window are never decoded */
-  for (int yy = 0; yy < out_h; yy++) {
-    vertical_row(s, s->tmp, ya, out_h, out_w, yy, s->ky, s->by, kys, dst, lut, elem, nchw);
+#endif
+  horizontal(s->line, out, out_w, s->kx, s->bx, p->kxs, x0, flip);
+}
+
+/* The vertical pass into the output tensor (geom's size, layout and element), then scratch a huge image left. */
+static void vertical_rows(scratch *s, const window_plan *p, uint8_t *dst, const uint8_t *lut, const jint *g) {
+  for (int yy = 0; yy < g[6]; yy++) {
+    vertical_row(s, s->tmp, p->ya, g[6], g[7], yy, s->ky, s->by, p->kys, dst, lut, g[10], g[9]);
   }
   if (s->tmp_cap > KEEP_BYTES || s->line_cap > KEEP_BYTES || s->spliced_cap > KEEP_BYTES) { /* a huge image */
     free(s->tmp);
@@ -1009,6 +1007,198 @@ static __attribute__((noinline)) int decode_window(JNIEnv *env, scratch *s, cons
     s->tmp = s->line = s->line_base = s->spliced = NULL;
     s->tmp_cap = s->line_cap = s->spliced_cap = 0;
   }
+}
+
+/*
+ * Runs body(env, s, args) with libjpeg's errors caught: error_exit longjmps back to this frame, which aborts the
+ * decode and throws a BadImageException naming libjpeg's reason.
+ */
+static __attribute__((noinline)) int with_decoder(JNIEnv *env, scratch *s,
+                                                  int (*body)(JNIEnv *, scratch *, const void *), const void *args) {
+  if (open_decoder(env, s) != OK) {
+    return FAILED;
+  }
+  if (setjmp(s->err.jump)) {
+    jpeg_abort_decompress(&s->cinfo);
+    char m[sizeof s->err.message + 32];
+    snprintf(m, sizeof m, "libjpeg: %s", s->err.message);
+    return fail(env, m);
+  }
+  return body(env, s, args);
+}
+
+typedef struct {
+  const uint8_t *src;
+  int src_len;
+  uint8_t *dst;
+  const uint8_t *lut;
+  const jint *g;
+  const jdouble *box;
+} window_args;
+
+/* prep() on the JPEG to decode, within with_decoder. */
+static int window_body(JNIEnv *env, scratch *s, const void *args) {
+  const window_args *a = args;
+  const uint8_t *src = a->src, *lut = a->lut;
+  int src_len = a->src_len;
+  uint8_t *dst = a->dst;
+  const jint *g = a->g;
+  const jdouble *box = a->box;
+  int width = g[0], height = g[1], out_h = g[6], out_w = g[7], flip = g[8];
+  int max_denom = g[11], window = g[12];
+  struct jpeg_decompress_struct *ci = &s->cinfo;
+  int denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h, max_denom, box[4]);
+  char why[160];
+  const char *bad = start_decode(s, src, src_len, width, height, denom, why, sizeof why);
+  if (bad != NULL) {
+    return fail(env, bad);
+  }
+  int sw = (int)ci->output_width, sh = (int)ci->output_height;
+  window_plan p;
+  bad = plan_window(s, sw, sh, denom, g, box, &p);
+  if (bad != NULL) {
+    jpeg_abort_decompress(ci);
+    return fail(env, bad);
+  }
+  /*
+   * Chroma upsampling at a window's edge replicates the edge instead of reading its neighbour: a margin of
+   * MARGIN pixels (where the image has them) keeps the pixels the filters read equal to the full decode's.
+   */
+  int wa = p.xa - MARGIN < 0 ? 0 : p.xa - MARGIN, wb = p.xb + MARGIN > sw ? sw : p.xb + MARGIN;
+  JDIMENSION x0 = 0, cw = (JDIMENSION)sw;
+  if (window && (wa > 0 || wb < sw)) {
+    x0 = (JDIMENSION)wa;
+    cw = (JDIMENSION)(wb - wa);
+    jpeg_crop_scanline(ci, &x0, &cw); /* widens to iMCU boundaries */
+  }
+  if (!reserve_rows(s, (size_t)ci->output_width * ci->output_components, &p, out_w)) {
+    jpeg_abort_decompress(ci);
+    return fail(env, "out of native memory for the decoded rows");
+  }
+  int y = 0;
+  if (window && p.ya > MARGIN) {
+    y = (int)jpeg_skip_scanlines(ci, (JDIMENSION)(p.ya - MARGIN));
+  }
+  JSAMPROW line = s->line;
+  while (y < p.yb) {
+    if (jpeg_read_scanlines(ci, &line, 1) != 1) {
+      jpeg_abort_decompress(ci);
+      return fail(env, "libjpeg returned no row (suspended decoder)");
+    }
+    if (y >= p.ya) {
+      horizontal_row(s, &p, y, out_w, (int)x0, flip);
+    }
+    y++;
+  }
+  jpeg_abort_decompress(ci); /* the rows below the window are never decoded */
+  vertical_rows(s, &p, dst, lut, g);
+  return OK;
+}
+
+static int decode_window(JNIEnv *env, scratch *s, const uint8_t *src, int src_len, uint8_t *dst,
+                         const uint8_t *lut, const jint *g, const jdouble *box) {
+  window_args a = {src, src_len, dst, lut, g, box};
+  return with_decoder(env, s, window_body, &a);
+}
+
+typedef struct {
+  const uint8_t *src;
+  int src_len, width, height, denom;
+  uint8_t *dst;
+  int dst_w, dst_h;
+} whole_args;
+
+/* The decodeScaled call within with_decoder: every row of the image at 1/denom into dst. */
+static int whole_body(JNIEnv *env, scratch *s, const void *args) {
+  const whole_args *a = args;
+  int dst_w = a->dst_w, dst_h = a->dst_h, denom = a->denom;
+  uint8_t *dst = a->dst;
+  struct jpeg_decompress_struct *ci = &s->cinfo;
+  char why[160];
+  const char *bad = start_decode(s, a->src, a->src_len, a->width, a->height, denom, why, sizeof why);
+  if (bad != NULL) {
+    return fail(env, bad);
+  }
+  if ((int)ci->output_width != dst_w || (int)ci->output_height != dst_h) {
+    jpeg_abort_decompress(ci);
+    snprintf(why, sizeof why, "libjpeg decodes %ux%u pixels at 1/%d where %dx%d were expected", ci->output_width,
+             ci->output_height, denom, dst_w, dst_h);
+    return fail(env, why);
+  }
+  for (int y = 0; y < dst_h; y++) {
+    JSAMPROW line = dst + (size_t)y * dst_w * 3;
+    if (jpeg_read_scanlines(ci, &line, 1) != 1) {
+      jpeg_abort_decompress(ci);
+      return fail(env, "libjpeg returned no row (suspended decoder)");
+    }
+  }
+  jpeg_abort_decompress(ci); /* what follows the last row (the end marker) is not read, as run() does */
+  return OK;
+}
+
+/*
+ * NativeJpeg.decodeScaled: the whole JPEG src at 1/denom, RGB, into dst (dst_w x dst_h x 3 bytes, libjpeg's
+ * output size: the header's size divided by denom, rounded up), the pixels that run() would decode at that scale.
+ */
+JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_decodeScaled(JNIEnv *env, jclass cls, jobject src_buf,
+                                                                            jint src_pos, jint src_len, jint width,
+                                                                            jint height, jint denom, jobject dst_buf,
+                                                                            jint dst_pos, jint dst_w, jint dst_h) {
+  (void)cls;
+  uint8_t *src = (*env)->GetDirectBufferAddress(env, src_buf);
+  uint8_t *dst = (*env)->GetDirectBufferAddress(env, dst_buf);
+  if (src == NULL || dst == NULL) {
+    return fail(env, "not a direct buffer");
+  }
+  scratch *s = thread_scratch();
+  if (s == NULL) {
+    return fail(env, "out of native memory for the JPEG decoder's scratch buffers");
+  }
+  whole_args a = {src + src_pos, src_len, width, height, denom, dst + dst_pos, dst_w, dst_h};
+  return with_decoder(env, s, whole_body, &a);
+}
+
+/*
+ * NativeJpeg.resample: run()'s resampling on an image decodeScaled() kept (px: sw x sh RGB pixels, decoded at
+ * 1/denom). geom and box are run()'s, in the original image's pixels; the clip window and box are mapped to the
+ * kept image as run() maps them at that scale, so a kept image at run()'s scale gives run()'s bytes.
+ */
+JNIEXPORT jint JNICALL Java_io_unstall_flight_prep_NativeJpeg_resample(JNIEnv *env, jclass cls, jobject px_buf,
+                                                                        jint px_pos, jint sw, jint sh, jint denom,
+                                                                        jobject dst_buf, jint dst_pos, jobject lut_buf,
+                                                                        jintArray geom_arr, jdoubleArray box_arr) {
+  (void)cls;
+  jint g[13];
+  jdouble box[5];
+  if (read_geometry(env, geom_arr, box_arr, g, box) != OK) {
+    return FAILED;
+  }
+  const uint8_t *px = (*env)->GetDirectBufferAddress(env, px_buf);
+  uint8_t *dst = (*env)->GetDirectBufferAddress(env, dst_buf);
+  const uint8_t *lut = lut_buf == NULL ? NULL : (*env)->GetDirectBufferAddress(env, lut_buf);
+  if (px == NULL || dst == NULL || (lut_buf != NULL && lut == NULL)) {
+    return fail(env, "not a direct buffer");
+  }
+  scratch *s = thread_scratch();
+  if (s == NULL) {
+    return fail(env, "out of native memory for the resampling scratch buffers");
+  }
+  px += px_pos;
+  dst += dst_pos;
+  window_plan p;
+  const char *bad = plan_window(s, sw, sh, denom, g, box, &p);
+  if (bad != NULL) {
+    return fail(env, bad);
+  }
+  size_t row_in = (size_t)sw * 3;
+  if (!reserve_rows(s, row_in, &p, g[7])) {
+    return fail(env, "out of native memory for the resampled rows");
+  }
+  for (int y = p.ya; y < p.yb; y++) {
+    memcpy(s->line, px + (size_t)y * row_in, row_in); /* the padded line: the AVX2 pass reads past a row's end */
+    horizontal_row(s, &p, y, g[7], 0, g[8]);
+  }
+  vertical_rows(s, &p, dst, lut, g);
   return OK;
 }
 

@@ -83,6 +83,7 @@ def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[st
         lines.append(f"    (workers: their prep's CPU time shares the cold run's machine's {machine['cpu_count']} cores"
                      + (f", load average {load:.1f})" if load is not None else ")"))
     lines += echo_lines(a)
+    lines += cache_forms_lines(dataset.get("cache_forms"))
     c = a.cheapest or {}
     if not c.get("found"):
         lines.append(f"  {c.get('message', 'no configuration removes the stall')}")
@@ -94,6 +95,19 @@ def text(heading: str, a: Analysis, runs: Mapping[str, Run], dataset: Mapping[st
             f"({_bytes(c['cache_bytes'])}) with {c['workers']} loader workers -> {_rate(c['samples_per_s'])} "
             f"(~${c['cost_per_hour']:.3f}/h at ${a.prices['core_hour']}/core-h, ${a.prices['gib_hour']}/GiB-h)")
     return "\n".join(lines) + "\n"
+
+
+def cache_forms_lines(plan: Optional[Mapping[str, Any]]) -> List[str]:
+    """The sidecar's cache-forms plan for a prep group (docs/PREP.md, "Cache forms"): what it keeps in which form,
+    why, and the epoch it predicted against the one it measured."""
+    if not plan:
+        return []
+    line = f"  cache forms (sidecar, epoch {plan.get('epoch')}): {plan.get('reason')}"
+    measured = plan.get("measured_epoch_s")
+    if plan.get("predicted_epoch_s") is not None:
+        line += (f"; predicted epoch {plan['predicted_epoch_s']:.2f} s"
+                 + (f", measured {measured:.2f} s" if measured is not None else ""))
+    return [line]
 
 
 def echo_lines(a: Analysis) -> List[str]:

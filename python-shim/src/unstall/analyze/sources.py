@@ -174,6 +174,12 @@ class TfSource:
             doc.update(num_samples=int(info.num_samples), total_bytes=int(info.total_bytes), format=info.format)
         except Exception:
             pass
+        try:
+            plans = self.m.group_stats().get("cache_forms") or []
+            if plans:
+                doc["cache_forms"] = plans[-1]  # the sidecar's latest plan for this prep group
+        except Exception:
+            pass  # a sidecar without the group (restarted): the report has no cache-forms line
         return doc
 
     def epoch_batches(self) -> Optional[int]:

@@ -270,6 +270,13 @@ class Membership:
 
         self._at(epoch, index, lambda: self.client._rpc(put, recover=False))
 
+    def group_stats(self) -> dict[str, Any]:
+        """This group's entry of the sidecar's ``prep.stats``: its counts, decoder, autotuner and, for sidecar prep,
+        ``cache_forms`` (the cost model's latest plans, each with its predicted and measured epoch seconds; see
+        docs/PREP.md, "Cache forms"). Empty when the sidecar no longer has the group."""
+        doc = json.loads(self.client.do_action("prep.stats")[0])
+        return dict(doc.get("groups", {}).get(self.group, {}))
+
     def leave(self) -> None:
         """Leaves the group (idempotent; a member already gone is fine)."""
         if self._stop.is_set():

@@ -50,6 +50,7 @@ final class Autotuner {
   private long wallAt;
   private long stalls;
   private long stallsTotal;
+  private volatile long lastStalls; // in the last period
   private long periods;
   private int quiet;
   private int hold;
@@ -86,6 +87,14 @@ final class Autotuner {
     this.source = source;
     this.counts = counts;
     this.maxWindowUsed = staging.window();
+  }
+
+  /**
+   * Batches per second the members can read, as far as measured: the last period's rate when nobody waited for a
+   * batch; 0 (unknown) when someone did, since then the rate was prep's, not theirs.
+   */
+  double consumerCapacity() {
+    return lastStalls > 0 ? 0 : consumptionRate;
   }
 
   /** The largest window used so far: no more batches were ever staged ahead. Caller holds the lock. */
@@ -132,6 +141,7 @@ final class Autotuner {
     servedAt = counts.batchesServed;
     cpuAt = counts.prepCpuNanos.get();
     wallAt = counts.prepNanos;
+    lastStalls = stalls;
     stalls = 0;
   }
 

@@ -17,6 +17,8 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import org.bytedeco.opencv.global.opencv_core;
 
 /**
@@ -42,6 +44,8 @@ public final class ImagePrep {
     opencv_core.setNumThreads(0); // the prep pool parallelizes across samples; OpenCV's own threads would oversubscribe
   }
 
+  private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
+
   /** libjpeg/libpng row buffers and tables, per image, on top of the pixels. */
   static final long DECODER_OVERHEAD = 256 << 10;
 
@@ -57,6 +61,8 @@ public final class ImagePrep {
   private final Decode decode;
   private final DecodeBudget budget;
   private final ReindexedJpegs reindexed; // null: decode the bytes as given
+  private final DecodedImages decoded; // null: no decoded form
+  private final DecodedImages.Measured measured; // this pipeline's CPU per sample on each path, every group
   private final Decoder decoder;
   private final String decoderReason; // why OpenCV prepares this pipeline's JPEGs; null when the native path does
   /** The native path's output table (3 x 256 elements; null for uint8). */
@@ -69,14 +75,22 @@ public final class ImagePrep {
 
   /** {@code reindexed}: where the native path keeps restart-indexed copies of the JPEGs it decodes (null: none). */
   ImagePrep(PrepPipeline pipeline, DecodeBudget budget, ReindexedJpegs reindexed) {
-    this(pipeline, budget, Decoder.NATIVE, reindexed);
+    this(pipeline, budget, Decoder.NATIVE, reindexed, null);
   }
 
   ImagePrep(PrepPipeline pipeline, DecodeBudget budget, Decoder decoder, ReindexedJpegs reindexed) {
+    this(pipeline, budget, decoder, reindexed, null);
+  }
+
+  /** {@code decoded}: where JPEGs may be kept as pixels (the decoded form; null: none). */
+  ImagePrep(PrepPipeline pipeline, DecodeBudget budget, Decoder decoder, ReindexedJpegs reindexed,
+      DecodedImages decoded) {
     this.pipeline = pipeline;
     this.decode = pipeline.decode();
     this.budget = budget;
     this.reindexed = reindexed;
+    this.decoded = decoded;
+    this.measured = decoded == null ? new DecodedImages.Measured() : decoded.measured(pipeline.fingerprint());
     this.decoderReason = openCvReason(pipeline, decoder);
     this.decoder = decoderReason == null ? decoder : Decoder.OPENCV;
     this.table = NativeJpeg.table(pipeline.dtype(), normalize(pipeline));
@@ -211,10 +225,24 @@ public final class ImagePrep {
       throws BadImageException, InterruptedException {
     ImageHeader h = check(encoded);
     if (takesNative(h) && encoded.isDirect() && out.isDirect()) {
-      ByteBuffer src = reindexed == null ? encoded : reindexed.forDecode(digest, encoded, h, budget);
+      long cpu0 = CPU.getCurrentThreadCpuTime();
+      int d = decoded == null ? 0 : DecodedImages.denom(h, pipeline);
+      boolean wasKept = d > 0 && decoded.has(digest, d);
+      DecodedImages.Image kept = d == 0 ? null : decoded.forResample(digest, encoded, h, d, budget);
       try (DecodeBudget.Reservation r = budget.acquire(nativeWorkingBytes(h), h)) {
-        runNative(src, h, rng, out);
+        if (kept != null) {
+          Geometry g = geometry(h, rng);
+          NativeJpeg.resample(kept.pixels(), 0, kept.width(), kept.height(), kept.denom(), out, out.position(), table,
+              g.geom, g.box);
+        } else {
+          ByteBuffer src = reindexed == null ? encoded : reindexed.forDecode(digest, encoded, h, budget);
+          runNative(src, h, rng, out);
+        }
       }
+      // A sample decoded into the store now counts as prepared from the encoded bytes (a whole-image decode: an
+      // upper bound of the crop's).
+      measured.add(wasKept, CPU.getCurrentThreadCpuTime() - cpu0, encoded.remaining(),
+          d > 0 ? DecodedImages.bytes(h, d) : 0);
       NativeJpeg.NATIVE_SAMPLES.increment();
       return;
     }
@@ -311,6 +339,11 @@ public final class ImagePrep {
     return coefficients + rows + resampled + kernels + DECODER_OVERHEAD;
   }
 
+  /** This pipeline's measured rates for the cost model ({@link DecodedImages.Measured#rates}). */
+  double[] rates() {
+    return measured.rates();
+  }
+
   /**
    * The native path: walks the ops as the OpenCV path does (the same random draws in the same order) but only
    * composes the geometry (the source box, the window that bounds the filter, the flip), then decodes, resamples
@@ -318,6 +351,15 @@ public final class ImagePrep {
    */
   private void runNative(ByteBuffer encoded, ImageHeader h, SplittableRandom rng, ByteBuffer out)
       throws BadImageException {
+    Geometry g = geometry(h, rng);
+    NativeJpeg.run(encoded, encoded.position(), encoded.remaining(), out, out.position(), table, g.geom, g.box);
+  }
+
+  /** {@link NativeJpeg#run}'s geom and box arguments for one sample. */
+  private record Geometry(int[] geom, double[] box) {}
+
+  /** The sample's geometry in the image's pixels: the random draws, in the OpenCV path's order. */
+  private Geometry geometry(ImageHeader h, SplittableRandom rng) {
     int width = h.width();
     int height = h.height();
     double bx0 = 0;
@@ -375,7 +417,6 @@ public final class ImagePrep {
     int[] geom = {width, height, cx0, cy0, cx1, cy1, pipeline.height(), pipeline.width(), flip ? 1 : 0,
         pipeline.layout() == Layout.NCHW ? 1 : 0, pipeline.dtype().bytes, full ? 1 : NativeJpeg.MAX_SCALE_DENOM,
         full ? 0 : 1};
-    NativeJpeg.run(encoded, encoded.position(), encoded.remaining(), out, out.position(), table, geom,
-        new double[] {bx0, by0, bx1, by1, NativeJpeg.REDUCING_GAP});
+    return new Geometry(geom, new double[] {bx0, by0, bx1, by1, NativeJpeg.REDUCING_GAP});
   }
 }

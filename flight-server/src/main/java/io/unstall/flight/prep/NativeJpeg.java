@@ -105,6 +105,28 @@ public final class NativeJpeg {
 
   private static native int takeReindexed0(ByteBuffer dst, int pos, int len);
 
+  /**
+   * Decodes the whole JPEG {@code src} ({@code len} bytes from {@code pos}, a direct buffer; its header's size
+   * {@code width} x {@code height}) at 1/{@code denom} DCT scale into {@code dst} at {@code dstPos}: RGB rows of
+   * {@link #scaledSize} pixels, the pixels {@link #run} decodes at that scale. Throws BadImageException naming
+   * libjpeg's reason.
+   */
+  static native int decodeScaled(ByteBuffer src, int pos, int len, int width, int height, int denom, ByteBuffer dst,
+      int dstPos, int dstW, int dstH) throws BadImageException;
+
+  /**
+   * {@link #run}'s resampling, flip and conversion on an image {@link #decodeScaled} kept ({@code sw} x {@code sh}
+   * RGB pixels at {@code pxPos}, decoded at 1/{@code denom}); {@code geom} and {@code box} as for run, in the
+   * original image's pixels. A kept image at the scale run picks for the box gives run's bytes.
+   */
+  static native int resample(ByteBuffer px, int pxPos, int sw, int sh, int denom, ByteBuffer dst, int dstPos,
+      ByteBuffer lut, int[] geom, double[] box) throws BadImageException;
+
+  /** libjpeg's output size of an {@code n}-pixel side at 1/{@code denom}: rounded up. */
+  static int scaledSize(int n, int denom) {
+    return (n + denom - 1) / denom;
+  }
+
   /** How many {@link #run} calls in this process decoded only the restart intervals their crop covers. */
   static native long splicedDecodes();
 

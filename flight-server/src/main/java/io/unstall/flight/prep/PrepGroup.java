@@ -133,6 +133,9 @@ final class PrepGroup {
         requested.memberTimeoutNanos(), lock);
     this.tuner = new Autotuner(requested.tunesWindow(), requested.autotune(), threads, staging, source, counts,
         members::maxWorld);
+    if (source instanceof SidecarPrep sp) {
+      sp.consumption(tuner::consumerCapacity);
+    }
     this.serving = new Serving(order, members, staging, source, uploads, compressed, tuner, counts, limits, lock,
         this::release, this::afterRemoval);
     production.start();

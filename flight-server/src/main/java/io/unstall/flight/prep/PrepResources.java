@@ -7,14 +7,17 @@ import org.apache.arrow.memory.BufferAllocator;
 /**
  * What every group of one sidecar shares, made once by {@link PrepService}: the assembler batches are fetched
  * through, the prep pool and its size, the "prep" allocator (each group's staging is a child of it), the /dev/shm
- * slot files free between groups, the decode budget, the restart-indexed JPEG copies and the bounds of a group.
+ * slot files free between groups, the decode budget, the cache forms (restart-indexed JPEG copies, decoded
+ * pixels) and the bounds of a group.
  */
 record PrepResources(BatchAssembler assembler, ExecutorService pool, int threads, BufferAllocator allocator,
-    SlotPool slotPool, DecodeBudget decodeBudget, ReindexedJpegs reindexed, PrepGroup.Limits limits) {
+    SlotPool slotPool, DecodeBudget decodeBudget, ReindexedJpegs reindexed, DecodedImages decoded,
+    PrepGroup.Limits limits) {
 
   /** The sidecar-prep source of a group or replica: its raw batches decoded by {@code pipeline} on the pool. */
   SidecarPrep sidecarPrep(BatchOrder order, PrepPipeline pipeline, PrepCounts counts, GroupLock lock) {
-    return new SidecarPrep(order, rawBatches(order, counts), pipeline, decodeBudget, reindexed, pool, threads,
+    return new SidecarPrep(order, rawBatches(order, counts), pipeline, decodeBudget, reindexed, decoded, pool,
+        threads,
         allocator.getRoundingPolicy(), counts, lock);
   }
 

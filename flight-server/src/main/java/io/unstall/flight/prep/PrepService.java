@@ -101,7 +101,8 @@ public final class PrepService implements AutoCloseable {
     PrepGroup.Limits limits = new PrepGroup.Limits(bounds.prepClaimTimeout().toNanos(),
         bounds.waitTimeout().toNanos(), bounds.statsEpochs());
     this.shared = new PrepResources(assembler, pool, threads, prep, new SlotPool(prep),
-        new DecodeBudget(decode, timeoutSeconds, TimeUnit.SECONDS), new ReindexedJpegs(reindexed), limits);
+        new DecodeBudget(decode, timeoutSeconds, TimeUnit.SECONDS), new ReindexedJpegs(reindexed),
+        new DecodedImages(reindexed), limits);
     this.groups = new PrepGroups(shared, bounds.prepGroups(), announcer);
     this.remote = new RemotePrep(registry, shared, groups);
     this.stats = new PrepStats(shared, decodeLimits, groups, remote);
@@ -333,6 +334,7 @@ public final class PrepService implements AutoCloseable {
     shared.pool().shutdownNow();
     shared.pool().awaitTermination(10, TimeUnit.SECONDS);
     shared.reindexed().close(); // after the decode threads, which read its copies
+    shared.decoded().close();
     shared.slotPool().close();
     SharedMemory.removeOwn(SHM_PREFIX); // every group freed its files
     shared.decodeBudget().close(); // the data plane closes the prep and decode allocators next: they throw if held

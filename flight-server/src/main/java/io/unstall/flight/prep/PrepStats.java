@@ -65,5 +65,6 @@ final class PrepStats {
       dc.put("samples_spliced", NativeJpeg.splicedDecodes()); // of samples_native: only the crop's MCUs decoded
     }
     shared.reindexed().stats(dc.putObject("reindexed"));
+    shared.decoded().stats(dc.putObject("decoded"));
   }
 }

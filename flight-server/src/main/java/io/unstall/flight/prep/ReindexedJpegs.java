@@ -5,14 +5,10 @@ import io.unstall.flight.cache.Digest;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.nio.ByteBuffer;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.LongAdder;
-import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
-import org.apache.arrow.memory.OutOfMemoryException;
 
 /**
  * Restart-indexed copies of the JPEGs the native path prepares, so that each later decode entropy-decodes only
@@ -23,13 +19,13 @@ import org.apache.arrow.memory.OutOfMemoryException;
  * <p>Copies are keyed by the sample's content digest (shared by every group and dataset with the same bytes),
  * made the first time a sample is prepared while there is room, and never evicted: CoorDL's MinIO policy, since
  * under random-order epochs over more samples than fit an evicting store would rewrite every sample every epoch
- * (a rewrite costs about one and a half decodes). They live in {@link #SLAB}-byte slabs of the data plane's
- * "reindexed" allocator ({@code --reindex-memory}), filled in order and freed when the sidecar closes.
+ * (a rewrite costs about one and a half decodes). They live in {@link Slabs} of the data plane's "reindexed"
+ * allocator ({@code --reindex-memory}, the forms memory it shares with {@link DecodedImages}), freed when the
+ * sidecar closes.
  */
 final class ReindexedJpegs implements AutoCloseable {
   private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
-  /** Bytes per slab: a power of two, which Arrow's allocator does not round up. */
-  static final int SLAB = 4 << 20;
+  static final int SLAB = Slabs.SLAB;
   /** Restart intervals span at most this many pixels of an MCU row: the crop's columns at this granularity. */
   static final int SPAN_PX = 32;
   /** Samples remembered as not rewritable (so not tried again each epoch), at most. */
@@ -40,12 +36,7 @@ final class ReindexedJpegs implements AutoCloseable {
   private final BufferAllocator memory; // null: off
   private final ConcurrentHashMap<Digest, Copy> copies = new ConcurrentHashMap<>();
   private final Set<Digest> refused = ConcurrentHashMap.newKeySet();
-  // Guarded by this.
-  private final List<ArrowBuf> slabs = new ArrayList<>();
-  private ArrowBuf slab;
-  private long slabUsed;
-  private long bytes;
-  private volatile boolean full;
+  private final Slabs slabs;
   private final LongAdder hits = new LongAdder();
   private final LongAdder made = new LongAdder();
   private final LongAdder notRewritable = new LongAdder();
@@ -55,6 +46,7 @@ final class ReindexedJpegs implements AutoCloseable {
   /** Copies in {@code memory} (its limit is the store's size); null or a zero limit: off. */
   ReindexedJpegs(BufferAllocator memory) {
     this.memory = memory == null || memory.getLimit() <= 0 || !NativeJpeg.AVAILABLE ? null : memory;
+    this.slabs = new Slabs(memory);
   }
 
   /**
@@ -75,8 +67,8 @@ final class ReindexedJpegs implements AutoCloseable {
       hits.increment();
       return c.jpeg.duplicate();
     }
-    if (full || refused.contains(digest)) {
-      if (full) {
+    if (slabs.full() || refused.contains(digest)) {
+      if (slabs.full()) {
         noRoom.increment();
       }
       return src;
@@ -99,7 +91,7 @@ final class ReindexedJpegs implements AutoCloseable {
           }
           return src;
         }
-        ByteBuffer dst = place(n);
+        ByteBuffer dst = slabs.place(n, Long.MAX_VALUE);
         if (dst == null) {
           noRoom.increment();
           return src;
@@ -115,37 +107,14 @@ final class ReindexedJpegs implements AutoCloseable {
     }
   }
 
-  /** Room for n bytes in the current slab or a new one; null (and full from now on) when the memory is used up. */
-  private synchronized ByteBuffer place(int n) {
-    if (full) {
-      return null;
-    }
-    if (slab == null || slabUsed + n > slab.capacity()) {
-      ArrowBuf next;
-      try {
-        next = memory.buffer(Math.max(SLAB, n));
-      } catch (OutOfMemoryException e) {
-        full = true;
-        return null;
-      }
-      slabs.add(next);
-      slab = next;
-      slabUsed = 0;
-    }
-    ByteBuffer b = slab.nioBuffer(slabUsed, n);
-    slabUsed += n;
-    bytes += n;
-    return b;
-  }
-
   /** prep.stats "reindexed". */
-  synchronized void stats(ObjectNode o) {
+  void stats(ObjectNode o) {
     o.put("enabled", memory != null);
     o.put("memory_limit_bytes", memory == null ? 0 : memory.getLimit());
     o.put("memory_allocated_bytes", memory == null ? 0 : memory.getAllocatedMemory());
     o.put("copies", copies.size());
-    o.put("bytes", bytes);
-    o.put("full", full);
+    o.put("bytes", slabs.bytes());
+    o.put("full", slabs.full());
     o.put("made", made.sum());
     o.put("hits", hits.sum());
     o.put("not_rewritable", notRewritable.sum());
@@ -154,11 +123,8 @@ final class ReindexedJpegs implements AutoCloseable {
   }
 
   @Override
-  public synchronized void close() {
+  public void close() {
     copies.clear();
-    slabs.forEach(ArrowBuf::close);
-    slabs.clear();
-    slab = null;
-    full = true;
+    slabs.close();
   }
 }

@@ -19,6 +19,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Future;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.DoubleSupplier;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.rounding.RoundingPolicy;
@@ -42,6 +43,8 @@ final class SidecarPrep implements BatchSource {
   private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
   /** The last skipped samples kept for stats. */
   static final int SKIPPED_HISTORY = 64;
+  /** The cache-form plans kept for stats. */
+  static final int PLANS_KEPT = 8;
 
   private final BatchOrder order;
   private final RawBatches raw;
@@ -55,18 +58,26 @@ final class SidecarPrep implements BatchSource {
   private final long cost;
   private final PrepCounts counts;
   private final GroupLock lock;
+  private final DecodedImages decoded; // null: no decoded form
+  private volatile DoubleSupplier consumption = () -> 0; // batches/s the members can read (Autotuner; 0: unknown)
   // Guarded by the group lock.
+  private long plannedEpoch = -1;
+  private long epochStartNanos;
+  private long fetchNanosAtPlan; // the fetch clock and samples prepared at the last plan: the epoch's fetch rate
+  private long samplesAtPlan;
+  private final ArrayDeque<ObjectNode> plans = new ArrayDeque<>(); // the latest plans, with their measured epoch
   private long samplesSkipped;
   private final ArrayDeque<ObjectNode> skippedRecent = new ArrayDeque<>();
   private final Set<Integer> skippedLogged = new HashSet<>(); // samples warned about once
 
   SidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, DecodeBudget decodeBudget,
-      ReindexedJpegs reindexed, ExecutorService pool, int threads, RoundingPolicy rounding, PrepCounts counts,
-      GroupLock lock) {
+      ReindexedJpegs reindexed, DecodedImages decoded, ExecutorService pool, int threads, RoundingPolicy rounding,
+      PrepCounts counts, GroupLock lock) {
     this.order = order;
     this.raw = raw;
     this.pipeline = pipeline;
-    this.imagePrep = new ImagePrep(pipeline, decodeBudget, reindexed);
+    this.decoded = decoded == null || !decoded.enabled() ? null : decoded;
+    this.imagePrep = new ImagePrep(pipeline, decodeBudget, ImagePrep.Decoder.NATIVE, reindexed, this.decoded);
     this.pool = pool;
     this.threads = threads;
     this.parallelism = threads;
@@ -77,6 +88,64 @@ final class SidecarPrep implements BatchSource {
         + PrepGroup.BATCH_OVERHEAD;
     this.counts = counts;
     this.lock = lock;
+  }
+
+  /** Where the members' capacity (batches per second; 0: unknown) is read for the cost model. */
+  void consumption(DoubleSupplier batchesPerSecond) {
+    consumption = batchesPerSecond;
+  }
+
+  /**
+   * Re-plans the cache forms when a batch of a new epoch is prepared ({@link FormPlanner}): the decoded form's
+   * quota, from the rates measured so far (CPU: this pipeline's, every group; fetch: the epoch that ended); the plan
+   * before it gets the epoch's measured seconds. Until both paths are measured the decoded form may fill the forms
+   * memory.
+   */
+  private void planForms(long epoch) {
+    synchronized (lock) {
+      if (epoch <= plannedEpoch) {
+        return;
+      }
+      long now = System.nanoTime();
+      if (!plans.isEmpty() && plannedEpoch >= 0) {
+        plans.peekLast().put("measured_epoch_s", (now - epochStartNanos) / 1e9);
+      }
+      plannedEpoch = epoch;
+      epochStartNanos = now;
+      double[] r = imagePrep.rates(); // encoded CPU s, decoded CPU s, encoded bytes, decoded bytes per sample
+      long samples = (long) order.numBatches * order.key.batchSize();
+      long fetched = counts.fetchNanos.get();
+      long prepared = counts.samplesPrepared;
+      double fetchS = prepared > samplesAtPlan ? (fetched - fetchNanosAtPlan) / 1e9 / (prepared - samplesAtPlan) : 0;
+      fetchNanosAtPlan = fetched;
+      samplesAtPlan = prepared;
+      ObjectNode o = JsonNodeFactory.instance.objectNode();
+      o.put("epoch", epoch);
+      String line;
+      if (Double.isNaN(r[0]) || Double.isNaN(r[1])) {
+        decoded.quota(decoded.limit());
+        o.put("decoded_bytes", decoded.limit());
+        line = "prep from " + (Double.isNaN(r[0]) ? "encoded bytes" : "decoded pixels") + " not measured yet:"
+            + " decoded pixels may fill the forms memory (" + (decoded.limit() >> 20) + " MB) meanwhile";
+        o.put("reason", line);
+      } else {
+        double consumer = consumption.getAsDouble() * order.key.batchSize();
+        FormPlanner.Rates rates = new FormPlanner.Rates(samples, r[0], r[1], fetchS, r[2], r[3], consumer,
+            parallelism, decoded.limit(), 0);
+        FormPlanner.Plan plan = FormPlanner.plan(rates);
+        decoded.quota(Math.max(plan.decodedBytes(), decoded.bytesHeld())); // kept images are never evicted
+        plan.stats(o);
+        o.put("encoded_cpu_ms_per_sample", rates.encodedCpuS() * 1e3);
+        o.put("decoded_cpu_ms_per_sample", rates.decodedCpuS() * 1e3);
+        o.put("consumer_samples_per_s", consumer);
+        line = plan.reason();
+      }
+      LOG.info("prep group {}: cache forms for epoch {}: {}", order.group, epoch, line);
+      plans.addLast(o);
+      while (plans.size() > PLANS_KEPT) {
+        plans.removeFirst();
+      }
+    }
   }
 
   /** At most {@code n} (1..pool size) decode tasks of one batch run at once from now on. */
@@ -143,6 +212,9 @@ final class SidecarPrep implements BatchSource {
    */
   VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Staging staging) throws Exception {
     long epoch = pos / order.numBatches;
+    if (decoded != null) {
+      planForms(epoch);
+    }
     long seed = order.key.seed();
     int n = ids.length;
     VectorSchemaRoot out = VectorSchemaRoot.create(schema, staging.allocator());
@@ -275,6 +347,8 @@ final class SidecarPrep implements BatchSource {
     }
     o.put("on_error", pipeline.decode().onError().wire());
     o.put("samples_skipped", samplesSkipped);
+    ArrayNode forms = o.putArray("cache_forms"); // the latest plans: predicted and measured epoch seconds
+    plans.forEach(forms::add);
     ArrayNode sk = o.putArray("skipped");
     skippedRecent.forEach(sk::add);
   }
