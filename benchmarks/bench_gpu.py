@@ -13,6 +13,8 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
     normalizes them there;
   * the same with ``decode(device="mixed")``: the sidecar serves the stored JPEG bytes, the loader decodes them
     on the device (nvJPEG through torchvision) and crops, flips and normalizes them there;
+  * the same with ``cpu_load="auto"``: of each batch the sidecar prepares the share it keeps up with, the device
+    decodes the rest (the split tuned online);
   * an HP search: ``--jobs`` concurrent training processes on the one device, each with its own
     ``torch.utils.data.DataLoader`` (``--workers // --jobs`` workers each), against the same number of
     PrepLoaders sharing one prep group (group_size = jobs, one seed and pipeline);
@@ -217,15 +219,18 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
 
 
 def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, mixed: bool = False,
-                **where: Any) -> Tuple[Any, Batches]:
+                cpu_load: Any = None, **where: Any) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
     loader puts on the device, normalized there from the sidecar's uint8, or (``mixed``) decoded there from the
-    stored JPEG bytes (``decode(device="mixed")``). ``where``: ``sidecar=`` or ``client=``."""
+    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load)``). ``where``: ``sidecar=`` or ``client=``."""
     import torch
     from unstall import prep
 
     if device:
         pipe = prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC", decode_device="mixed" if mixed else None)
+        if cpu_load is not None:
+            pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), *pipe.ops[1:]), layout="NHWC",
+                                 dtype="bfloat16")
         loader = prep.PrepLoader(DATASET, pipe, batch_size=batch, seed=seed, group_size=k, drop_last=True,
                                  device=str(dev), device_prefetch=2, memory_format=torch.channels_last, **where)
         return loader, on_device(forever(loader), dev)
@@ -275,7 +280,8 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 
 @dataclasses.dataclass
 class Row:
-    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, hp_torch, hp_prep; KEY_alone
+    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_hybrid, hp_torch,
+    # hp_prep; KEY_alone
     row: str
     images_per_s: float
     busy_cores: float  # CPU seconds of the processes involved / wall seconds
@@ -434,7 +440,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
     ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
-                    "prep_mixed, hp_torch, hp_prep; the model-alone row always runs")
+                    "prep_mixed, prep_hybrid, hp_torch, hp_prep; the model-alone row always runs")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
@@ -497,6 +503,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
          lambda: prep_loader(args.crop, args.batch, 4, 1, dev, True, sidecar=sidecar)),
         ("prep_mixed", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed')",
          lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, sidecar=sidecar)),
+        ("prep_hybrid", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
+         "cpu_load='auto')",
+         lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", sidecar=sidecar)),
     ]
     chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | {"hp_torch", "hp_prep"}
     unknown = chosen - {key for key, _, _ in loaders} - {"hp_torch", "hp_prep"}

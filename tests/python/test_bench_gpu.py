@@ -14,8 +14,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "bench_gpu.py"
 
-TRAINING = ["model", "torch", "unstall", "prep", "prep_device", "prep_mixed", "hp_torch", "hp_prep"]
-ALONE = ["torch_alone", "unstall_alone", "prep_alone", "prep_device_alone", "prep_mixed_alone"]
+TRAINING = ["model", "torch", "unstall", "prep", "prep_device", "prep_mixed", "prep_hybrid", "hp_torch", "hp_prep"]
+ALONE = ["torch_alone", "unstall_alone", "prep_alone", "prep_device_alone", "prep_mixed_alone",
+         "prep_hybrid_alone"]
 
 
 @pytest.mark.slow
@@ -35,7 +36,8 @@ def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp
         assert f"| {r['row']} | {r['images_per_s']:,.0f} |" in run.stdout, r["row"]
     assert rows[0]["of_model_alone"] == 1.0
     assert [r["key"] for r in rows if r["copy_cpu_ms_per_batch"] is not None] == [
-        "unstall", "prep_device", "prep_mixed", "hp_prep", "unstall_alone", "prep_device_alone", "prep_mixed_alone"]
+        "unstall", "prep_device", "prep_mixed", "prep_hybrid", "hp_prep", "unstall_alone", "prep_device_alone",
+        "prep_mixed_alone", "prep_hybrid_alone"]
     progress = [line for line in run.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == len(rows), run.stderr[-4000:]
     for head in ("- command: ", "- date: ", "- machine: ", "- GPU: none (device cpu)", "- commit: "):
