@@ -16,16 +16,20 @@ record PrepResources(BatchAssembler assembler, ExecutorService pool, int threads
 
   /** The sidecar-prep source of a group or replica: its raw batches decoded by {@code pipeline} on the pool. */
   SidecarPrep sidecarPrep(BatchOrder order, PrepPipeline pipeline, PrepCounts counts, GroupLock lock) {
-    return new SidecarPrep(order, rawBatches(order, counts), pipeline, decodeBudget, reindexed, decoded, pool,
-        threads,
+    return sidecarPrep(order, rawBatches(order, counts), pipeline, counts, lock);
+  }
+
+  private SidecarPrep sidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, PrepCounts counts,
+      GroupLock lock) {
+    return new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, decoded, pool, threads,
         allocator.getRoundingPolicy(), counts, lock);
   }
 
   /** The hybrid source: the first rows of each raw batch prepared by {@code pipeline}, the rest left encoded. */
   HybridPrep hybridPrep(BatchOrder order, PrepPipeline pipeline, double cpuLoad, PrepCounts counts, GroupLock lock) {
     RawBatches raw = rawBatches(order, counts);
-    return new HybridPrep(order, raw, new SidecarPrep(order, raw, pipeline, decodeBudget, reindexed, pool, threads,
-        allocator.getRoundingPolicy(), counts, lock), pipeline, cpuLoad, allocator.getRoundingPolicy());
+    return new HybridPrep(order, raw, sidecarPrep(order, raw, pipeline, counts, lock), pipeline, cpuLoad,
+        allocator.getRoundingPolicy());
   }
 
   /** The raw-batch source: batches fetched through the data plane's tiers. */

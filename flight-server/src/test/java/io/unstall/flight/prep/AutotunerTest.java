@@ -170,4 +170,58 @@ class AutotunerTest {
     assertTrue(!stats(t).get("threads_tuned").asBoolean());
     assertEquals(0, source.parallelism, "never set");
   }
+
+  /** A hybrid source's split: {@code rows} of a batch of 64 prepared by the sidecar, tuned in steps of 4. */
+  static final class SplitSource extends StagingTest.FakeSource {
+    int rows = 32;
+
+    SplitSource() {
+      super(1000, 0, true);
+    }
+
+    @Override
+    public boolean tunesSplit() {
+      return true;
+    }
+
+    @Override
+    public int cpuRows() {
+      return rows;
+    }
+
+    @Override
+    public int cpuRows(int n) {
+      rows = Math.max(0, Math.min(64, n));
+      return rows;
+    }
+
+    @Override
+    public int splitStep() {
+      return 4;
+    }
+  }
+
+  @Test
+  void theSplitGivesTheDeviceMoreWhenMembersWaitAndTheSidecarMoreWhenItIdles() {
+    SplitSource split = new SplitSource();
+    source = split;
+    Autotuner t = tuner(false, false, 4);
+    period(t, 4, 4, 2); // members waited: the sidecar is behind
+    assertEquals(28, split.rows);
+    counts.prepNanos += PERIOD / 10; // producers busy 5% of the next period, nobody waited
+    period(t, 4, 4, 0);
+    assertEquals(32, split.rows);
+    counts.prepNanos += 2 * PERIOD; // both producers busy the whole period: no more for the sidecar
+    period(t, 4, 4, 0);
+    assertEquals(32, split.rows);
+    JsonNode d = stats(t).get("decisions");
+    assertEquals(2, d.size());
+    assertEquals("cpu_rows", d.get(0).get("what").asText());
+    assertTrue(d.get(0).get("why").asText().contains("members waited 2 times"), d.toString());
+    assertTrue(d.get(1).get("why").asText().contains("busy 5%"), d.toString());
+    split.rows = 64;
+    counts.prepNanos += PERIOD / 10;
+    period(t, 4, 4, 0); // already all of each batch: nothing to decide
+    assertEquals(2, stats(t).get("decisions").size());
+  }
 }

@@ -31,7 +31,7 @@ class StagingTest {
   static final Schema SCHEMA = new Schema(List.of(Field.nullable("pos", new ArrowType.Int(64, true))));
 
   /** A source of one-row batches (the row: their position) that says what they cost; no prep pool. */
-  static final class FakeSource implements BatchSource {
+  static class FakeSource implements BatchSource {
     final long batchBytes;
     final long workingBytes;
     final boolean parallel;
