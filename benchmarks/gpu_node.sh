@@ -6,9 +6,10 @@
 #   bash benchmarks/gpu_node.sh dist/unstall-offline-*.tar.xz OUT_DIR [MODELS] [bench_gpu.py options ...]
 # installs the bundle's wheels into a private directory (nothing system-wide), checks that the sidecar starts on the
 # bundled Java runtime, then runs bench_gpu.py once per model (MODELS: comma-separated, default resnet18,resnet50)
-# and writes each table (.md), its JSON and the log to OUT_DIR.
+# and writes each table (.md), its JSON and the log to OUT_DIR. GPU_NODE_PYTEST="PATH ..." runs those tests first
+# (their CUDA cases run there), the log to OUT_DIR/pytest.log.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 bundle=$1 out=$2 models=${3:-resnet18,resnet50}
 shift $(( $# >= 3 ? 3 : 2 ))
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +34,10 @@ print(f"export UNSTALL_JAVA={shlex.quote(str(java))} UNSTALL_SIDECAR_JAR={shlex.
 PY
 )"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu_node: /' || true
+if [ -n "${GPU_NODE_PYTEST:-}" ]; then  # test paths to run first, on this node's GPU (their CUDA cases too)
+  read -r -a tests <<< "$GPU_NODE_PYTEST"
+  (cd "$here/.." && "$python" -m pytest -q -p no:cacheprovider -rs "${tests[@]}") 2>&1 | tee "$out/pytest.log" || true
+fi
 
 IFS=, read -r -a model_list <<< "$models"
 for model in "${model_list[@]}"; do
