@@ -84,8 +84,10 @@ def run(batches: Iterator[Any], n: int, step_s: float, spin: float, spans: Spans
         wall, cpu = time.perf_counter() - w, time.thread_time() - c
         rows.append({"first": (start + i) % epoch_len == 0, "wall": wall, "cpu": cpu, **spans.take()})
         if step_s:
+            s0 = time.perf_counter()
             busy(step_s * spin)
             time.sleep(step_s * (1 - spin))
+            rows[-1]["step"] = time.perf_counter() - s0
     return {"wall_s": time.perf_counter() - t0, "batches": rows}
 
 
@@ -116,6 +118,11 @@ def summary(name: str, res: dict[str, Any], batch: int, step_s: Optional[float])
     total = sum(r["wall"] for r in rows)
     lines.append(f"- the training thread waited {total:.2f} s of {res['wall_s']:.2f} s in next() "
                  f"({total / res['wall_s']:.0%})")
+    if step_s:
+        steps = sum(r["step"] for r in rows)
+        lines.append(f"- the steps took {steps:.2f} s (asked: {len(rows) * step_s:.2f} s; the rest is this machine's "
+                     f"sleep and scheduling): {steps / res['wall_s']:.2f} of "
+                     "the rate the steps as run allowed")
     return lines
 
 

@@ -193,10 +193,11 @@ class ImageConversion:
 class _InFlight:
     """A batch on its way: the host batch (kept until the copy completed), the device batch, its event."""
 
-    __slots__ = ("host", "out", "event", "nbytes", "staged")
+    __slots__ = ("host", "out", "event", "nbytes", "staged", "tensors")
 
-    def __init__(self, host: Any, out: Any, event: Any, nbytes: int, staged: bool) -> None:
+    def __init__(self, host: Any, out: Any, event: Any, nbytes: int, staged: bool, tensors: bool) -> None:
         self.host, self.out, self.event, self.nbytes, self.staged = host, out, event, nbytes, staged
+        self.tensors = tensors  # a batch, not a marker the source passes through (an epoch's end)
 
     def copied(self) -> bool:
         return self.event is None or bool(self.event.query())
@@ -257,7 +258,7 @@ class _Producer:
     def launch(self, host: Any) -> _InFlight:
         cuda = self.stream is not None
         staged = cuda and any(not t.is_pinned() and t.nbytes >= _STAGE_MIN_BYTES for t in tensors_of(host))
-        nbytes = sum(t.nbytes for t in tensors_of(host))
+        sizes = [t.nbytes for t in tensors_of(host)]
         with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
             out = map_tensors(self.copy, host)
             if self.convert is not None:
@@ -266,7 +267,7 @@ class _Producer:
             if cuda:
                 event = torch.cuda.Event()
                 event.record(self.stream)
-        return _InFlight(host, out, event, nbytes, staged)
+        return _InFlight(host, out, event, sum(sizes), staged, bool(sizes))
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         if self.stream is None:
@@ -338,7 +339,7 @@ class DevicePrefetcher(IteratorWrapper):
             self._held.append(entry)
             self._retire()
             self.handed += 1
-            self.stats.batches += 1
+            self.stats.batches += entry.tensors
             self.stats.bytes += entry.nbytes
             self.stats.staged_batches += entry.staged
             self._producer.room.release()  # the next batch is pulled and copied while the loop's step runs

@@ -72,6 +72,7 @@ def device_pipeline(pipeline: Union[Pipeline, Mapping[str, Any], None],
 
 
 _ALL_SKIPPED = object()  # a batch whose every sample the group skipped: counted when it would be handed out
+_EPOCH_END = object()  # between an epoch's host batches and the next epoch's (PrepLoader._host_epochs)
 
 
 class PrepLoader(GroupLoader):
@@ -133,6 +134,7 @@ class PrepLoader(GroupLoader):
         self.with_ids = with_ids
         self.device_prefetch = device_prefetch
         self.memory_format = memory_format
+        self._ahead: Optional[Tuple[int, list[int], Any]] = None  # (epoch, its batches, prefetcher reading them)
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
@@ -145,12 +147,19 @@ class PrepLoader(GroupLoader):
         batches: Iterator[Any] = self._host_batches(epoch, indices)
         prefetcher = None
         if self.device is not None:
-            from ..device import DevicePrefetcher
+            prefetcher = self._take_ahead(epoch, indices)
+            if prefetcher is None:
+                from ..device import DevicePrefetcher
 
-            batches = prefetcher = DevicePrefetcher(batches, self.device, self.device_prefetch,
-                                                    convert=self._convert_images, stats=self.device_stats)
+                prefetcher = DevicePrefetcher(self._host_epochs(epoch, indices), self.device, self.device_prefetch,
+                                              convert=self._convert_images, stats=self.device_stats)
+            batches = prefetcher
         try:
             for batch in batches:
+                if batch is _EPOCH_END:  # the next epoch's first batches are in flight: kept for the next ``for``
+                    self._ahead = (epoch + 1, self._first_indices(epoch + 1), prefetcher)
+                    prefetcher = None
+                    return
                 if batch is _ALL_SKIPPED:
                     if progress is not None:
                         progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
@@ -159,6 +168,51 @@ class PrepLoader(GroupLoader):
         finally:
             if prefetcher is not None:
                 prefetcher.close()  # the copies in flight done, their slots released
+
+    def _host_epochs(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
+        """The host batches of ``epoch`` (``indices``), then, while the next ``for`` is to read the next epoch and
+        the member declared it, an ``_EPOCH_END`` and that epoch's batches from its first: the device prefetcher
+        reads the next epoch's first batches while the loop finishes this one, so a new epoch starts without a
+        wait for its first round trip and copy."""
+        while True:
+            yield from self._host_batches(epoch, indices)
+            epoch += 1
+            if not self._reads_next(epoch):
+                return
+            indices = self._first_indices(epoch)
+            yield _EPOCH_END
+
+    def _reads_next(self, epoch: int) -> bool:
+        m = self.membership
+        last = m.info.get("epochs")
+        return self._next_epoch == epoch and (last is None or epoch < m.start_epoch + int(last))
+
+    def _first_indices(self, epoch: int) -> list[int]:
+        return list(self._share(epoch)[0].positions(0))
+
+    def _take_ahead(self, epoch: int, indices: Sequence[int]) -> Any:
+        """The prefetcher the last epoch left with this epoch's first batches in flight, if this ``for`` reads them
+        (else it is closed: ``set_epoch`` picked another epoch)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[0] == epoch and list(indices) == ahead[1]:
+            return ahead[2]
+        ahead[2].close()
+        return None
+
+    def _drop_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[2].close()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._drop_ahead()
+        super().load_state_dict(state)
+
+    def close(self) -> None:
+        self._drop_ahead()
+        super().close()
 
     def _convert_images(self, batch: Any) -> Any:
         if self._conversion is None or not isinstance(batch, tuple) or not hasattr(batch[0], "dtype"):
