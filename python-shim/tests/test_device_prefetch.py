@@ -119,7 +119,7 @@ def test_the_source_is_never_more_than_depth_batches_ahead(depth: int) -> None:
         handed += 1
         assert int(images[0, 0, 0, 0]) == handed - 1 and labels.tolist() == [handed - 1, 1 - handed]
         # the prefetcher's thread reads ahead while the step runs, up to depth batches
-        wait_until(lambda: p.pulled - handed == min(depth, 7 - handed), f"{depth} batches in flight")
+        wait_until(lambda n=handed: p.pulled - n == min(depth, 7 - n), f"{depth} batches in flight")
         assert p.pulled == src.pulled and p.handed == handed
     assert src.most_ahead == depth, "never more than depth batches read ahead of the loop"
     assert handed == 7 and p.stats.batches == 7

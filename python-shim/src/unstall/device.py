@@ -324,10 +324,11 @@ class DevicePrefetcher(IteratorWrapper):
                 self._started = True
                 self._producer.thread.start()
             item = self._producer.ready.get()
-            if item is _END or isinstance(item, _Failed):
+            if item is _END:
                 self._done = True
-                if item is _END:
-                    raise StopIteration
+                raise StopIteration
+            if isinstance(item, _Failed):
+                self._done = True
                 raise item.error
             entry: _InFlight = item
             out, entry.out = entry.out, None

@@ -109,7 +109,7 @@ class DataLoader(tud.DataLoader):
     stream while the loop runs (``unstall.device.DevicePrefetcher``); with a CUDA device ``pin_memory``
     defaults to True, so torch's pin thread pins and the copy is asynchronous. ``state_dict`` counts the batches
     handed out, not those in flight; ``device_stats`` reports batches and bytes copied and the training thread's
-    CPU time per batch.
+    CPU and wall time in ``next()`` per batch.
 
     ``observers`` (``unstall.observers``): what wraps each epoch's iterator, the first innermost; by default
     one ``StallObserver``, whose measurements ``loader.stats()`` reads (``observers=()``: nothing is measured;

@@ -90,11 +90,13 @@ class PrepLoader(GroupLoader):
 
     ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``, a ``torch.device``): the batches come out on that device
     (images, labels and ids), ``device_prefetch`` batches copied ahead on a side stream while the loop runs
-    (``unstall.device.DevicePrefetcher``); a float pipeline ending in ``normalize`` is prepared as uint8 and
+    (``unstall.device.DevicePrefetcher``, whose thread also reads the next epoch's first batches while the loop
+    finishes an epoch, when the next ``for`` reads that epoch); a float pipeline ending in ``normalize`` is prepared as uint8 and
     cast and normalized on the device, in ``memory_format`` (``torch.channels_last``,
     ``torch.contiguous_format``; default: the pipeline's layout): see :func:`device_pipeline`. On CUDA each
     shared-memory slot is registered as pinned memory once. ``state_dict`` counts the batches handed out, not
-    those in flight. ``device_stats``: batches and bytes copied, the training thread's CPU time per batch.
+    those in flight. ``device_stats``: batches and bytes copied, the training thread's CPU and wall time in
+    ``next()`` per batch.
     """
 
     def __init__(
