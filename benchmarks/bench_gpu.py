@@ -22,8 +22,9 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
 then, per loader, the loader alone (the same batches onto the device, no model). Columns: images/s, the fraction
 of the model-alone rate, busy cores (the CPU of this process, its workers, the sidecar and the jobs, from
 benchmarks/_cpu.py, over the row's wall time), the machine's busy cores, images per busy core, the training
-thread's CPU ms per batch to get the next batch onto the device (``next()`` plus the copy), and for the device
-rows the part of it the loader's ``device_stats`` count (the hand-out to the device). Ratios are against the model-alone row of the
+thread's CPU ms and wall ms per batch to get the next batch onto the device (``next()`` plus the copy; the wall ms
+is the stall the trainer sees, waiting there), and for the device rows the part of the CPU ms the loader's
+``device_stats`` count (the hand-out to the device). Ratios are against the model-alone row of the
 same run; nothing is asserted.
 
     python benchmarks/bench_gpu.py [--model resnet18|resnet50] [--batch 256] [--steps 100] [--warmup 20]
@@ -287,6 +288,7 @@ class Row:
     busy_cores: float  # CPU seconds of the processes involved / wall seconds
     machine_busy_cores: float
     input_cpu_ms_per_batch: Optional[float]  # the training thread, in next() (and the copy) per batch
+    input_wall_ms_per_batch: Optional[float]  # the same, wall time: what the trainer waited
     copy_cpu_ms_per_batch: Optional[float] = None  # the loader's stats
     of_model_alone: Optional[float] = None
     images: int = 0
@@ -302,16 +304,18 @@ def machine_cores(busy_s: float, idle_s: float) -> float:
     return busy_s / max(busy_s + idle_s, 1e-9) * (os.cpu_count() or 1)
 
 
-def run_steps(batches: Batches, step: Optional[Callable[[Any, Any], None]], n: int) -> float:
-    """``n`` steps (or with ``step=None`` just ``n`` batches): the training thread's CPU seconds in ``next()``."""
-    in_next = 0.0
+def run_steps(batches: Batches, step: Optional[Callable[[Any, Any], None]], n: int) -> Tuple[float, float]:
+    """``n`` steps (or with ``step=None`` just ``n`` batches): the training thread's CPU and wall seconds in
+    ``next()``."""
+    cpu = wall = 0.0
     for _ in range(n):
-        c = time.thread_time()
+        c, w = time.thread_time(), time.perf_counter()
         images, labels = next(batches)
-        in_next += time.thread_time() - c
+        cpu += time.thread_time() - c
+        wall += time.perf_counter() - w
         if step is not None:
             step(images, labels)
-    return in_next
+    return cpu, wall
 
 
 def measure(key: str, name: str, loader: Any, batches: Batches, step: Optional[Callable[[Any, Any], None]],
@@ -321,12 +325,13 @@ def measure(key: str, name: str, loader: Any, batches: Batches, step: Optional[C
     sync(dev)
     with CpuMeter([os.getpid(), *pids]) as cpu:
         m0, h0, t0 = machine_busy(), handed_out(loader), time.perf_counter()
-        in_next = run_steps(batches, step, args.steps)
+        in_next, in_next_wall = run_steps(batches, step, args.steps)
         sync(dev)
         wall, m1, h1 = time.perf_counter() - t0, machine_busy(), handed_out(loader)
     images = args.steps * args.batch
     return Row(key, name, images / wall, cpu.seconds / wall, machine_cores(m1[0] - m0[0], m1[1] - m0[1]),
-               1e3 * in_next / args.steps, copy_ms(h0, h1), images=images, wall_s=wall)
+               1e3 * in_next / args.steps, 1e3 * in_next_wall / args.steps, copy_ms(h0, h1), images=images,
+               wall_s=wall)
 
 
 def job(args: argparse.Namespace) -> None:
@@ -348,10 +353,11 @@ def job(args: argparse.Namespace) -> None:
     sync(dev)
     await_go()
     t0, c0, h0 = time.time(), self_cpu(), handed_out(loader)
-    in_next = run_steps(batches, step, args.steps)
+    in_next, in_next_wall = run_steps(batches, step, args.steps)
     sync(dev)
     result = {"start": t0, "end": time.time(), "cpu": self_cpu() - c0, "images": args.steps * args.batch,
-              "input_ms": 1e3 * in_next / args.steps, "copy_ms": copy_ms(h0, handed_out(loader))}
+              "input_ms": 1e3 * in_next / args.steps, "input_wall_ms": 1e3 * in_next_wall / args.steps,
+              "copy_ms": copy_ms(h0, handed_out(loader))}
     print("RESULT " + json.dumps(result), flush=True)
     close(loader, batches)
 
@@ -370,6 +376,7 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
     return Row(f"hp_{kind}", name, s["images_per_s"], meter.seconds / s["wall_s"],
                machine_cores(*machine),
                sum(r["input_ms"] for r in results) / len(results),
+               sum(r["input_wall_ms"] for r in results) / len(results),
                sum(copies) / len(copies) if copies else None, images=int(s["images"]), wall_s=s["wall_s"])
 
 
@@ -403,12 +410,14 @@ def fmt(value: Optional[float], digits: int = 0) -> str:
 
 def table(rows: Sequence[Row]) -> list[str]:
     lines = ["| row | images/s | of the model alone | busy cores | machine busy cores | images/s per busy core | "
-             "training thread CPU ms per batch: next() + copy | of which the hand-out to the device (device_stats) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "training thread CPU ms per batch: next() + copy | training thread wall ms per batch in next() | "
+             "of which the hand-out to the device (device_stats, CPU ms) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.row} | {fmt(r.images_per_s)} | {fmt(r.of_model_alone, 2)} | {fmt(r.busy_cores, 1)} | "
                      f"{fmt(r.machine_busy_cores, 1)} | {fmt(r.images_per_busy_core)} | "
-                     f"{fmt(r.input_cpu_ms_per_batch, 2)} | {fmt(r.copy_cpu_ms_per_batch, 2)} |")
+                     f"{fmt(r.input_cpu_ms_per_batch, 2)} | {fmt(r.input_wall_ms_per_batch, 2)} | "
+                     f"{fmt(r.copy_cpu_ms_per_batch, 2)} |")
     return lines
 
 

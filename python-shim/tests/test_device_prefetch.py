@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import collections
 import gc
+import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -16,6 +17,9 @@ torch = pytest.importorskip("torch")
 
 from unstall.device import DevicePrefetcher, DeviceStats, ImageConversion, PinnedSlots, map_tensors  # noqa: E402
 from unstall.shm_slots import SlotMaps  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
+from waits import wait_until  # noqa: E402
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -88,15 +92,19 @@ def test_conversion_refuses_what_it_cannot_do() -> None:
 
 
 class Source:
-    """Host batches numbered 0..n-1 (a uint8 image tensor and a label tensor); records how far it was read."""
+    """Host batches numbered 0..n-1 (a uint8 image tensor and a label tensor); records how far it was read and,
+    given ``handed`` (the prefetcher's count of batches handed out), the most it was ever read ahead of that."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.pulled = 0
+        self.handed: Callable[[], int] = lambda: 0
+        self.most_ahead = 0
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(self.n):
             self.pulled += 1
+            self.most_ahead = max(self.most_ahead, self.pulled - self.handed())
             yield (torch.full((2, 3, 4, 4), i, dtype=torch.uint8), torch.tensor([i, -i]))
 
 
@@ -104,13 +112,16 @@ class Source:
 def test_the_source_is_never_more_than_depth_batches_ahead(depth: int) -> None:
     src = Source(7)
     p = DevicePrefetcher(iter(src), "cpu", depth)
+    src.handed = lambda: p.handed
     assert src.pulled == 0, "nothing is read before the first next()"
     handed = 0
     for images, labels in p:
         handed += 1
         assert int(images[0, 0, 0, 0]) == handed - 1 and labels.tolist() == [handed - 1, 1 - handed]
-        assert src.pulled - handed == min(depth, 7 - handed), "depth batches in flight while the step runs"
+        # the prefetcher's thread reads ahead while the step runs, up to depth batches
+        wait_until(lambda n=handed: p.pulled - n == min(depth, 7 - n), f"{depth} batches in flight")
         assert p.pulled == src.pulled and p.handed == handed
+    assert src.most_ahead == depth, "never more than depth batches read ahead of the loop"
     assert handed == 7 and p.stats.batches == 7
     assert p.stats.bytes == 7 * (2 * 3 * 4 * 4 + 2 * 8)
 

@@ -33,8 +33,10 @@ def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp
     assert [r["key"] for r in rows] == TRAINING + ALONE
     for r in rows:
         assert r["images_per_s"] > 0, r
+        assert r["input_wall_ms_per_batch"] >= 0, r  # the stall the trainer sees, in every row
         assert f"| {r['row']} | {r['images_per_s']:,.0f} |" in run.stdout, r["row"]
     assert rows[0]["of_model_alone"] == 1.0
+    assert "| training thread wall ms per batch in next() |" in run.stdout
     assert [r["key"] for r in rows if r["copy_cpu_ms_per_batch"] is not None] == [
         "unstall", "prep_device", "prep_mixed", "prep_hybrid", "hp_prep", "unstall_alone", "prep_device_alone",
         "prep_mixed_alone", "prep_hybrid_alone"]

@@ -20,6 +20,7 @@ from unstall import prep  # noqa: E402
 from unstall.device import ImageConversion  # noqa: E402
 from unstall.torch import DataLoader, Dataset, tensor_loader  # noqa: E402
 from fault_trials import make_dataset  # noqa: E402
+from waits import wait_until  # noqa: E402
 
 PIPELINE_U8 = dict(PIPELINE_NCHW, ops=PIPELINE_NCHW["ops"][:-1], dtype="uint8")
 NORMALIZE = PIPELINE_NCHW["ops"][-1]
@@ -122,6 +123,23 @@ def test_state_dict_with_batches_in_flight_resumes_exactly_once(env: PrepEnv) ->
     assert len(consumed) + len(rest) == 2 * NUM_BATCHES
     for x, y in zip(consumed + rest, whole):
         assert all(torch.equal(u, v) for u, v in zip(x, y)), "continues exactly where the loop was"
+
+
+def test_the_next_epochs_first_batches_are_in_flight_before_its_for_and_another_epoch_drops_them(env: PrepEnv) -> None:
+    seed = 135
+    host = _read(env, PIPELINE_U8, seed, epochs=3, copy=True)
+    epochs = [host[e * NUM_BATCHES:(e + 1) * NUM_BATCHES] for e in range(3)]
+    with env.client() as client, prep.PrepLoader("imgs", PIPELINE_U8, batch_size=BATCH, seed=seed, epochs=3,
+                                                 client=client, with_ids=True, device="cpu",
+                                                 device_prefetch=2) as loader:
+        _assert_same(epochs[0], [tuple(t.clone() for t in b) for b in loader])
+        assert loader._ahead is not None and loader._ahead[0] == 1, "the prefetcher is kept for epoch 1"
+        kept = loader._ahead[2]
+        wait_until(lambda: kept.pulled - kept.handed == 2, "epoch 1's first 2 batches read before its for")
+        loader.set_epoch(2)  # not the epoch kept in flight: that prefetcher is closed, epoch 2 read from its start
+        _assert_same(epochs[2], [tuple(t.clone() for t in b) for b in loader])
+        assert kept._closed and kept.handed == NUM_BATCHES + 1, "epoch 0 and its end handed out, none of epoch 1"
+        assert loader._ahead is None, "3 epochs declared: nothing read past them"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -2,13 +2,15 @@
 
 ``DevicePrefetcher`` wraps an iterator of host batches (any nesting of tuples, lists and dicts of tensors, as
 torch's ``pin_memory`` handles) and keeps ``depth`` batches in flight on the device, like torchdata.nodes'
-``PinMemory`` + ``Prefetcher`` and NVIDIA's example data prefetcher. On CUDA each batch is copied on a side
+``PinMemory`` + ``Prefetcher`` and NVIDIA's example data prefetcher. A thread of its own reads the host batches
+and issues their copies, as torch's pin-memory thread does, so the training thread's ``next()`` neither waits
+for the source's round trips nor spends its time there. On CUDA each batch is copied on a side
 stream (``non_blocking=True``) and converted there (``ImageConversion``: uint8 to float, normalize, memory
 format, in one pass); an event marks the batch ready. Handing it out makes the training stream wait on that event
 only, and ``record_stream`` tells the caching allocator the training stream uses the memory. The host batch (a
 shared-memory slot view: dropping it releases the slot, ``unstall.shm_slots``) is kept until its copy completed,
-then dropped, in order. A large tensor that is not pinned is copied through a pinned staging buffer on a thread
-of its own, so the training thread never does a pageable copy.
+then dropped, in order. A large tensor that is not pinned is copied through a pinned staging buffer (on the
+prefetcher's thread, so the training thread never does a pageable copy).
 
 ``PinnedSlots`` registers shared-memory slot mappings as page-locked memory (``cudaHostRegister``), as the
 ``on_map``/``on_unmap`` hooks of ``SlotMaps``, so slot copies are DMA.
@@ -20,10 +22,11 @@ batch owns its memory and the host batch is released at once.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import ctypes
 import mmap
+import queue
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -47,13 +50,15 @@ _HOST_REGISTER_READ_ONLY = 0x08  # the slot mappings are PROT_READ
 @dataclass
 class DeviceStats:
     """What the last hop did, over a loader's life: ``batches`` and ``bytes`` (host bytes) copied to the device,
-    ``handout_cpu_s`` (the training thread's CPU time inside the prefetcher's ``next()``: pulling the next host
-    batch, issuing its copy, handing one out), ``staged_batches`` (copied through a pinned staging buffer), and
-    the shared-memory slots registered as pinned memory, unregistered, and refused by the driver."""
+    ``handout_cpu_s`` and ``handout_wall_s`` (the training thread's CPU and wall time inside the prefetcher's
+    ``next()``: the wall time is the stall the loop sees, waiting for a batch the prefetcher's thread has not
+    issued yet), ``staged_batches`` (copied through a pinned staging buffer), and the shared-memory slots
+    registered as pinned memory, unregistered, and refused by the driver."""
 
     batches: int = 0
     bytes: int = 0
     handout_cpu_s: float = 0.0
+    handout_wall_s: float = 0.0
     staged_batches: int = 0
     slots_registered: int = 0
     slots_unregistered: int = 0
@@ -64,8 +69,13 @@ class DeviceStats:
         """The training thread's CPU milliseconds per batch handed out."""
         return 1000.0 * self.handout_cpu_s / self.batches if self.batches else 0.0
 
+    @property
+    def wall_ms_per_batch(self) -> float:
+        """The training thread's wall milliseconds in ``next()`` per batch handed out."""
+        return 1000.0 * self.handout_wall_s / self.batches if self.batches else 0.0
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "cpu_ms_per_batch": self.cpu_ms_per_batch}
+        return {**asdict(self), "cpu_ms_per_batch": self.cpu_ms_per_batch, "wall_ms_per_batch": self.wall_ms_per_batch}
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -183,63 +193,144 @@ class ImageConversion:
 class _InFlight:
     """A batch on its way: the host batch (kept until the copy completed), the device batch, its event."""
 
-    __slots__ = ("host", "out", "event", "nbytes", "staged")
+    __slots__ = ("host", "out", "event", "nbytes", "staged", "tensors")
 
-    def __init__(self, host: Any, out: Any, event: Any, nbytes: int, staged: bool) -> None:
+    def __init__(self, host: Any, out: Any, event: Any, nbytes: int, staged: bool, tensors: bool) -> None:
         self.host, self.out, self.event, self.nbytes, self.staged = host, out, event, nbytes, staged
+        self.tensors = tensors  # a batch, not a marker the source passes through (an epoch's end)
 
     def copied(self) -> bool:
         return self.event is None or bool(self.event.query())
 
 
+class _Failed:
+    """What the source (or a copy) raised, handed out in its place."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()  # the source is exhausted
+
+
+class _Producer:
+    """The prefetcher's thread: pulls host batches from the source, issues their copies and conversion on the side
+    stream and queues them, at most ``depth`` pulled and not handed out (``room``). It holds no reference to the
+    prefetcher, so an abandoned prefetcher is collected (and closes) while this thread waits."""
+
+    def __init__(self, source: Iterator[Any], device: torch.device, stream: Any,
+                 convert: Optional[Callable[[Any], Any]], depth: int) -> None:
+        self.source = source
+        self.device = device
+        self.stream = stream
+        self.convert = convert
+        self.ready: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.room = threading.Semaphore(depth)
+        self.stop = threading.Event()
+        self.pulled = 0
+        self.thread = threading.Thread(target=self.run, name="unstall-device-prefetch", daemon=True)
+
+    def run(self) -> None:
+        try:
+            if self.stream is not None:
+                torch.cuda.set_device(self.device)
+            while True:
+                self.room.acquire()
+                if self.stop.is_set():
+                    return
+                try:
+                    host = next(self.source)
+                except StopIteration:
+                    self.ready.put(_END)
+                    return
+                self.pulled += 1
+                self.ready.put(self.launch(host))
+                del host
+        except BaseException as e:  # raised in the loop once the batches pulled before it were handed out
+            self.ready.put(_Failed(e))
+        finally:
+            close = getattr(self.source, "close", None)
+            if callable(close):
+                close()
+
+    def launch(self, host: Any) -> _InFlight:
+        cuda = self.stream is not None
+        staged = cuda and any(not t.is_pinned() and t.nbytes >= _STAGE_MIN_BYTES for t in tensors_of(host))
+        sizes = [t.nbytes for t in tensors_of(host)]
+        with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
+            out = map_tensors(self.copy, host)
+            if self.convert is not None:
+                out = self.convert(out)
+            event = None
+            if cuda:
+                event = torch.cuda.Event()
+                event.record(self.stream)
+        return _InFlight(host, out, event, sum(sizes), staged, bool(sizes))
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        if self.stream is None:
+            return t.to(self.device, copy=True)  # owns its memory: the host batch is let go at once
+        if t.device.type == "cpu" and not t.is_pinned() and t.nbytes >= _STAGE_MIN_BYTES:
+            pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)  # torch's caching host allocator
+            pinned.copy_(t)
+            t = pinned
+        return t.to(self.device, non_blocking=True)
+
+
 class DevicePrefetcher(IteratorWrapper):
     """The host batches of ``source`` on ``device``, ``depth`` of them in flight while the loop runs a step.
 
-    ``next()`` hands out the oldest batch in flight, then pulls the next one from ``source`` and issues its copy
-    (and ``convert``, a function of the device batch), so ``source`` is never more than ``depth`` batches ahead
-    of what was handed out (``pulled - handed <= depth``). An error ``source`` raises is raised after the batches
-    pulled before it were handed out. ``close()`` waits for the copies in flight, drops the host batches and
-    closes ``source`` (a generator); a prefetcher that is garbage-collected closes itself. ``stats``: a
-    ``DeviceStats`` to add to (a loader's, over its epochs). ``threaded``: every copy and ``convert`` is issued
-    from one thread of its own, in order (for a ``convert`` with host work, such as a decode)."""
+    A thread of its own (started by the first ``next()``) pulls the host batches from ``source`` and issues each
+    one's copy (and ``convert``, a function of the device batch), so the training thread's ``next()`` only takes
+    the oldest batch in flight: it waits only when the source is behind. ``source`` is never more than ``depth``
+    batches ahead of what was handed out (``pulled - handed <= depth``) and is read by that thread only. An error
+    ``source`` raises is raised after the batches pulled before it were handed out. ``close()`` stops the thread
+    (after the pull in progress), waits for the copies in flight, drops the host batches and closes ``source``
+    (a generator); a prefetcher that is garbage-collected closes itself. ``stats``: a ``DeviceStats`` to add to
+    (a loader's, over its epochs)."""
 
     def __init__(self, source: Iterator[Any], device: DeviceLike, depth: int = 2,
-                 convert: Optional[Callable[[Any], Any]] = None, stats: Optional[DeviceStats] = None,
-                 threaded: bool = False) -> None:
+                 convert: Optional[Callable[[Any], Any]] = None, stats: Optional[DeviceStats] = None) -> None:
         super().__init__(source)
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {depth!r}")
         self.device = torch.device(device)
         self.depth = depth
         self.stats = stats if stats is not None else DeviceStats()
-        self._convert = convert
-        self._threaded = threaded
         self._cuda = self.device.type == "cuda"
         if self._cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self._pending: Deque[Union[_InFlight, concurrent.futures.Future]] = collections.deque()
+        self._producer = _Producer(source, self.device, self._stream, convert, depth)
         self._held: Deque[_InFlight] = collections.deque()  # handed out, host batch kept until copied
-        self._stager: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._error: Optional[BaseException] = None
-        self._exhausted = False
+        self._started = False
+        self._done = False
         self._closed = False
-        self.pulled = 0
         self.handed = 0
 
+    @property
+    def pulled(self) -> int:
+        """Host batches read from the source so far."""
+        return self._producer.pulled
+
     def __next__(self) -> Any:
-        t0 = time.thread_time()
+        t0, w0 = time.thread_time(), time.perf_counter()
         try:
-            if self._closed:
+            if self._closed or self._done:
                 raise StopIteration
-            self._fill()
-            if not self._pending:
-                if self._error is not None:
-                    error, self._error = self._error, None
-                    raise error
+            if not self._started:
+                self._started = True
+                self._producer.thread.start()
+            item = self._producer.ready.get()
+            if item is _END:
+                self._done = True
                 raise StopIteration
-            item = self._pending.popleft()
-            entry = item.result() if isinstance(item, concurrent.futures.Future) else item
+            if isinstance(item, _Failed):
+                self._done = True
+                raise item.error
+            entry: _InFlight = item
             out, entry.out = entry.out, None
             if self._cuda:
                 current = torch.cuda.current_stream(self.device)
@@ -249,58 +340,14 @@ class DevicePrefetcher(IteratorWrapper):
             self._held.append(entry)
             self._retire()
             self.handed += 1
-            self.stats.batches += 1
+            self.stats.batches += entry.tensors
             self.stats.bytes += entry.nbytes
             self.stats.staged_batches += entry.staged
-            self._fill()  # the next batch's copy runs while the loop's step does
+            self._producer.room.release()  # the next batch is pulled and copied while the loop's step runs
             return out
         finally:
             self.stats.handout_cpu_s += time.thread_time() - t0
-
-    def _fill(self) -> None:
-        while not self._exhausted and len(self._pending) < self.depth:
-            try:
-                host = next(self._inner)
-            except StopIteration:
-                self._exhausted = True
-                return
-            except Exception as e:  # raised once the batches before it were handed out
-                self._exhausted = True
-                self._error = e
-                return
-            self.pulled += 1
-            self._pending.append(self._issue(host))
-
-    def _issue(self, host: Any) -> Union[_InFlight, concurrent.futures.Future]:
-        staged = self._cuda and any(not t.is_pinned() and t.nbytes >= _STAGE_MIN_BYTES for t in tensors_of(host))
-        busy = any(isinstance(p, concurrent.futures.Future) and not p.done() for p in self._pending)
-        if not (staged or busy or self._threaded):
-            return self._launch(host, False)
-        if self._stager is None:  # one thread: batches reach the side stream in order
-            self._stager = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="unstall-device-stage")
-        return self._stager.submit(self._launch, host, staged)
-
-    def _launch(self, host: Any, staged: bool) -> _InFlight:
-        nbytes = sum(t.nbytes for t in tensors_of(host))
-        ctx = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
-        with ctx:
-            out = map_tensors(self._copy, host)
-            if self._convert is not None:
-                out = self._convert(out)
-            event = None
-            if self._stream is not None:
-                event = torch.cuda.Event()
-                event.record(self._stream)
-        return _InFlight(host, out, event, nbytes, staged)
-
-    def _copy(self, t: torch.Tensor) -> torch.Tensor:
-        if not self._cuda:
-            return t.to(self.device, copy=True)  # owns its memory: the host batch is let go at once
-        if t.device.type == "cpu" and not t.is_pinned() and t.nbytes >= _STAGE_MIN_BYTES:
-            pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)  # torch's caching host allocator
-            pinned.copy_(t)
-            t = pinned
-        return t.to(self.device, non_blocking=True)
+            self.stats.handout_wall_s += time.perf_counter() - w0
 
     def _retire(self) -> None:
         """Drops the host batches whose copies completed, oldest first; never holds more than ``depth``."""
@@ -311,24 +358,26 @@ class DevicePrefetcher(IteratorWrapper):
             self._held.popleft()
 
     def close(self) -> None:
-        """Waits for the copies in flight, drops every host batch (releasing their slots) and closes the source."""
+        """Stops the thread, waits for the copies in flight, drops every host batch (releasing their slots) and
+        closes the source."""
         if self._closed:
             return
         self._closed = True
-        for item in self._pending:
-            if isinstance(item, concurrent.futures.Future):
-                with contextlib.suppress(Exception):
-                    item.result()
+        p = self._producer
+        p.stop.set()
+        if self._started:
+            p.room.release()  # a thread waiting for room sees the stop
+            if p.thread is not threading.current_thread():  # a collection on that thread: it ends by itself
+                p.thread.join()  # after the pull in progress; it closes the source
+        else:
+            close = getattr(p.source, "close", None)
+            if callable(close):
+                close()
         if self._stream is not None:
             self._stream.synchronize()
-        self._pending.clear()
+        while not p.ready.empty():
+            p.ready.get()
         self._held.clear()
-        if self._stager is not None:
-            self._stager.shutdown(wait=True)
-            self._stager = None
-        close = getattr(self._inner, "close", None)
-        if callable(close):
-            close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

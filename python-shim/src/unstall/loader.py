@@ -25,7 +25,7 @@ from .sidecar import Sidecar
 from .device import DevicePrefetcher, DeviceStats
 from .echo import Echo, EchoCounts, EchoedIterator
 from .sharding import DistributedSampler, distributed_initialized, fit_batches, rank_prefix, shuffles
-from .state import STATE_VERSION, CountingIterator, Progress, check_state, epoch_seed, mid_epoch, position, state_int
+from .state import STATE_VERSION, CountingIterator, Progress, check_loader_state, check_state, epoch_seed, mid_epoch, position, state_int
 from .tracing import StallObserver
 from .dataset import Dataset
 from .mixture import Mixture
@@ -109,7 +109,7 @@ class DataLoader(tud.DataLoader):
     stream while the loop runs (``unstall.device.DevicePrefetcher``); with a CUDA device ``pin_memory``
     defaults to True, so torch's pin thread pins and the copy is asynchronous. ``state_dict`` counts the batches
     handed out, not those in flight; ``device_stats`` reports batches and bytes copied and the training thread's
-    CPU time per batch.
+    CPU and wall time in ``next()`` per batch.
 
     ``observers`` (``unstall.observers``): what wraps each epoch's iterator, the first innermost; by default
     one ``StallObserver``, whose measurements ``loader.stats()`` reads (``observers=()``: nothing is measured;
@@ -478,20 +478,10 @@ class DataLoader(tud.DataLoader):
         if self._global is not None:
             self._load_global(self._global, state)
             return
-        n = self._num_batches()
-        if "num_batches" in state and n is not None and state["num_batches"] != n:
-            raise ValueError(f"DataLoader state_dict was taken from a loader with {state['num_batches']} batches per "
-                             f"epoch over dataset {name!r}; this one has {n} (build it with the same batch_size, "
-                             "drop_last and sampler)")
-        if state.get("order", self.epoch_sampler.order) != self.epoch_sampler.order:
-            raise ValueError(f"DataLoader state_dict was taken from a loader whose order is {state['order']!r}; this "
-                             f"one's is {self.epoch_sampler.order!r} (build it with the same shuffle and sampler)")
+        check_loader_state(state, name, self._num_batches(), self.epoch_sampler.order, self.cache_order is not None)
         yielded = state_int(state, "batches_yielded", "DataLoader")
         if self.cache_order is not None:
             self.cache_order.restore(state, state_int(state, "epoch", "DataLoader"), len(self.dataset), "DataLoader")
-        elif "cache_window" in state:
-            raise ValueError("DataLoader state_dict was taken from a loader with order='cache_first'; this one's order "
-                             "is 'sampler' (build it with the same order and order_window)")
         self.epoch_sampler.load_state_dict({
             "version": STATE_VERSION, "epoch": state_int(state, "epoch", "DataLoader"),
             "seed": state_int(state, "seed", "DataLoader"), "skip": yielded * self._items_per_batch})

@@ -17,7 +17,7 @@ import numpy as np
 from .observers import IteratorWrapper
 
 __all__ = ["STATE_VERSION", "BATCH_STREAM", "epoch_seed", "batch_seed", "Progress", "CountingIterator", "position",
-           "mid_epoch", "check_state", "state_int"]
+           "mid_epoch", "check_state", "check_loader_state", "state_int"]
 
 STATE_VERSION = 1
 """The version of every loader ``state_dict()`` (the ``"version"`` key)."""
@@ -117,3 +117,19 @@ def state_int(state: Mapping[str, Any], key: str, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{what} state_dict: {key!r} must be a non-negative int, got {value!r}")
     return value
+
+
+def check_loader_state(state: Mapping[str, Any], dataset: str, num_batches: Optional[int], order: str,
+                       cache_first: bool) -> None:
+    """Refuses a ``DataLoader`` state whose batches per epoch, order or cache order differ from the loader's,
+    naming what differs and how to build a loader it fits."""
+    if "num_batches" in state and num_batches is not None and state["num_batches"] != num_batches:
+        raise ValueError(f"DataLoader state_dict was taken from a loader with {state['num_batches']} batches per "
+                         f"epoch over dataset {dataset!r}; this one has {num_batches} (build it with the same "
+                         "batch_size, drop_last and sampler)")
+    if state.get("order", order) != order:
+        raise ValueError(f"DataLoader state_dict was taken from a loader whose order is {state['order']!r}; this "
+                         f"one's is {order!r} (build it with the same shuffle and sampler)")
+    if "cache_window" in state and not cache_first:
+        raise ValueError("DataLoader state_dict was taken from a loader with order='cache_first'; this one's order "
+                         "is 'sampler' (build it with the same order and order_window)")

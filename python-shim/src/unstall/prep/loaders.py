@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow.compute as pc
@@ -73,6 +73,17 @@ def device_pipeline(pipeline: Union[Pipeline, Mapping[str, Any], None],
 
 
 _ALL_SKIPPED = object()  # a batch whose every sample the group skipped: counted when it would be handed out
+_EPOCH_END = object()  # between an epoch's host batches and the next epoch's (PrepLoader._host_epochs)
+
+
+class _RawBatch(NamedTuple):
+    """A raw batch on its way to ``decode(device="mixed")``: the prefetcher copies its tensors, the device decodes
+    the record batch's payloads (kept alive, with the buffers they point into, until the decode is done)."""
+
+    records: Any
+    epoch: int
+    labels: Any
+    ids: Any
 
 
 class PrepLoader(GroupLoader):
@@ -90,11 +101,13 @@ class PrepLoader(GroupLoader):
 
     ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``, a ``torch.device``): the batches come out on that device
     (images, labels and ids), ``device_prefetch`` batches copied ahead on a side stream while the loop runs
-    (``unstall.device.DevicePrefetcher``); a float pipeline ending in ``normalize`` is prepared as uint8 and
+    (``unstall.device.DevicePrefetcher``, whose thread also reads the next epoch's first batches while the loop
+    finishes an epoch, when the next ``for`` reads that epoch); a float pipeline ending in ``normalize`` is prepared as uint8 and
     cast and normalized on the device, in ``memory_format`` (``torch.channels_last``,
     ``torch.contiguous_format``; default: the pipeline's layout): see :func:`device_pipeline`. On CUDA each
     shared-memory slot is registered as pinned memory once. ``state_dict`` counts the batches handed out, not
-    those in flight. ``device_stats``: batches and bytes copied, the training thread's CPU time per batch.
+    those in flight. ``device_stats``: batches and bytes copied, the training thread's CPU and wall time in
+    ``next()`` per batch.
     """
 
     def __init__(
@@ -147,6 +160,7 @@ class PrepLoader(GroupLoader):
         self.with_ids = with_ids
         self.device_prefetch = device_prefetch
         self.memory_format = memory_format
+        self._ahead: Optional[Tuple[int, list[int], Any]] = None  # (epoch, its batches, prefetcher reading them)
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
@@ -158,20 +172,20 @@ class PrepLoader(GroupLoader):
         progress = self._progress
         batches: Iterator[Any] = self._host_batches(epoch, indices)
         prefetcher = None
-        if self._mixed is not None:
-            from ..device import DevicePrefetcher
+        if self.device is not None:
+            prefetcher = self._take_ahead(epoch, indices)
+            if prefetcher is None:
+                from ..device import DevicePrefetcher
 
-            # decoded on the device in the prefetcher's thread, off the training thread
-            batches = prefetcher = DevicePrefetcher(self._raw_batches(epoch, indices), self.device,
-                                                    self.device_prefetch, convert=self._mixed_decoder(epoch),
-                                                    stats=self.device_stats, threaded=True)
-        elif self.device is not None:
-            from ..device import DevicePrefetcher
-
-            batches = prefetcher = DevicePrefetcher(batches, self.device, self.device_prefetch,
-                                                    convert=self._convert_images, stats=self.device_stats)
+                prefetcher = DevicePrefetcher(self._host_epochs(epoch, indices), self.device, self.device_prefetch,
+                                              convert=self._convert_images, stats=self.device_stats)
+            batches = prefetcher
         try:
             for batch in batches:
+                if batch is _EPOCH_END:  # the next epoch's first batches are in flight: kept for the next ``for``
+                    self._ahead = (epoch + 1, self._first_indices(epoch + 1), prefetcher)
+                    prefetcher = None
+                    return
                 if batch is _ALL_SKIPPED:
                     if progress is not None:
                         progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
@@ -181,37 +195,78 @@ class PrepLoader(GroupLoader):
             if prefetcher is not None:
                 prefetcher.close()  # the copies in flight done, their slots released
 
-    def _raw_batches(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
-        """``(record batch, labels, ids)`` of the stored bytes, for ``decode(device="mixed")``."""
-        import torch
+    def _host_epochs(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
+        """The host batches of ``epoch`` (``indices``), then, while the next ``for`` is to read the next epoch and
+        the member declared it, an ``_EPOCH_END`` and that epoch's batches from its first: the device prefetcher
+        reads the next epoch's first batches while the loop finishes this one, so a new epoch starts without a
+        wait for its first round trip and copy."""
+        while True:
+            yield from self._host_batches(epoch, indices)
+            epoch += 1
+            if not self._reads_next(epoch):
+                return
+            indices = self._first_indices(epoch)
+            yield _EPOCH_END
 
-        for rb in self.membership.epoch(epoch, indices):
-            ids = rb.column("id").to_numpy(zero_copy_only=False)
-            labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
-            yield (rb, torch.from_numpy(np.array(labels, dtype=np.int64)),
-                   torch.from_numpy(np.array(ids, dtype=np.int64)))
+    def _reads_next(self, epoch: int) -> bool:
+        m = self.membership
+        last = m.info.get("epochs")
+        return self._next_epoch == epoch and (last is None or epoch < m.start_epoch + int(last))
 
-    def _mixed_decoder(self, epoch: int) -> Callable[[Any], Tuple[Any, ...]]:
-        mixed, seed = self._mixed, int(self._join_kwargs.get("seed", 0))
-        assert mixed is not None
+    def _first_indices(self, epoch: int) -> list[int]:
+        return list(self._share(epoch)[0].positions(0))
 
-        def convert(batch: Any) -> Tuple[Any, ...]:
-            rb, labels, ids = batch
-            prepared = (rb.column("prepared").to_numpy(zero_copy_only=False)
-                        if "prepared" in rb.schema.names else None)
-            images = mixed(payload_tensors(rb.column("payload")), rb.column("id").to_pylist(), epoch, seed,
-                           rb.column("key").to_pylist(), prepared)
-            return (images, labels, ids) if self.with_ids else (images, labels)
-        return convert
+    def _take_ahead(self, epoch: int, indices: Sequence[int]) -> Any:
+        """The prefetcher the last epoch left with this epoch's first batches in flight, if this ``for`` reads them
+        (else it is closed: ``set_epoch`` picked another epoch)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[0] == epoch and list(indices) == ahead[1]:
+            return ahead[2]
+        ahead[2].close()
+        return None
+
+    def _drop_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[2].close()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._drop_ahead()
+        super().load_state_dict(state)
+
+    def close(self) -> None:
+        self._drop_ahead()
+        super().close()
 
     def _convert_images(self, batch: Any) -> Any:
+        if self._mixed is not None and isinstance(batch, _RawBatch):
+            return self._decode_on_device(batch)
         if self._conversion is None or not isinstance(batch, tuple) or not hasattr(batch[0], "dtype"):
             return batch
         return (self._conversion(batch[0]),) + batch[1:]
 
+    def _decode_on_device(self, batch: "_RawBatch") -> Tuple[Any, ...]:
+        """``decode(device="mixed")``: a raw (or hybrid) batch's images decoded and prepared on the device, in the
+        prefetcher's thread and on its stream."""
+        rb = batch.records
+        assert self._mixed is not None
+        prepared = rb.column("prepared").to_numpy(zero_copy_only=False) if "prepared" in rb.schema.names else None
+        images = self._mixed(payload_tensors(rb.column("payload")), rb.column("id").to_pylist(), batch.epoch,
+                             int(self._join_kwargs.get("seed", 0)), rb.column("key").to_pylist(), prepared)
+        return (images, batch.labels, batch.ids) if self.with_ids else (images, batch.labels)
+
     def _host_batches(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
         import torch
 
+        if self._mixed is not None:  # the stored bytes; the device decodes them (_decode_on_device)
+            for rb in self.membership.epoch(epoch, indices):
+                ids = rb.column("id").to_numpy(zero_copy_only=False)
+                labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
+                yield _RawBatch(rb, epoch, torch.from_numpy(np.array(labels, dtype=np.int64)),
+                                torch.from_numpy(np.array(ids, dtype=np.int64)))
+            return
         if self.membership.shape is not None:
             for arr, labels, ids in self.membership.epoch_arrays(epoch, indices):
                 if len(ids) == 0:
