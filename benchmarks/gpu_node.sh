@@ -7,7 +7,7 @@
 # installs the bundle's wheels into a private directory (nothing system-wide), checks that the sidecar starts on the
 # bundled Java runtime, then runs bench_gpu.py once per model (MODELS: comma-separated, default resnet18,resnet50)
 # and writes each table (.md), its JSON and the log to OUT_DIR. GPU_NODE_PYTEST="PATH ..." runs those tests first
-# (their CUDA cases run there), the log to OUT_DIR/pytest.log.
+# (their CUDA cases run there; at most GPU_NODE_PYTEST_TIMEOUT seconds, 900), the log to OUT_DIR/pytest.log.
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 bundle=$1 out=$2 models=${3:-resnet18,resnet50}
@@ -36,7 +36,8 @@ PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu_node: /' || true
 if [ -n "${GPU_NODE_PYTEST:-}" ]; then  # test paths to run first, on this node's GPU (their CUDA cases too)
   read -r -a tests <<< "$GPU_NODE_PYTEST"
-  (cd "$here/.." && "$python" -m pytest -q -p no:cacheprovider -rs "${tests[@]}") 2>&1 | tee "$out/pytest.log" || true
+  (cd "$here/.." && timeout "${GPU_NODE_PYTEST_TIMEOUT:-900}" "$python" -m pytest -q -p no:cacheprovider -rs \
+    "${tests[@]}") 2>&1 | tee "$out/pytest.log" || true
 fi
 
 IFS=, read -r -a model_list <<< "$models"
