@@ -42,6 +42,7 @@ per row, go to stderr; the table, with the machine, the date, the commit and the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import io
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
@@ -293,6 +295,7 @@ class Row:
     of_model_alone: Optional[float] = None
     images: int = 0
     wall_s: float = 0.0
+    error: Optional[str] = None  # the row failed: what it raised (the run goes on with the next row)
 
     @property
     def images_per_busy_core(self) -> Optional[float]:
@@ -414,6 +417,9 @@ def table(rows: Sequence[Row]) -> list[str]:
              "of which the hand-out to the device (device_stats, CPU ms) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.error is not None:
+            lines.append(f"| {r.row} | failed: {r.error} | - | - | - | - | - | - | - |")
+            continue
         lines.append(f"| {r.row} | {fmt(r.images_per_s)} | {fmt(r.of_model_alone, 2)} | {fmt(r.busy_cores, 1)} | "
                      f"{fmt(r.machine_busy_cores, 1)} | {fmt(r.images_per_busy_core)} | "
                      f"{fmt(r.input_cpu_ms_per_batch, 2)} | {fmt(r.input_wall_ms_per_batch, 2)} | "
@@ -530,8 +536,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     def done(row: Row, into: list[Row]) -> None:
         into.append(row)
         n = len(trained) + len(alone)
-        print(f"[{n}/{total}] {row.row}: {row.images_per_s:,.0f} images/s, {row.busy_cores:.1f} busy cores, "
-              f"{row.wall_s:.1f} s", file=sys.stderr, flush=True)
+        result = (f"failed: {row.error}" if row.error else
+                  f"{row.images_per_s:,.0f} images/s, {row.busy_cores:.1f} busy cores, {row.wall_s:.1f} s")
+        print(f"[{n}/{total}] {row.row}: {result}", file=sys.stderr, flush=True)
+
+    def failed(key: str, name: str, e: BaseException) -> None:
+        """A row that raised is a row of the table: the others still run and are reported."""
+        traceback.print_exc()
+        done(Row(key, name, 0.0, 0.0, 0.0, None, None, error=f"{type(e).__name__}: {e}".splitlines()[0]), trained)
 
     batch_bytes = args.batch * 3 * args.crop * args.crop
     cache = data_bytes + (64 << 20)
@@ -552,21 +564,25 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 if args.loader_alone:  # the same iterator, warm: no second start of workers or group
                     done(measure(f"{key}_alone", f"{name}: the loader alone", loader, batches, None, args, dev, pids),
                          alone)
+            except Exception as e:
+                failed(key, name, e)
             finally:
-                close(loader, batches)
+                with contextlib.suppress(Exception):
+                    close(loader, batches)
         del step  # the jobs need the device's memory: this process's model and its cached blocks go first
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        if "torch" in hp:
-            done(hp_search(f"HP search, {k} jobs: {k} torch DataLoaders ({max(1, args.workers // k)} workers each)",
-                           "torch", args, data, sidecar), trained)
-        if "prep" in hp:
-            done(hp_search(f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group", "prep", args,
-                           data, sidecar), trained)
+        searches = {"torch": f"HP search, {k} jobs: {k} torch DataLoaders ({max(1, args.workers // k)} workers each)",
+                    "prep": f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group"}
+        for kind in hp:
+            try:
+                done(hp_search(searches[kind], kind, args, data, sidecar), trained)
+            except (Exception, SystemExit) as e:  # a job that failed to start exits its search
+                failed(f"hp_{kind}", searches[kind], e)
     rows = trained + alone
     for r in rows:
-        r.of_model_alone = r.images_per_s / model_row.images_per_s
+        r.of_model_alone = None if r.error else r.images_per_s / model_row.images_per_s
 
     gpu = gpu_name(dev)
     commit = git_commit()
@@ -586,6 +602,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                "rows": [dict(dataclasses.asdict(r), images_per_busy_core=r.images_per_busy_core) for r in rows]}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
+    if any(r.error for r in rows):
+        raise SystemExit(f"bench_gpu: rows failed: {', '.join(r.key for r in rows if r.error)}")
 
 
 if __name__ == "__main__":

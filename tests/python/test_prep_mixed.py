@@ -164,3 +164,15 @@ def test_bad_hybrid_settings_name_the_field(env: tuple[PrepEnv, list[Path]]) -> 
 
     with e.client() as client, pytest.raises(Exception, match="hybrid.*uint8, NHWC"):
         join("jpegs", prep.imagenet_train(48), batch_size=4, client=client, hybrid={"cpu_load": 0.5})
+
+
+def test_hybrid_with_every_sample_prepared_by_the_sidecar_decodes_nothing_on_the_device(
+        env: tuple[PrepEnv, list[Path]]) -> None:
+    e, _ = env
+    cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"), epochs=1)
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=1.0), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
+    hybrid = _epochs(e, pipe, "cpu", epochs=1)
+    assert [i for i, _, _ in cpu[0]] == [i for i, _, _ in hybrid[0]]
+    for (i, a, _), (_, b, _) in zip(cpu[0], hybrid[0]):
+        np.testing.assert_array_equal(a, b, err_msg=f"sample {i}")

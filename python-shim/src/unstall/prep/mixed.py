@@ -91,8 +91,9 @@ class MixedDecode:
         on_cpu = [k for k in range(n) if prepared is not None and prepared[k]]  # pixels the sidecar prepared
         encoded = [k for k in range(n) if prepared is None or not prepared[k]]
         names = keys if keys is not None else [""] * n
-        try:
-            images = decode_jpeg([data[k] for k in encoded], mode=ImageReadMode.RGB, device=self.device)
+        try:  # (none encoded: the sidecar prepared the whole batch)
+            images = (decode_jpeg([data[k] for k in encoded], mode=ImageReadMode.RGB, device=self.device)
+                      if encoded else [])
         except RuntimeError:
             images = [self._decode_one(data[k], ids[k], names[k]) for k in encoded]  # names the one that fails
         boxes = self.boxes([(int(im.shape[1]), int(im.shape[2])) for im in images], [ids[k] for k in encoded],
