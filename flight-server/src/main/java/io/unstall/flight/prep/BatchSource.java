@@ -20,8 +20,10 @@ interface BatchSource {
   /** The schema of the batches it stages. */
   Schema schema();
 
-  /** Producer threads it needs: 0 when its batches arrive by upload instead. */
-  int producers();
+  /** Producer threads it needs ({@link Production#PRODUCERS}); 0 when its batches arrive by upload instead. */
+  default int producers() {
+    return Production.PRODUCERS;
+  }
 
   /** An upper bound of one staged batch's bytes; 0 when known only as uploads arrive (checked then). */
   long batchBytes();

@@ -70,11 +70,6 @@ final class HybridPrep implements BatchSource {
   }
 
   @Override
-  public int producers() {
-    return Production.PRODUCERS;
-  }
-
-  @Override
   public long batchBytes() {
     return cost;
   }

@@ -42,11 +42,6 @@ final class RawBatches implements BatchSource {
   }
 
   @Override
-  public int producers() {
-    return Production.PRODUCERS;
-  }
-
-  @Override
   public long batchBytes() {
     return cost;
   }

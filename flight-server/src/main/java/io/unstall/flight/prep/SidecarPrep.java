@@ -175,11 +175,6 @@ final class SidecarPrep implements BatchSource {
   }
 
   @Override
-  public int producers() {
-    return Production.PRODUCERS;
-  }
-
-  @Override
   public long batchBytes() {
     return cost;
   }
