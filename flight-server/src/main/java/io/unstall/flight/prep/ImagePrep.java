@@ -229,19 +229,24 @@ public final class ImagePrep {
       int d = decoded == null ? 0 : DecodedImages.denom(h, pipeline);
       boolean wasKept = d > 0 && decoded.has(digest, d);
       DecodedImages.Image kept = d == 0 ? null : decoded.forResample(digest, encoded, h, d, budget);
+      boolean fromKept = false;
       try (DecodeBudget.Reservation r = budget.acquire(nativeWorkingBytes(h), h)) {
-        if (kept != null) {
-          Geometry g = geometry(h, rng);
+        Geometry g = geometry(h, rng);
+        // The kept pixels serve the crops the encoded path decodes at their very scale (the same bytes); any other
+        // crop is decoded from the encoded bytes, so a sample's tensor never depends on which form was there.
+        fromKept = kept != null && NativeJpeg.scaleDenom(g.box[2] - g.box[0], g.box[3] - g.box[1], pipeline.width(),
+            pipeline.height(), g.geom[11], g.box[4]) == kept.denom();
+        if (fromKept) {
           NativeJpeg.resample(kept.pixels(), 0, kept.width(), kept.height(), kept.denom(), out, out.position(), table,
               g.geom, g.box);
         } else {
           ByteBuffer src = reindexed == null ? encoded : reindexed.forDecode(digest, encoded, h, budget);
-          runNative(src, h, rng, out);
+          NativeJpeg.run(src, src.position(), src.remaining(), out, out.position(), table, g.geom, g.box);
         }
       }
-      // A sample decoded into the store now counts as prepared from the encoded bytes (a whole-image decode: an
-      // upper bound of the crop's).
-      measured.add(wasKept, CPU.getCurrentThreadCpuTime() - cpu0, encoded.remaining(),
+      // A sample decoded into the store now, or whose crop the kept pixels do not serve, counts as prepared from the
+      // encoded bytes (a whole-image decode: an upper bound of the crop's).
+      measured.add(wasKept && fromKept, CPU.getCurrentThreadCpuTime() - cpu0, encoded.remaining(),
           d > 0 ? DecodedImages.bytes(h, d) : 0);
       NativeJpeg.NATIVE_SAMPLES.increment();
       return;
@@ -349,12 +354,6 @@ public final class ImagePrep {
    * composes the geometry (the source box, the window that bounds the filter, the flip), then decodes, resamples
    * and writes in one native call.
    */
-  private void runNative(ByteBuffer encoded, ImageHeader h, SplittableRandom rng, ByteBuffer out)
-      throws BadImageException {
-    Geometry g = geometry(h, rng);
-    NativeJpeg.run(encoded, encoded.position(), encoded.remaining(), out, out.position(), table, g.geom, g.box);
-  }
-
   /** {@link NativeJpeg#run}'s geom and box arguments for one sample. */
   private record Geometry(int[] geom, double[] box) {}
 
