@@ -2,7 +2,6 @@ package io.unstall.flight.prep;
 
 import static io.unstall.flight.prep.NativeJpegTest.BUDGET;
 import static io.unstall.flight.prep.NativeJpegTest.ROOT;
-import static io.unstall.flight.prep.NativeJpegTest.diff;
 import static io.unstall.flight.prep.NativeJpegTest.jpeg;
 import static io.unstall.flight.prep.NativeJpegTest.rrc;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
