@@ -7,7 +7,8 @@ package io.unstall.flight.prep;
  *
  * <p>Lock order, outer first: {@link PrepGroups}' monitor, then the group lock, then {@link BatchOrder}'s (a
  * leaf), then the Arrow allocators' own. Nothing that holds the group lock calls into {@code PrepGroups}, the prep
- * pool, the batch assembler or a Flight listener: fetching, decoding and sending run outside it.
+ * pool, the batch assembler or a Flight listener: fetching, decoding and sending run outside it. One exception: a
+ * cache-first order's snapshot ({@code BatchAssembler.cached}, lookups in the caches' indexes, once per epoch).
  */
 final class GroupLock {
   /** Wakes every wait on the group (a batch staged, a cursor moved, a member gone). Caller holds the lock. */

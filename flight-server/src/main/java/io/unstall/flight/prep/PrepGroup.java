@@ -4,6 +4,7 @@ import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.dataset.Dataset;
 import java.nio.file.Path;
+import java.util.BitSet;
 import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.vector.VectorSchemaRoot;
@@ -35,7 +36,13 @@ final class PrepGroup {
   /** Minimum allocations of a batch's small vectors (keys, ids, labels, validity), whatever its rows. */
   static final long BATCH_OVERHEAD = 256 << 10;
 
-  record Key(String dataset, String fingerprint, long seed, int batchSize, boolean shuffle, boolean dropLast) {}
+  /** {@code cacheWindow}: a cache-first order's window ({@link BatchOrder#cacheFirst}); 0: the seeded order. */
+  record Key(String dataset, String fingerprint, long seed, int batchSize, boolean shuffle, boolean dropLast,
+      int cacheWindow) {
+    Key(String dataset, String fingerprint, long seed, int batchSize, boolean shuffle, boolean dropLast) {
+      this(dataset, fingerprint, seed, batchSize, shuffle, dropLast, 0);
+    }
+  }
 
   /**
    * The group's settings, fixed by the first joiner. {@code autotune}: tune threads and (unless {@code windowGiven})
@@ -105,7 +112,7 @@ final class PrepGroup {
     this.limits = shared.limits();
     this.threads = shared.threads();
     BufferAllocator parent = shared.allocator();
-    this.order = new BatchOrder(id, key, dataset);
+    this.order = new BatchOrder(id, key, dataset, () -> shared.assembler().cached(dataset));
     this.counts = new PrepCounts(limits.statsEpochs());
     this.members = new Membership(order, requested, lock,
         pipeline == null ? "" : ", JPEGs prepared by " + ImagePrep.describeDecoder(pipeline));
@@ -186,7 +193,20 @@ final class PrepGroup {
    * RESOURCE_EXHAUSTED when staging cannot hold a step of its job's ranks.
    */
   ObjectNode join(long memberId, String name, long epochs, long startEpoch, long startBatch, RankShare.Spec share) {
+    return join(memberId, name, epochs, startEpoch, startBatch, share, null);
+  }
+
+  /**
+   * {@link #join}, for a resumed member of a cache-first group that carries the snapshot ({@code cacheSnapshot},
+   * as {@link BatchOrder#encode} writes it) its epoch {@code startEpoch} was ordered from: fixed for that epoch
+   * unless the group fixed another (refused, naming both).
+   */
+  ObjectNode join(long memberId, String name, long epochs, long startEpoch, long startBatch, RankShare.Spec share,
+      String cacheSnapshot) {
     synchronized (lock) {
+      if (cacheSnapshot != null && !members.closed()) {
+        order.pin(startEpoch, order.decode(cacheSnapshot, "prep.join"));
+      }
       if (share != null) {
         staging.checkHoldsStep(share.world(), source, key.batchSize());
       }
@@ -208,6 +228,7 @@ final class PrepGroup {
       o.put("num_samples", order.numSamples);
       o.put("batch_size", key.batchSize());
       o.put("fingerprint", key.fingerprint());
+      o.put("order_window", key.cacheWindow());
       source.describe(o);
       o.put("window", staging.window());
       o.put("staging_limit_bytes", staging.limit());
@@ -274,12 +295,39 @@ final class PrepGroup {
   /** Frees every staged batch all members are past, and what is remembered about those positions. */
   private void release() {
     long min = members.minCursor();
+    order.forgetBefore(min / order.numBatches);
     staging.release(min);
     compressed.freeBelow(min);
     if (uploads != null) {
       uploads.release(min);
     }
     workers.release(min);
+  }
+
+  /**
+   * A cache-first group's order of {@code epoch} for member {@code memberId} ({@code prep.order}): its window, and
+   * the snapshot it is computed from (taken now if the epoch's order was not needed yet), which a resumed member
+   * carries back on its join.
+   */
+  ObjectNode cacheOrder(long memberId, long epoch) {
+    synchronized (lock) {
+      members.member(memberId);
+      if (key.cacheWindow() == 0) {
+        throw new IllegalArgumentException("prep.order: prep group " + id + " reads the seeded order (joined"
+            + " without \"order\": {\"cache_first\": window})");
+      }
+      BitSet snapshot = order.snapshot(epoch);
+      ObjectNode o = JsonNodeFactory.instance.objectNode();
+      o.put("v", 1);
+      o.put("group", id);
+      o.put("epoch", epoch);
+      o.put("window", key.cacheWindow());
+      o.put("samples", order.numSamples);
+      o.put("cached", snapshot.cardinality());
+      o.put("digest", order.digest(snapshot));
+      o.put("cache_snapshot", order.encode(snapshot));
+      return o;
+    }
   }
 
   // -- remote prep workers (docs/ARCHITECTURE.md, "Across nodes": remote prep workers) ------------------------
@@ -342,6 +390,8 @@ final class PrepGroup {
       o.put("batch_size", key.batchSize());
       o.put("shuffle", key.shuffle());
       o.put("drop_last", key.dropLast());
+      o.put("order", key.cacheWindow() > 0 ? "cache_first" : "seeded");
+      o.put("order_window", key.cacheWindow());
       o.put("num_batches", order.numBatches);
       o.put("state", members.closed() ? "closed" : members.started() ? "running" : "waiting");
       o.put("group_size", settings.groupSize());

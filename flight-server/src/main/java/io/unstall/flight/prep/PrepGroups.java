@@ -74,7 +74,8 @@ final class PrepGroups {
       PrepRequests.Join j) throws Exception {
     long member = nextMemberId();
     PrepGroup g = open.get(key);
-    ObjectNode r = g == null ? null : g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch(), j.share());
+    ObjectNode r = g == null ? null
+        : g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch(), j.share(), j.cacheSnapshot());
     if (r != null) {
       return r;
     }
@@ -88,7 +89,7 @@ final class PrepGroups {
     String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
     g = new PrepGroup(id, key, d, pipeline, shared, s, j.share() == null ? 1 : j.share().world(), j.cpuLoad());
     try {
-      r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch(), j.share());
+      r = g.join(member, j.name(), j.epochs(), j.startEpoch(), j.startBatch(), j.share(), j.cacheSnapshot());
     } catch (RuntimeException e) {
       g.close(); // a bad start position: no group without members is left behind
       throw e;

@@ -20,7 +20,7 @@ final class PrepRequests {
   /** A {@code prep.join} body. {@code pipeline} is null for a raw group and for an external one ({@code external}). */
   record Join(String dataset, PrepPipeline pipeline, String external, int batchSize, long seed, boolean shuffle,
       boolean dropLast, PrepGroup.Settings settings, long epochs, long startEpoch, long startBatch, String name,
-      RankShare.Spec share, Double cpuLoad) {
+      RankShare.Spec share, Double cpuLoad, int cacheWindow, String cacheSnapshot) {
 
     /** What, besides the dataset, seed, batch size and order, decides which group a member joins. */
     String fingerprint() {
@@ -174,9 +174,31 @@ final class PrepRequests {
       throw new IllegalArgumentException("prep.join: \"share\" with \"consumed\" or \"skip\" needs \"start_epoch\""
           + " (the epoch they apply to)");
     }
+    int cacheWindow = cacheWindow(b.get("order"));
+    JsonNode snapshot = b.get("cache_snapshot");
+    if (snapshot != null && !snapshot.isNull() && (!snapshot.isTextual() || cacheWindow == 0 || startEpoch < 0)) {
+      throw new IllegalArgumentException("prep.join: \"cache_snapshot\" (a string, from prep.order) is the snapshot"
+          + " of a resumed member's epoch: it needs \"order\": {\"cache_first\": window} and \"start_epoch\"");
+    }
     return new Join(dataset, pipeline, external, batchSize, seed, b.path("shuffle").asBoolean(true),
         b.path("drop_last").asBoolean(false), s, epochs, startEpoch, startBatch, b.path("name").asText(""), share,
-        hybrid(b.get("hybrid"), pipeline));
+        hybrid(b.get("hybrid"), pipeline), cacheWindow,
+        snapshot == null || snapshot.isNull() ? null : snapshot.asText());
+  }
+
+  /**
+   * {@code prep.join}'s {@code "order"}: {@code {"cache_first": window}} (each epoch's seeded order reordered cached
+   * samples first within aligned windows of that many positions, {@link BatchOrder#cacheFirst}); 0 when absent.
+   */
+  private static int cacheWindow(JsonNode o) {
+    if (o == null || o.isNull()) {
+      return 0;
+    }
+    if (!o.isObject() || o.size() != 1 || !o.has("cache_first")) {
+      throw new IllegalArgumentException("prep.join: \"order\" is {\"cache_first\": window} (positions a sample may"
+          + " move), got " + o);
+    }
+    return intIn(o, "cache_first", 1, Integer.MAX_VALUE, -1);
   }
 
   /**

@@ -55,6 +55,7 @@ public final class PrepService implements AutoCloseable {
   public static final String ACTION_NEXT = "prep.next";
   public static final String ACTION_CLAIM = "prep.claim";
   public static final String ACTION_RELEASE = "prep.release";
+  public static final String ACTION_ORDER = "prep.order";
   /** Group key fingerprints of external groups: members prepare batches with their own transforms. */
   static final String EXTERNAL_PREFIX = "python:";
   /** Prepared tensors for members on this host live in /dev/shm/unstall-prep-<pid>. */
@@ -145,6 +146,7 @@ public final class PrepService implements AutoCloseable {
     listener.onNext(new ActionType(ACTION_CLAIM, "external groups: wait for a batch or the turn to prepare it"));
     listener.onNext(new ActionType(ACTION_RELEASE, "external groups: give back a claim another member should make"));
     listener.onNext(new ActionType(ACTION_STATS, "prep groups, staging memory and prepared/served counts as JSON"));
+    listener.onNext(new ActionType(ACTION_ORDER, "cache_first groups: an epoch's window and cache snapshot"));
   }
 
   /**
@@ -194,9 +196,13 @@ public final class PrepService implements AutoCloseable {
         }
         yield g.serving().next(at.member(), at.epoch(), at.batch(), released, cancelled).toString();
       }
+      case ACTION_ORDER -> {
+        PrepRequests.At at = PrepRequests.epochOf(type, PrepRequests.body(type, action.getBody()));
+        yield group(at.group(), caller).cacheOrder(at.member(), at.epoch()).toString();
+      }
       default -> throw CallStatus.UNIMPLEMENTED.withDescription("unknown action '" + type + "'; prep actions: "
           + List.of(ACTION_JOIN, ACTION_HEARTBEAT, ACTION_LEAVE, ACTION_NEXT, ACTION_CLAIM, ACTION_RELEASE,
-              ACTION_STATS))
+              ACTION_STATS, ACTION_ORDER))
           .toRuntimeException();
     };
     return out.getBytes(StandardCharsets.UTF_8);
@@ -280,7 +286,7 @@ public final class PrepService implements AutoCloseable {
       s = s.withShm(false);
     }
     PrepGroup.Key key =
-        new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast());
+        new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast(), j.cacheWindow());
     ObjectNode r = groups.join(key, d, j.pipeline(), s, j);
     if (!caller.owner()) {
       r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets

@@ -58,7 +58,8 @@ final class RemoteWorkers {
   RemoteWorkers(BatchOrder order, BatchSource source, Membership members, Staging staging, Production production,
       PrepCounts counts, PrepGroup.Limits limits, long memberTimeoutNanos, GroupLock lock) {
     this.order = order;
-    this.source = source.pipeline() == null ? null : source; // workers run the sidecar's pipeline
+    // workers run the sidecar's pipeline, over the seeded order only (a cache-first order needs this cache's snapshot)
+    this.source = source.pipeline() == null || order.key.cacheWindow() > 0 ? null : source;
     this.members = members;
     this.staging = staging;
     this.production = production;
@@ -81,8 +82,10 @@ final class RemoteWorkers {
   /** What a worker needs to prepare this group's batches exactly as this sidecar would. Caller holds the lock. */
   ObjectNode enlist(long workerId, String name) {
     if (source == null) {
-      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + order.group + " is not prepared by its"
-          + " sidecar (raw or external group): remote prep workers run a sidecar pipeline").toRuntimeException();
+      throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + order.group + (order.key.cacheWindow() > 0
+          ? " reads a cache_first order, computed from this sidecar's cache: remote prep workers prepare the seeded"
+          + " order only" : " is not prepared by its sidecar (raw or external group): remote prep workers run a"
+          + " sidecar pipeline")).toRuntimeException();
     }
     if (members.closed()) {
       throw CallStatus.NOT_FOUND.withDescription("prep group " + order.group + " closed").toRuntimeException();
@@ -265,6 +268,9 @@ final class RemoteWorkers {
 
   /** Caller holds the lock; only for sidecar-prep groups. */
   void stats(ObjectNode o) {
+    if (order.key.cacheWindow() > 0) {
+      o.put("remote_workers", "refused: a cache_first order is computed from this sidecar's cache");
+    }
     if (source == null) {
       return;
     }
