@@ -165,6 +165,47 @@ class PrepServiceTest {
     return action("prep.stats", "").get("groups").get(j.get("group").asText());
   }
 
+  /**
+   * A cache-first group: a resumed member carrying its epoch's snapshot joins and reads the very same order; one
+   * carrying another snapshot of an epoch the group already reads is refused, naming both.
+   */
+  @Test
+  void cacheFirstJoinContinuesItsSnapshotOrRefusesAnother() throws Exception {
+    JsonNode a = join(",\"seed\":5,\"window\":1,\"autotune\":false,\"order\":{\"cache_first\":4}");
+    assertEquals(4, a.get("order_window").asInt());
+    List<Batch> first = List.of(get(a, 0, 0), get(a, 0, 1));
+    String ask = "{\"group\":\"" + a.get("group").asText() + "\",\"member\":" + a.get("member") + ",\"epoch\":0}";
+    JsonNode o = action("prep.order", ask);
+    assertEquals(4, o.get("window").asInt());
+    String other = java.util.Base64.getEncoder().encodeToString(compressed(new byte[] {-1, -1, 127}));
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class, () -> join(",\"seed\":5,\"order\":"
+        + "{\"cache_first\":4},\"start_epoch\":0,\"start_batch\":2,\"cache_snapshot\":\"" + other + "\""));
+    assertTrue(e.getMessage().contains("snapshot " + o.get("digest").asText()), e.getMessage());
+    JsonNode b = join(",\"seed\":5,\"order\":{\"cache_first\":4},\"start_epoch\":0,\"start_batch\":2,"
+        + "\"cache_snapshot\":\"" + o.get("cache_snapshot").asText() + "\"");
+    assertEquals(a.get("group"), b.get("group"));
+    List<Batch> all = new ArrayList<>(first);
+    for (int k = 2; k < 5; k++) {
+      Batch x = get(a, 0, k);
+      assertArrayEquals(x.ids(), get(b, 0, k).ids());
+      all.add(x);
+    }
+    assertArrayEquals(java.util.stream.LongStream.range(0, N).toArray(), sortedIds(all), "every sample once");
+    assertEquals("cache_first", groupStats(a).get("order").asText());
+    JsonNode seeded = join(",\"seed\":5");
+    assertNotEquals(a.get("group"), seeded.get("group"), "the order is part of the group's key");
+  }
+
+  static byte[] compressed(byte[] bitmap) {
+    java.util.zip.Deflater z = new java.util.zip.Deflater();
+    z.setInput(bitmap);
+    z.finish();
+    byte[] out = new byte[64];
+    int n = z.deflate(out);
+    z.end();
+    return Arrays.copyOf(out, n);
+  }
+
   @Test
   void membersShareEveryBatchWhichIsPreparedOnce() throws Exception {
     JsonNode a = join(",\"group_size\":2,\"seed\":11,\"epochs\":2");
