@@ -23,10 +23,28 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["ORDERS", "CacheOrderStats", "CacheFirst", "window_positions", "cache_first", "encode_snapshot",
-           "decode_snapshot", "snapshot_digest"]
+           "decode_snapshot", "snapshot_digest", "order_window", "restored_snapshot"]
 
 ORDERS = ("sampler", "cache_first")
 """The ``order`` of ``unstall.torch.DataLoader``: the sampler's own, or reordered cache first within a window."""
+
+
+def order_window(order: str, window: Optional[int], batch_size: int) -> Optional[int]:
+    """A loader's ``order``/``order_window`` checked: None for the sampler's order, else the window (default 4
+    batches); a ValueError naming the argument at fault."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+    if order != "cache_first":
+        if window is not None:
+            raise ValueError("order_window applies to order='cache_first' only")
+        return None
+    return _checked(4 * batch_size if window is None else window)
+
+
+def _checked(window: Any) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"order_window (positions a sample may move) must be an int >= 1, got {window!r}")
+    return window
 
 
 def window_positions(hits: np.ndarray, window: int) -> np.ndarray:
@@ -101,9 +119,7 @@ class CacheFirst:
     the reordered order; ``stats`` describes the latest epoch's."""
 
     def __init__(self, window: int, query: Callable[[], np.ndarray]) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"order_window (positions a sample may move) must be an int >= 1, got {window!r}")
-        self.window = window
+        self.window = _checked(window)
         self._query = query
         self._snapshot: Optional[Tuple[int, np.ndarray]] = None  # (epoch, snapshot) of the latest or restored epoch
         self._restored = False  # the snapshot came from a state: the next iteration of its epoch uses it
@@ -131,13 +147,23 @@ class CacheFirst:
 
     def restore(self, state: Mapping[str, Any], epoch: int, samples: int, what: str) -> None:
         """Takes a state's window check and snapshot: ``epoch``, when it is iterated next, is reordered from it."""
-        window = state.get("cache_window")
-        if window is None:
-            raise ValueError(f"{what} state_dict was taken from a loader with order='sampler'; this one's order is "
-                             "'cache_first' (build it with the same order)")
-        if window != self.window:
-            raise ValueError(f"{what} state_dict was taken with order_window={window!r}; this loader's is {self.window}")
-        self._snapshot, self._restored = None, False
-        if "cache_snapshot" in state:
-            self._snapshot = (epoch, decode_snapshot(state["cache_snapshot"], samples, what))
-            self._restored = True
+        cached = restored_snapshot(state, self.window, samples, what)
+        self._snapshot = None if cached is None else (epoch, cached)
+        self._restored = cached is not None
+
+
+def restored_snapshot(state: Mapping[str, Any], window: Optional[int], samples: int, what: str) -> Optional[np.ndarray]:
+    """A state's cache-first keys checked against a loader's ``window`` (None: the sampler's order): the snapshot of
+    its epoch in progress, or None; a ValueError naming the difference."""
+    taken = state.get("cache_window")
+    if window is None:
+        if taken is not None:
+            raise ValueError(f"{what} state_dict was taken from a loader with order='cache_first' (order_window="
+                             f"{taken!r}); this one's order is 'sampler' (build it with the same order)")
+        return None
+    if taken is None:
+        raise ValueError(f"{what} state_dict was taken from a loader with order='sampler'; this one's order is "
+                         "'cache_first' (build it with the same order)")
+    if taken != window:
+        raise ValueError(f"{what} state_dict was taken with order_window={taken!r}; this loader's is {window}")
+    return decode_snapshot(state["cache_snapshot"], samples, what) if "cache_snapshot" in state else None

@@ -30,7 +30,7 @@ from .tracing import StallObserver
 from .dataset import Dataset
 from .mixture import Mixture
 from .sampling import EpochSampler
-from .cache_order import ORDERS, CacheFirst, CacheOrderStats
+from .cache_order import CacheFirst, CacheOrderStats, order_window as checked_window
 
 
 __all__ = ["DataLoader"]
@@ -199,19 +199,15 @@ class DataLoader(tud.DataLoader):
         # Reseeded per epoch from (seed, epoch) in _get_iterator: the workers' base seed.
         generator = torch.Generator()
 
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+        window = checked_window(order, order_window, batch_size or 1)
         self.cache_order: Optional[CacheFirst] = None
-        if order == "cache_first":
+        if window is not None:
             if not isinstance(dataset, Dataset):
                 raise ValueError(f"order='cache_first' needs an unstall.torch.Dataset (one cache snapshot), not "
                                  f"{type(dataset).__name__}")
             if batch_sampler is not None:
                 raise ValueError("order='cache_first' reorders a sampler's indices: pass sampler=, not batch_sampler=")
-            self.cache_order = CacheFirst(4 * (batch_size or 1) if order_window is None else order_window,
-                                          self._cache_snapshot)
-        elif order_window is not None:
-            raise ValueError("order_window applies to order='cache_first' only")
+            self.cache_order = CacheFirst(window, self._cache_snapshot)
         # Clairvoyant prefetch (NoPFS): the sampler's order is known once the epoch starts, so send it. A cache-first
         # order is always sent: the sidecar reads its misses ahead while the window's hits are served.
         on_epoch = self._plan_epoch if clairvoyant or self.cache_order is not None else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
 
+from ..cache_order import order_window, restored_snapshot
 from ..echo import Echo
 from ..elastic import Remaining, Resume, Share, restore
 from ..state import STATE_VERSION, CountingIterator, Progress, check_state, position, state_int
@@ -56,6 +57,12 @@ class GroupLoader:
     this process, after they arrived; ``unstall.echo``): each batch handed out ``echo`` times per epoch,
     reshuffled by the group's seed and the epoch; ``len()`` counts the echoed batches, ``echo_counts`` the fresh
     ones. With ``echo > 1`` the state is taken between epochs only.
+
+    ``order="cache_first"``/``order_window`` (as ``unstall.torch.DataLoader``'s; default 4 batches): the group
+    (``prep.join``'s ``"order"``, part of its key) reorders each epoch's seeded order cached samples first within
+    aligned windows of ``order_window`` positions, from one snapshot of the sidecar's cache per epoch, the same order
+    for every member (docs/PREP.md). The state adds ``cache_window`` and, mid-epoch, ``cache_snapshot`` (that
+    epoch's), which a restored loader's join carries, so a restarted sidecar continues the very same order.
     """
 
     def __init__(self, dataset: str, pipeline: Any, batch_size: int, join_kwargs: Mapping[str, Any],
@@ -66,6 +73,11 @@ class GroupLoader:
         join_kwargs = dict(join_kwargs)
         self.echo = Echo.of(join_kwargs.pop("echo", 1), join_kwargs.pop("echo_level", "batch"))
         self.echo_counts = self.echo.counts()
+        self._cache_window = order_window(join_kwargs.pop("order", "sampler"), join_kwargs.pop("order_window", None),
+                                          batch_size)
+        if self._cache_window is not None:
+            join_kwargs["order"] = {"cache_first": self._cache_window}
+        self._resume_snapshot: Optional[str] = None  # a restored state's cache_snapshot, for the join
         self._dataset = dataset
         self._pipeline = pipeline
         self._batch_size = batch_size
@@ -86,6 +98,8 @@ class GroupLoader:
                 first, r = self._resume
                 kwargs.update(start_epoch=r.epoch, share=dict(share, consumed=[list(c) for c in r.consumed],
                                                                skip=r.skip))
+                if self._resume_snapshot is not None:
+                    kwargs["cache_snapshot"] = self._resume_snapshot
                 if kwargs.get("epochs") is not None:
                     kwargs["epochs"] = int(kwargs["epochs"]) - (r.epoch - first)
             elif self.world_size > 1:
@@ -142,10 +156,16 @@ class GroupLoader:
         self.echo.check_resumable(type(self).__name__, progress is not None and not progress.done
                                   and progress.handed > 0)
         r = self._resume[1] if self._resume is not None and self._resume[1].epoch == epoch else None
-        return {"version": STATE_VERSION, "dataset": self._dataset, "seed": int(self._join_kwargs.get("seed", 0)),
-                "batch_size": self._batch_size, "start_epoch": self._first_epoch, "epoch": epoch,
-                "epoch_size": m.num_batches, "consumed": [list(c) for c in r.consumed] if r is not None else [],
-                "world_size": self.world_size, "rank": self.rank, "chunk": 1, "batches_yielded": yielded}
+        state = {"version": STATE_VERSION, "dataset": self._dataset, "seed": int(self._join_kwargs.get("seed", 0)),
+                 "batch_size": self._batch_size, "start_epoch": self._first_epoch, "epoch": epoch,
+                 "epoch_size": m.num_batches, "consumed": [list(c) for c in r.consumed] if r is not None else [],
+                 "world_size": self.world_size, "rank": self.rank, "chunk": 1, "batches_yielded": yielded}
+        if self._cache_window is not None:
+            state["cache_window"] = self._cache_window
+            snapshot = m.cache_snapshot(epoch)
+            if snapshot is not None and (yielded > 0 or state["consumed"]):  # an epoch in progress
+                state["cache_snapshot"] = snapshot
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         what = type(self).__name__
@@ -172,12 +192,20 @@ class GroupLoader:
             self._membership = None
         self._resume = (first, resume)
         self._progress = None
+        snapshot = state.get("cache_snapshot")
+        same = state.get("cache_window") == self._cache_window and resume.epoch == state.get("epoch")
+        self._resume_snapshot = str(snapshot) if snapshot is not None and same else None
         m = self.membership
         if m.num_batches != state["epoch_size"]:
             self.close()
             raise ValueError(f"{what} state_dict was taken from a loader with {state['epoch_size']} batches per "
                              f"epoch over dataset {self._dataset!r}; this one has {m.num_batches} (build it with "
                              "the same batch_size and drop_last)")
+        try:
+            restored_snapshot(state, self._cache_window, int(m.info["num_samples"]), what)
+        except ValueError:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self._membership is not None:

@@ -55,6 +55,7 @@ class Membership:
     # shared memory: prep.next goes over the sidecar's local socket (the join reply's "local"), not gRPC
     _local: Optional[LocalClient] = field(default=None, repr=False)
     _local_refused: Optional[str] = field(default=None, repr=False)  # a socket that did not take a connection
+    _snapshots: dict[int, str] = field(default_factory=dict, repr=False)  # cache_first: the epoch read's snapshot
 
     @property
     def group(self) -> str:
@@ -129,6 +130,9 @@ class Membership:
     def _rejoin(self, epoch: int, index: int) -> None:
         assert self._join_body is not None
         body = dict(self._join_body, start_epoch=epoch, start_batch=index)
+        body.pop("cache_snapshot", None)
+        if epoch in self._snapshots:  # the restarted sidecar continues this epoch's order, not a new snapshot's
+            body["cache_snapshot"] = self._snapshots[epoch]
         share = body.get("share")
         if share is not None and epoch != int(self._join_body["start_epoch"]):  # what the job read was of that epoch
             body["share"] = {"world_size": share["world_size"], "rank": share["rank"]}
@@ -150,9 +154,27 @@ class Membership:
     def batch(self, epoch: int, index: int) -> pa.RecordBatch:
         """One DoGet: waits until the group has prepared the batch, then receives it. Samples the group skipped
         (decode ``on_error="skip"``) are not rows of it: they are added to :attr:`skipped`."""
+        self._ordered(epoch, index)
         rb = self._at(epoch, index, lambda: self._batch(epoch, index))
         self._note_skipped(epoch, index, skipped_of(rb))
         return rb
+
+    def cache_snapshot(self, epoch: int) -> Optional[str]:
+        """A ``cache_first`` group's snapshot of ``epoch`` (``encode_snapshot``'s form) once this member read from
+        that epoch or joined it carrying one; else None."""
+        return self._snapshots.get(epoch)
+
+    def _ordered(self, epoch: int, index: int) -> None:
+        """Before a cache_first member's first read of an epoch: the snapshot its order is computed from
+        (``prep.order``, which fixes it), so a rejoin after a sidecar restart carries it."""
+        if not self.info.get("order_window") or epoch in self._snapshots:
+            return
+
+        def ask() -> str:
+            body = json.dumps({"group": self.group, "member": self.member, "epoch": epoch}).encode()
+            return str(json.loads(self.client.do_action("prep.order", body, recover=False)[0])["cache_snapshot"])
+
+        self._snapshots = {epoch: self._at(epoch, index, ask)}
 
     def _note_skipped(self, epoch: int, index: int, skipped: Sequence[Mapping[str, Any]]) -> None:
         for s in skipped:
@@ -187,6 +209,7 @@ class Membership:
         :mod:`unstall.shm_slots`), so a batch never changes under a tensor the trainer holds."""
         if not self.shm:
             return batch_to_numpy(self.batch(epoch, index))
+        self._ordered(epoch, index)
 
         def next_batch() -> dict[str, Any]:
             # "released": the batches whose views are gone, so the sidecar may write their slots again
@@ -328,6 +351,8 @@ def join(
     slots: Optional[SlotMaps] = None,
     share: Optional[Mapping[str, Any]] = None,
     hybrid: Optional[Mapping[str, Any]] = None,
+    order: Optional[Mapping[str, Any]] = None,
+    cache_snapshot: Optional[str] = None,
 ) -> Membership:
     """Joins (or creates) the group for this dataset, pipeline, seed, batch size, shuffle and drop_last.
 
@@ -369,6 +394,10 @@ def join(
     ``hybrid``: ``{"cpu_load": 0..1 or "auto"}``: the sidecar prepares that share of each batch with ``pipeline``
     (uint8 NHWC) and leaves the rest encoded, for the member's device (``PrepLoader`` with
     ``decode(device="mixed", cpu_load=...)`` passes it).
+
+    ``order``: ``{"cache_first": window}``, part of the group's key: each epoch's seeded order reordered cached samples
+    first within aligned windows of ``window`` positions, from one snapshot of the sidecar's cache per epoch
+    (docs/PREP.md); ``cache_snapshot``, with ``start_epoch``: the snapshot that epoch was read in (a restored state's).
     """
     if not isinstance(dataset, str) or not dataset:
         raise ValueError(f"a dataset name is required, got {dataset!r}")
@@ -411,6 +440,10 @@ def join(
         body["share"] = dict(share)
     if hybrid is not None:
         body["hybrid"] = dict(hybrid)
+    if order is not None:
+        body["order"] = dict(order)
+    if cache_snapshot is not None:
+        body["cache_snapshot"] = cache_snapshot
     if epochs is not None:
         body["epochs"] = int(epochs)
     if start_epoch is not None:
@@ -422,7 +455,8 @@ def join(
         body["shm"] = True
     info = _join_reply(client.do_action("prep.join", json.dumps(body).encode()), epochs)
     body.setdefault("start_epoch", int(info["start_epoch"]))  # where this member's epochs count from
-    m = Membership(client=client, dataset=dataset, info=info, _join_body=body, _slots=slots or SlotMaps())
+    m = Membership(client=client, dataset=dataset, info=info, _join_body=body, _slots=slots or SlotMaps(),
+                   _snapshots={int(body["start_epoch"]): cache_snapshot} if cache_snapshot is not None else {})
     m._start_heartbeat()
     return m
 
