@@ -96,6 +96,7 @@ class PrepLoader(GroupLoader):
     ``with_ids=True`` adds the sample ids as a third element. The group is joined on first use
     (``membership``, ``len``, ``epoch``, a ``for``); ``rank``/``world_size`` (data-parallel ranks, each reading
     its share) and ``state_dict``/``load_state_dict``: see ``GroupLoader``.
+    ``order="cache_first"``/``order_window``: the group's cache-first order (see ``GroupLoader``, docs/PREP.md).
     With ``on_error="skip"`` a bad image is left out of its batch (which is then smaller; a batch of bad images
     only is not yielded) and listed in :attr:`skipped`.
 

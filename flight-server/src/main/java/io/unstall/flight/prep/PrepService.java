@@ -286,7 +286,8 @@ public final class PrepService implements AutoCloseable {
       s = s.withShm(false);
     }
     PrepGroup.Key key =
-        new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast(), j.cacheWindow());
+        new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast(),
+            j.cacheWindow());
     ObjectNode r = groups.join(key, d, j.pipeline(), s, j);
     if (!caller.owner()) {
       r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets

@@ -27,6 +27,7 @@ import org.junit.jupiter.api.io.TempDir;
 class BatchOrderTest {
   @TempDir
   Path dir;
+  static final ObjectMapper JSON = new ObjectMapper();
   DatasetRegistry registry = new DatasetRegistry();
 
   @AfterEach
@@ -49,16 +50,12 @@ class BatchOrderTest {
   }
 
   static int[] ints(JsonNode a) {
-    int[] out = new int[a.size()];
-    for (int i = 0; i < out.length; i++) {
-      out[i] = a.get(i).asInt();
-    }
-    return out;
+    return JSON.convertValue(a, int[].class);
   }
 
   @Test
   void reordersAsTheGoldenFixture() throws Exception {
-    JsonNode cases = new ObjectMapper().readTree(ProtocolFixturesTest.FIXTURES.resolve("cache-order-v1.json")
+    JsonNode cases = JSON.readTree(ProtocolFixturesTest.FIXTURES.resolve("cache-order-v1.json")
         .toFile()).get("cases");
     assertTrue(cases.size() >= 40);
     for (JsonNode c : cases) {
