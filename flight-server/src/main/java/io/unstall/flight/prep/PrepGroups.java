@@ -83,7 +83,7 @@ final class PrepGroups {
     if (running >= maxGroups) {
       throw CallStatus.RESOURCE_EXHAUSTED.withDescription("prep.join: the sidecar already runs " + running
           + " prep groups (--prep-groups " + maxGroups + "); a new group needs another dataset, pipeline, seed,"
-          + " batch_size, shuffle or drop_last than those: join one of them, wait for one to end, or raise"
+          + " batch_size, shuffle, drop_last or order than those: join one of them, wait for one to end, or raise"
           + " --prep-groups").toRuntimeException();
     }
     String id = PrepPipeline.sha256(key + "#" + System.nanoTime()).substring(0, 16);
