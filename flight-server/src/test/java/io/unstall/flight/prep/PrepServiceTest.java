@@ -45,7 +45,9 @@ import org.apache.arrow.flight.Result;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.BitVector;
 import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
@@ -204,6 +206,80 @@ class PrepServiceTest {
     int n = z.deflate(out);
     z.end();
     return Arrays.copyOf(out, n);
+  }
+
+  /** One batch's rows of a raw or hybrid group: ids, payloads and (hybrid) which the sidecar prepared. */
+  record RawRows(long[] ids, byte[][] payloads, boolean[] prepared) {}
+
+  RawRows getRaw(JsonNode j, long epoch, long batch) throws Exception {
+    PrepTicket t = new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch);
+    try (FlightStream s = client.getStream(t.toTicket(), auth)) {
+      assertTrue(s.next());
+      VectorSchemaRoot r = s.getRoot();
+      int n = r.getRowCount();
+      BigIntVector ids = (BigIntVector) r.getVector("id");
+      VarBinaryVector payload = (VarBinaryVector) r.getVector("payload");
+      BitVector prepared = (BitVector) r.getVector("prepared");
+      RawRows out = new RawRows(new long[n], new byte[n][], new boolean[n]);
+      for (int i = 0; i < n; i++) {
+        out.ids()[i] = ids.get(i);
+        out.payloads()[i] = payload.get(i);
+        out.prepared()[i] = prepared != null && prepared.get(i) == 1;
+      }
+      assertFalse(s.next());
+      return out;
+    }
+  }
+
+  /**
+   * A hybrid group ({@code "hybrid": {"cpu_load": 0.4}}): of each batch of 5 the sidecar prepares the first 2 with
+   * the pipeline, bit for bit what the same pipeline's own group gives them, and leaves the other 3 as their stored
+   * bytes; every sample once per epoch, in the seeded order; a bad hybrid join is refused naming the field.
+   */
+  @Test
+  void aHybridGroupPreparesItsShareOfEachBatchAndLeavesTheRestEncoded() throws Exception {
+    String u8 = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"random_resized_crop\",\"size\":32},{\"op\":\"hflip\"}],"
+        + "\"layout\":\"NHWC\",\"dtype\":\"uint8\"}";
+    String common = "{\"dataset\":\"imgs\",\"pipeline\":" + u8 + ",\"batch_size\":5,\"seed\":3";
+    JsonNode cpu = action("prep.join", common + "}");
+    JsonNode hybrid = action("prep.join", common + ",\"hybrid\":{\"cpu_load\":0.4}}");
+    assertNotEquals(cpu.get("group"), hybrid.get("group"), "hybrid is part of the group's key");
+    assertEquals("[32,32,3]", hybrid.get("hybrid").get("shape").toString());
+    List<Long> seen = new ArrayList<>();
+    for (int b = 0; b < hybrid.get("num_batches").asInt(); b++) {
+      RawRows h = getRaw(hybrid, 0, b);
+      PrepTicket t = new PrepTicket(cpu.get("group").asText(), cpu.get("member").asLong(), 0, b);
+      try (FlightStream s = client.getStream(t.toTicket(), auth)) {
+        assertTrue(s.next());
+        BigIntVector ids = (BigIntVector) s.getRoot().getVector("id");
+        FixedSizeBinaryVector tensor = (FixedSizeBinaryVector) s.getRoot().getVector("tensor");
+        for (int i = 0; i < h.ids().length; i++) {
+          assertEquals(ids.get(i), h.ids()[i], "the same order as the pipeline's own group");
+          seen.add(h.ids()[i]);
+          assertEquals(i < 2, h.prepared()[i], "batch " + b + " row " + i);
+          if (i < 2) {
+            assertArrayEquals(tensor.get(i), h.payloads()[i], "prepared by the sidecar: the CPU path's bytes");
+          } else {
+            assertNotEquals(32 * 32 * 3, h.payloads()[i].length, "left encoded");
+            assertTrue((h.payloads()[i][0] & 0xFF) == 0xFF || (h.payloads()[i][0] & 0xFF) == 0x89, "JPEG or PNG bytes");
+          }
+        }
+        assertFalse(s.next());
+      }
+    }
+    assertArrayEquals(java.util.stream.LongStream.range(0, N).toArray(),
+        seen.stream().mapToLong(Long::longValue).sorted().toArray(), "every sample once");
+    JsonNode st = groupStats(hybrid);
+    assertEquals("hybrid", st.get("prep").asText());
+    assertEquals(2, st.get("hybrid").get("cpu_rows").asInt());
+    int made = st.get("hybrid").get("samples_prepared").asInt() + st.get("hybrid").get("samples_encoded").asInt();
+    assertTrue(made >= N, "the epoch read and the next one's staged ahead: " + made); // the window runs ahead
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class,
+        () -> action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":" + PIPELINE
+            + ",\"batch_size\":5,\"hybrid\":{\"cpu_load\":0.4}}"));
+    assertTrue(e.getMessage().contains("uint8, NHWC and on_error"), e.getMessage());
+    e = assertThrows(FlightRuntimeException.class, () -> action("prep.join", common + ",\"hybrid\":{\"cpu_load\":2}}"));
+    assertTrue(e.getMessage().contains("\"cpu_load\" must be a number in [0, 1] or \"auto\""), e.getMessage());
   }
 
   @Test
