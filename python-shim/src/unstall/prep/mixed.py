@@ -39,8 +39,9 @@ class MixedDecode:
 
     ``ops``: the pipeline's ops (``decode(device="mixed")`` first); ``dtype``: ``"uint8"`` or a float type (with a
     ``normalize`` op, normalized); ``memory_format``: ``torch.channels_last`` or ``torch.contiguous_format`` (NCHW
-    images), else the pipeline's ``layout``. ``__call__(payloads, ids, epoch, seed)`` (``seed``: the group's)
-    returns the images of one batch; a sample whose bytes do not decode raises an error naming its id and key."""
+    images), else the pipeline's ``layout``. ``__call__(payloads, ids, epoch, seed)`` (``payloads``: uint8 tensors
+    in host memory, as :func:`payload_tensors` gives them; ``seed``: the group's) returns the images of one batch; a
+    sample whose bytes do not decode raises an error naming its id and key."""
 
     def __init__(self, ops: Sequence[Mapping[str, Any]], dtype: str, layout: str, device: Any,
                  memory_format: Any = None) -> None:
@@ -85,8 +86,7 @@ class MixedDecode:
         from torchvision.io import ImageReadMode, decode_jpeg
         from torchvision.ops import roi_align
 
-        data = [p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(p), dtype=torch.uint8)
-                for p in payloads]
+        data = list(payloads)
         n = len(data)
         on_cpu = [k for k in range(n) if prepared is not None and prepared[k]]  # pixels the sidecar prepared
         encoded = [k for k in range(n) if prepared is None or not prepared[k]]

@@ -204,7 +204,10 @@ final class Autotuner {
       source.cpuRows(rows - step);
       decide("cpu_rows", rows, source.cpuRows(), "members waited " + stalls + " times for batches: their device"
           + " decodes more of each");
-    } else if (stalls == 0 && busy < SPLIT_BUSY && consumptionRate > 0 && source.cpuRows(rows + step) != rows) {
+    } else if (stalls == 0 && busy < SPLIT_BUSY && consumptionRate > 0) {
+      if (source.cpuRows(rows + step) == rows) {
+        return; // the sidecar already prepares whole batches
+      }
       decide("cpu_rows", rows, source.cpuRows(), String.format("nobody waited and the producers were busy %.0f%% of"
           + " the period: the sidecar prepares more of each batch", 100 * busy));
     }

@@ -7,11 +7,9 @@ import java.util.Arrays;
 import java.util.List;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.rounding.RoundingPolicy;
-import org.apache.arrow.vector.BigIntVector;
 import org.apache.arrow.vector.BitVector;
 import org.apache.arrow.vector.FixedSizeBinaryVector;
 import org.apache.arrow.vector.VarBinaryVector;
-import org.apache.arrow.vector.VarCharVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.types.pojo.ArrowType;
 import org.apache.arrow.vector.types.pojo.Field;
@@ -139,22 +137,16 @@ final class HybridPrep implements BatchSource {
     int n = in.getRowCount();
     VectorSchemaRoot out = VectorSchemaRoot.create(SCHEMA, staging.allocator());
     try {
-      BigIntVector id = (BigIntVector) out.getVector(BatchSchema.ID);
-      BigIntVector label = (BigIntVector) out.getVector(BatchSchema.LABEL);
-      VarCharVector key = (VarCharVector) out.getVector(BatchSchema.KEY);
+      for (String column : new String[] {BatchSchema.ID, BatchSchema.LABEL, BatchSchema.KEY}) {
+        in.getVector(column).makeTransferPair(out.getVector(column)).transfer(); // as fetched: moved, not copied
+      }
       VarBinaryVector payload = (VarBinaryVector) out.getVector(BatchSchema.PAYLOAD);
       BitVector prepared = (BitVector) out.getVector(PREPARED);
-      BigIntVector idIn = (BigIntVector) in.getVector(BatchSchema.ID);
-      BigIntVector labelIn = (BigIntVector) in.getVector(BatchSchema.LABEL);
-      VarCharVector keyIn = (VarCharVector) in.getVector(BatchSchema.KEY);
       VarBinaryVector payloadIn = (VarBinaryVector) in.getVector(BatchSchema.PAYLOAD);
       FixedSizeBinaryVector tensor = prepped == null ? null
           : (FixedSizeBinaryVector) prepped.getVector(PrepSchema.TENSOR);
       int sb = (int) pipeline.sampleBytes();
       for (int i = 0; i < n; i++) {
-        id.copyFromSafe(i, i, idIn);
-        label.copyFromSafe(i, i, labelIn);
-        key.copyFromSafe(i, i, keyIn);
         if (i < m) {
           ArrowBuf px = tensor.getDataBuffer();
           payload.setSafe(i, px.nioBuffer((long) i * sb, sb), 0, sb);
@@ -180,12 +172,7 @@ final class HybridPrep implements BatchSource {
   public void describe(ObjectNode join) {
     ObjectNode h = join.putObject("hybrid");
     h.put("cpu_load", auto ? "auto" : String.valueOf((double) cpuRows / order.key.batchSize()));
-    h.put("dtype", pipeline.dtype().wire());
-    h.put("layout", pipeline.layout().name());
-    var shape = h.putArray("shape");
-    for (int s : pipeline.sampleShape()) {
-      shape.add(s);
-    }
+    SidecarPrep.describeOutput(h, pipeline);
   }
 
   @Override

@@ -325,13 +325,18 @@ final class SidecarPrep implements BatchSource {
 
   @Override
   public void describe(ObjectNode join) {
-    ArrayNode shape = join.putArray("shape");
+    describeOutput(join, pipeline);
+    join.put("on_error", pipeline.decode().onError().wire());
+  }
+
+  /** A prepared sample's {@code shape}, {@code dtype} and {@code layout}, as join answers give them. */
+  static void describeOutput(ObjectNode o, PrepPipeline pipeline) {
+    ArrayNode shape = o.putArray("shape");
     for (int s : pipeline.sampleShape()) {
       shape.add(s);
     }
-    join.put("dtype", pipeline.dtype().wire());
-    join.put("layout", pipeline.layout().name());
-    join.put("on_error", pipeline.decode().onError().wire());
+    o.put("dtype", pipeline.dtype().wire());
+    o.put("layout", pipeline.layout().name());
   }
 
   @Override
