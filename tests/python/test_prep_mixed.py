@@ -176,3 +176,37 @@ def test_hybrid_with_every_sample_prepared_by_the_sidecar_decodes_nothing_on_the
     assert [i for i, _, _ in cpu[0]] == [i for i, _, _ in hybrid[0]]
     for (i, a, _), (_, b, _) in zip(cpu[0], hybrid[0]):
         np.testing.assert_array_equal(a, b, err_msg=f"sample {i}")
+
+
+def test_the_jobs_of_a_search_on_one_device_decode_each_batch_once(env: tuple[PrepEnv, list[Path]]) -> None:
+    """Two members of one group on one device (``device_share``, the default): each batch is decoded by one of them
+    and handed to the other (shared memory here; CUDA IPC handles on a GPU), and both read exactly what a member
+    decoding alone reads, bit for bit."""
+    e, paths = env
+    pipe = prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed")
+    alone = _epochs(e, pipe, "cpu", device_share=False)
+    got: list[list[list[tuple[int, np.ndarray, int]]]] = [[], []]
+    with e.client() as c1, e.client() as c2:
+        common = dict(batch_size=4, seed=7, shuffle=True, epochs=2, with_ids=True, device="cpu", group_size=2)
+        members = [prep.PrepLoader("jpegs", pipe, client=c, **common) for c in (c1, c2)]
+        assert members[0].membership.group == members[1].membership.group
+        for _ in range(2):
+            for g in got:
+                g.append([])
+            for batches in zip(*members):
+                for g, (images, labels, ids) in zip(got, batches):
+                    g[-1].extend((int(i), img, int(label))
+                                 for img, label, i in zip(images.numpy(), labels.numpy(), ids.numpy()))
+        stats = [m.share_stats for m in members]
+        for m in members:
+            m.close()
+    for g in got:
+        assert [[(i, label) for i, _, label in ep] for ep in g] == [[(i, label) for i, _, label in ep] for ep in alone]
+        for ep, ep_alone in zip(g, alone):
+            for (i, a, _), (_, b, _) in zip(ep, ep_alone):
+                np.testing.assert_array_equal(a, b, err_msg=f"sample {i}")
+    batches = 2 * -(-len(paths) // 4)
+    assert all(s is not None for s in stats)
+    assert sum(s.decoded for s in stats) == batches, stats  # one decode of each batch for the two jobs
+    assert sum(s.received for s in stats) == batches and sum(s.served for s in stats) == batches, stats
+    assert all(s.fallbacks == 0 for s in stats), stats

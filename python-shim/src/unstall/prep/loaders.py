@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from ..protocol import batch_to_numpy, tensor_batch
 from ..shm_slots import SlotMaps
 from .group_loader import GroupLoader
+from .decode_share import DecodeShare, ShareStats, device_uuid, share_scope
 from .mixed import MIXED, MixedDecode, decode_device, payload_tensors
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, Pipeline
 
@@ -84,6 +85,7 @@ class _RawBatch(NamedTuple):
     epoch: int
     labels: Any
     ids: Any
+    position: int  # the batch's index in the group's epoch
 
 
 class PrepLoader(GroupLoader):
@@ -109,6 +111,12 @@ class PrepLoader(GroupLoader):
     shared-memory slot is registered as pinned memory once. ``state_dict`` counts the batches handed out, not
     those in flight. ``device_stats``: batches and bytes copied, the training thread's CPU and wall time in
     ``next()`` per batch.
+
+    ``device_share`` (``decode(device="mixed")`` only; default True): the members of the group on this host and
+    device decode each batch once between them and hand it to each other (CUDA IPC handles on a GPU, shared memory
+    on the CPU; :mod:`unstall.prep.decode_share`), each member using a copy whose sample ids it checked;
+    ``share_stats`` counts what this member decoded, served and received. It keeps its last few decoded batches on
+    offer (device memory: about ``2 * (device_prefetch + window)`` batches).
     """
 
     def __init__(
@@ -122,6 +130,7 @@ class PrepLoader(GroupLoader):
         device: Any = None,
         device_prefetch: int = 2,
         memory_format: Any = None,
+        device_share: bool = True,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         **join_kwargs: Any,
@@ -129,6 +138,8 @@ class PrepLoader(GroupLoader):
         self.device: Any = None
         self._conversion: Any = None
         self._mixed: Optional[MixedDecode] = None
+        self._decode_share: Optional[DecodeShare] = None
+        self._device_share = bool(device_share)
         if pipeline is not None and decode_device(pipeline) == MIXED:
             if device is None:
                 raise ValueError("decode(device='mixed') decodes on the loader's device: pass device= ('cuda'; "
@@ -239,7 +250,15 @@ class PrepLoader(GroupLoader):
 
     def close(self) -> None:
         self._drop_ahead()
+        if self._decode_share is not None:
+            self._decode_share.close()
         super().close()
+
+    @property
+    def share_stats(self) -> Optional[ShareStats]:
+        """What this member decoded for the group's members on its device, served them and received from them
+        (``device_share``); None until it decoded a batch on the device, or without ``device_share``."""
+        return self._decode_share.stats if self._decode_share is not None else None
 
     def _convert_images(self, batch: Any) -> Any:
         if self._mixed is not None and isinstance(batch, _RawBatch):
@@ -252,21 +271,37 @@ class PrepLoader(GroupLoader):
         """``decode(device="mixed")``: a raw (or hybrid) batch's images decoded and prepared on the device, in the
         prefetcher's thread and on its stream."""
         rb = batch.records
-        assert self._mixed is not None
+        mixed = self._mixed
+        assert mixed is not None
         prepared = rb.column("prepared").to_numpy(zero_copy_only=False) if "prepared" in rb.schema.names else None
-        images = self._mixed(payload_tensors(rb.column("payload")), rb.column("id").to_pylist(), batch.epoch,
-                             int(self._join_kwargs.get("seed", 0)), rb.column("key").to_pylist(), prepared)
+        ids, seed = rb.column("id").to_pylist(), int(self._join_kwargs.get("seed", 0))
+
+        def decode() -> Any:
+            return mixed(payload_tensors(rb.column("payload")), ids, batch.epoch, seed, rb.column("key").to_pylist(),
+                         prepared)
+
+        if not self._device_share:
+            images = decode()
+        else:
+            m = self.membership
+            if self._decode_share is None:
+                window = int(m.info.get("window", 4))
+                self._decode_share = DecodeShare(self.device, ring=2 * (self.device_prefetch + window))
+            sidecar = m.client.endpoint()
+            scope = share_scope(sidecar.flight, sidecar.token, m.group, seed, mixed.ops, mixed.dtype, mixed.layout,
+                                str(mixed.memory_format), device_uuid(self.device))
+            images = self._decode_share.batch(scope, batch.epoch, batch.position, ids, decode)
         return (images, batch.labels, batch.ids) if self.with_ids else (images, batch.labels)
 
     def _host_batches(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
         import torch
 
         if self._mixed is not None:  # the stored bytes; the device decodes them (_decode_on_device)
-            for rb in self.membership.epoch(epoch, indices):
+            for index, rb in zip(indices, self.membership.epoch(epoch, indices)):
                 ids = rb.column("id").to_numpy(zero_copy_only=False)
                 labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
                 yield _RawBatch(rb, epoch, torch.from_numpy(np.array(labels, dtype=np.int64)),
-                                torch.from_numpy(np.array(ids, dtype=np.int64)))
+                                torch.from_numpy(np.array(ids, dtype=np.int64)), index)
             return
         if self.membership.shape is not None:
             for arr, labels, ids in self.membership.epoch_arrays(epoch, indices):

@@ -91,6 +91,11 @@ class MixedDecode:
         on_cpu = [k for k in range(n) if prepared is not None and prepared[k]]  # pixels the sidecar prepared
         encoded = [k for k in range(n) if prepared is None or not prepared[k]]
         names = keys if keys is not None else [""] * n
+        if self.device.type == "cuda" and encoded:
+            # nvJPEG's hardware engine writes its outputs before the work queued on the caller's stream ran, into
+            # blocks the caching allocator hands out as soon as they are freed on that stream
+            # (pytorch/vision#9606, meta-pytorch/torchcodec#1634): that work is done first.
+            torch.cuda.current_stream(self.device).synchronize()
         try:  # (none encoded: the sidecar prepared the whole batch)
             images = (decode_jpeg([data[k] for k in encoded], mode=ImageReadMode.RGB, device=self.device)
                       if encoded else [])

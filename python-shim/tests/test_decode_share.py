@@ -1,0 +1,137 @@
+"""``DecodeShare`` between real processes (spawned, as the jobs of a search are separate processes): each batch is
+decoded by one member and handed to the others through shared memory (the CPU path; on a GPU the handles are CUDA
+IPC handles, the CUDA case below), a member never uses a batch whose ids are not its own, and a claimant that dies
+or leaves costs the others a decode, never a batch."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from unstall.prep.decode_share import DecodeShare, share_scope  # noqa: E402
+
+CTX = mp.get_context("spawn")
+BATCHES = 6
+
+
+def _image(index: int) -> Any:
+    """What decoding batch ``index`` gives, in a channels_last layout (strides survive the hand-over)."""
+    t = torch.arange(2 * 3 * 5 * 4, dtype=torch.float32).view(2, 3, 5, 4) + 1000 * index
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def _member(rank: int, scope: bytes, device: str, barrier: Any, out: Any) -> None:
+    share = DecodeShare(torch.device(device), ring=BATCHES)
+    got = []
+    for i in range(BATCHES):
+        t = share.batch(scope, 0, i, [10 * i + j for j in range(2)], lambda i=i: _image(i).to(device))
+        got.append((t.cpu().tolist(), t.stride()))
+    barrier.wait(timeout=120)  # every member read every batch before any drops its offers
+    share.close()
+    out.put((rank, got, share.stats.as_dict()))
+
+
+def _run_members(k: int, device: str) -> list[tuple[int, list[Any], dict[str, int]]]:
+    scope = share_scope("test", os.getpid(), device)
+    barrier, out = CTX.Barrier(k), CTX.Queue()
+    procs = [CTX.Process(target=_member, args=(r, scope, device, barrier, out)) for r in range(k)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=180) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+def _check_one_decode_each(results: list[tuple[int, list[Any], dict[str, int]]], k: int) -> None:
+    for _, got, _ in results:
+        for i, (values, stride) in enumerate(got):
+            assert values == _image(i).tolist()
+            assert stride == _image(i).stride()
+    stats = [s for _, _, s in results]
+    assert sum(s["decoded"] for s in stats) == BATCHES  # one decode of each batch for the k jobs
+    assert sum(s["received"] for s in stats) == (k - 1) * BATCHES
+    assert sum(s["served"] for s in stats) == (k - 1) * BATCHES
+    assert all(s["fallbacks"] == 0 and s["mismatches"] == 0 for s in stats)
+
+
+def test_three_processes_decode_each_batch_once_between_them() -> None:
+    _check_one_decode_each(_run_members(3, "cpu"), 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA IPC handles between processes)")
+def test_three_processes_share_each_cuda_batch_through_ipc_handles() -> None:
+    _check_one_decode_each(_run_members(3, "cuda"), 3)
+
+
+def _claim_and_hang(scope: bytes, claimed: Any, ids: list[int]) -> None:
+    share = DecodeShare(torch.device("cpu"))
+
+    def decode() -> Any:
+        claimed.set()
+        CTX.Event().wait()  # never set: this member dies holding its claim
+        return _image(0)
+
+    share.batch(scope, 0, 0, ids, decode)
+
+
+def _claim_and_hold(scope: bytes, offered: Any, done: Any, ids: list[int]) -> None:
+    share = DecodeShare(torch.device("cpu"))
+    share.batch(scope, 0, 0, ids, lambda: _image(0))
+    offered.set()
+    done.wait(timeout=120)
+    share.close()
+
+
+def test_a_claimant_that_dies_costs_the_others_a_decode_not_a_batch() -> None:
+    scope = share_scope("test-dies", os.getpid())
+    claimed = CTX.Event()
+    p = CTX.Process(target=_claim_and_hang, args=(scope, claimed, [1, 2]))
+    p.start()
+    try:
+        assert claimed.wait(timeout=120)
+        p.kill()  # dead while it holds batch 0: its socket goes with it
+        p.join(timeout=60)
+        share = DecodeShare(torch.device("cpu"))
+        t = share.batch(scope, 0, 0, [1, 2], lambda: _image(0))
+        share.close()
+    finally:
+        p.kill()
+    assert t.tolist() == _image(0).tolist()
+    assert share.stats.decoded + share.stats.fallbacks == 1 and share.stats.received == 0
+
+
+def test_a_batch_with_other_samples_is_never_used() -> None:
+    scope = share_scope("test-mismatch", os.getpid())
+    offered, done = CTX.Event(), CTX.Event()
+    p = CTX.Process(target=_claim_and_hold, args=(scope, offered, done, [1, 2]))
+    p.start()
+    try:
+        assert offered.wait(timeout=120)
+        share = DecodeShare(torch.device("cpu"))
+        mine = torch.full((2, 3), 7.0)
+        t = share.batch(scope, 0, 0, [3, 4], lambda: mine.clone())  # same batch index, other ids
+        share.close()
+    finally:
+        done.set()
+        p.join(timeout=60)
+    assert t.tolist() == mine.tolist()
+    assert share.stats.mismatches == 1 and share.stats.fallbacks == 1 and share.stats.received == 0
+
+
+def test_a_member_alone_decodes_everything_and_drops_old_offers() -> None:
+    share = DecodeShare(torch.device("cpu"), ring=2)
+    scope = share_scope("test-alone", os.getpid())
+    for i in range(5):
+        assert share.batch(scope, 1, i, [i], lambda i=i: _image(i)).tolist() == _image(i).tolist()
+    assert len(share._offers) == 2
+    share.close()
+    assert share.stats.as_dict() == {"decoded": 5, "served": 0, "received": 0, "fallbacks": 0, "mismatches": 0}
+    with pytest.raises(ValueError, match="ring must hold at least 1 batch"):
+        DecodeShare(torch.device("cpu"), ring=0)
