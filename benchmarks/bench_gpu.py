@@ -70,6 +70,8 @@ from jpeg_variants import VARIANTS  # noqa: E402
 __all__ = ["main"]
 
 DATASET = "bench-gpu"
+HP_KINDS = ("torch", "prep", "mixed", "mixed_solo")  # the HP-search rows' jobs (--job)
+HP_ROWS = tuple(f"hp_{kind}" for kind in HP_KINDS)
 # The full run (the issue's setting) and --toy; an option given on the command line wins over both.
 FULL = dict(model="resnet18", batch=256, steps=100, warmup=20, crop=224, jobs=4, images=9600, size="500x375",
             workers=max(1, (os.cpu_count() or 2) - 1))
@@ -222,10 +224,11 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
 
 
 def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, mixed: bool = False,
-                cpu_load: Any = None, **where: Any) -> Tuple[Any, Batches]:
+                cpu_load: Any = None, device_share: bool = True, **where: Any) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
     loader puts on the device, normalized there from the sidecar's uint8, or (``mixed``) decoded there from the
-    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load)``). ``where``: ``sidecar=`` or ``client=``."""
+    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load)``; ``device_share``: the group's members on the
+    device decode each batch once between them). ``where``: ``sidecar=`` or ``client=``."""
     import torch
     from unstall import prep
 
@@ -235,7 +238,8 @@ def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool
             pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), *pipe.ops[1:]), layout="NHWC",
                                  dtype="bfloat16")
         loader = prep.PrepLoader(DATASET, pipe, batch_size=batch, seed=seed, group_size=k, drop_last=True,
-                                 device=str(dev), device_prefetch=2, memory_format=torch.channels_last, **where)
+                                 device=str(dev), device_prefetch=2, memory_format=torch.channels_last,
+                                 device_share=device_share, **where)
         return loader, on_device(forever(loader), dev)
     loader = prep.PrepLoader(DATASET, prep.imagenet_train(crop, dtype="uint8"), batch_size=batch, seed=seed,
                              group_size=k, drop_last=True, **where)
@@ -284,7 +288,7 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 @dataclasses.dataclass
 class Row:
     key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_hybrid, hp_torch,
-    # hp_prep; KEY_alone
+    # hp_prep, hp_mixed, hp_mixed_solo; KEY_alone
     row: str
     images_per_s: float
     busy_cores: float  # CPU seconds of the processes involved / wall seconds
@@ -296,6 +300,7 @@ class Row:
     images: int = 0
     wall_s: float = 0.0
     error: Optional[str] = None  # the row failed: what it raised (the run goes on with the next row)
+    decodes: Optional[dict[str, int]] = None  # hp_mixed*: the jobs' batches decoded, received from another, fallbacks
 
     @property
     def images_per_busy_core(self) -> Optional[float]:
@@ -351,7 +356,9 @@ def job(args: argparse.Namespace) -> None:
 
         client = unstall.FlightClient(args.location, os.environ["UNSTALL_TOKEN"])
         # One seed for all: the group's key, so that the k jobs share every prepared batch.
-        loader, batches = prep_loader(args.crop, args.batch, 0, args.k, dev, True, client=client)
+        mixed = args.job in ("mixed", "mixed_solo")
+        loader, batches = prep_loader(args.crop, args.batch, 0, args.k, dev, True, mixed,
+                                      device_share=args.job != "mixed_solo", client=client)
     run_steps(batches, step, args.warmup)  # the group forms here: its first batch waits for all k members
     sync(dev)
     await_go()
@@ -360,7 +367,8 @@ def job(args: argparse.Namespace) -> None:
     sync(dev)
     result = {"start": t0, "end": time.time(), "cpu": self_cpu() - c0, "images": args.steps * args.batch,
               "input_ms": 1e3 * in_next / args.steps, "input_wall_ms": 1e3 * in_next_wall / args.steps,
-              "copy_ms": copy_ms(h0, handed_out(loader))}
+              "copy_ms": copy_ms(h0, handed_out(loader)),
+              "share": loader.share_stats.as_dict() if getattr(loader, "share_stats", None) is not None else None}
     print("RESULT " + json.dumps(result), flush=True)
     close(loader, batches)
 
@@ -376,11 +384,14 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
     results, machine = run_jobs(kind, args.jobs, data, extra, env, script=Path(__file__), meter=meter)
     s = summarize(results, machine)
     copies = [r["copy_ms"] for r in results if r.get("copy_ms") is not None]
+    shares = [r["share"] for r in results if r.get("share")]
+    decoded = {k: sum(sh[k] for sh in shares) for k in ("decoded", "received", "fallbacks")} if shares else None
     return Row(f"hp_{kind}", name, s["images_per_s"], meter.seconds / s["wall_s"],
                machine_cores(*machine),
                sum(r["input_ms"] for r in results) / len(results),
                sum(r["input_wall_ms"] for r in results) / len(results),
-               sum(copies) / len(copies) if copies else None, images=int(s["images"]), wall_s=s["wall_s"])
+               sum(copies) / len(copies) if copies else None, images=int(s["images"]), wall_s=s["wall_s"],
+               decodes=decoded)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,6 +435,14 @@ def table(rows: Sequence[Row]) -> list[str]:
                      f"{fmt(r.machine_busy_cores, 1)} | {fmt(r.images_per_busy_core)} | "
                      f"{fmt(r.input_cpu_ms_per_batch, 2)} | {fmt(r.input_wall_ms_per_batch, 2)} | "
                      f"{fmt(r.copy_cpu_ms_per_batch, 2)} |")
+    shared = [r for r in rows if r.decodes is not None and r.error is None]
+    if shared:
+        lines.append("")
+    for r in shared:
+        d = r.decodes or {}
+        lines.append(f"- {r.row}: the jobs decoded {d['decoded']:,} batches and took {d['received']:,} from another "
+                     f"job's decode ({d['fallbacks']:,} decoded again after a job that claimed them could not hand "
+                     "them over)")
     return lines
 
 
@@ -455,11 +474,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
     ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
-                    "prep_mixed, prep_hybrid, hp_torch, hp_prep; the model-alone row always runs")
+                    f"prep_mixed, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row always runs")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
-    ap.add_argument("--job", choices=("torch", "prep"), help=argparse.SUPPRESS)  # an HP-search job (run_jobs)
+    ap.add_argument("--job", choices=tuple(HP_KINDS), help=argparse.SUPPRESS)  # an HP-search job (run_jobs)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--k", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--location", help=argparse.SUPPRESS)
@@ -522,13 +541,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
          "cpu_load='auto')",
          lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", sidecar=sidecar)),
     ]
-    chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | {"hp_torch", "hp_prep"}
-    unknown = chosen - {key for key, _, _ in loaders} - {"hp_torch", "hp_prep"}
+    chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | set(HP_ROWS)
+    unknown = chosen - {key for key, _, _ in loaders} - set(HP_ROWS)
     if unknown:
         raise SystemExit(f"--rows: unknown rows {sorted(unknown)}; rows: {[key for key, _, _ in loaders]}, "
-                         "hp_torch, hp_prep")
+                         f"{', '.join(HP_ROWS)}")
     loaders = [entry for entry in loaders if entry[0] in chosen]
-    hp = [kind for kind in ("torch", "prep") if f"hp_{kind}" in chosen]
+    hp = [kind for kind in HP_KINDS if f"hp_{kind}" in chosen]
     total = 1 + len(loaders) * (2 if args.loader_alone else 1) + len(hp)
     trained: list[Row] = []  # the table lists the training rows first, the loaders alone last
     alone: list[Row] = []
@@ -574,7 +593,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         searches = {"torch": f"HP search, {k} jobs: {k} torch DataLoaders ({max(1, args.workers // k)} workers each)",
-                    "prep": f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group"}
+                    "prep": f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group",
+                    "mixed": f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group, "
+                             "decode(device='mixed'), each batch decoded once (device_share)",
+                    "mixed_solo": f"HP search, {k} jobs: {k} PrepLoaders(device={str(dev)!r}) in one group, "
+                                  "decode(device='mixed'), each job decoding every batch (device_share=False)"}
         for kind in hp:
             try:
                 done(hp_search(searches[kind], kind, args, data, sidecar), trained)

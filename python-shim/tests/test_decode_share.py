@@ -135,3 +135,14 @@ def test_a_member_alone_decodes_everything_and_drops_old_offers() -> None:
     assert share.stats.as_dict() == {"decoded": 5, "served": 0, "received": 0, "fallbacks": 0, "mismatches": 0}
     with pytest.raises(ValueError, match="ring must hold at least 1 batch"):
         DecodeShare(torch.device("cpu"), ring=0)
+
+
+def test_close_drops_a_full_ring_without_blocking_on_its_wake_ups() -> None:
+    """Each dropped offer wakes the server; hundreds of them at close (the server stopping) once filled the wake
+    socket's buffer and blocked close() for good."""
+    share = DecodeShare(torch.device("cpu"), ring=400)
+    scope = share_scope("test-close", os.getpid())
+    for i in range(400):
+        share.batch(scope, 0, i, [i], lambda: torch.zeros(1))
+    share.close()  # returns: the pytest timeout of the suite is the bound
+    assert share.stats.decoded == 400 and not share._offers

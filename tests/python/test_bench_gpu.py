@@ -14,7 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "bench_gpu.py"
 
-TRAINING = ["model", "torch", "unstall", "prep", "prep_device", "prep_mixed", "prep_hybrid", "hp_torch", "hp_prep"]
+TRAINING = ["model", "torch", "unstall", "prep", "prep_device", "prep_mixed", "prep_hybrid", "hp_torch", "hp_prep",
+            "hp_mixed", "hp_mixed_solo"]
 ALONE = ["torch_alone", "unstall_alone", "prep_alone", "prep_device_alone", "prep_mixed_alone",
          "prep_hybrid_alone"]
 
@@ -38,8 +39,15 @@ def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp
     assert rows[0]["of_model_alone"] == 1.0
     assert "| training thread wall ms per batch in next() |" in run.stdout
     assert [r["key"] for r in rows if r["copy_cpu_ms_per_batch"] is not None] == [
-        "unstall", "prep_device", "prep_mixed", "prep_hybrid", "hp_prep", "unstall_alone", "prep_device_alone",
-        "prep_mixed_alone", "prep_hybrid_alone"]
+        "unstall", "prep_device", "prep_mixed", "prep_hybrid", "hp_prep", "hp_mixed", "hp_mixed_solo", "unstall_alone",
+        "prep_device_alone", "prep_mixed_alone", "prep_hybrid_alone"]
+    by_key = {r["key"]: r for r in rows}
+    shared, solo = by_key["hp_mixed"]["decodes"], by_key["hp_mixed_solo"]["decodes"]
+    steps = doc["settings"]["jobs"] * (doc["settings"]["warmup"] + doc["settings"]["steps"])
+    assert shared["received"] > 0 and shared["decoded"] + shared["received"] + shared["fallbacks"] >= steps, shared
+    assert solo is None  # device_share=False: every job decodes every batch, nothing to count
+    assert "- HP search, 2 jobs: 2 PrepLoaders(device='cpu') in one group, decode(device='mixed'), each batch " \
+           "decoded once (device_share): the jobs decoded" in run.stdout
     progress = [line for line in run.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == len(rows), run.stderr[-4000:]
     for head in ("- command: ", "- date: ", "- machine: ", "- GPU: none (device cpu)", "- commit: "):
@@ -70,3 +78,21 @@ def test_a_row_that_fails_is_a_row_of_the_table_and_the_others_still_run(sidecar
     assert "not a JPEG the device decodes" in rows["prep_mixed"]["error"] and rows["prep_mixed"]["images_per_s"] == 0
     assert rows["hp_prep"]["error"] is None and rows["hp_prep"]["images_per_s"] > 0
     assert "| failed: ValueError: decode(device='mixed'): sample" in run.stdout
+
+
+@pytest.mark.slow
+def test_decode_share_bench_toy_run_counts_one_decode_per_batch_when_shared(sidecar_jar: Path, tmp_path: Path) -> None:
+    """benchmarks/bench_decode_share.py at toy size on the CPU: both modes run (ABBA), the shared one's jobs took
+    batches from each other's decodes and the ratio is printed. No threshold on the rates."""
+    out = tmp_path / "share.json"
+    env = dict(os.environ, UNSTALL_SIDECAR_JAR=str(sidecar_jar), UNSTALL_HOME=str(tmp_path / "home"))
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_decode_share.py"), "--toy", "--device", "cpu",
+                          "--cache-dir", str(tmp_path / "data"), "--json", str(out)], capture_output=True, text=True,
+                         env=env, stdin=subprocess.DEVNULL, timeout=900)  # a bound on a hang, not on the speed
+    assert run.returncode == 0, run.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    share, solo = doc["rows"]
+    assert (share["mode"], solo["mode"]) == ("share", "solo") and len(share["runs"]) == len(solo["runs"]) == 2
+    assert share["decodes"]["received"] > 0 and not share["solo_counted"] and solo["solo_counted"]
+    assert share["images_per_s"] > 0 and solo["images_per_s"] > 0
+    assert f"device_share / without: **{doc['ratio']:.2f}x** images/s" in run.stdout

@@ -133,13 +133,44 @@ def test_the_next_epochs_first_batches_are_in_flight_before_its_for_and_another_
                                                  client=client, with_ids=True, device="cpu",
                                                  device_prefetch=2) as loader:
         _assert_same(epochs[0], [tuple(t.clone() for t in b) for b in loader])
-        assert loader._ahead is not None and loader._ahead[0] == 1, "the prefetcher is kept for epoch 1"
-        kept = loader._ahead[2]
+        assert loader._epochs.kept is not None and loader._epochs.kept[0] == 1, "the prefetcher is kept for epoch 1"
+        kept = loader._epochs.kept[2]
         wait_until(lambda: kept.pulled - kept.handed == 2, "epoch 1's first 2 batches read before its for")
         loader.set_epoch(2)  # not the epoch kept in flight: that prefetcher is closed, epoch 2 read from its start
         _assert_same(epochs[2], [tuple(t.clone() for t in b) for b in loader])
         assert kept._closed and kept.handed == NUM_BATCHES + 1, "epoch 0 and its end handed out, none of epoch 1"
-        assert loader._ahead is None, "3 epochs declared: nothing read past them"
+        assert loader._epochs.kept is None, "3 epochs declared: nothing read past them"
+
+
+def test_a_loop_that_leaves_an_epoch_early_gets_the_next_epochs_batches_read_ahead_once(env: PrepEnv) -> None:
+    """The loop leaves an epoch without the call that ends it while the prefetcher already reads the next epoch's
+    first batches: it kept the iterator after the last batch (as ``zip`` of two loaders does), or broke off before
+    the last batch. The next ``for`` gets those batches (the sidecar refuses a member reading a batch twice: "already
+    read past"); the epoch broken off loses its last batch only."""
+    import itertools
+
+    seed = 150
+    host = _read(env, PIPELINE_U8, seed, epochs=3, copy=True)
+    epochs = [host[e * NUM_BATCHES:(e + 1) * NUM_BATCHES] for e in range(3)]
+    with env.client() as client, prep.PrepLoader("imgs", PIPELINE_U8, batch_size=BATCH, seed=seed, epochs=3,
+                                                 client=client, with_ids=True, device="cpu",
+                                                 device_prefetch=2) as loader:
+        it = iter(loader)  # epoch 0, read to its last batch and kept: the loop never asks for its end
+        got0 = [tuple(t.clone() for t in b) for b in itertools.islice(it, NUM_BATCHES)]
+        live = loader._epochs.live
+        wait_until(lambda: live.pulled == NUM_BATCHES + 2, "epoch 0's end and epoch 1's first batch read ahead")
+        got1 = []
+        for b in loader:  # epoch 1, while epoch 0's iterator is still open
+            got1.append(tuple(t.clone() for t in b))
+            if len(got1) == NUM_BATCHES - 1:
+                break  # epoch 2's first batch is read ahead already (depth 2: the last batch, the end, then it)
+        got2 = [tuple(t.clone() for t in b) for b in loader]
+        del it
+    _assert_same(epochs[0], got0)
+    assert len(got1) == NUM_BATCHES - 1
+    for x, y in zip(got1, epochs[1]):
+        assert all(torch.equal(u, v) for u, v in zip(x, y)), "epoch 1 as the sidecar serves it, to the break"
+    _assert_same(epochs[2], got2)
 
 
 @pytest.mark.parametrize("device", DEVICES)

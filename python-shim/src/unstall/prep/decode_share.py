@@ -107,6 +107,7 @@ class DecodeShare:
         self._offers: Deque[_Offer] = deque()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)  # a wake-up already pending is enough: never blocks (close() included)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._server: Optional[threading.Thread] = None
         self._lock = threading.Lock()
@@ -236,7 +237,13 @@ class DecodeShare:
             if self._server is None:
                 self._server = threading.Thread(target=self._serve, name="unstall-decode-share", daemon=True)
                 self._server.start()
-        self._wake_w.send(b"w")
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"w")
+        except (BlockingIOError, OSError):
+            pass  # the server has wake-ups to read, or is closed
 
     def _drop(self, offer: _Offer) -> None:
         with self._lock:
@@ -246,7 +253,7 @@ class DecodeShare:
                 pass
         offer.sock.close()
         offer.tensor = None
-        self._wake_w.send(b"w")
+        self._wake()
 
     def _serve(self) -> None:
         while not self._closed:

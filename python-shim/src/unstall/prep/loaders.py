@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from ..protocol import batch_to_numpy, tensor_batch
 from ..shm_slots import SlotMaps
 from .group_loader import GroupLoader
+from .ahead import EPOCH_END, Crossing, EpochPrefetch
 from .decode_share import DecodeShare, ShareStats, device_uuid, share_scope
 from .mixed import MIXED, MixedDecode, decode_device, payload_tensors
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, Pipeline
@@ -74,7 +75,6 @@ def device_pipeline(pipeline: Union[Pipeline, Mapping[str, Any], None],
 
 
 _ALL_SKIPPED = object()  # a batch whose every sample the group skipped: counted when it would be handed out
-_EPOCH_END = object()  # between an epoch's host batches and the next epoch's (PrepLoader._host_epochs)
 
 
 class _RawBatch(NamedTuple):
@@ -172,7 +172,7 @@ class PrepLoader(GroupLoader):
         self.with_ids = with_ids
         self.device_prefetch = device_prefetch
         self.memory_format = memory_format
-        self._ahead: Optional[Tuple[int, list[int], Any]] = None  # (epoch, its batches, prefetcher reading them)
+        self._epochs = EpochPrefetch(self._prefetcher, self._first_indices)  # device batches, across epochs
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
@@ -182,43 +182,32 @@ class PrepLoader(GroupLoader):
 
     def _batches(self, epoch: int, indices: Sequence[int]) -> Iterator[Tuple[Any, ...]]:
         progress = self._progress
-        batches: Iterator[Any] = self._host_batches(epoch, indices)
-        prefetcher = None
-        if self.device is not None:
-            prefetcher = self._take_ahead(epoch, indices)
-            if prefetcher is None:
-                from ..device import DevicePrefetcher
+        batches = self._host_batches(epoch, indices) if self.device is None else self._epochs.batches(epoch, indices)
+        for batch in batches:
+            if batch is _ALL_SKIPPED:
+                if progress is not None:
+                    progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
+                continue
+            yield batch
 
-                prefetcher = DevicePrefetcher(self._host_epochs(epoch, indices), self.device, self.device_prefetch,
-                                              convert=self._convert_images, stats=self.device_stats)
-            batches = prefetcher
-        try:
-            for batch in batches:
-                if batch is _EPOCH_END:  # the next epoch's first batches are in flight: kept for the next ``for``
-                    self._ahead = (epoch + 1, self._first_indices(epoch + 1), prefetcher)
-                    prefetcher = None
-                    return
-                if batch is _ALL_SKIPPED:
-                    if progress is not None:
-                        progress.handed += 1  # every sample skipped: counted as read (state_dict), not yielded
-                    continue
-                yield batch
-        finally:
-            if prefetcher is not None:
-                prefetcher.close()  # the copies in flight done, their slots released
+    def _prefetcher(self, epoch: int, indices: Sequence[int], crossing: Crossing) -> Any:
+        from ..device import DevicePrefetcher
 
-    def _host_epochs(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
-        """The host batches of ``epoch`` (``indices``), then, while the next ``for`` is to read the next epoch and
-        the member declared it, an ``_EPOCH_END`` and that epoch's batches from its first: the device prefetcher
-        reads the next epoch's first batches while the loop finishes this one, so a new epoch starts without a
-        wait for its first round trip and copy."""
+        return DevicePrefetcher(self._host_epochs(epoch, indices, crossing), self.device, self.device_prefetch,
+                                convert=self._convert_images, stats=self.device_stats)
+
+    def _host_epochs(self, epoch: int, indices: Sequence[int], crossing: Crossing) -> Iterator[Any]:
+        """The host batches of ``epoch`` (``indices``), then, while the next ``for`` is to read the next epoch, the
+        member declared it and the loop is still in this one (``crossing``), an ``EPOCH_END`` and that epoch's
+        batches from its first: the device prefetcher reads the next epoch's first batches while the loop finishes
+        this one, so a new epoch starts without a wait for its first round trip and copy (``EpochPrefetch``)."""
         while True:
             yield from self._host_batches(epoch, indices)
-            epoch += 1
-            if not self._reads_next(epoch):
+            if not self._reads_next(epoch + 1) or not crossing.cross(epoch):
                 return
+            epoch += 1
             indices = self._first_indices(epoch)
-            yield _EPOCH_END
+            yield EPOCH_END
 
     def _reads_next(self, epoch: int) -> bool:
         m = self.membership
@@ -228,28 +217,12 @@ class PrepLoader(GroupLoader):
     def _first_indices(self, epoch: int) -> list[int]:
         return list(self._share(epoch)[0].positions(0))
 
-    def _take_ahead(self, epoch: int, indices: Sequence[int]) -> Any:
-        """The prefetcher the last epoch left with this epoch's first batches in flight, if this ``for`` reads them
-        (else it is closed: ``set_epoch`` picked another epoch)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return None
-        if ahead[0] == epoch and list(indices) == ahead[1]:
-            return ahead[2]
-        ahead[2].close()
-        return None
-
-    def _drop_ahead(self) -> None:
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead[2].close()
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._drop_ahead()
+        self._epochs.close()
         super().load_state_dict(state)
 
     def close(self) -> None:
-        self._drop_ahead()
+        self._epochs.close()
         if self._decode_share is not None:
             self._decode_share.close()
         super().close()
