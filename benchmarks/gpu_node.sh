@@ -8,8 +8,9 @@
 # bundled Java runtime, then runs bench_gpu.py once per model (MODELS: comma-separated, default resnet18,resnet50)
 # and writes each table (.md), its JSON and the log to OUT_DIR. GPU_NODE_PYTEST="PATH ..." runs those tests first
 # (their CUDA cases run there; at most GPU_NODE_PYTEST_TIMEOUT seconds, 900), the log to OUT_DIR/pytest.log.
+# GPU_NODE_SHARE="bench_decode_share.py options" runs that benchmark (--device cuda) before the models.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 bundle=$1 out=$2 models=${3:-resnet18,resnet50}
 shift $(( $# >= 3 ? 3 : 2 ))
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,6 +39,13 @@ if [ -n "${GPU_NODE_PYTEST:-}" ]; then  # test paths to run first, on this node'
   read -r -a tests <<< "$GPU_NODE_PYTEST"
   (cd "$here/.." && timeout "${GPU_NODE_PYTEST_TIMEOUT:-900}" "$python" -m pytest -q -p no:cacheprovider -rs \
     "${tests[@]}") 2>&1 | tee "$out/pytest.log" || true
+fi
+
+if [ -n "${GPU_NODE_SHARE+x}" ]; then  # k jobs decoding on this GPU, with and without device_share
+  read -r -a share_args <<< "${GPU_NODE_SHARE}"
+  stamp=$(date -u +%Y-%m-%dT%H%M)
+  "$python" "$here/bench_decode_share.py" --device cuda --json "$out/share-$stamp.json" "${share_args[@]}" \
+    2> >(tee "$out/share-$stamp.log" >&2) | tee "$out/share-$stamp.md" || true
 fi
 
 IFS=, read -r -a model_list <<< "$models"
