@@ -178,12 +178,15 @@ def test_hybrid_with_every_sample_prepared_by_the_sidecar_decodes_nothing_on_the
         np.testing.assert_array_equal(a, b, err_msg=f"sample {i}")
 
 
-def test_the_jobs_of_a_search_on_one_device_decode_each_batch_once(env: tuple[PrepEnv, list[Path]]) -> None:
+@pytest.mark.parametrize("cpu_load", [0, 0.5])
+def test_the_jobs_of_a_search_on_one_device_decode_each_batch_once(env: tuple[PrepEnv, list[Path]],
+                                                                    cpu_load: float) -> None:
     """Two members of one group on one device (``device_share``, the default): each batch is decoded by one of them
     and handed to the other (shared memory here; CUDA IPC handles on a GPU), and both read exactly what a member
-    decoding alone reads, bit for bit."""
+    decoding alone reads, bit for bit; in a hybrid group too (the sidecar's rows are part of the batch handed)."""
     e, paths = env
-    pipe = prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed")
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
     alone = _epochs(e, pipe, "cpu", device_share=False)
     got: list[list[list[tuple[int, np.ndarray, int]]]] = [[], []]
     with e.client() as c1, e.client() as c2:
