@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import DATASET, REPO, dataset_dir, git_commit, gpu_name, prep_loader, sync  # noqa: E402
+from bench_gpu import DATASET, REPO, dataset_dir, git_commit, gpu_name, parse_job_args, prep_loader, sync  # noqa: E402
 from bench_prep import await_go, run_jobs, summarize  # noqa: E402
 from _cpu import self_cpu  # noqa: E402
 from _report import header  # noqa: E402
@@ -75,22 +75,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each mode, in ABBA order (default 2)")
     ap.add_argument("--json", type=Path, help="also write the rows and the run's header as JSON")
-    ap.add_argument("--job", choices=tuple(MODES), help=argparse.SUPPRESS)
-    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--k", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--location", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    for key, value in (TOY if args.toy else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    for key in ("jobs", "batch", "batches", "crop", "images", "repeats"):
-        if getattr(args, key) < 1:
-            ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
-    return args
+    return parse_job_args(ap, argv, tuple(MODES), TOY, FULL, ("jobs", "batch", "batches", "crop", "images", "repeats"))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

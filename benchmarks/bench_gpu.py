@@ -478,23 +478,32 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
-    ap.add_argument("--job", choices=tuple(HP_KINDS), help=argparse.SUPPRESS)  # an HP-search job (run_jobs)
+    args = parse_job_args(ap, argv, HP_KINDS, TOY, FULL, ("batch", "steps", "crop", "workers", "jobs", "images"))
+    if args.warmup < 0:
+        ap.error(f"--warmup must be at least 0, got {args.warmup}")
+    return args
+
+
+def parse_job_args(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]], kinds: Sequence[str],
+                   toy: dict[str, Any], full: dict[str, Any], positive: Sequence[str]) -> argparse.Namespace:
+    """Parses a benchmark's arguments with the hidden ones of its jobs (``run_jobs``: ``--job KIND``, ``--seed``,
+    ``--k``, ``--location``): the toy or full defaults filled in, the device defaulted to CUDA when there is one,
+    ``positive`` options checked."""
+    ap.add_argument("--job", choices=tuple(kinds), help=argparse.SUPPRESS)  # one job of the run (run_jobs)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--k", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--location", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    for key, value in (TOY if args.toy else FULL).items():
+    for key, value in (toy if args.toy else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    for key in ("batch", "steps", "crop", "workers", "jobs", "images"):
+    for key in positive:
         if getattr(args, key) < 1:
             ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
-    if args.warmup < 0:
-        ap.error(f"--warmup must be at least 0, got {args.warmup}")
     return args
 
 

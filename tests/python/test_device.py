@@ -125,13 +125,20 @@ def test_state_dict_with_batches_in_flight_resumes_exactly_once(env: PrepEnv) ->
         assert all(torch.equal(u, v) for u, v in zip(x, y)), "continues exactly where the loop was"
 
 
-def test_the_next_epochs_first_batches_are_in_flight_before_its_for_and_another_epoch_drops_them(env: PrepEnv) -> None:
-    seed = 135
+def _three_epochs(env: PrepEnv, seed: int) -> list[list]:
+    """Three epochs' host batches as the sidecar serves them, each epoch's list apart."""
     host = _read(env, PIPELINE_U8, seed, epochs=3, copy=True)
-    epochs = [host[e * NUM_BATCHES:(e + 1) * NUM_BATCHES] for e in range(3)]
-    with env.client() as client, prep.PrepLoader("imgs", PIPELINE_U8, batch_size=BATCH, seed=seed, epochs=3,
-                                                 client=client, with_ids=True, device="cpu",
-                                                 device_prefetch=2) as loader:
+    return [host[e * NUM_BATCHES:(e + 1) * NUM_BATCHES] for e in range(3)]
+
+
+def _three_epoch_loader(client: Any, seed: int) -> Any:
+    return prep.PrepLoader("imgs", PIPELINE_U8, batch_size=BATCH, seed=seed, epochs=3, client=client, with_ids=True,
+                           device="cpu", device_prefetch=2)
+
+
+def test_the_next_epochs_first_batches_are_in_flight_before_its_for_and_another_epoch_drops_them(env: PrepEnv) -> None:
+    epochs = _three_epochs(env, 135)
+    with env.client() as client, _three_epoch_loader(client, 135) as loader:
         _assert_same(epochs[0], [tuple(t.clone() for t in b) for b in loader])
         assert loader._epochs.kept is not None and loader._epochs.kept[0] == 1, "the prefetcher is kept for epoch 1"
         kept = loader._epochs.kept[2]
@@ -149,12 +156,8 @@ def test_a_loop_that_leaves_an_epoch_early_gets_the_next_epochs_batches_read_ahe
     read past"); the epoch broken off loses its last batch only."""
     import itertools
 
-    seed = 150
-    host = _read(env, PIPELINE_U8, seed, epochs=3, copy=True)
-    epochs = [host[e * NUM_BATCHES:(e + 1) * NUM_BATCHES] for e in range(3)]
-    with env.client() as client, prep.PrepLoader("imgs", PIPELINE_U8, batch_size=BATCH, seed=seed, epochs=3,
-                                                 client=client, with_ids=True, device="cpu",
-                                                 device_prefetch=2) as loader:
+    epochs = _three_epochs(env, 150)
+    with env.client() as client, _three_epoch_loader(client, 150) as loader:
         it = iter(loader)  # epoch 0, read to its last batch and kept: the loop never asks for its end
         got0 = [tuple(t.clone() for t in b) for b in itertools.islice(it, NUM_BATCHES)]
         live = loader._epochs.live
