@@ -25,21 +25,24 @@ def _image(index: int) -> Any:
     return t.contiguous(memory_format=torch.channels_last)
 
 
-def _member(rank: int, scope: bytes, device: str, barrier: Any, out: Any) -> None:
-    share = DecodeShare(torch.device(device), ring=BATCHES)
-    got = []
-    for i in range(BATCHES):
-        t = share.batch(scope, 0, i, [10 * i + j for j in range(2)], lambda i=i: _image(i).to(device))
-        got.append((t.cpu().tolist(), t.stride()))
-    barrier.wait(timeout=120)  # every member read every batch before any drops its offers
+def _member(rank: int, scope: bytes, device: str, barrier: Any, out: Any, peers: bool, epochs: int) -> None:
+    share = DecodeShare(torch.device(device), ring=BATCHES, peers=peers)
+    got, stats = [], []
+    for epoch in range(epochs):
+        for i in range(BATCHES):
+            t = share.batch(scope, epoch, i, [10 * i + j for j in range(2)], lambda i=i: _image(i).to(device))
+            got.append((t.cpu().tolist(), t.stride()))
+        barrier.wait(timeout=120)  # every member read the epoch before any drops its offers
+        stats.append(share.stats.as_dict())
     share.close()
-    out.put((rank, got, share.stats.as_dict()))
+    out.put((rank, got, stats))
 
 
-def _run_members(k: int, device: str) -> list[tuple[int, list[Any], dict[str, int]]]:
-    scope = share_scope("test", os.getpid(), device)
+def _run_members(k: int, device: str, peers: bool = True, epochs: int = 1
+                 ) -> list[tuple[int, list[Any], list[dict[str, int]]]]:
+    scope = share_scope("test", os.getpid(), device, peers)
     barrier, out = CTX.Barrier(k), CTX.Queue()
-    procs = [CTX.Process(target=_member, args=(r, scope, device, barrier, out)) for r in range(k)]
+    procs = [CTX.Process(target=_member, args=(r, scope, device, barrier, out, peers, epochs)) for r in range(k)]
     for p in procs:
         p.start()
     results = [out.get(timeout=180) for _ in procs]
@@ -49,12 +52,12 @@ def _run_members(k: int, device: str) -> list[tuple[int, list[Any], dict[str, in
     return results
 
 
-def _check_one_decode_each(results: list[tuple[int, list[Any], dict[str, int]]], k: int) -> None:
+def _check_one_decode_each(results: list[tuple[int, list[Any], list[dict[str, int]]]], k: int) -> None:
     for _, got, _ in results:
-        for i, (values, stride) in enumerate(got):
-            assert values == _image(i).tolist()
-            assert stride == _image(i).stride()
-    stats = [s for _, _, s in results]
+        for n, (values, stride) in enumerate(got):
+            assert values == _image(n % BATCHES).tolist()
+            assert stride == _image(n % BATCHES).stride()
+    stats = [s[0] for _, _, s in results]
     assert sum(s["decoded"] for s in stats) == BATCHES  # one decode of each batch for the k jobs
     assert sum(s["received"] for s in stats) == (k - 1) * BATCHES
     assert sum(s["served"] for s in stats) == (k - 1) * BATCHES
@@ -63,6 +66,29 @@ def _check_one_decode_each(results: list[tuple[int, list[Any], dict[str, int]]],
 
 def test_three_processes_decode_each_batch_once_between_them() -> None:
     _check_one_decode_each(_run_members(3, "cpu"), 3)
+
+
+def test_members_that_do_not_expect_each_other_share_from_their_first_contact() -> None:
+    """Without ``peers`` (no ``group_size``) a member keeps no copies until another asks it for a batch or it asks
+    another: the first epoch's batches may be decoded by both, the next epoch's once between them."""
+    results = _run_members(2, "cpu", peers=False, epochs=2)
+    for _, got, _ in results:
+        for n, (values, _) in enumerate(got):
+            assert values == _image(n % BATCHES).tolist()
+    first = [s[0] for _, _, s in results]
+    assert sum(s["decoded"] + s["fallbacks"] for s in first) >= BATCHES + 1, first  # the contact costs a decode
+    second = [{k: s[1][k] - s[0][k] for k in s[1]} for _, _, s in results]
+    assert sum(s["decoded"] for s in second) == BATCHES and sum(s["received"] for s in second) == BATCHES, second
+    assert all(s["fallbacks"] == 0 for s in second), second
+
+
+def test_a_member_alone_keeps_no_copies() -> None:
+    share = DecodeShare(torch.device("cpu"), ring=3)
+    scope = share_scope("test-lone", os.getpid())
+    for i in range(3):
+        share.batch(scope, 0, i, [i], lambda i=i: _image(i))
+    assert len(share._offers) == 3 and all(o.tensor is None for o in share._offers)
+    share.close()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA IPC handles between processes)")
@@ -82,7 +108,7 @@ def _claim_and_hang(scope: bytes, claimed: Any, ids: list[int]) -> None:
 
 
 def _claim_and_hold(scope: bytes, offered: Any, done: Any, ids: list[int]) -> None:
-    share = DecodeShare(torch.device("cpu"))
+    share = DecodeShare(torch.device("cpu"), peers=True)
     share.batch(scope, 0, 0, ids, lambda: _image(0))
     offered.set()
     done.wait(timeout=120)
@@ -126,7 +152,7 @@ def test_a_batch_with_other_samples_is_never_used() -> None:
 
 
 def test_a_member_alone_decodes_everything_and_drops_old_offers() -> None:
-    share = DecodeShare(torch.device("cpu"), ring=2)
+    share = DecodeShare(torch.device("cpu"), ring=2, peers=True)
     scope = share_scope("test-alone", os.getpid())
     for i in range(5):
         assert share.batch(scope, 1, i, [i], lambda i=i: _image(i)).tolist() == _image(i).tolist()
@@ -140,7 +166,7 @@ def test_a_member_alone_decodes_everything_and_drops_old_offers() -> None:
 def test_close_drops_a_full_ring_without_blocking_on_its_wake_ups() -> None:
     """Each dropped offer wakes the server; hundreds of them at close (the server stopping) once filled the wake
     socket's buffer and blocked close() for good."""
-    share = DecodeShare(torch.device("cpu"), ring=400)
+    share = DecodeShare(torch.device("cpu"), ring=400, peers=True)
     scope = share_scope("test-close", os.getpid())
     for i in range(400):
         share.batch(scope, 0, i, [i], lambda: torch.zeros(1))

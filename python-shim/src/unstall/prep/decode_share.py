@@ -94,9 +94,12 @@ class _Offer:
 class DecodeShare:
     """Claims, offers and receives one loader's decoded batches (see the module). ``device``: the loader's
     ``torch.device``; ``ring``: batches kept on offer after their decode (device memory: ``ring`` batches);
-    ``timeout``: seconds a member waits for a claimant's handle before it decodes the batch itself."""
+    ``timeout``: seconds a member waits for a claimant's handle before it decodes the batch itself; ``peers``: other
+    members are expected (the group was started for several, ``group_size``), so decoded batches are offered from
+    the first. Otherwise a member keeps no copy (no device memory, no copy per batch) until another member asked it
+    for a batch or it asked another: that batch is decoded twice, the later ones once."""
 
-    def __init__(self, device: Any, ring: int = 4, timeout: float = 60.0) -> None:
+    def __init__(self, device: Any, ring: int = 4, timeout: float = 60.0, peers: bool = False) -> None:
         if ring < 1:
             raise ValueError(f"a decode share's ring must hold at least 1 batch, got {ring}")
         self.device = device
@@ -112,6 +115,7 @@ class DecodeShare:
         self._server: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._closed = False
+        self.peers = peers  # another member was seen (or is expected): decoded batches are kept on offer
 
     # -- a member's batch ---------------------------------------------------------------------------------------
 
@@ -149,7 +153,9 @@ class DecodeShare:
         self._register(offer)
         try:
             out = decode()
-            if self.cuda:
+            if not self.peers:
+                pass  # nobody to offer it to yet: no copy (an asker is told, and decodes it)
+            elif self.cuda:
                 offer.tensor = out.clone()  # the job may write into its batch; the others read this copy
                 offer.event = torch.cuda.Event()
                 offer.event.record()
@@ -181,6 +187,7 @@ class DecodeShare:
             if _peer_uid(c) != os.getuid():
                 log.warning("unstall: the socket of a decoded batch is held by another user; decoding it here")
                 return None
+            self.peers = True  # from now on this member's decodes are offered too
             c.sendall(b"?")
             try:
                 data, fds, _, _ = socket.recv_fds(c, _MAX_MESSAGE, 1)
@@ -274,6 +281,7 @@ class DecodeShare:
             conn.settimeout(self.timeout)
             if _peer_uid(conn) != os.getuid() or conn.recv(16) != b"?":
                 return
+            self.peers = True  # another member asked: the next decodes are offered
             ok = offer.ready.wait(self.timeout)
             tensor = offer.tensor
             if not ok or tensor is None:

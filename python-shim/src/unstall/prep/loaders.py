@@ -115,8 +115,9 @@ class PrepLoader(GroupLoader):
     ``device_share`` (``decode(device="mixed")`` only; default True): the members of the group on this host and
     device decode each batch once between them and hand it to each other (CUDA IPC handles on a GPU, shared memory
     on the CPU; :mod:`unstall.prep.decode_share`), each member using a copy whose sample ids it checked;
-    ``share_stats`` counts what this member decoded, served and received. It keeps its last few decoded batches on
-    offer (device memory: about ``2 * (device_prefetch + window)`` batches).
+    ``share_stats`` counts what this member decoded, served and received. Once another member is there (from the
+    first batch with ``group_size > 1``; else from the first batch one asked the other for) it keeps its last few
+    decoded batches on offer (device memory: about ``2 * (device_prefetch + window)`` batches); alone, none.
     """
 
     def __init__(
@@ -259,7 +260,8 @@ class PrepLoader(GroupLoader):
             m = self.membership
             if self._decode_share is None:
                 window = int(m.info.get("window", 4))
-                self._decode_share = DecodeShare(self.device, ring=2 * (self.device_prefetch + window))
+                self._decode_share = DecodeShare(self.device, ring=2 * (self.device_prefetch + window),
+                                                 peers=int(self._join_kwargs.get("group_size", 1)) > 1)
             sidecar = m.client.endpoint()
             scope = share_scope(sidecar.flight, sidecar.token, m.group, seed, mixed.ops, mixed.dtype, mixed.layout,
                                 str(mixed.memory_format), device_uuid(self.device))
