@@ -172,3 +172,31 @@ def test_close_drops_a_full_ring_without_blocking_on_its_wake_ups() -> None:
         share.batch(scope, 0, i, [i], lambda: torch.zeros(1))
     share.close()  # returns: the pytest timeout of the suite is the bound
     assert share.stats.decoded == 400 and not share._offers
+
+
+def test_a_handle_that_cannot_be_mapped_turns_sharing_off_for_this_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the handle cannot be opened (CUDA IPC refused across containers, say), the job decodes the batch itself,
+    says why once, and from then on decodes its own batches without asking."""
+    scope = share_scope("test-broken", os.getpid())
+    offered, done = CTX.Event(), CTX.Event()
+    p = CTX.Process(target=_claim_and_hold, args=(scope, offered, done, [1, 2]))
+    p.start()
+    try:
+        assert offered.wait(timeout=120)
+        share = DecodeShare(torch.device("cpu"))
+
+        def refuse(meta: Any, fds: list[int]) -> Any:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("CUDA error: invalid device context")
+
+        monkeypatch.setattr(share, "_rebuild", refuse)
+        mine = torch.full((2, 3), 7.0)
+        assert share.batch(scope, 0, 0, [1, 2], lambda: mine.clone()).tolist() == mine.tolist()
+        assert share.broken == "RuntimeError: CUDA error: invalid device context"
+        assert share.batch(scope, 0, 0, [1, 2], lambda: mine.clone()).tolist() == mine.tolist()
+        share.close()
+    finally:
+        done.set()
+        p.join(timeout=60)
+    assert share.stats.fallbacks == 1 and share.stats.received == 0 and share.stats.decoded == 0

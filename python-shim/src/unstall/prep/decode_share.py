@@ -102,8 +102,12 @@ class DecodeShare:
     def __init__(self, device: Any, ring: int = 4, timeout: float = 60.0, peers: bool = False) -> None:
         if ring < 1:
             raise ValueError(f"a decode share's ring must hold at least 1 batch, got {ring}")
-        self.device = device
         self.cuda = device.type == "cuda"
+        if self.cuda and device.index is None:  # the server thread sets it: torch needs an index for that
+            import torch
+
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.ring = ring
         self.timeout = timeout
         self.stats = ShareStats()
@@ -116,12 +120,15 @@ class DecodeShare:
         self._lock = threading.Lock()
         self._closed = False
         self.peers = peers  # another member was seen (or is expected): decoded batches are kept on offer
+        self.broken: Optional[str] = None  # why a handed batch could not be mapped here: then no sharing at all
 
     # -- a member's batch ---------------------------------------------------------------------------------------
 
     def batch(self, scope: bytes, epoch: int, index: int, ids: Sequence[int], decode: Callable[[], Any]) -> Any:
         """Batch ``index`` of ``epoch`` (whose samples are ``ids``): another member's decode when one claimed it,
         else ``decode()``, offered to the others."""
+        if self.broken:
+            return decode()
         name = b"\0unstall/decoded/" + hashlib.sha256(scope + f"/{epoch}/{index}".encode()).hexdigest()[:40].encode()
         want = [int(i) for i in ids]
         for attempt in range(_ATTEMPTS):
@@ -132,7 +139,14 @@ class DecodeShare:
                 sock.close()
                 if e.errno != errno.EADDRINUSE:
                     raise
-                got = self._receive(name, want)
+                try:
+                    got = self._receive(name, want)
+                except Exception as e:  # noqa: BLE001  (mapping the handle failed: this job decodes its own)
+                    self.broken = f"{type(e).__name__}: {e}"
+                    log.warning("unstall: could not map another member's decoded batch (%s); this job decodes its "
+                                "own batches from now on (device_share=False silences this)", self.broken)
+                    self.stats.fallbacks += 1
+                    return decode()
                 if got is _GONE:
                     time.sleep(0.001 * attempt)  # the claimant left, or is between bind and listen: claim again
                     continue
@@ -194,7 +208,7 @@ class DecodeShare:
             except TimeoutError:
                 log.warning("unstall: waited %.0f s for another member's decoded batch; decoding it here", self.timeout)
                 return None
-            except ConnectionResetError:
+            except OSError:  # reset: the claimant left while this member waited
                 return _GONE
             if not data:
                 _close_all(fds)
@@ -223,7 +237,7 @@ class DecodeShare:
             a = meta["args"]
             shared = rebuild_cuda_tensor(
                 torch.Tensor, torch.Size(a["size"]), tuple(a["stride"]), a["offset"], torch.storage.TypedStorage,
-                dtype, self.device.index if self.device.index is not None else torch.cuda.current_device(),
+                dtype, self.device.index,
                 _b(a["handle"]), a["storage_bytes"], a["storage_offset_bytes"], False, _b(a["ref_counter"]),
                 a["ref_counter_offset"], _b(a["event"]), a["event_sync"])
             own = shared.clone()  # on this thread's stream, after the claimant's event
