@@ -287,11 +287,10 @@ class PrepLoader(GroupLoader):
                 out: Tuple[Any, ...] = (images, torch.from_numpy(np.array(labels, dtype=np.int64)))
                 yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
             return
-        for rb in self.membership.epoch(epoch, indices):  # raw batches: the stored bytes
-            ids = rb.column("id").to_numpy(zero_copy_only=False)
-            labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
-            raw = (rb.column("payload").to_pylist(), torch.from_numpy(np.array(labels, dtype=np.int64)))
-            yield raw + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+        for p in self.membership.epoch_payloads(epoch, indices):  # raw batches: the stored bytes, copied out
+            raw = ([p.data[a:b].tobytes() for a, b in zip(p.offsets[:-1], p.offsets[1:])],
+                   torch.from_numpy(np.array(p.labels, dtype=np.int64)))
+            yield raw + ((torch.from_numpy(np.array(p.ids, dtype=np.int64)),) if self.with_ids else ())
 
 
 class SharedTransformLoader(GroupLoader):
