@@ -155,9 +155,10 @@ final class Serving {
 
   /**
    * Shared-memory read (the {@code prep.next} action): waits until batch {@code (epoch, batch)} is staged and
-   * names its /dev/shm file (its tensor, or a raw or hybrid batch's payloads: {@link PrepNextReply}). The member holds that batch until it asks for a later one (or leaves), since
-   * it maps the file after this returns. {@code released}: the batches whose files the member no longer maps
-   * (null: it does not say; then no file it mapped is written again, {@link ShmSlots}).
+   * names its /dev/shm file (its tensor, or a raw or hybrid batch's payloads: {@link PrepNextReply}). The member
+   * holds that batch until it asks for a later one (or leaves), since it maps the file after this returns.
+   * {@code released}: the batches whose files the member no longer maps (null: it does not say; then no file it
+   * mapped is written again, {@link ShmSlots}).
    */
   ObjectNode next(long memberId, long epoch, long batch, long[][] released, BooleanSupplier cancelled)
       throws InterruptedException {

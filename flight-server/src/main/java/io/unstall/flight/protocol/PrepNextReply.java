@@ -1,7 +1,6 @@
 package io.unstall.flight.protocol;
 
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
 /**
@@ -13,16 +12,14 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
  */
 public final class PrepNextReply {
   public static final int VERSION = 1;
+  private static final ObjectMapper JSON = new ObjectMapper();
 
   private PrepNextReply() {}
 
   /** A prepared batch: {@code ids.length} rows of {@code shape} ({@code dtype}: the wire name, "float32"). */
   public static ObjectNode tensor(String path, int[] shape, String dtype, long[] ids, long[] labels) {
     ObjectNode o = rows(path, ids, labels);
-    ArrayNode s = o.putArray("shape");
-    for (int d : shape) {
-      s.add(d);
-    }
+    o.set("shape", JSON.valueToTree(shape));
     o.put("dtype", dtype);
     return o;
   }
@@ -39,37 +36,22 @@ public final class PrepNextReply {
           + "), one more offset (got " + offsets.length + ") and as many prepared flags");
     }
     ObjectNode o = rows(path, ids, labels);
-    ArrayNode k = o.putArray("keys");
-    for (String key : keys) {
-      k.add(key);
-    }
-    ArrayNode off = o.putArray("offsets");
-    for (int v : offsets) {
-      off.add(v);
-    }
+    o.set("keys", JSON.valueToTree(keys));
+    o.set("offsets", JSON.valueToTree(offsets));
     if (prepared != null) {
-      ArrayNode p = o.putArray("prepared");
-      for (boolean b : prepared) {
-        p.add(b);
-      }
+      o.set("prepared", JSON.valueToTree(prepared));
     }
     return o;
   }
 
   /** {@code labels}: -1 for a sample without one. */
   private static ObjectNode rows(String path, long[] ids, long[] labels) {
-    ObjectNode o = JsonNodeFactory.instance.objectNode();
+    ObjectNode o = JSON.createObjectNode();
     o.put("v", VERSION);
     o.put("path", path);
     o.put("rows", ids.length);
-    ArrayNode i = o.putArray("ids");
-    for (long id : ids) {
-      i.add(id);
-    }
-    ArrayNode l = o.putArray("labels");
-    for (long label : labels) {
-      l.add(label);
-    }
+    o.set("ids", JSON.valueToTree(ids));
+    o.set("labels", JSON.valueToTree(labels));
     return o;
   }
 }
