@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from unstall import protocol
+from unstall.errors import ProtocolMismatchError
 from unstall.protocol import decode_plan, decode_ticket, encode_fetch_ticket, encode_plan
 
 
@@ -358,3 +359,18 @@ def test_fetch_tickets_and_plans_are_not_taken_for_each_other(fixtures_dir: Path
         decode_plan((fixtures_dir / "ticket-fetch-v1.bin").read_bytes())
     with pytest.raises(ValueError, match=r"^malformed ticket: kind 2 is not valid here \(expected 1"):
         decode_ticket((fixtures_dir / "plan-v1.bin").read_bytes())
+
+
+def test_prep_next_payloads_answer_matches_its_golden_document(fixtures_dir: Path) -> None:
+    doc = json.loads((fixtures_dir / "prep-next-payloads-v1.json").read_text())
+    slot = protocol.parse_prep_slot(doc)
+    assert (slot.path, slot.rows, slot.ids.tolist(), slot.labels.tolist()) == (doc["path"], 3, [17, 4, 9], [2, 0, -1])
+    assert slot.offsets is not None and slot.offsets.tolist() == [0, 6912, 7301, 9045]
+    assert slot.keys == doc["keys"] and slot.shape is None
+    assert slot.prepared is not None and slot.prepared.tolist() == [True, False, False]
+    for bad, says in ((dict(doc, offsets=[0, 6912, 7301]), "3 rows need 4 non-decreasing offsets"),
+                      (dict(doc, offsets=[0, 7301, 6912, 9045]), "non-decreasing"),
+                      (dict(doc, keys=["a"]), "3 rows with 1 keys"),
+                      (dict(doc, v=2), "unsupported version 2")):
+        with pytest.raises(ProtocolMismatchError, match=says):
+            protocol.parse_prep_slot(bad)

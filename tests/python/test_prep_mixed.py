@@ -6,6 +6,7 @@ CPU decoder through the same code; the CUDA case (nvJPEG) runs where a GPU is.""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,6 +15,7 @@ import pytest
 
 from test_prep_native import _images
 from test_prep_support import PrepEnv, start_env
+from waits import wait_until
 
 from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
 
@@ -213,3 +215,33 @@ def test_the_jobs_of_a_search_on_one_device_decode_each_batch_once(env: tuple[Pr
     assert sum(s.decoded for s in stats) == batches, stats  # one decode of each batch for the two jobs
     assert sum(s.received for s in stats) == batches and sum(s.served for s in stats) == batches, stats
     assert all(s.fallbacks == 0 for s in stats), stats
+
+
+@pytest.mark.parametrize("cpu_load", [0, 0.5])
+def test_over_shared_memory_the_same_samples_and_pixels_as_over_flight_and_every_slot_let_go(
+        env: tuple[PrepEnv, list[Path]], cpu_load: float) -> None:
+    """A raw group (``cpu_load=0``) and a hybrid one staging in shared memory: the member maps each batch's payloads
+    (and the sidecar's rows) from the group's /dev/shm slots instead of receiving them over gRPC, and reads exactly
+    the samples, labels and pixels a Flight member reads; the slots it mapped are reported released (the sidecar
+    writes them again) and none is held once the loop is done."""
+    e, paths = env
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
+    flight = _epochs(e, pipe, "cpu", transport="flight", device_share=False)
+    got: list[list[tuple[int, np.ndarray, int]]] = []
+    with e.client() as client, prep.PrepLoader("jpegs", pipe, batch_size=4, seed=7, shuffle=True, epochs=3,
+                                                client=client, with_ids=True, device="cpu", transport="shm",
+                                                device_share=False) as loader:
+        m = loader.membership
+        assert m.shm, "the group stages in shared memory"
+        for _ in range(2):
+            got.append([(int(i), img.numpy(), int(label)) for images, labels, ids in loader
+                        for img, label, i in zip(images, labels, ids)])
+        slots = m.group_stats()["shm_slots"]
+        assert slots["reused"] >= 1, f"slots written again once released: {slots}"
+    wait_until(lambda: gc.collect() >= 0 and m._slots.held() == 0, "every slot view let go of")
+    assert [[(i, label) for i, _, label in ep] for ep in got] == [[(i, label) for i, _, label in ep] for ep in flight]
+    for e_flight, e_shm in zip(flight, got):
+        assert sorted(i for i, _, _ in e_shm) == list(range(len(paths)))
+        for (i, a, _), (_, b, _) in zip(e_flight, e_shm):
+            np.testing.assert_array_equal(a, b, err_msg=f"sample {i}")

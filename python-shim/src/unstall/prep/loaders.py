@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Seque
 import numpy as np
 import pyarrow.compute as pc
 
-from ..protocol import batch_to_numpy, tensor_batch
+from ..protocol import PayloadBatch, batch_to_numpy, tensor_batch
 from ..shm_slots import SlotMaps
 from .group_loader import GroupLoader
 from .ahead import EPOCH_END, Crossing, EpochPrefetch
@@ -79,9 +79,9 @@ _ALL_SKIPPED = object()  # a batch whose every sample the group skipped: counted
 
 class _RawBatch(NamedTuple):
     """A raw batch on its way to ``decode(device="mixed")``: the prefetcher copies its tensors, the device decodes
-    the record batch's payloads (kept alive, with the buffers they point into, until the decode is done)."""
+    its payloads (views of the Flight buffer or the shared-memory slot, kept alive until the decode is done)."""
 
-    records: Any
+    payloads: PayloadBatch
     epoch: int
     labels: Any
     ids: Any
@@ -244,15 +244,14 @@ class PrepLoader(GroupLoader):
     def _decode_on_device(self, batch: "_RawBatch") -> Tuple[Any, ...]:
         """``decode(device="mixed")``: a raw (or hybrid) batch's images decoded and prepared on the device, in the
         prefetcher's thread and on its stream."""
-        rb = batch.records
+        p = batch.payloads
         mixed = self._mixed
         assert mixed is not None
-        prepared = rb.column("prepared").to_numpy(zero_copy_only=False) if "prepared" in rb.schema.names else None
-        ids, seed = rb.column("id").to_pylist(), int(self._join_kwargs.get("seed", 0))
+        ids, seed = p.ids.tolist(), int(self._join_kwargs.get("seed", 0))
 
         def decode() -> Any:
-            return mixed(payload_tensors(rb.column("payload")), ids, batch.epoch, seed, rb.column("key").to_pylist(),
-                         prepared)
+            return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys,
+                         None if p.prepared is None else p.prepared.tolist())
 
         if not self._device_share:
             images = decode()
@@ -271,12 +270,10 @@ class PrepLoader(GroupLoader):
     def _host_batches(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
         import torch
 
-        if self._mixed is not None:  # the stored bytes; the device decodes them (_decode_on_device)
-            for index, rb in zip(indices, self.membership.epoch(epoch, indices)):
-                ids = rb.column("id").to_numpy(zero_copy_only=False)
-                labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
-                yield _RawBatch(rb, epoch, torch.from_numpy(np.array(labels, dtype=np.int64)),
-                                torch.from_numpy(np.array(ids, dtype=np.int64)), index)
+        if self._mixed is not None:  # the stored bytes (shared memory or Flight); the device decodes them
+            for index, p in zip(indices, self.membership.epoch_payloads(epoch, indices)):
+                yield _RawBatch(p, epoch, torch.from_numpy(np.array(p.labels, dtype=np.int64)),
+                                torch.from_numpy(np.array(p.ids, dtype=np.int64)), index)
             return
         if self.membership.shape is not None:
             for arr, labels, ids in self.membership.epoch_arrays(epoch, indices):
@@ -292,11 +289,10 @@ class PrepLoader(GroupLoader):
                 out: Tuple[Any, ...] = (images, torch.from_numpy(np.array(labels, dtype=np.int64)))
                 yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
             return
-        for rb in self.membership.epoch(epoch, indices):  # raw batches: the stored bytes
-            ids = rb.column("id").to_numpy(zero_copy_only=False)
-            labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
-            raw = (rb.column("payload").to_pylist(), torch.from_numpy(np.array(labels, dtype=np.int64)))
-            yield raw + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
+        for p in self.membership.epoch_payloads(epoch, indices):  # raw batches: the stored bytes, copied out
+            raw = ([p.data[a:b].tobytes() for a, b in zip(p.offsets[:-1], p.offsets[1:])],
+                   torch.from_numpy(np.array(p.labels, dtype=np.int64)))
+            yield raw + ((torch.from_numpy(np.array(p.ids, dtype=np.int64)),) if self.with_ids else ())
 
 
 class SharedTransformLoader(GroupLoader):

@@ -17,7 +17,8 @@ import pyarrow.flight as fl
 from ..client import FlightClient
 from ..errors import PrepGroupNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from ..local import LocalClient
-from ..protocol import PROTOCOL_VERSION, batch_to_numpy, encode_prep_ticket, numpy_dtype, skipped_of
+from ..protocol import (PROTOCOL_VERSION, PayloadBatch, PrepSlot, batch_payloads, batch_to_numpy, encode_prep_ticket,
+                        parse_prep_slot, skipped_of)
 from ..recovery import call_with_recovery
 from ..shm_slots import SlotMaps
 from .pipeline import Pipeline, with_on_error
@@ -209,6 +210,26 @@ class Membership:
         :mod:`unstall.shm_slots`), so a batch never changes under a tensor the trainer holds."""
         if not self.shm:
             return batch_to_numpy(self.batch(epoch, index))
+        r = self._next(epoch, index)
+        assert r.shape is not None and r.dtype is not None, "a prepared batch's answer has its shape"
+        shape = (r.rows,) + r.shape  # no rows: every sample of the batch was skipped, nothing to map
+        tensors = self._slots.view(r.path, r.dtype, shape, epoch, index) if r.rows else np.empty(shape, r.dtype)
+        return tensors, r.labels, r.ids
+
+    def payloads(self, epoch: int, index: int) -> PayloadBatch:
+        """A raw (or hybrid) batch's stored bytes without a copy, as :meth:`arrays` gives a prepared one's tensors:
+        views of the Flight buffer, or of the group's /dev/shm slot (its payloads, copied there once by the
+        sidecar), released like :meth:`arrays`' once every view and tensor over ``data`` is gone."""
+        if not self.shm:
+            return batch_payloads(self.batch(epoch, index))
+        r = self._next(epoch, index)
+        assert r.offsets is not None and r.keys is not None, "a raw batch's answer has its offsets"
+        data = self._slots.view(r.path, np.dtype(np.uint8), (int(r.offsets[-1]),), epoch, index) if r.rows else None
+        return PayloadBatch(np.empty(0, np.uint8) if data is None else data, r.offsets, r.ids, r.labels, r.keys,
+                            r.prepared)
+
+    def _next(self, epoch: int, index: int) -> PrepSlot:
+        """``prep.next`` for batch ``index`` of ``epoch`` (a shared-memory member): where it lies in its slot."""
         self._ordered(epoch, index)
 
         def next_batch() -> dict[str, Any]:
@@ -220,15 +241,9 @@ class Membership:
                 return local.prep_action("prep.next", body)
             return dict(json.loads(self.client.do_action("prep.next", body, recover=False)[0]))
 
-        r = self._at(epoch, index, next_batch)
-        self._note_skipped(epoch, index, r.get("skipped", ()))
-        shape = (int(r["rows"]),) + tuple(int(v) for v in r["shape"])
-        dtype = numpy_dtype(r["dtype"])
-        if shape[0] == 0:  # every sample of the batch was skipped
-            tensors: np.ndarray = np.empty(shape, dtype=dtype)
-        else:
-            tensors = self._slots.view(r["path"], dtype, shape, epoch, index)
-        return tensors, np.asarray(r["labels"], dtype=np.int64), np.asarray(r["ids"], dtype=np.int64)
+        r = parse_prep_slot(self._at(epoch, index, next_batch))
+        self._note_skipped(epoch, index, r.skipped)
+        return r
 
     def _local_client(self) -> Optional[LocalClient]:
         """The sidecar's local socket for ``prep.next`` (a round trip without gRPC: docs/PREP.md), or None: the
@@ -254,8 +269,15 @@ class Membership:
     def epoch_arrays(self, epoch: int, batches: Optional[Sequence[int]] = None
                      ) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """:meth:`arrays` of the epoch's ``batches`` (as :meth:`epoch`'s)."""
+        return self._epoch_reads(epoch, batches, self.arrays)
+
+    def epoch_payloads(self, epoch: int, batches: Optional[Sequence[int]] = None) -> Iterator[PayloadBatch]:
+        """:meth:`payloads` of the epoch's ``batches`` (as :meth:`epoch`'s)."""
+        return self._epoch_reads(epoch, batches, self.payloads)
+
+    def _epoch_reads(self, epoch: int, batches: Optional[Sequence[int]], read: Callable[[int, int], T]) -> Iterator[T]:
         for b in self._indices(epoch, batches):
-            yield self.arrays(epoch, b)
+            yield read(epoch, b)
         last = self.info.get("epochs")
         if self.shm and last is not None and epoch >= self.start_epoch + int(last) - 1:
             self.leave()  # a shared-memory member holds its last batch until it leaves

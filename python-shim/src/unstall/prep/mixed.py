@@ -161,18 +161,15 @@ class MixedDecode:
                              f"decodes: {e}") from e
 
 
-def payload_tensors(column: Any) -> List[Any]:
-    """The values of an Arrow binary column as uint8 tensors over its buffer (no copy)."""
+def payload_tensors(data: np.ndarray, offsets: np.ndarray) -> List[Any]:
+    """Rows ``data[offsets[i]:offsets[i + 1]]`` as uint8 tensors over ``data`` (no copy): a
+    :class:`unstall.protocol.PayloadBatch`'s, over a Flight buffer or a shared-memory slot, which the tensors keep
+    alive."""
     import torch
 
-    import pyarrow as pa
-
-    offsets_buf, data_buf = column.buffers()[1], column.buffers()[2]
-    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-    offsets = np.frombuffer(offsets_buf, dtype=width, count=len(column) + 1 + column.offset)[column.offset:]
-    if data_buf is None or data_buf.size == 0:
-        return [torch.empty(0, dtype=torch.uint8) for _ in range(len(column))]
+    if data.size == 0:
+        return [torch.empty(0, dtype=torch.uint8) for _ in range(len(offsets) - 1)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "not writable": read only, by decode_jpeg
-        data = torch.from_numpy(np.frombuffer(data_buf, dtype=np.uint8))
-    return [data[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+        t = torch.from_numpy(data)
+    return [t[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]

@@ -17,6 +17,11 @@ from .batches import (
     batch_to_numpy,
     skipped_of,
     tensor_batch,
+    binary_offsets,
+    PayloadBatch,
+    batch_payloads,
+    PrepSlot,
+    parse_prep_slot,
 )
 from .documents import (
     DatasetInfo,
@@ -100,6 +105,11 @@ __all__ = [
     "numpy_dtype",
     "skipped_of",
     "tensor_batch",
+    "binary_offsets",
+    "PayloadBatch",
+    "batch_payloads",
+    "PrepSlot",
+    "parse_prep_slot",
     "PROTOCOL_VERSION",
     "TICKET_MAGIC",
     "KIND_FETCH",

@@ -3,9 +3,10 @@ prepared batches (protocol/README.md, "Prepared-batch schema")."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Tuple
+from typing import Any, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,11 @@ __all__ = [
     "batch_to_numpy",
     "skipped_of",
     "tensor_batch",
+    "binary_offsets",
+    "PayloadBatch",
+    "batch_payloads",
+    "PrepSlot",
+    "parse_prep_slot",
 ]
 
 SCHEMA_VERSION_KEY = b"unstall.schema"
@@ -118,15 +124,8 @@ class SampleBatch:
         """Views of a Flight batch (``check_batch`` it first): payloads are slices of the column's data buffer."""
         label = batch.column("label")
         payload = batch.column("payload")
-        n = len(payload)
-        wide = pa.types.is_large_binary(payload.type)
-        _, offsets_buf, data_buf = payload.buffers()
-        width = 8 if wide else 4
-        offsets = (
-            np.frombuffer(offsets_buf, dtype=f"<i{width}", count=n + 1, offset=payload.offset * width)
-            if n
-            else np.zeros(1, np.int64)
-        )
+        offsets = binary_offsets(payload)
+        data_buf = payload.buffers()[2]
         data = memoryview(data_buf if data_buf is not None else b"").toreadonly()
         starts, ends = offsets[:-1].tolist(), offsets[1:].tolist()
         return cls(
@@ -139,6 +138,16 @@ class SampleBatch:
             nbytes=int(offsets[-1] - offsets[0]),
             arrow=batch,
         )
+
+
+def binary_offsets(column: pa.Array) -> np.ndarray:
+    """The ``len(column) + 1`` offsets of a binary (or large binary) column into its data buffer, a view of its
+    offsets buffer: row ``i`` is bytes ``offsets[i]`` to ``offsets[i + 1]`` of ``column.buffers()[2]``."""
+    n = len(column)
+    if not n:
+        return np.zeros(1, np.int64)
+    width = 8 if pa.types.is_large_binary(column.type) else 4
+    return np.frombuffer(column.buffers()[1], dtype=f"<i{width}", count=n + 1, offset=column.offset * width)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,3 +204,82 @@ def tensor_batch(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> pa.
     return pa.RecordBatch.from_arrays(
         [pa.array(np.asarray(ids, dtype=np.int64)), pa.array(np.asarray(labels, dtype=np.int64)), tensor],
         schema=schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw and hybrid batches of a prep group, over Flight or shared memory (protocol/README.md, "Zero copy")
+
+
+class PayloadBatch(NamedTuple):
+    """A raw (or hybrid) prep batch's payloads without a copy: row ``i`` is ``data[offsets[i]:offsets[i + 1]]``,
+    ``data`` a read-only view of the Flight batch's buffer or of the group's /dev/shm slot. ``prepared`` (a hybrid
+    group's; None for a raw one): rows whose payload is the sidecar's uint8 HWC pixels, not the stored bytes."""
+
+    data: np.ndarray  # uint8
+    offsets: np.ndarray  # rows + 1 integers
+    ids: np.ndarray  # int64
+    labels: np.ndarray  # int64, -1 where a sample has none
+    keys: list[str]
+    prepared: Optional[np.ndarray]  # bool
+
+
+def batch_payloads(batch: pa.RecordBatch) -> PayloadBatch:
+    """A raw or hybrid prep batch received over Flight, as views of its buffers."""
+    payload = batch.column("payload")
+    data_buf = payload.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    prepared = (batch.column("prepared").to_numpy(zero_copy_only=False) if "prepared" in batch.schema.names
+                else None)
+    return PayloadBatch(data, binary_offsets(payload), batch.column("id").to_numpy(zero_copy_only=False),
+                        pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False),
+                        batch.column("key").to_pylist(), prepared)
+
+
+@dataclass(frozen=True)
+class PrepSlot:
+    """A ``prep.next`` answer: the batch's rows in the /dev/shm slot file ``path``, mapped read-only. A prepared
+    batch is ``[rows, *shape]`` of ``dtype`` at the start of the file; a raw or hybrid batch is its payloads from the
+    start of the file, row ``i`` at bytes ``offsets[i]`` to ``offsets[i + 1]``, with ``keys`` and (hybrid)
+    ``prepared``. ``skipped``: the samples the group left out of it (decode ``on_error="skip"``)."""
+
+    path: str
+    ids: np.ndarray  # int64
+    labels: np.ndarray  # int64, -1 where a sample has none
+    skipped: list[dict[str, Any]]
+    shape: Optional[Tuple[int, ...]] = None  # a prepared batch's sample shape and element type
+    dtype: Optional[np.dtype] = None
+    offsets: Optional[np.ndarray] = None  # a raw or hybrid batch's: rows + 1 int64
+    keys: Optional[list[str]] = None
+    prepared: Optional[np.ndarray] = None  # bool
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids)
+
+
+def parse_prep_slot(doc: Mapping[str, Any]) -> PrepSlot:
+    """Parses a ``prep.next`` answer; raises ProtocolMismatchError naming what does not hold."""
+    if doc.get("v") != PROTOCOL_VERSION:
+        raise ProtocolMismatchError(f"prep.next: unsupported version {doc.get('v')!r}")
+    try:
+        rows = int(doc["rows"])
+        ids = np.asarray(doc["ids"], dtype=np.int64).reshape(-1)
+        labels = np.asarray(doc["labels"], dtype=np.int64).reshape(-1)
+        slot = PrepSlot(str(doc["path"]), ids, labels, list(doc.get("skipped", ())))
+        if rows != len(ids) or rows != len(labels):
+            raise ValueError(f"{rows} rows with {len(ids)} ids and {len(labels)} labels")
+        if "shape" in doc:
+            return dataclasses.replace(slot, shape=tuple(int(v) for v in doc["shape"]),
+                                       dtype=numpy_dtype(str(doc["dtype"])))
+        offsets = np.asarray(doc["offsets"], dtype=np.int64).reshape(-1)
+        keys = [str(k) for k in doc["keys"]]
+        prepared = np.asarray(doc["prepared"], dtype=bool).reshape(-1) if "prepared" in doc else None
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolMismatchError(f"prep.next: malformed answer: {e!r}") from None
+    if len(offsets) != rows + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+        raise ProtocolMismatchError(f"prep.next: {rows} rows need {rows + 1} non-decreasing offsets from 0, got "
+                                    f"{offsets.tolist()[:8]}")
+    if len(keys) != rows or (prepared is not None and len(prepared) != rows):
+        raise ProtocolMismatchError(f"prep.next: {rows} rows with {len(keys)} keys"
+                                    + ("" if prepared is None else f" and {len(prepared)} prepared flags"))
+    return dataclasses.replace(slot, offsets=offsets, keys=keys, prepared=prepared)

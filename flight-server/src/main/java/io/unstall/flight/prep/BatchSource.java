@@ -31,6 +31,14 @@ interface BatchSource {
   /** Memory besides the staged batch while one is made (sidecar prep: the raw batch it decodes). */
   long workingBytes();
 
+  /**
+   * The bytes of the /dev/shm slot one batch needs when the group stages in shared memory ({@link ShmSlots}): its
+   * tensor, or its payloads; 0 when its batches do not go to shared memory (member uploads).
+   */
+  default long slotBytes() {
+    return 0;
+  }
+
   /** The sidecar pipeline its batches come out of; null when it has none (raw batches, member uploads). */
   default PrepPipeline pipeline() {
     return null;

@@ -2,6 +2,7 @@ package io.unstall.flight.prep;
 
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.protocol.BatchSchema;
+import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -9,7 +10,6 @@ import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.rounding.RoundingPolicy;
 import org.apache.arrow.vector.BitVector;
 import org.apache.arrow.vector.FixedSizeBinaryVector;
-import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.types.pojo.ArrowType;
 import org.apache.arrow.vector.types.pojo.Field;
@@ -78,6 +78,11 @@ final class HybridPrep implements BatchSource {
   }
 
   @Override
+  public long slotBytes() {
+    return Math.max(raw.slotBytes(), rows.slotBytes()); // each row holds the larger of its bytes and its pixels
+  }
+
+  @Override
   public boolean parallel() {
     return true;
   }
@@ -121,40 +126,33 @@ final class HybridPrep implements BatchSource {
     try {
       int m = Math.min(ids.length, cpuRows);
       if (m == 0) {
-        return merged(in, null, 0, staging);
+        return merged(in, null, 0, pos, staging);
       }
       try (VectorSchemaRoot head = in.slice(0, m);
-          VectorSchemaRoot prepped = rows.decode(head, pos, Arrays.copyOf(ids, m), staging)) {
-        return merged(in, prepped, m, staging);
+          VectorSchemaRoot prepped = rows.decode(head, pos, Arrays.copyOf(ids, m), staging, false)) {
+        return merged(in, prepped, m, pos, staging);
       }
     } finally {
       in.close();
     }
   }
 
-  /** The raw batch {@code in} with its first {@code m} payloads replaced by {@code prepped}'s rows. */
-  private VectorSchemaRoot merged(VectorSchemaRoot in, VectorSchemaRoot prepped, int m, Staging staging) {
+  /**
+   * The raw batch {@code in} with its first {@code m} payloads replaced by {@code prepped}'s rows, its payloads in a
+   * slot when the group stages in shared memory ({@link RawBatches#restage}).
+   */
+  private VectorSchemaRoot merged(VectorSchemaRoot in, VectorSchemaRoot prepped, int m, long pos, Staging staging)
+      throws IOException {
     int n = in.getRowCount();
     VectorSchemaRoot out = VectorSchemaRoot.create(SCHEMA, staging.allocator());
     try {
-      for (String column : new String[] {BatchSchema.ID, BatchSchema.LABEL, BatchSchema.KEY}) {
-        in.getVector(column).makeTransferPair(out.getVector(column)).transfer(); // as fetched: moved, not copied
-      }
-      VarBinaryVector payload = (VarBinaryVector) out.getVector(BatchSchema.PAYLOAD);
+      ArrowBuf px = prepped == null ? null : ((FixedSizeBinaryVector) prepped.getVector(PrepSchema.TENSOR))
+          .getDataBuffer();
+      RawBatches.restage(in, out, px, m, (int) pipeline.sampleBytes(), pos, staging);
       BitVector prepared = (BitVector) out.getVector(PREPARED);
-      VarBinaryVector payloadIn = (VarBinaryVector) in.getVector(BatchSchema.PAYLOAD);
-      FixedSizeBinaryVector tensor = prepped == null ? null
-          : (FixedSizeBinaryVector) prepped.getVector(PrepSchema.TENSOR);
-      int sb = (int) pipeline.sampleBytes();
+      prepared.allocateNew(n);
       for (int i = 0; i < n; i++) {
-        if (i < m) {
-          ArrowBuf px = tensor.getDataBuffer();
-          payload.setSafe(i, px.nioBuffer((long) i * sb, sb), 0, sb);
-          prepared.setSafe(i, 1);
-        } else {
-          payload.copyFromSafe(i, i, payloadIn);
-          prepared.setSafe(i, 0);
-        }
+        prepared.set(i, i < m ? 1 : 0);
       }
       out.setRowCount(n);
       synchronized (this) {
@@ -162,7 +160,7 @@ final class HybridPrep implements BatchSource {
         samplesEncoded += n - m;
       }
       return out;
-    } catch (RuntimeException | Error e) {
+    } catch (IOException | RuntimeException | Error e) {
       out.close();
       throw e;
     }

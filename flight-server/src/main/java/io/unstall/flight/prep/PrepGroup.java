@@ -118,15 +118,15 @@ final class PrepGroup {
         pipeline == null ? "" : ", JPEGs prepared by " + ImagePrep.describeDecoder(pipeline));
     // null: an external group, whose source (member uploads) needs its staging
     BatchSource made = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX) ? null
-        : pipeline == null ? shared.rawBatches(order, counts)
+        : pipeline == null ? shared.rawBatches(order, counts, requested.shm())
         : cpuLoad != null ? shared.hybridPrep(order, pipeline, cpuLoad, counts, lock)
         : shared.sidecarPrep(order, pipeline, counts, lock);
     Staging.Size size = made == null ? Staging.forUploads(requested, parent.getLimit())
         : Staging.size(made, requested, parent.getLimit(), key.batchSize(), world);
-    PrepPipeline prepared = made == null ? null : made.pipeline();
-    Path dir = requested.shm() && prepared != null ? Staging.sharedMemory(id) : null;
-    ShmSlots.Files shm = dir == null ? null
-        : new ShmSlots.Files(dir, shared.slotPool(), prepared.sampleBytes() * key.batchSize());
+    long slotBytes = made == null ? 0 : made.slotBytes();
+    // a slot file is at most 2 GiB (ShmBuffer): a group whose batch needs more is read over Flight
+    Path dir = requested.shm() && slotBytes > 0 && slotBytes <= Integer.MAX_VALUE ? Staging.sharedMemory(id) : null;
+    ShmSlots.Files shm = dir == null ? null : new ShmSlots.Files(dir, shared.slotPool(), slotBytes);
     shared.slotPool().keepOnly(shm == null ? 0 : shm.slotBytes());
     this.settings = new Settings(size.window(), size.limit(), requested.memberTimeoutNanos(), requested.groupSize(),
         requested.joinTimeoutNanos(), shm != null, requested.autotune(), requested.windowGiven());

@@ -3,31 +3,40 @@ package io.unstall.flight.prep;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.protocol.BatchSchema;
 import java.io.IOException;
+import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.rounding.RoundingPolicy;
+import org.apache.arrow.vector.BaseVariableWidthVector;
+import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.types.pojo.Schema;
 
 /**
  * The raw-batch source (a group joined without a pipeline): each batch is the encoded samples as a DoGet of the
  * dataset would send them, assembled through the data plane's tiers (cache, peers, storage). {@link SidecarPrep}
- * fetches with it too.
+ * and {@link HybridPrep} fetch with it too. A group that stages in shared memory gets each batch with its payloads
+ * copied into a /dev/shm slot ({@link #restage}), which members map instead of receiving the bytes over gRPC.
  */
 final class RawBatches implements BatchSource {
   private final BatchOrder order;
   private final BatchAssembler assembler;
   private final PrepCounts counts;
   private final long cost;
+  private final long payloadBytes; // at most this many payload bytes in a batch: the largest sample's per row
+  private final boolean shm;
 
-  RawBatches(BatchOrder order, BatchAssembler assembler, RoundingPolicy rounding, PrepCounts counts) {
+  /** {@code shm}: the group asked for shared memory, where a fetched batch is held while it is copied to its slot. */
+  RawBatches(BatchOrder order, BatchAssembler assembler, RoundingPolicy rounding, PrepCounts counts, boolean shm) {
     this.order = order;
     this.assembler = assembler;
     this.counts = counts;
+    this.shm = shm;
     int maxLen = 0;
     for (int i = 0; i < order.numSamples; i++) {
       maxLen = Math.max(maxLen, order.dataset.length(i));
     }
     int b = order.key.batchSize();
-    this.cost = rounding.getRoundedSize(Math.max(1L, (long) maxLen * b)) + b * PrepGroup.ROW_OVERHEAD
+    this.payloadBytes = (long) maxLen * b;
+    this.cost = rounding.getRoundedSize(Math.max(1L, payloadBytes)) + b * PrepGroup.ROW_OVERHEAD
         + PrepGroup.BATCH_OVERHEAD;
   }
 
@@ -48,12 +57,34 @@ final class RawBatches implements BatchSource {
 
   @Override
   public long workingBytes() {
-    return 0;
+    return shm ? cost : 0;
+  }
+
+  @Override
+  public long slotBytes() {
+    return Math.max(1L, payloadBytes);
   }
 
   @Override
   public VectorSchemaRoot prepare(long pos, Staging staging) throws IOException {
-    return fetch(pos, order.ids(pos), staging);
+    int[] ids = order.ids(pos);
+    VectorSchemaRoot in = fetch(pos, ids, staging);
+    if (!staging.shm()) {
+      return in; // staged as fetched
+    }
+    try {
+      VectorSchemaRoot out = VectorSchemaRoot.create(BatchSchema.SCHEMA, staging.allocator());
+      try {
+        restage(in, out, null, 0, 0, pos, staging);
+        out.setRowCount(in.getRowCount());
+        return out;
+      } catch (IOException | RuntimeException e) {
+        out.close();
+        throw e;
+      }
+    } finally {
+      in.close();
+    }
   }
 
   /** Assembles the samples {@code ids} of position {@code pos} into staging. */
@@ -64,5 +95,41 @@ final class RawBatches implements BatchSource {
         staging.allocator());
     counts.fetchNanos.addAndGet(System.nanoTime() - t0);
     return raw;
+  }
+
+  /**
+   * Moves the fetched batch {@code in} to {@code out} (a {@link BatchSchema} root, maybe with more columns, that the
+   * caller sets the row count of): its id, label and key columns are moved, its payloads copied once into the
+   * payload memory staging gives the batch at {@code pos} (a slot when the group stages in shared memory). The first
+   * {@code m} rows' payloads are instead the {@code sb}-byte rows of {@code px} (a hybrid batch's prepared pixels).
+   */
+  static void restage(VectorSchemaRoot in, VectorSchemaRoot out, ArrowBuf px, int m, int sb, long pos,
+      Staging staging) throws IOException {
+    int n = in.getRowCount();
+    for (String column : new String[] {BatchSchema.ID, BatchSchema.LABEL, BatchSchema.KEY}) {
+      in.getVector(column).makeTransferPair(out.getVector(column)).transfer();
+    }
+    VarBinaryVector src = (VarBinaryVector) in.getVector(BatchSchema.PAYLOAD);
+    VarBinaryVector dst = (VarBinaryVector) out.getVector(BatchSchema.PAYLOAD);
+    long head = (long) m * sb;
+    long first = m < n ? src.getStartOffset(m) : 0; // the encoded rows lie together in src, from row m on
+    long encoded = m < n ? src.getEndOffset(n - 1) - first : 0;
+    staging.allocatePayload(dst, pos, n, head + encoded);
+    ArrowBuf offsets = dst.getOffsetBuffer();
+    ArrowBuf data = dst.getDataBuffer();
+    if (m > 0) {
+      data.setBytes(0, px, 0, head);
+    }
+    if (encoded > 0) {
+      data.setBytes(head, src.getDataBuffer(), first, encoded);
+    }
+    for (int i = 0; i <= n; i++) {
+      long at = i <= m ? (long) i * sb : head + src.getStartOffset(i) - first;
+      offsets.setInt((long) i * BaseVariableWidthVector.OFFSET_WIDTH, (int) at);
+    }
+    for (int i = 0; i < n; i++) {
+      dst.setIndexDefined(i);
+    }
+    dst.setLastSet(n - 1);
   }
 }

@@ -1,9 +1,9 @@
 package io.unstall.flight.prep;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.unstall.flight.protocol.BatchSchema;
+import io.unstall.flight.protocol.PrepNextReply;
 import io.unstall.flight.protocol.PrepTicket;
 import java.io.IOException;
 import java.util.concurrent.locks.LockSupport;
@@ -12,6 +12,9 @@ import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightProducer.ServerStreamListener;
 import org.apache.arrow.flight.FlightRuntimeException;
 import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.BitVector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VarCharVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.compression.CompressionUtil;
 import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
@@ -152,14 +155,14 @@ final class Serving {
 
   /**
    * Shared-memory read (the {@code prep.next} action): waits until batch {@code (epoch, batch)} is staged and
-   * names its /dev/shm file. The member holds that batch until it asks for a later one (or leaves), since
-   * it maps the file after this returns. {@code released}: the batches whose files the member no longer maps
-   * (null: it does not say; then no file it mapped is written again, {@link ShmSlots}).
+   * names its /dev/shm file (its tensor, or a raw or hybrid batch's payloads: {@link PrepNextReply}). The member
+   * holds that batch until it asks for a later one (or leaves), since it maps the file after this returns.
+   * {@code released}: the batches whose files the member no longer maps (null: it does not say; then no file it
+   * mapped is written again, {@link ShmSlots}).
    */
   ObjectNode next(long memberId, long epoch, long batch, long[][] released, BooleanSupplier cancelled)
       throws InterruptedException {
-    PrepPipeline pipeline = source.pipeline();
-    if (!staging.shm() || pipeline == null) {
+    if (!staging.shm()) {
       throw CallStatus.INVALID_ARGUMENT.withDescription("prep group " + id
           + " does not stage in shared memory; read batches with PREP DoGet tickets").toRuntimeException();
     }
@@ -183,23 +186,7 @@ final class Serving {
       if (r.getRowCount() > 0) { // an empty batch has nothing to map
         staging.mapped(pos, m.id, m.reportsReleases);
       }
-      BigIntVector ids = (BigIntVector) r.getVector(PrepSchema.ID);
-      BigIntVector labels = (BigIntVector) r.getVector(PrepSchema.LABEL);
-      ObjectNode o = JsonNodeFactory.instance.objectNode();
-      o.put("v", 1);
-      o.put("path", staging.shmPath(pos));
-      o.put("rows", r.getRowCount());
-      ArrayNode shape = o.putArray("shape");
-      for (int s : pipeline.sampleShape()) {
-        shape.add(s);
-      }
-      o.put("dtype", pipeline.dtype().wire());
-      ArrayNode idArr = o.putArray("ids");
-      ArrayNode labelArr = o.putArray("labels");
-      for (int i = 0; i < r.getRowCount(); i++) {
-        idArr.add(ids.get(i));
-        labelArr.add(labels.isNull(i) ? -1 : labels.get(i));
-      }
+      ObjectNode o = reply(r, staging.shmPath(pos));
       String skipped = r.getSchema().getCustomMetadata().get(PrepSchema.SKIPPED);
       if (skipped != null) {
         try {
@@ -212,6 +199,38 @@ final class Serving {
       m.lastSeen = System.nanoTime();
       return o;
     }
+  }
+
+  /** The {@code prep.next} answer for staged batch {@code r} in slot {@code path}: its tensor, or its payloads. */
+  private ObjectNode reply(VectorSchemaRoot r, String path) {
+    int n = r.getRowCount();
+    long[] ids = new long[n];
+    long[] labels = new long[n];
+    BigIntVector idVector = (BigIntVector) r.getVector(BatchSchema.ID); // the same names in PrepSchema
+    BigIntVector labelVector = (BigIntVector) r.getVector(BatchSchema.LABEL);
+    for (int i = 0; i < n; i++) {
+      ids[i] = idVector.get(i);
+      labels[i] = labelVector.isNull(i) ? -1 : labelVector.get(i);
+    }
+    PrepPipeline pipeline = source.pipeline();
+    if (pipeline != null) {
+      return PrepNextReply.tensor(path, pipeline.sampleShape(), pipeline.dtype().wire(), ids, labels);
+    }
+    VarCharVector keyVector = (VarCharVector) r.getVector(BatchSchema.KEY);
+    VarBinaryVector payload = (VarBinaryVector) r.getVector(BatchSchema.PAYLOAD);
+    BitVector preparedVector = (BitVector) r.getVector(HybridPrep.PREPARED); // null: a raw group
+    String[] keys = new String[n];
+    int[] offsets = new int[n + 1];
+    boolean[] prepared = preparedVector == null ? null : new boolean[n];
+    for (int i = 0; i < n; i++) {
+      keys[i] = keyVector.getObject(i).toString();
+      offsets[i] = payload.getStartOffset(i);
+      if (prepared != null) {
+        prepared[i] = preparedVector.get(i) != 0;
+      }
+    }
+    offsets[n] = payload.getStartOffset(n);
+    return PrepNextReply.payloads(path, ids, labels, keys, offsets, prepared);
   }
 
   private void awaitStaged(Membership.Member m, long pos, BooleanSupplier cancelled) throws InterruptedException {

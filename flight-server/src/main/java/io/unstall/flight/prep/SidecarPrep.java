@@ -185,6 +185,11 @@ final class SidecarPrep implements BatchSource {
   }
 
   @Override
+  public long slotBytes() {
+    return pipeline.sampleBytes() * order.key.batchSize();
+  }
+
+  @Override
   public String describeOutput() {
     return " and output " + Arrays.toString(pipeline.sampleShape()) + " " + pipeline.dtype().wire();
   }
@@ -194,7 +199,7 @@ final class SidecarPrep implements BatchSource {
     int[] ids = order.ids(pos);
     VectorSchemaRoot in = raw.fetch(pos, ids, staging);
     try {
-      return decode(in, pos, ids, staging);
+      return decode(in, pos, ids, staging, true);
     } finally {
       in.close();
     }
@@ -203,9 +208,11 @@ final class SidecarPrep implements BatchSource {
   /**
    * Runs the pipeline on every row of {@code raw}, spread over the prep pool. A sample that is not a decodable image
    * within the pipeline's rules fails the batch, naming it, or (on_error "skip") is left out: the kept rows close
-   * up, and the batch's schema lists the skipped ones ({@link PrepSchema#SKIPPED}).
+   * up, and the batch's schema lists the skipped ones ({@link PrepSchema#SKIPPED}). {@code staged}: the result is
+   * the batch staged at {@code pos} (its tensor in the group's slot when it has shared memory), not a part of one.
    */
-  VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Staging staging) throws Exception {
+  VectorSchemaRoot decode(VectorSchemaRoot raw, long pos, int[] ids, Staging staging, boolean staged)
+      throws Exception {
     long epoch = pos / order.numBatches;
     if (decoded != null) {
       planForms(epoch);
@@ -221,7 +228,11 @@ final class SidecarPrep implements BatchSource {
       VarBinaryVector payload = (VarBinaryVector) raw.getVector(BatchSchema.PAYLOAD);
       idOut.allocateNew(n);
       labelOut.allocateNew(n);
-      staging.allocateTensor(tensor, pos, n, pipeline.sampleBytes());
+      if (staged) {
+        staging.allocateTensor(tensor, pos, n, pipeline.sampleBytes());
+      } else {
+        tensor.allocateNew(n);
+      }
       int sb = (int) pipeline.sampleBytes(); // at most Integer.MAX_VALUE (PrepPipeline.parse)
       ArrowBuf in = payload.getDataBuffer();
       ArrowBuf dst = tensor.getDataBuffer();

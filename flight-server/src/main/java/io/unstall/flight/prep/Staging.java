@@ -15,7 +15,9 @@ import org.apache.arrow.flight.CallStatus;
 import org.apache.arrow.flight.FlightRuntimeException;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.vector.BaseVariableWidthVector;
 import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorLoader;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.VectorUnloader;
@@ -290,6 +292,28 @@ final class Staging {
       return;
     }
     toSlot(tensor, pos, n, (long) n * sampleBytes, false);
+  }
+
+  /**
+   * Gives the payload column of a raw or hybrid batch being prepared at {@code pos} its buffers for {@code n} rows of
+   * {@code bytes} in all, every row valid: ordinary memory, or a slot of {@link ShmSlots} for its bytes (as
+   * {@link #allocateTensor}). The caller writes the offsets and bytes ({@link RawBatches#restage}). Called without
+   * the lock.
+   */
+  void allocatePayload(VarBinaryVector payload, long pos, int n, long bytes) throws IOException {
+    if (slots == null) {
+      payload.allocateNew(bytes, n);
+      return;
+    }
+    ShmSlots.Tensor t = slots.take(pos, bytes);
+    try (ArrowBuf data = t.data();
+        ArrowBuf offsets = alloc.buffer((long) (n + 1) * BaseVariableWidthVector.OFFSET_WIDTH);
+        ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
+      payload.loadFieldBuffers(new ArrowFieldNode(n, 0), List.of(validity, offsets, data)); // no nulls: all valid
+    }
+    synchronized (lock) {
+      shmPaths.put(pos, t.path());
+    }
   }
 
   /**

@@ -450,6 +450,70 @@ class PrepServiceTest {
   }
 
 
+  /**
+   * A raw group and a hybrid one staging in shared memory: {@code prep.next} names a slot holding each batch's
+   * payloads at the offsets it gives, the very bytes (and keys, labels, prepared flags) a Flight member of the same
+   * group receives; the slots go with the group.
+   */
+  @Test
+  void rawAndHybridGroupsInSharedMemoryNameTheirPayloadsInASlot() throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeTrue(io.unstall.flight.shm.SharedMemory.available(), "no /dev/shm");
+    String u8 = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"random_resized_crop\",\"size\":32},{\"op\":\"hflip\"}],"
+        + "\"layout\":\"NHWC\",\"dtype\":\"uint8\"}";
+    for (String pipeline : new String[] {"null", u8 + ",\"hybrid\":{\"cpu_load\":0.4}"}) {
+      String body = "{\"dataset\":\"imgs\",\"pipeline\":" + pipeline + ",\"batch_size\":5,\"seed\":4,"
+          + "\"group_size\":2,\"epochs\":1,\"shm\":true}";
+      JsonNode shm = action("prep.join", body);
+      JsonNode flight = action("prep.join", body);
+      assertTrue(shm.get("shm").asBoolean(), shm.toString());
+      boolean hybrid = !pipeline.equals("null");
+      ExecutorService pool = Executors.newSingleThreadExecutor();
+      List<String> paths = new ArrayList<>();
+      try {
+        Future<List<RawRows>> viaFlight = pool.submit(() -> {
+          List<RawRows> out = new ArrayList<>();
+          for (int b = 0; b < flight.get("num_batches").asInt(); b++) {
+            out.add(getRaw(flight, 0, b));
+          }
+          return out;
+        });
+        List<JsonNode> answers = new ArrayList<>();
+        List<byte[]> slots = new ArrayList<>();
+        for (int b = 0; b < shm.get("num_batches").asInt(); b++) {
+          JsonNode r = next(shm, 0, b, null);
+          answers.add(r);
+          slots.add(head(Path.of(r.get("path").asText()), r.get("offsets").get(r.get("rows").asInt()).asInt()));
+          paths.add(r.get("path").asText());
+        }
+        List<RawRows> got = viaFlight.get();
+        for (int b = 0; b < got.size(); b++) {
+          JsonNode r = answers.get(b);
+          RawRows f = got.get(b);
+          int n = r.get("rows").asInt();
+          assertEquals(f.ids().length, n);
+          assertEquals(n + 1, r.get("offsets").size(), r.toString());
+          assertEquals(hybrid, r.has("prepared"), r.toString());
+          assertFalse(r.has("shape") || r.has("dtype"), "payloads, not a tensor: " + r);
+          for (int i = 0; i < n; i++) {
+            assertEquals(f.ids()[i], r.get("ids").get(i).asLong());
+            assertTrue(r.get("keys").get(i).asText().startsWith("c" + r.get("labels").get(i).asInt() + "/img"),
+                "a key in its class's folder: " + r);
+            assertEquals(f.prepared()[i], hybrid && r.get("prepared").get(i).asBoolean(), "batch " + b + " row " + i);
+            assertArrayEquals(f.payloads()[i], Arrays.copyOfRange(slots.get(b), r.get("offsets").get(i).asInt(),
+                r.get("offsets").get(i + 1).asInt()), "batch " + b + " row " + i);
+          }
+        }
+        assertEquals(paths.size(), new java.util.HashSet<>(paths).size(), "no slot written again: " + paths);
+      } finally {
+        pool.shutdownNow();
+      }
+      action("prep.leave", "{\"group\":\"" + shm.get("group").asText() + "\",\"member\":" + shm.get("member") + "}");
+      for (String p : paths) {
+        await("removal of " + p).atMost(Duration.ofSeconds(5)).until(() -> !Files.exists(Path.of(p)));
+      }
+    }
+  }
+
   /** Bytes of one sample of {@link #PIPELINE}'s output: float32 [3, 32, 32]. */
   static final int SAMPLE_BYTES = 3 * 32 * 32 * 4;
 

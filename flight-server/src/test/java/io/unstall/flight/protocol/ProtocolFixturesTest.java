@@ -264,6 +264,22 @@ public class ProtocolFixturesTest {
   }
 
   @Test
+  void prepNextPayloadsAnswerMatchesItsGoldenDocument() throws Exception {
+    JsonNode e = JSON.readTree(FIXTURES.resolve("prep-next-payloads-v1.json").toFile());
+    long[] ids = JSON.treeToValue(e.get("ids"), long[].class);
+    long[] labels = JSON.treeToValue(e.get("labels"), long[].class);
+    String[] keys = JSON.treeToValue(e.get("keys"), String[].class);
+    boolean[] prepared = JSON.treeToValue(e.get("prepared"), boolean[].class);
+    int[] offsets = JSON.treeToValue(e.get("offsets"), int[].class);
+    int n = ids.length;
+    // as sent: the JSON text, read back
+    assertEquals(e, JSON.readTree(JSON.writeValueAsString(
+        PrepNextReply.payloads(e.get("path").asText(), ids, labels, keys, offsets, prepared))));
+    assertThrows(IllegalArgumentException.class,
+        () -> PrepNextReply.payloads("p", ids, labels, keys, java.util.Arrays.copyOf(offsets, n), null));
+  }
+
+  @Test
   void localBatchReplyMatchesItsGoldenBytes() throws Exception {
     JsonNode e = JSON.readTree(FIXTURES.resolve("local-batch-v1.json").toFile());
     int n = e.get("ids").size();
