@@ -222,8 +222,8 @@ def test_over_shared_memory_the_same_samples_and_pixels_as_over_flight_and_every
         env: tuple[PrepEnv, list[Path]], cpu_load: float) -> None:
     """A raw group (``cpu_load=0``) and a hybrid one staging in shared memory: the member maps each batch's payloads
     (and the sidecar's rows) from the group's /dev/shm slots instead of receiving them over gRPC, and reads exactly
-    the samples, labels and pixels a Flight member reads; the slots it mapped are reported released (the sidecar
-    writes them again) and none is held once the loop is done."""
+    the samples, labels and pixels a Flight member reads, and holds none of the slots it mapped once the loop is
+    done."""
     e, paths = env
     pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
                          layout="NHWC", dtype="uint8")
@@ -237,8 +237,6 @@ def test_over_shared_memory_the_same_samples_and_pixels_as_over_flight_and_every
         for _ in range(2):
             got.append([(int(i), img.numpy(), int(label)) for images, labels, ids in loader
                         for img, label, i in zip(images, labels, ids)])
-        slots = m.group_stats()["shm_slots"]
-        assert slots["reused"] >= 1, f"slots written again once released: {slots}"
     wait_until(lambda: gc.collect() >= 0 and m._slots.held() == 0, "every slot view let go of")
     assert [[(i, label) for i, _, label in ep] for ep in got] == [[(i, label) for i, _, label in ep] for ep in flight]
     for e_flight, e_shm in zip(flight, got):

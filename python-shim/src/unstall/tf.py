@@ -112,6 +112,8 @@ def dataset(
     join_kwargs = dict(join_kwargs)
     echo = Echo.of(join_kwargs.pop("echo", 1), join_kwargs.pop("echo_level", "batch"))
     echoes = echo.counts()
+    if pipeline is None:  # raw payloads are read as Arrow record batches here: no shared-memory slot to copy into
+        join_kwargs.setdefault("transport", "flight")
     m = _prep.join(name, pipeline, batch_size=batch_size, **join_kwargs)
     skip = m.info.get("on_error") == "skip"
     batch_dim = batch_size if join_kwargs.get("drop_last") and not skip else None
