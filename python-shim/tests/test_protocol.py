@@ -374,3 +374,29 @@ def test_prep_next_payloads_answer_matches_its_golden_document(fixtures_dir: Pat
                       (dict(doc, v=2), "unsupported version 2")):
         with pytest.raises(ProtocolMismatchError, match=says):
             protocol.parse_prep_slot(bad)
+
+
+def test_decoded_batch_handover_matches_its_golden_messages(fixtures_dir: Path) -> None:
+    """The members' hand-over (``unstall.prep.decode_share``): each golden message parses to what it says and encodes
+    back to the same document; a message of another version or a broken one is refused, naming why."""
+    doc = json.loads((fixtures_dir / "handover-v1.json").read_text())
+    cpu = protocol.parse_handover(json.dumps(doc["cpu"]).encode())
+    assert (cpu.ok, cpu.ids, cpu.dtype, cpu.size, cpu.stride, cpu.offset, cpu.storage_bytes, cpu.cuda) == (
+        True, [17, 4, 9, 30], "torch.bfloat16", (4, 3, 224, 224), (150528, 1, 672, 3), 0, 1204224, None)
+    cuda = protocol.parse_handover(json.dumps(doc["cuda"]).encode())
+    assert cuda.storage_bytes is None and cuda.cuda is not None
+    assert cuda.cuda.handle == bytes(range(64)) and cuda.cuda.event == bytes(range(64, 128))
+    assert (cuda.cuda.storage_bytes, cuda.cuda.storage_offset_bytes, cuda.cuda.ref_counter,
+            cuda.cuda.ref_counter_offset, cuda.cuda.event_sync) == (1204224, 2097152, b"/torch_4242_1776_0", 17, True)
+    assert protocol.parse_handover(json.dumps(doc["not_ok"]).encode()) == protocol.Handover(False)
+    for name in ("cpu", "cuda", "not_ok"):
+        msg = protocol.parse_handover(json.dumps(doc[name]).encode())
+        assert json.loads(protocol.encode_handover(msg)) == doc[name], name
+    for bad, says in ((dict(doc["cpu"], v=2), "version 2, this member speaks 1"),
+                      ({k: v for k, v in doc["cpu"].items() if k != "ids"}, "malformed message: KeyError\\('ids'"),
+                      (dict(doc["cpu"], stride=[1]), "do not describe a tensor"),
+                      (dict(doc["cpu"], dtype="bfloat16"), "do not describe a tensor")):
+        with pytest.raises(ProtocolMismatchError, match=says):
+            protocol.parse_handover(json.dumps(bad).encode())
+    with pytest.raises(ProtocolMismatchError, match="not JSON"):
+        protocol.parse_handover(b"\x00")

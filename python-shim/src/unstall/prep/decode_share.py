@@ -16,10 +16,9 @@ or on another device, decode their own batches."""
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import errno
 import hashlib
-import json
 import logging
 import os
 import selectors
@@ -31,6 +30,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Deque, List, Optional, Sequence
 
+from ..errors import ProtocolMismatchError
+from ..protocol import HANDOVER_VERSION, CudaHandle, Handover, encode_handover, parse_handover
 log = logging.getLogger("unstall")
 
 __all__ = ["DecodeShare", "ShareStats", "share_scope"]
@@ -129,7 +130,8 @@ class DecodeShare:
         else ``decode()``, offered to the others."""
         if self.broken:
             return decode()
-        name = b"\0unstall/decoded/" + hashlib.sha256(scope + f"/{epoch}/{index}".encode()).hexdigest()[:40].encode()
+        at = f"/v{HANDOVER_VERSION}/{epoch}/{index}".encode()  # members speaking another version never meet
+        name = b"\0unstall/decoded/" + hashlib.sha256(scope + at).hexdigest()[:40].encode()
         want = [int(i) for i in ids]
         for attempt in range(_ATTEMPTS):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -213,41 +215,49 @@ class DecodeShare:
             if not data:
                 _close_all(fds)
                 return _GONE  # the claimant left while this member waited
-            meta = json.loads(data)
-            if not meta.get("ok"):
+            try:
+                h = parse_handover(data)
+            except ProtocolMismatchError as e:
+                _close_all(fds)
+                log.warning("unstall: %s; decoding the batch here", e)
+                return None
+            if not h.ok:
                 _close_all(fds)
                 return None
-            if meta["ids"] != ids:
+            if h.ids != ids:
                 _close_all(fds)
                 self.stats.mismatches += 1
                 log.warning("unstall: a decoded batch on offer holds samples %s..., this member's are %s...; "
-                            "decoding it here", meta["ids"][:4], ids[:4])
+                            "decoding it here", h.ids[:4], ids[:4])
                 return None
-            return self._rebuild(meta, fds)
+            return self._rebuild(h, fds)
         finally:
             c.close()
 
-    def _rebuild(self, meta: dict[str, Any], fds: List[int]) -> Any:
+    def _rebuild(self, h: Handover, fds: List[int]) -> Any:
         import torch
 
-        dtype = getattr(torch, meta["dtype"].rsplit(".", 1)[-1])
-        if meta["kind"] == "cuda":
+        dtype = getattr(torch, h.dtype.rsplit(".", 1)[-1])
+        if h.cuda is not None:
             from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-            a = meta["args"]
+            _close_all(fds)
+            c = h.cuda
             shared = rebuild_cuda_tensor(
-                torch.Tensor, torch.Size(a["size"]), tuple(a["stride"]), a["offset"], torch.storage.TypedStorage,
-                dtype, self.device.index,
-                _b(a["handle"]), a["storage_bytes"], a["storage_offset_bytes"], False, _b(a["ref_counter"]),
-                a["ref_counter_offset"], _b(a["event"]), a["event_sync"])
+                torch.Tensor, torch.Size(h.size), h.stride, h.offset, torch.storage.TypedStorage, dtype,
+                self.device.index, c.handle, c.storage_bytes, c.storage_offset_bytes, False, c.ref_counter,
+                c.ref_counter_offset, c.event, c.event_sync)
             own = shared.clone()  # on this thread's stream, after the claimant's event
             del shared  # torch's release: syncs this stream (the copy done), then returns the claimant's count
             return own
+        if len(fds) != 1 or h.storage_bytes is None:
+            _close_all(fds)
+            raise ProtocolMismatchError("decoded-batch hand-over: a CPU batch comes with one file descriptor")
         try:
-            storage = torch.UntypedStorage._new_shared_fd_cpu(fds[0], meta["storage_bytes"])  # type: ignore[attr-defined]
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fds[0], h.storage_bytes)  # type: ignore[attr-defined]
         finally:
             _close_all(fds)
-        view = torch.empty(0, dtype=dtype).set_(storage, meta["offset"], meta["size"], meta["stride"])
+        view = torch.empty(0, dtype=dtype).set_(storage, h.offset, h.size, h.stride)
         return view.clone()
 
     # -- the claimant's side ------------------------------------------------------------------------------------
@@ -299,11 +309,11 @@ class DecodeShare:
             ok = offer.ready.wait(self.timeout)
             tensor = offer.tensor
             if not ok or tensor is None:
-                conn.sendall(json.dumps({"ok": False}).encode())
+                conn.sendall(encode_handover(Handover(False)))
                 return
             with offer.lock:
-                meta, fds = self._describe(offer, tensor)
-            socket.send_fds(conn, [json.dumps(meta).encode()], fds)
+                h, fds = self._describe(offer, tensor)
+            socket.send_fds(conn, [encode_handover(h)], fds)
             with self._lock:
                 self.stats.served += 1
         except OSError:
@@ -313,9 +323,8 @@ class DecodeShare:
         finally:
             conn.close()
 
-    def _describe(self, offer: _Offer, t: Any) -> tuple[dict[str, Any], List[int]]:
-        meta: dict[str, Any] = {"ok": True, "ids": offer.ids, "dtype": str(t.dtype), "size": list(t.size()),
-                                "stride": list(t.stride()), "offset": t.storage_offset()}
+    def _describe(self, offer: _Offer, t: Any) -> tuple[Handover, List[int]]:
+        base = Handover(True, offer.ids, str(t.dtype), tuple(t.size()), tuple(t.stride()), t.storage_offset())
         if self.cuda:
             import torch
             from torch.multiprocessing.reductions import reduce_tensor
@@ -323,14 +332,10 @@ class DecodeShare:
             torch.cuda.set_device(self.device)
             offer.event.synchronize()  # the decode done before any handle to it is out
             _, a = reduce_tensor(t)  # a new reference count per handle, as torch.multiprocessing sends
-            meta.update(kind="cuda", args={
-                "size": list(a[1]), "stride": list(a[2]), "offset": a[3], "handle": _s(a[7]), "storage_bytes": a[8],
-                "storage_offset_bytes": a[9], "ref_counter": _s(a[11]), "ref_counter_offset": a[12],
-                "event": _s(a[13]), "event_sync": bool(a[14])})
-            return meta, []
+            return dataclasses.replace(base, size=tuple(a[1]), stride=tuple(a[2]), offset=int(a[3]), cuda=CudaHandle(
+                a[7], int(a[8]), int(a[9]), a[11], int(a[12]), a[13], bool(a[14]))), []
         fd, nbytes = t.untyped_storage()._share_fd_cpu_()
-        meta.update(kind="cpu", storage_bytes=nbytes)
-        return meta, [fd]
+        return dataclasses.replace(base, storage_bytes=int(nbytes)), [fd]
 
     def close(self) -> None:
         """Drops every batch on offer (members still asking decode theirs) and stops the server."""
@@ -368,11 +373,3 @@ def _peer_uid(sock: socket.socket) -> int:
 def _close_all(fds: Sequence[int]) -> None:
     for fd in fds:
         os.close(fd)
-
-
-def _s(b: Optional[bytes]) -> Optional[str]:
-    return None if b is None else base64.b64encode(b).decode()
-
-
-def _b(s: Optional[str]) -> Optional[bytes]:
-    return None if s is None else base64.b64decode(s)

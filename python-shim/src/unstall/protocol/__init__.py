@@ -1,7 +1,8 @@
 """Wire protocol v1, client side: one module per message family, every public name re-exported here.
 
 ``tickets`` (FETCH, PLAN, PREP), ``documents`` (the JSON answers), ``batches`` (the batch schema, ``SampleBatch``,
-prepared batches) and ``local`` (the local socket's frames). The byte layout and the error messages follow
+prepared batches), ``local`` (the local socket's frames) and ``handover`` (decoded batches between the members of a
+group on one host). The byte layout and the error messages follow
 ``protocol/README.md``; the golden fixtures in ``protocol/fixtures/`` are checked by
 ``python-shim/tests/test_protocol.py`` and by the Java tests.
 """
@@ -22,6 +23,13 @@ from .batches import (
     batch_payloads,
     PrepSlot,
     parse_prep_slot,
+)
+from .handover import (
+    HANDOVER_VERSION,
+    Handover,
+    CudaHandle,
+    encode_handover,
+    parse_handover,
 )
 from .documents import (
     DatasetInfo,
@@ -101,6 +109,11 @@ from .tickets import (
 )
 
 __all__ = [
+    "HANDOVER_VERSION",
+    "Handover",
+    "CudaHandle",
+    "encode_handover",
+    "parse_handover",
     "batch_to_numpy",
     "numpy_dtype",
     "skipped_of",
