@@ -15,7 +15,7 @@ import sys
 import threading
 from contextlib import suppress
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 
@@ -254,16 +254,18 @@ def test_a_dead_worker_is_reraised_and_the_next_epoch_is_whole(sidecar: unstall.
 
 
 def _prep_epochs(sidecar: unstall.Sidecar, root: Path, kill_at: set[int], sig: signal.Signals = signal.SIGKILL,
-                 device: Optional[str] = None) -> tuple[list, list[int], int]:
+                 device: Optional[str] = None, pipeline: Any = None) -> tuple[list, list[int], int]:
     """EPOCHS epochs of a prep group member (sidecar-side decode + augmentation, shared memory), sending
     ``sig`` to the sidecar after the batches numbered in ``kill_at``: (epoch, ids, tensor digest) per batch,
     the pids signalled, and how often the member joined a restarted sidecar's group again. ``device``: the
-    member's batches go there (``PrepLoader(device=...)``), prefetched, so batches are in flight at each fault."""
+    member's batches go there (``PrepLoader(device=...)``), prefetched, so batches are in flight at each fault.
+    ``pipeline``: another than the sidecar-side one (a ``decode(device="mixed")`` one: the stored bytes in shared
+    memory, decoded by the member)."""
     from unstall import prep
     from test_prep_support import PIPELINE_NCHW, digest
 
     sidecar.register_dataset("imgs", root)
-    loader = prep.PrepLoader("imgs", PIPELINE_NCHW, batch_size=4, with_ids=True, copy=True, seed=5,
+    loader = prep.PrepLoader("imgs", pipeline or PIPELINE_NCHW, batch_size=4, with_ids=True, copy=True, seed=5,
                              epochs=EPOCHS, sidecar=sidecar, device=device)
     seen: list = []
     killed: list[int] = []
@@ -302,16 +304,29 @@ def test_sigkill_under_a_prep_member_with_batches_in_flight_to_the_device(start_
     _check_prep_faults(start_sidecar, tmp_path, signal.SIGKILL, device="cpu")
 
 
-def _check_prep_faults(start_sidecar, tmp_path: Path, sig: signal.Signals, device: Optional[str] = None) -> None:
+@pytest.mark.slow
+def test_sigkill_under_a_mixed_decode_member_every_batch_exactly_once(start_sidecar, tmp_path: Path) -> None:
+    """The same for ``decode(device="mixed")``: the member maps the group's stored bytes from shared memory and
+    decodes them in its prefetcher, batches in flight at each fault; every batch exactly once, the same pixels."""
+    from unstall import prep
+    from test_prep_support import SIZE
+
+    _check_prep_faults(start_sidecar, tmp_path, signal.SIGKILL, device="cpu",
+                       pipeline=prep.imagenet_train(SIZE, decode_device="mixed"))
+
+
+def _check_prep_faults(start_sidecar, tmp_path: Path, sig: signal.Signals, device: Optional[str] = None,
+                       pipeline: Any = None) -> None:
     from test_prep_support import make_images
 
-    root = make_images(tmp_path / "imgs", 30)
-    reference, _, _ = _prep_epochs(start_sidecar("64MiB", deadlines=FAST), root, set(), device=device)
+    root = make_images(tmp_path / "imgs", 30, png_every=0 if pipeline is not None else 7)
+    reference, _, _ = _prep_epochs(start_sidecar("64MiB", deadlines=FAST), root, set(), device=device,
+                                   pipeline=pipeline)
     per_epoch = len(reference) // EPOCHS
     seed = int(os.environ.get("UNSTALL_FAULT_SEED") or random.randrange(1 << 30))
     kill_at = set(random.Random(seed).sample(range(EPOCHS * per_epoch - 1), 5))
     sidecar = start_sidecar("64MiB", extra_args=["--disk-cache-dir", str(tmp_path / "disk")], deadlines=FAST)
-    seen, killed, rejoins = _prep_epochs(sidecar, root, kill_at, sig, device=device)
+    seen, killed, rejoins = _prep_epochs(sidecar, root, kill_at, sig, device=device, pipeline=pipeline)
     for epoch in range(EPOCHS):
         ids = sorted(i for e, batch, _ in seen if e == epoch for i in batch)
         assert ids == list(range(30)), f"epoch {epoch} (seed {seed}): every sample exactly once"

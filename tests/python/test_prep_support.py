@@ -40,8 +40,8 @@ PIPELINE_NCHW = {
 PIPELINE_NHWC = dict(PIPELINE_NCHW, layout="NHWC")
 
 
-def make_images(root: Path, n: int = N_SAMPLES, seed: int = 0) -> Path:
-    """``n`` small photo-ish JPEGs (every 7th a PNG) in 3 class folders."""
+def make_images(root: Path, n: int = N_SAMPLES, seed: int = 0, png_every: int = 7) -> Path:
+    """``n`` small photo-ish JPEGs (every ``png_every``-th a PNG; 0: none) in 3 class folders."""
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
@@ -55,7 +55,7 @@ def make_images(root: Path, n: int = N_SAMPLES, seed: int = 0) -> Path:
                         fill=tuple(int(v) for v in rng.integers(0, 255, 3)))
         cls = root / f"class{i % 3}"
         cls.mkdir(parents=True, exist_ok=True)
-        fmt = "PNG" if i % 7 == 0 else "JPEG"
+        fmt = "PNG" if png_every and i % png_every == 0 else "JPEG"
         img.save(cls / f"img{i:03d}.{'png' if fmt == 'PNG' else 'jpg'}", fmt)
     return root
 
