@@ -34,15 +34,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import prep as _prep
 from .echo import Echo, EchoCounts
 from .analyze import context as _analysis
 from .analyze.sources import Source, TfSource, pipeline_datasets
 from .prep import Membership, Pipeline
-from .tracing import payload_bytes
+from .protocol import PayloadBatch
 
 __all__ = ["dataset", "membership", "echo_counts", "unstall_input", "pipeline_datasets", "FetchCounters", "UnstallInput"]
 
@@ -112,8 +110,6 @@ def dataset(
     join_kwargs = dict(join_kwargs)
     echo = Echo.of(join_kwargs.pop("echo", 1), join_kwargs.pop("echo_level", "batch"))
     echoes = echo.counts()
-    if pipeline is None:  # raw payloads are read as Arrow record batches here: no shared-memory slot to copy into
-        join_kwargs.setdefault("transport", "flight")
     m = _prep.join(name, pipeline, batch_size=batch_size, **join_kwargs)
     skip = m.info.get("on_error") == "skip"
     batch_dim = batch_size if join_kwargs.get("drop_last") and not skip else None
@@ -138,8 +134,8 @@ def dataset(
             except StopIteration:
                 return
             ns = time.perf_counter_ns() - t0
-            if isinstance(b, pa.RecordBatch):  # raw payloads
-                counters.add(b.num_rows, payload_bytes(b), ns)
+            if isinstance(b, PayloadBatch):  # raw payloads
+                counters.add(len(b.ids), int(b.offsets[-1]), ns)
             else:  # prepared (tensors, labels, ids)
                 counters.add(len(b[2]), int(b[0].nbytes), ns)
             yield b
@@ -159,11 +155,9 @@ def dataset(
                 out: Tuple[Any, ...] = (arr, labels.astype(np.int64, copy=False))
                 yield out + ((ids.astype(np.int64, copy=False),) if with_ids else ())
             return
-        for rb in timed(m.epoch(epoch)):
-            ids = rb.column("id").to_numpy(zero_copy_only=False)
-            labels = pc.fill_null(rb.column("label"), -1).to_numpy(zero_copy_only=False)
-            raw = (np.array(rb.column("payload").to_pylist(), dtype=object), labels.astype(np.int64))
-            yield raw + ((ids.astype(np.int64, copy=False),) if with_ids else ())
+        for p in timed(m.epoch_payloads(epoch)):  # shared memory or Flight; TF gets bytes of its own
+            raw = (np.array(p.row_bytes(), dtype=object), p.labels.astype(np.int64))
+            yield raw + ((p.ids.astype(np.int64, copy=False),) if with_ids else ())
 
     ds = tf.data.Dataset.from_generator(generate, output_signature=spec)
     options = tf.data.Options()

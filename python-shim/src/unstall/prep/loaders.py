@@ -290,8 +290,7 @@ class PrepLoader(GroupLoader):
                 yield out + ((torch.from_numpy(np.array(ids, dtype=np.int64)),) if self.with_ids else ())
             return
         for p in self.membership.epoch_payloads(epoch, indices):  # raw batches: the stored bytes, copied out
-            raw = ([p.data[a:b].tobytes() for a, b in zip(p.offsets[:-1], p.offsets[1:])],
-                   torch.from_numpy(np.array(p.labels, dtype=np.int64)))
+            raw = (p.row_bytes(), torch.from_numpy(np.array(p.labels, dtype=np.int64)))
             yield raw + ((torch.from_numpy(np.array(p.ids, dtype=np.int64)),) if self.with_ids else ())
 
 

@@ -222,6 +222,10 @@ class PayloadBatch(NamedTuple):
     keys: list[str]
     prepared: Optional[np.ndarray]  # bool
 
+    def row_bytes(self) -> list[bytes]:
+        """Each row's payload as bytes of its own (a copy: for a caller that keeps them past the batch)."""
+        return [self.data[a:b].tobytes() for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+
 
 def batch_payloads(batch: pa.RecordBatch) -> PayloadBatch:
     """A raw or hybrid prep batch received over Flight, as views of its buffers."""
