@@ -5,9 +5,10 @@ or leaves costs the others a decode, never a batch."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -133,20 +134,27 @@ def test_a_claimant_that_dies_costs_the_others_a_decode_not_a_batch() -> None:
     assert share.stats.decoded + share.stats.fallbacks == 1 and share.stats.received == 0
 
 
-def test_a_batch_with_other_samples_is_never_used() -> None:
-    scope = share_scope("test-mismatch", os.getpid())
+@contextlib.contextmanager
+def _offered_by_another(scope: bytes, ids: list[int]) -> Iterator[None]:
+    """Another process decoded batch 0 of epoch 0 (samples ``ids``) and keeps it on offer inside the block."""
     offered, done = CTX.Event(), CTX.Event()
-    p = CTX.Process(target=_claim_and_hold, args=(scope, offered, done, [1, 2]))
+    p = CTX.Process(target=_claim_and_hold, args=(scope, offered, done, ids))
     p.start()
     try:
         assert offered.wait(timeout=120)
-        share = DecodeShare(torch.device("cpu"))
-        mine = torch.full((2, 3), 7.0)
-        t = share.batch(scope, 0, 0, [3, 4], lambda: mine.clone())  # same batch index, other ids
-        share.close()
+        yield
     finally:
         done.set()
         p.join(timeout=60)
+
+
+def test_a_batch_with_other_samples_is_never_used() -> None:
+    scope = share_scope("test-mismatch", os.getpid())
+    mine = torch.full((2, 3), 7.0)
+    with _offered_by_another(scope, [1, 2]):
+        share = DecodeShare(torch.device("cpu"))
+        t = share.batch(scope, 0, 0, [3, 4], lambda: mine.clone())  # same batch index, other ids
+        share.close()
     assert t.tolist() == mine.tolist()
     assert share.stats.mismatches == 1 and share.stats.fallbacks == 1 and share.stats.received == 0
 
@@ -178,11 +186,7 @@ def test_a_handle_that_cannot_be_mapped_turns_sharing_off_for_this_job(monkeypat
     """Where the handle cannot be opened (CUDA IPC refused across containers, say), the job decodes the batch itself,
     says why once, and from then on decodes its own batches without asking."""
     scope = share_scope("test-broken", os.getpid())
-    offered, done = CTX.Event(), CTX.Event()
-    p = CTX.Process(target=_claim_and_hold, args=(scope, offered, done, [1, 2]))
-    p.start()
-    try:
-        assert offered.wait(timeout=120)
+    with _offered_by_another(scope, [1, 2]):
         share = DecodeShare(torch.device("cpu"))
 
         def refuse(meta: Any, fds: list[int]) -> Any:
@@ -196,7 +200,4 @@ def test_a_handle_that_cannot_be_mapped_turns_sharing_off_for_this_job(monkeypat
         assert share.broken == "RuntimeError: CUDA error: invalid device context"
         assert share.batch(scope, 0, 0, [1, 2], lambda: mine.clone()).tolist() == mine.tolist()
         share.close()
-    finally:
-        done.set()
-        p.join(timeout=60)
     assert share.stats.fallbacks == 1 and share.stats.received == 0 and share.stats.decoded == 0
