@@ -140,6 +140,7 @@ class PrepLoader(GroupLoader):
         self._conversion: Any = None
         self._mixed: Optional[MixedDecode] = None
         self._decode_share: Optional[DecodeShare] = None
+        self._share_scope: Tuple[Optional[str], bytes] = (None, b"")  # (group, its scope digest): _share_for
         self._device_share = bool(device_share)
         if pipeline is not None and decode_device(pipeline) == MIXED:
             if device is None:
@@ -256,16 +257,24 @@ class PrepLoader(GroupLoader):
         if not self._device_share:
             images = decode()
         else:
-            m = self.membership
-            if self._decode_share is None:
-                window = int(m.info.get("window", 4))
-                self._decode_share = DecodeShare(self.device, ring=2 * (self.device_prefetch + window),
-                                                 peers=int(self._join_kwargs.get("group_size", 1)) > 1)
-            sidecar = m.client.endpoint()
-            scope = share_scope(sidecar.flight, sidecar.token, m.group, seed, mixed.ops, mixed.dtype, mixed.layout,
-                                str(mixed.memory_format), device_uuid(self.device))
-            images = self._decode_share.batch(scope, batch.epoch, batch.position, ids, decode)
+            share, scope = self._share_for(mixed, seed)
+            images = share.batch(scope, batch.epoch, batch.position, ids, decode)
         return (images, batch.labels, batch.ids) if self.with_ids else (images, batch.labels)
+
+    def _share_for(self, mixed: MixedDecode, seed: int) -> Tuple[DecodeShare, bytes]:
+        """This loader's ``DecodeShare`` (made at its first batch) and the scope of the group it is in now, worked
+        out again only when it joined another (a restarted sidecar's)."""
+        m = self.membership
+        if self._decode_share is None:
+            window = int(m.info.get("window", 4))
+            self._decode_share = DecodeShare(self.device, ring=2 * (self.device_prefetch + window),
+                                             peers=int(self._join_kwargs.get("group_size", 1)) > 1)
+        if self._share_scope[0] != m.group:
+            sidecar = m.client.endpoint()
+            self._share_scope = (m.group, share_scope(sidecar.flight, sidecar.token, m.group, seed, mixed.ops,
+                                                      mixed.dtype, mixed.layout, str(mixed.memory_format),
+                                                      device_uuid(self.device)))
+        return self._decode_share, self._share_scope[1]
 
     def _host_batches(self, epoch: int, indices: Sequence[int]) -> Iterator[Any]:
         import torch
