@@ -26,7 +26,8 @@ from typing import Any, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import DATASET, REPO, dataset_dir, git_commit, gpu_name, parse_job_args, prep_loader, sync  # noqa: E402
+from bench_gpu import (DATASET, REPO, dataset_dir, decode_counts, git_commit, gpu_name, parse_job_args,  # noqa: E402
+                       prep_loader, sync)
 from bench_prep import await_go, run_jobs, summarize  # noqa: E402
 from _cpu import self_cpu  # noqa: E402
 from _report import header  # noqa: E402
@@ -107,12 +108,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for mode, name in MODES.items():
         images = sum(s["images"] for s, _ in runs[mode])
         wall = sum(s["wall_s"] for s, _ in runs[mode])
-        shares = [r["share"] for _, results in runs[mode] for r in results if r["share"]]
-        decodes = {k: sum(sh[k] for sh in shares) for k in ("decoded", "received", "fallbacks")} if shares \
-            else {"decoded": len(runs[mode]) * args.jobs * (args.batches + args.warmup), "received": 0, "fallbacks": 0}
+        counted = decode_counts([r for _, results in runs[mode] for r in results])
+        decodes = counted or {"decoded": len(runs[mode]) * args.jobs * (args.batches + args.warmup), "received": 0,
+                              "fallbacks": 0}
         rows.append({"mode": mode, "row": name, "images_per_s": images / wall, "wall_s": wall,
                      "jobs_cpu_s": sum(s["jobs_cpu_s"] for s, _ in runs[mode]), "decodes": decodes,
-                     "solo_counted": not shares, "runs": [s["images_per_s"] for s, _ in runs[mode]]})
+                     "solo_counted": counted is None, "runs": [s["images_per_s"] for s, _ in runs[mode]]})
     ratio = rows[0]["images_per_s"] / rows[1]["images_per_s"]
     head = header() + [f"- device: {args.device} ({gpu_name(torch.device(args.device))})", f"- commit: {git_commit()}",
                        f"- {args.jobs} jobs, batch {args.batch}, crop {args.crop}, {args.warmup} warm-up + "

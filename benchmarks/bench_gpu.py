@@ -373,6 +373,12 @@ def job(args: argparse.Namespace) -> None:
     close(loader, batches)
 
 
+def decode_counts(results: Sequence[dict[str, Any]]) -> Optional[dict[str, int]]:
+    """The jobs' ``share_stats`` summed (``decoded``, ``received``, ``fallbacks``); None when no job shared."""
+    shares = [r["share"] for r in results if r.get("share")]
+    return {k: sum(sh[k] for sh in shares) for k in ("decoded", "received", "fallbacks")} if shares else None
+
+
 def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sidecar: Any) -> Row:
     """``--jobs`` training processes at once on the one device (bench_prep.run_jobs), timed from GO."""
     keep = ["--model", "--batch", "--steps", "--warmup", "--crop", "--workers", "--device"]
@@ -384,8 +390,7 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
     results, machine = run_jobs(kind, args.jobs, data, extra, env, script=Path(__file__), meter=meter)
     s = summarize(results, machine)
     copies = [r["copy_ms"] for r in results if r.get("copy_ms") is not None]
-    shares = [r["share"] for r in results if r.get("share")]
-    decoded = {k: sum(sh[k] for sh in shares) for k in ("decoded", "received", "fallbacks")} if shares else None
+    decoded = decode_counts(results)
     return Row(f"hp_{kind}", name, s["images_per_s"], meter.seconds / s["wall_s"],
                machine_cores(*machine),
                sum(r["input_ms"] for r in results) / len(results),
