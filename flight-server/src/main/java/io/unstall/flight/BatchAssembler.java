@@ -204,8 +204,25 @@ public final class BatchAssembler {
   /** Assembles the batch for Flight, every payload copied into it; the caller owns (and closes) the root. */
   public VectorSchemaRoot assemble(Dataset d, Requester r, long epoch, int[] ids, BufferAllocator allocator)
       throws IOException {
-    return assemble(d, r, epoch, ids, allocator, true);
+    return assemble(d, r, epoch, ids, allocator, HEAP, true);
   }
+
+  /**
+   * Assembles the batch with its payload column's buffers from {@code memory} (a prep group's shared-memory slot),
+   * every payload copied straight into them.
+   */
+  public VectorSchemaRoot assemble(Dataset d, Requester r, long epoch, int[] ids, BufferAllocator allocator,
+      PayloadMemory memory) throws IOException {
+    return assemble(d, r, epoch, ids, allocator, memory, true);
+  }
+
+  /** Gives a batch's payload column its buffers for {@code rows} rows of {@code bytes} bytes in all. */
+  @FunctionalInterface
+  public interface PayloadMemory {
+    void allocate(VarBinaryVector payload, int rows, long bytes) throws IOException;
+  }
+
+  private static final PayloadMemory HEAP = (payload, rows, bytes) -> payload.allocateNew(bytes, rows);
 
   /**
    * Assembles the batch a peer asked this sidecar for, as the owner: from the local tiers or storage, never from
@@ -214,11 +231,11 @@ public final class BatchAssembler {
    */
   public VectorSchemaRoot assembleForPeer(Dataset d, long epoch, int[] ids, BufferAllocator allocator)
       throws IOException {
-    return assemble(d, Requester.peerOf(d), epoch, ids, allocator, false);
+    return assemble(d, Requester.peerOf(d), epoch, ids, allocator, HEAP, false);
   }
 
-  private VectorSchemaRoot assemble(
-      Dataset d, Requester r, long epoch, int[] ids, BufferAllocator allocator, boolean askPeers) throws IOException {
+  private VectorSchemaRoot assemble(Dataset d, Requester r, long epoch, int[] ids, BufferAllocator allocator,
+      PayloadMemory memory, boolean askPeers) throws IOException {
     int n = ids.length;
     VectorSchemaRoot root = VectorSchemaRoot.create(BatchSchema.SCHEMA, allocator);
     try {
@@ -229,7 +246,7 @@ public final class BatchAssembler {
       idVec.allocateNew(n);
       labelVec.allocateNew(n);
       keyVec.allocateNew(n);
-      payload.allocateNew(Math.max(1, payloadBytes(d, ids)), n);
+      memory.allocate(payload, n, Math.max(1, payloadBytes(d, ids)));
 
       ArrowBuf data = payload.getDataBuffer();
       ArrowBuf offsets = payload.getOffsetBuffer();

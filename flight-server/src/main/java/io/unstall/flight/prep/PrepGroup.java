@@ -118,7 +118,7 @@ final class PrepGroup {
         pipeline == null ? "" : ", JPEGs prepared by " + ImagePrep.describeDecoder(pipeline));
     // null: an external group, whose source (member uploads) needs its staging
     BatchSource made = key.fingerprint().startsWith(PrepService.EXTERNAL_PREFIX) ? null
-        : pipeline == null ? shared.rawBatches(order, counts, requested.shm())
+        : pipeline == null ? shared.rawBatches(order, counts)
         : cpuLoad != null ? shared.hybridPrep(order, pipeline, cpuLoad, counts, lock)
         : shared.sidecarPrep(order, pipeline, counts, lock);
     Staging.Size size = made == null ? Staging.forUploads(requested, parent.getLimit())

@@ -16,7 +16,7 @@ record PrepResources(BatchAssembler assembler, ExecutorService pool, int threads
 
   /** The sidecar-prep source of a group or replica: its raw batches decoded by {@code pipeline} on the pool. */
   SidecarPrep sidecarPrep(BatchOrder order, PrepPipeline pipeline, PrepCounts counts, GroupLock lock) {
-    return sidecarPrep(order, rawBatches(order, counts, false), pipeline, counts, lock);
+    return sidecarPrep(order, rawBatches(order, counts), pipeline, counts, lock);
   }
 
   private SidecarPrep sidecarPrep(BatchOrder order, RawBatches raw, PrepPipeline pipeline, PrepCounts counts,
@@ -27,16 +27,13 @@ record PrepResources(BatchAssembler assembler, ExecutorService pool, int threads
 
   /** The hybrid source: the first rows of each raw batch prepared by {@code pipeline}, the rest left encoded. */
   HybridPrep hybridPrep(BatchOrder order, PrepPipeline pipeline, double cpuLoad, PrepCounts counts, GroupLock lock) {
-    RawBatches raw = rawBatches(order, counts, false);
+    RawBatches raw = rawBatches(order, counts);
     return new HybridPrep(order, raw, sidecarPrep(order, raw, pipeline, counts, lock), pipeline, cpuLoad,
         allocator.getRoundingPolicy());
   }
 
-  /**
-   * The raw-batch source: batches fetched through the data plane's tiers; {@code shm}: a group asked to stage them in
-   * shared memory (their payloads copied into a slot).
-   */
-  RawBatches rawBatches(BatchOrder order, PrepCounts counts, boolean shm) {
-    return new RawBatches(order, assembler, allocator.getRoundingPolicy(), counts, shm);
+  /** The raw-batch source: batches fetched through the data plane's tiers. */
+  RawBatches rawBatches(BatchOrder order, PrepCounts counts) {
+    return new RawBatches(order, assembler, allocator.getRoundingPolicy(), counts);
   }
 }

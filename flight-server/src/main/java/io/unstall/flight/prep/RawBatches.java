@@ -14,7 +14,8 @@ import org.apache.arrow.vector.types.pojo.Schema;
  * The raw-batch source (a group joined without a pipeline): each batch is the encoded samples as a DoGet of the
  * dataset would send them, assembled through the data plane's tiers (cache, peers, storage). {@link SidecarPrep}
  * and {@link HybridPrep} fetch with it too. A group that stages in shared memory gets each batch with its payloads
- * copied into a /dev/shm slot ({@link #restage}), which members map instead of receiving the bytes over gRPC.
+ * assembled in a /dev/shm slot (a hybrid batch's copied there, {@link #restage}), which members map instead of
+ * receiving the bytes over gRPC.
  */
 final class RawBatches implements BatchSource {
   private final BatchOrder order;
@@ -22,14 +23,11 @@ final class RawBatches implements BatchSource {
   private final PrepCounts counts;
   private final long cost;
   private final long payloadBytes; // at most this many payload bytes in a batch: the largest sample's per row
-  private final boolean shm;
 
-  /** {@code shm}: the group asked for shared memory, where a fetched batch is held while it is copied to its slot. */
-  RawBatches(BatchOrder order, BatchAssembler assembler, RoundingPolicy rounding, PrepCounts counts, boolean shm) {
+  RawBatches(BatchOrder order, BatchAssembler assembler, RoundingPolicy rounding, PrepCounts counts) {
     this.order = order;
     this.assembler = assembler;
     this.counts = counts;
-    this.shm = shm;
     int maxLen = 0;
     for (int i = 0; i < order.numSamples; i++) {
       maxLen = Math.max(maxLen, order.dataset.length(i));
@@ -57,7 +55,7 @@ final class RawBatches implements BatchSource {
 
   @Override
   public long workingBytes() {
-    return shm ? cost : 0;
+    return 0; // in shared memory, the payloads are assembled straight into their slot
   }
 
   @Override
@@ -68,31 +66,25 @@ final class RawBatches implements BatchSource {
   @Override
   public VectorSchemaRoot prepare(long pos, Staging staging) throws IOException {
     int[] ids = order.ids(pos);
-    VectorSchemaRoot in = fetch(pos, ids, staging);
     if (!staging.shm()) {
-      return in; // staged as fetched
+      return fetch(pos, ids, staging, null); // staged as fetched
     }
-    try {
-      VectorSchemaRoot out = VectorSchemaRoot.create(BatchSchema.SCHEMA, staging.allocator());
-      try {
-        restage(in, out, null, 0, 0, pos, staging);
-        out.setRowCount(in.getRowCount());
-        return out;
-      } catch (IOException | RuntimeException e) {
-        out.close();
-        throw e;
-      }
-    } finally {
-      in.close();
-    }
+    return fetch(pos, ids, staging, (payload, rows, bytes) -> staging.allocatePayload(payload, pos, rows, bytes));
   }
 
   /** Assembles the samples {@code ids} of position {@code pos} into staging. */
   VectorSchemaRoot fetch(long pos, int[] ids, Staging staging) throws IOException {
+    return fetch(pos, ids, staging, null);
+  }
+
+  /** The same, the payloads straight into {@code memory} (a shared-memory slot) unless it is null. */
+  private VectorSchemaRoot fetch(long pos, int[] ids, Staging staging, BatchAssembler.PayloadMemory memory)
+      throws IOException {
     long t0 = System.nanoTime();
-    VectorSchemaRoot raw = assembler.assemble(order.dataset,
-        new BatchAssembler.Requester("prep-" + order.group, order.dataset.stats()), pos / order.numBatches, ids,
-        staging.allocator());
+    BatchAssembler.Requester r = new BatchAssembler.Requester("prep-" + order.group, order.dataset.stats());
+    VectorSchemaRoot raw = memory == null
+        ? assembler.assemble(order.dataset, r, pos / order.numBatches, ids, staging.allocator())
+        : assembler.assemble(order.dataset, r, pos / order.numBatches, ids, staging.allocator(), memory);
     counts.fetchNanos.addAndGet(System.nanoTime() - t0);
     return raw;
   }

@@ -296,9 +296,9 @@ final class Staging {
 
   /**
    * Gives the payload column of a raw or hybrid batch being prepared at {@code pos} its buffers for {@code n} rows of
-   * {@code bytes} in all, every row valid: ordinary memory, or a slot of {@link ShmSlots} for its bytes (as
-   * {@link #allocateTensor}). The caller writes the offsets and bytes ({@link RawBatches#restage}). Called without
-   * the lock.
+   * {@code bytes} in all: ordinary memory, or a slot of {@link ShmSlots} for its bytes (as {@link #allocateTensor}).
+   * The caller writes the offsets, the valid bits and the bytes ({@code BatchAssembler.assemble},
+   * {@link RawBatches#restage}). Called without the lock.
    */
   void allocatePayload(VarBinaryVector payload, long pos, int n, long bytes) throws IOException {
     if (slots == null) {
@@ -309,6 +309,8 @@ final class Staging {
     try (ArrowBuf data = t.data();
         ArrowBuf offsets = alloc.buffer((long) (n + 1) * BaseVariableWidthVector.OFFSET_WIDTH);
         ArrowBuf validity = alloc.buffer(Math.max(8, (n + 7) / 8))) {
+      offsets.setZero(0, offsets.capacity()); // the first offset; the writer sets the others and the valid bits
+      validity.setZero(0, validity.capacity());
       payload.loadFieldBuffers(new ArrowFieldNode(n, 0), List.of(validity, offsets, data)); // no nulls: all valid
     }
     synchronized (lock) {
