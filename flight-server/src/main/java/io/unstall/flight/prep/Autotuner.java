@@ -249,7 +249,7 @@ final class Autotuner {
     int to = source.cpuRows(rows + Math.max(-bound, Math.min(bound, move)));
     if (to != rows) {
       decide("cpu_rows", rows, to, String.format("rates: sidecar a=%.3f ms/sample, device d=%.3f ms/sample (slowest"
-          + " of %d members), step S=%.1f ms (fastest): target %d, %s", 1e3 * sidecarPerSample, 1e3 * devicePerSample,
+          + " of %d reporting), step S=%.1f ms (fastest): target %d, %s", 1e3 * sidecarPerSample, 1e3 * devicePerSample,
           reporting, 1e3 * step, splitTarget, target.why()));
     }
   }

@@ -242,7 +242,7 @@ class AutotunerTest {
     assertEquals(0.001, h.get("sidecar_s_per_sample").asDouble(), 1e-9);
     assertEquals(2, h.get("members_reporting").asInt());
     String why = stats(t).get("decisions").get(0).get("why").asText();
-    assertTrue(why.contains("a=1.000 ms/sample") && why.contains("d=1.000 ms/sample (slowest of 2 members)")
+    assertTrue(why.contains("a=1.000 ms/sample") && why.contains("d=1.000 ms/sample (slowest of 2 reporting)")
         && why.contains("S=100.0 ms (fastest): target 64"), why);
     t.report(1, 0.0005, 0.1, now);
     t.report(2, 0.001, 0.2, now);
