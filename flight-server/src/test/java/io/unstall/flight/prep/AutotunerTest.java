@@ -57,9 +57,14 @@ class AutotunerTest {
   }
 
   JsonNode stats(Autotuner t) {
+    return stats(t, "autotune");
+  }
+
+  /** The autotuner's {@code part} of the group's stats: "autotune", or "hybrid" for a split. */
+  JsonNode stats(Autotuner t, String part) {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     t.stats(o);
-    return o.get("autotune");
+    return o.get(part);
   }
 
   @Test
@@ -219,12 +224,6 @@ class AutotunerTest {
     period(t, 4, 4, 0);
   }
 
-  JsonNode hybrid(Autotuner t) {
-    ObjectNode o = JsonNodeFactory.instance.objectNode();
-    t.stats(o);
-    return o.get("hybrid");
-  }
-
   @Test
   void theSplitMovesTowardTheRatesTargetAQuarterBatchAPeriod() {
     SplitSource split = new SplitSource();
@@ -234,7 +233,7 @@ class AutotunerTest {
     t.report(2, 0.001, 0.2, now); // a slower device, a slower job: d from this one, S from the other
     splitPeriod(t, split, 0.001); // the sidecar: 1 ms a sample, 64 ms a batch: it keeps up with whole batches
     assertEquals(48, split.rows, "at most a quarter of the batch at once");
-    JsonNode h = hybrid(t);
+    JsonNode h = stats(t, "hybrid");
     assertEquals("rates", h.get("split_rule").asText());
     assertEquals(64, h.get("target_cpu_rows").asInt());
     assertEquals(0.001, h.get("device_s_per_sample").asDouble(), 1e-12);
@@ -254,7 +253,7 @@ class AutotunerTest {
     t.report(1, 0.0005, 0.1, now);
     splitPeriod(t, split, 0.0025);
     assertEquals(36, split.rows);
-    assertEquals(36, hybrid(t).get("target_cpu_rows").asInt());
+    assertEquals(36, stats(t, "hybrid").get("target_cpu_rows").asInt());
     t.report(1, 0.0005, 0.1, now);
     splitPeriod(t, split, 0.0025); // at the target: nothing to decide
     assertEquals(4, stats(t).get("decisions").size());
@@ -271,7 +270,7 @@ class AutotunerTest {
     now += Autotuner.REPORT_TTL_NANOS; // the report ages past its time to live
     period(t, 4, 4, 3); // members waited
     assertEquals(44, split.rows, "a sixteenth of the batch, as without reports");
-    JsonNode h = hybrid(t);
+    JsonNode h = stats(t, "hybrid");
     assertEquals("waits", h.get("split_rule").asText());
     assertEquals(0, h.get("members_reporting").asInt());
     assertEquals(-1, h.get("target_cpu_rows").asInt());
