@@ -217,6 +217,16 @@ def test_stats_count_batches_bytes_and_hand_out_cpu_time() -> None:
     assert stats.as_dict()["cpu_ms_per_batch"] == stats.cpu_ms_per_batch
 
 
+def test_on_step_gets_the_loops_time_between_batches_not_across_a_marker() -> None:
+    from unstall.prep.ahead import EPOCH_END
+
+    steps: list[float] = []
+    p = DevicePrefetcher(iter([torch.zeros(2), EPOCH_END, torch.ones(2)]), "cpu", 2, on_step=steps.append)
+    out = list(p)
+    assert out[1] is EPOCH_END and torch.equal(out[2], torch.ones(2))
+    assert len(steps) == 2 and all(s > 0 for s in steps), steps  # after each batch, none after the marker
+
+
 def test_slot_hooks_run_once_per_mapping_and_unmap_waits_for_the_last_view(tmp_path: Path) -> None:
     calls: list[tuple[str, str, Any]] = []
     slots = SlotMaps(on_map=lambda path, mm: (calls.append(("map", path, len(mm))), path)[1],

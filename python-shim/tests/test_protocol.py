@@ -224,6 +224,13 @@ def test_local_cached_request_and_document_match_their_golden_fixtures(fixtures_
         protocol.parse_cached(cached.replace(b"CgE=", b"CgEA"), "imgs", 10)
 
 
+def test_prep_next_bodies_match_their_golden_fixture(fixtures_dir: Path) -> None:
+    doc = json.loads((fixtures_dir / "prep-next-rates-v1.json").read_text())
+    body = protocol.encode_prep_next("8f3a2c1d9e4b7a60", 3, 1, 5, [[1, 3], [1, 4]], protocol.PrepRates(0.00125, 0.0625))
+    assert json.loads(body) == doc["with_rates"]
+    assert json.loads(protocol.encode_prep_next("8f3a2c1d9e4b7a60", 3, 1, 6, [])) == doc["without_rates"]
+
+
 def test_local_prep_request_carries_prep_actions_only() -> None:
     with pytest.raises(ValueError, match="prep.\\* actions"):
         protocol.encode_local_prep("stats", b"")

@@ -156,6 +156,36 @@ def test_hybrid_auto_tunes_the_split_and_still_serves_every_sample_once(env: tup
     assert all(d["what"] != "cpu_rows" or d["why"] for d in decisions)
 
 
+def test_hybrid_auto_splits_from_the_members_measured_decode_and_step(env: tuple[PrepEnv, list[Path]]) -> None:
+    """The member times its device's decode and its training step (a small conv net on each batch, outside
+    ``next()``) and sends them with each ``prep.next``; the sidecar's stats show them and its split decisions cite
+    them with its own seconds per sample."""
+    import torch
+
+    e, _ = env
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load="auto"), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
+    model = torch.nn.Sequential(*(torch.nn.Conv2d(c, 64, 3, padding=1) for c in (3, 64, 64)))
+
+    def rates_decision() -> Any:
+        for images, _ in loader:  # one epoch, each batch through the model
+            with torch.no_grad():
+                model(images.permute(0, 3, 1, 2).float())
+        groups = [g for g in e.stats()["groups"].values() if g.get("prep") == "hybrid" and g["state"] == "running"]
+        cited = [d for d in groups[-1]["autotune"]["decisions"] if d["what"] == "cpu_rows"
+                 and d["why"].startswith("rates: ")] if groups else []
+        return (groups[-1], cited) if cited else None
+
+    with e.client() as client, prep.PrepLoader("jpegs", pipe, batch_size=4, seed=7, client=client,
+                                                device="cpu") as loader:
+        group, cited = wait_until(rates_decision, "a split decision from the member's rates")
+    h = group["hybrid"]
+    assert h["device_s_per_sample"] > 0 and h["step_s"] > 0 and h["sidecar_s_per_sample"] > 0, h
+    assert h["members_reporting"] == 1 and 0 <= h["target_cpu_rows"] <= 4, h
+    for d in cited:
+        assert "sidecar a=" in d["why"] and "device d=" in d["why"] and "step S=" in d["why"], d
+
+
 def test_bad_hybrid_settings_name_the_field(env: tuple[PrepEnv, list[Path]]) -> None:
     e, _ = env
     with pytest.raises(ValueError, match="cpu_load must be a number in \\[0, 1\\] or 'auto'"):

@@ -289,10 +289,12 @@ class DevicePrefetcher(IteratorWrapper):
     ``source`` raises is raised after the batches pulled before it were handed out. ``close()`` stops the thread
     (after the pull in progress), waits for the copies in flight, drops the host batches and closes ``source``
     (a generator); a prefetcher that is garbage-collected closes itself. ``stats``: a ``DeviceStats`` to add to
-    (a loader's, over its epochs)."""
+    (a loader's, over its epochs). ``on_step``: called on the training thread with the seconds the loop spent
+    outside ``next()`` between two batches (its step; not across a marker the source passes through)."""
 
     def __init__(self, source: Iterator[Any], device: DeviceLike, depth: int = 2,
-                 convert: Optional[Callable[[Any], Any]] = None, stats: Optional[DeviceStats] = None) -> None:
+                 convert: Optional[Callable[[Any], Any]] = None, stats: Optional[DeviceStats] = None,
+                 on_step: Optional[Callable[[float], None]] = None) -> None:
         super().__init__(source)
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"device_prefetch (batches in flight) must be an int >= 1, got {depth!r}")
@@ -309,6 +311,8 @@ class DevicePrefetcher(IteratorWrapper):
         self._done = False
         self._closed = False
         self.handed = 0
+        self._on_step = on_step
+        self._handed_at: Optional[float] = None  # when the last batch was handed out (on_step)
 
     @property
     def pulled(self) -> int:
@@ -317,6 +321,9 @@ class DevicePrefetcher(IteratorWrapper):
 
     def __next__(self) -> Any:
         t0, w0 = time.thread_time(), time.perf_counter()
+        if self._handed_at is not None and self._on_step is not None:
+            self._on_step(w0 - self._handed_at)
+        self._handed_at = None
         try:
             if self._closed or self._done:
                 raise StopIteration
@@ -344,6 +351,8 @@ class DevicePrefetcher(IteratorWrapper):
             self.stats.bytes += entry.nbytes
             self.stats.staged_batches += entry.staged
             self._producer.room.release()  # the next batch is pulled and copied while the loop's step runs
+            if entry.tensors:
+                self._handed_at = time.perf_counter()
             return out
         finally:
             self.stats.handout_cpu_s += time.thread_time() - t0

@@ -17,6 +17,7 @@ from .ahead import EPOCH_END, Crossing, EpochPrefetch
 from .decode_share import DecodeShare, ShareStats, device_uuid, share_scope
 from .mixed import MIXED, MixedDecode, decode_device, payload_tensors
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, Pipeline
+from .rates import MemberRates
 
 __all__ = ["PrepLoader", "SharedTransformLoader", "device_pipeline", "to_torch"]
 
@@ -139,6 +140,7 @@ class PrepLoader(GroupLoader):
         self.device: Any = None
         self._conversion: Any = None
         self._mixed: Optional[MixedDecode] = None
+        self._rates: Optional[MemberRates] = None
         self._decode_share: Optional[DecodeShare] = None
         self._share_scope: Tuple[Optional[str], bytes] = (None, b"")  # (group, its scope digest): _share_for
         self._device_share = bool(device_share)
@@ -151,8 +153,10 @@ class PrepLoader(GroupLoader):
                                       device, memory_format)
             # the group serves the stored bytes (and, hybrid, the samples its CPUs prepared); the device does the rest
             pipeline = self._mixed.sidecar_pipeline()
-            if pipeline is not None:
+            if pipeline is not None:  # hybrid: the sidecar splits each batch from this member's measured rates
                 join_kwargs["hybrid"] = {"cpu_load": self._mixed.cpu_load}
+                self._rates = MemberRates()
+                join_kwargs["rates"] = self._rates.report
         if device is not None or memory_format is not None:
             import torch
 
@@ -196,7 +200,8 @@ class PrepLoader(GroupLoader):
         from ..device import DevicePrefetcher
 
         return DevicePrefetcher(self._host_epochs(epoch, indices, crossing), self.device, self.device_prefetch,
-                                convert=self._convert_images, stats=self.device_stats)
+                                convert=self._convert_images, stats=self.device_stats,
+                                on_step=self._rates.stepped if self._rates is not None else None)
 
     def _host_epochs(self, epoch: int, indices: Sequence[int], crossing: Crossing) -> Iterator[Any]:
         """The host batches of ``epoch`` (``indices``), then, while the next ``for`` is to read the next epoch, the
@@ -250,15 +255,20 @@ class PrepLoader(GroupLoader):
         assert mixed is not None
         ids, seed = p.ids.tolist(), int(self._join_kwargs.get("seed", 0))
 
+        prepared = None if p.prepared is None else p.prepared.tolist()
+        rates = self._rates
+
         def decode() -> Any:
-            return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys,
-                         None if p.prepared is None else p.prepared.tolist())
+            return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys, prepared)
+
+        def timed() -> Any:  # hybrid: the device's time on the samples it decodes, for the sidecar's split
+            return decode() if rates is None else rates.timed(mixed.device, len(ids) - sum(prepared or ()), decode)
 
         if not self._device_share:
-            images = decode()
+            images = timed()
         else:
             share, scope = self._share_for(mixed, seed)
-            images = share.batch(scope, batch.epoch, batch.position, ids, decode)
+            images = share.batch(scope, batch.epoch, batch.position, ids, timed)
         return (images, batch.labels, batch.ids) if self.with_ids else (images, batch.labels)
 
     def _share_for(self, mixed: MixedDecode, seed: int) -> Tuple[DecodeShare, bytes]:

@@ -17,8 +17,8 @@ import pyarrow.flight as fl
 from ..client import FlightClient
 from ..errors import PrepGroupNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from ..local import LocalClient
-from ..protocol import (PROTOCOL_VERSION, PayloadBatch, PrepSlot, batch_payloads, batch_to_numpy, encode_prep_ticket,
-                        parse_prep_slot, skipped_of)
+from ..protocol import (PROTOCOL_VERSION, PayloadBatch, PrepRates, PrepSlot, batch_payloads, batch_to_numpy,
+                        encode_prep_next, encode_prep_ticket, parse_prep_slot, skipped_of)
 from ..recovery import call_with_recovery
 from ..shm_slots import SlotMaps
 from .pipeline import Pipeline, with_on_error
@@ -57,6 +57,8 @@ class Membership:
     _local: Optional[LocalClient] = field(default=None, repr=False)
     _local_refused: Optional[str] = field(default=None, repr=False)  # a socket that did not take a connection
     _snapshots: dict[int, str] = field(default_factory=dict, repr=False)  # cache_first: the epoch read's snapshot
+    # a hybrid member's measured rates, sent with each prep.next for the sidecar's split (None: sends none)
+    _rates: Optional[Callable[[], Optional[PrepRates]]] = field(default=None, repr=False)
 
     @property
     def group(self) -> str:
@@ -234,8 +236,8 @@ class Membership:
 
         def next_batch() -> dict[str, Any]:
             # "released": the batches whose views are gone, so the sidecar may write their slots again
-            body = json.dumps(dict(group=self.group, member=self.member, epoch=epoch, batch=index,
-                                   released=self._slots.take_released())).encode()
+            body = encode_prep_next(self.group, self.member, epoch, index, self._slots.take_released(),
+                                    self._rates() if self._rates is not None else None)
             local = self._local_client()
             if local is not None:
                 return local.prep_action("prep.next", body)
@@ -375,6 +377,7 @@ def join(
     hybrid: Optional[Mapping[str, Any]] = None,
     order: Optional[Mapping[str, Any]] = None,
     cache_snapshot: Optional[str] = None,
+    rates: Optional[Callable[[], Optional[PrepRates]]] = None,
 ) -> Membership:
     """Joins (or creates) the group for this dataset, pipeline, seed, batch size, shuffle and drop_last.
 
@@ -416,6 +419,9 @@ def join(
     ``hybrid``: ``{"cpu_load": 0..1 or "auto"}``: the sidecar prepares that share of each batch with ``pipeline``
     (uint8 NHWC) and leaves the rest encoded, for the member's device (``PrepLoader`` with
     ``decode(device="mixed", cpu_load=...)`` passes it).
+
+    ``rates``: a hybrid member's measured rates (``unstall.prep.rates.MemberRates.report``), sent with each
+    ``prep.next`` for the sidecar's split of ``cpu_load="auto"`` (``PrepLoader`` passes it).
 
     ``order``: ``{"cache_first": window}``, part of the group's key: each epoch's seeded order reordered cached samples
     first within aligned windows of ``window`` positions, from one snapshot of the sidecar's cache per epoch
@@ -477,7 +483,7 @@ def join(
         body["shm"] = True
     info = _join_reply(client.do_action("prep.join", json.dumps(body).encode()), epochs)
     body.setdefault("start_epoch", int(info["start_epoch"]))  # where this member's epochs count from
-    m = Membership(client=client, dataset=dataset, info=info, _join_body=body, _slots=slots or SlotMaps(),
+    m = Membership(client=client, dataset=dataset, info=info, _join_body=body, _slots=slots or SlotMaps(), _rates=rates,
                    _snapshots={int(body["start_epoch"]): cache_snapshot} if cache_snapshot is not None else {})
     m._start_heartbeat()
     return m

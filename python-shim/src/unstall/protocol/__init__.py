@@ -23,6 +23,8 @@ from .batches import (
     batch_payloads,
     PrepSlot,
     parse_prep_slot,
+    PrepRates,
+    encode_prep_next,
 )
 from .handover import (
     HANDOVER_VERSION,
@@ -123,6 +125,8 @@ __all__ = [
     "batch_payloads",
     "PrepSlot",
     "parse_prep_slot",
+    "PrepRates",
+    "encode_prep_next",
     "PROTOCOL_VERSION",
     "TICKET_MAGIC",
     "KIND_FETCH",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,8 @@ __all__ = [
     "batch_payloads",
     "PrepSlot",
     "parse_prep_slot",
+    "PrepRates",
+    "encode_prep_next",
 ]
 
 SCHEMA_VERSION_KEY = b"unstall.schema"
@@ -237,6 +239,27 @@ def batch_payloads(batch: pa.RecordBatch) -> PayloadBatch:
     return PayloadBatch(data, binary_offsets(payload), batch.column("id").to_numpy(zero_copy_only=False),
                         pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False),
                         batch.column("key").to_pylist(), prepared)
+
+
+@dataclass(frozen=True)
+class PrepRates:
+    """A hybrid member's measured rates, sent with its ``prep.next`` (optional: an older member sends none): its
+    device's decode seconds per sample it decodes and its training step in seconds, both positive."""
+
+    decode_s_per_sample: float
+    step_s: float
+
+
+def encode_prep_next(group: str, member: int, epoch: int, batch: int,
+                     released: Optional[Sequence[Sequence[int]]] = None, rates: Optional[PrepRates] = None) -> bytes:
+    """A ``prep.next`` body (UTF-8 JSON): the batch asked for, the batches whose views are gone (``released``), and
+    a hybrid member's ``rates`` (``fixtures/prep-next-rates-v1.json``)."""
+    body: dict[str, Any] = {"group": group, "member": member, "epoch": epoch, "batch": batch}
+    if released is not None:
+        body["released"] = [list(r) for r in released]
+    if rates is not None:
+        body["rates"] = dataclasses.asdict(rates)
+    return json.dumps(body).encode()
 
 
 @dataclass(frozen=True)

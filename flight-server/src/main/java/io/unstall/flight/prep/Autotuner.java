@@ -5,6 +5,8 @@ import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.management.ManagementFactory;
 import java.util.ArrayDeque;
+import java.util.HashMap;
+import java.util.Map;
 import java.util.function.BooleanSupplier;
 import java.util.function.IntSupplier;
 
@@ -21,6 +23,10 @@ import java.util.function.IntSupplier;
  *       machine's CPU is not saturated, tries one more and keeps it only if production improved by
  *       {@link #GAIN}; gives one back when production outpaces consumption by {@link #SLACK} with nobody waiting.
  *       Never more than the pool's {@code --prep-threads}.
+ *   <li>Split (a hybrid source with {@code cpu_load="auto"}): from the members' reports of their device's decode
+ *       seconds per sample and their training step ({@link #report}) and the sidecar's own seconds per sample,
+ *       toward {@link SplitModel}'s target, at most a quarter of a batch a period; without fresh reports, by who
+ *       waited (fewer samples for the sidecar when members waited, more when its producers idle).
  * </ul>
  * Either is pinned by the joiner ({@code window=}, or {@code autotune=false} for both). Guarded by the group lock;
  * the threads it picks reach the source's {@link BatchSource#parallelism} for the next batch.
@@ -31,6 +37,8 @@ final class Autotuner {
   static final double GAIN = 1.05;
   static final double SLACK = 1.5;
   static final double SPLIT_BUSY = 0.6;
+  /** A member's report counts this long, or four of its steps when longer (a report comes with each batch). */
+  static final long REPORT_TTL_NANOS = 4 * PERIOD_NANOS;
   private static final int DECISIONS = 16;
 
   private final boolean tuneWindow;
@@ -60,6 +68,13 @@ final class Autotuner {
   private double consumptionRate;
   private double cpuPerBatch;
   private double wallPerBatch;
+  private long cpuSamplesAt;
+  private double sidecarPerSample; // a: the sidecar's wall seconds per sample it prepares, the last measured
+  private final Map<Long, Report> reports = new HashMap<>(); // member -> its latest rates
+  private double devicePerSample; // d, S and the target of the last period with fresh reports
+  private double step;
+  private int reporting;
+  private int splitTarget = -1;
   private final ArrayDeque<ObjectNode> decisions = new ArrayDeque<>();
   private long decisionsTotal;
 
@@ -102,6 +117,17 @@ final class Autotuner {
     return maxWindowUsed;
   }
 
+  /** A member's rates, as it reported them with a batch request. */
+  private record Report(double decodePerSample, double step, long at) {}
+
+  /**
+   * Member {@code member}'s device decode seconds per sample and training step seconds (its moving averages),
+   * reported at {@code now}. Caller holds the lock.
+   */
+  void report(long member, double decodePerSample, double stepSeconds, long now) {
+    reports.put(member, new Report(decodePerSample, stepSeconds, now));
+  }
+
   /** A member asked for a batch that was not staged yet. Caller holds the lock. */
   void stalled() {
     stalls++;
@@ -123,6 +149,10 @@ final class Autotuner {
       cpuPerBatch = (counts.prepCpuNanos.get() - cpuAt) / 1e9 / prepared;
       wallPerBatch = (counts.prepNanos - wallAt) / 1e9 / prepared;
     }
+    long cpuSamples = source.cpuSamples() - cpuSamplesAt;
+    if (cpuSamples > 0) { // the producers' batch time, spread over the samples they prepared
+      sidecarPerSample = (counts.prepNanos - wallAt) / 1e9 / cpuSamples / Production.PRODUCERS;
+    }
     boolean active = prepared > 0 || served > 0 || stalls > 0;
     if (active) {
       periods++;
@@ -133,7 +163,7 @@ final class Autotuner {
         tuneThreads();
       }
       if (source.tunesSplit()) {
-        tuneSplit(dt);
+        tuneSplit(dt, now);
       }
     }
     periodStart = now;
@@ -141,6 +171,7 @@ final class Autotuner {
     servedAt = counts.batchesServed;
     cpuAt = counts.prepCpuNanos.get();
     wallAt = counts.prepNanos;
+    cpuSamplesAt = source.cpuSamples();
     lastStalls = stalls;
     stalls = 0;
   }
@@ -192,11 +223,43 @@ final class Autotuner {
   }
 
   /**
-   * A hybrid source's split: members that waited for batches get fewer samples prepared by the sidecar (their
+   * A hybrid source's split: toward {@link SplitModel}'s target from the fresh reports (the slowest device, the
+   * fastest step) and the sidecar's measured seconds per sample, at most a quarter of a batch at once; a target
+   * within a tuning step of the split is left alone (noise). Without fresh reports, {@link #tuneSplitByWaits}.
+   */
+  private void tuneSplit(long dt, long now) {
+    reports.values().removeIf(r -> now - r.at > Math.max(REPORT_TTL_NANOS, (long) (4e9 * r.step)));
+    reporting = reports.size();
+    if (reports.isEmpty() || !(sidecarPerSample > 0)) {
+      splitTarget = -1;
+      tuneSplitByWaits(dt);
+      return;
+    }
+    devicePerSample = reports.values().stream().mapToDouble(Report::decodePerSample).max().orElseThrow();
+    step = reports.values().stream().mapToDouble(Report::step).min().orElseThrow();
+    int b = source.batchSize();
+    SplitModel.Split target = SplitModel.target(b, sidecarPerSample, devicePerSample, step);
+    splitTarget = target.cpuRows();
+    int rows = source.cpuRows();
+    int move = splitTarget - rows;
+    if (Math.abs(move) < source.splitStep() && splitTarget != 0 && splitTarget != b) {
+      return;
+    }
+    int bound = Math.max(1, b / 4);
+    int to = source.cpuRows(rows + Math.max(-bound, Math.min(bound, move)));
+    if (to != rows) {
+      decide("cpu_rows", rows, to, String.format("rates: sidecar a=%.3f ms/sample, device d=%.3f ms/sample (slowest"
+          + " of %d reporting), step S=%.1f ms (fastest): target %d, %s", 1e3 * sidecarPerSample, 1e3 * devicePerSample,
+          reporting, 1e3 * step, splitTarget, target.why()));
+    }
+  }
+
+  /**
+   * The split without reports: members that waited for batches get fewer samples prepared by the sidecar (their
    * device decodes more); producers busy less than {@link #SPLIT_BUSY} of the period with nobody waiting get more
    * (the CPU takes work off the device). Steps of a sixteenth of a batch.
    */
-  private void tuneSplit(long dt) {
+  private void tuneSplitByWaits(long dt) {
     int rows = source.cpuRows();
     int step = source.splitStep();
     double busy = (counts.prepNanos - wallAt) / (double) dt / Production.PRODUCERS;
@@ -249,5 +312,14 @@ final class Autotuner {
     a.put("decisions_total", decisionsTotal);
     ArrayNode d = a.putArray("decisions");
     decisions.forEach(d::add);
+    if (source.tunesSplit()) { // beside the source's own fields of the split
+      ObjectNode h = o.get("hybrid") instanceof ObjectNode x ? x : o.putObject("hybrid");
+      h.put("split_rule", splitTarget >= 0 ? "rates" : "waits");
+      h.put("sidecar_s_per_sample", sidecarPerSample);
+      h.put("device_s_per_sample", devicePerSample);
+      h.put("step_s", step);
+      h.put("members_reporting", reporting);
+      h.put("target_cpu_rows", splitTarget);
+    }
   }
 }

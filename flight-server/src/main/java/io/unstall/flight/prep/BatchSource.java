@@ -67,6 +67,16 @@ interface BatchSource {
     return -1;
   }
 
+  /** The samples of a batch the split divides (its batch size); 0 without a split. */
+  default int batchSize() {
+    return 0;
+  }
+
+  /** The samples the sidecar prepared of a hybrid source's batches so far (its CPU share); 0 without a split. */
+  default long cpuSamples() {
+    return 0;
+  }
+
   /** How many samples one step of the split's tuning moves. */
   default int splitStep() {
     return 1;

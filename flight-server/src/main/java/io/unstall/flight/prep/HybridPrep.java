@@ -109,6 +109,16 @@ final class HybridPrep implements BatchSource {
   }
 
   @Override
+  public int batchSize() {
+    return order.key.batchSize();
+  }
+
+  @Override
+  public synchronized long cpuSamples() {
+    return samplesPrepared;
+  }
+
+  @Override
   public int splitStep() {
     return Math.max(1, order.key.batchSize() / 16);
   }

@@ -245,6 +245,15 @@ final class PrepGroup {
     }
   }
 
+  /** A hybrid member's measured rates, for the split ({@link Autotuner#report}); a stranger's are ignored. */
+  void rates(long memberId, PrepRequests.Rates rates) {
+    synchronized (lock) {
+      if (members.isMember(memberId)) {
+        tuner.report(memberId, rates.decodePerSample(), rates.step(), System.nanoTime());
+      }
+    }
+  }
+
   void leave(long memberId) {
     synchronized (lock) {
       boolean closed = members.leave(memberId);

@@ -83,6 +83,34 @@ final class PrepRequests {
     return out;
   }
 
+  /** A hybrid member's measured rates: its device's decode seconds per sample and its training step seconds. */
+  record Rates(double decodePerSample, double step) {}
+
+  /**
+   * {@code prep.next}'s {@code "rates"}: {@code {"decode_s_per_sample", "step_s"}}, both finite and positive; null
+   * when absent (a member that does not measure them: not hybrid, or an older shim).
+   */
+  static Rates rates(String action, JsonNode b) {
+    JsonNode r = b.get("rates");
+    if (r == null || r.isNull()) {
+      return null;
+    }
+    if (!r.isObject()) {
+      throw new IllegalArgumentException(action + ": \"rates\" must be {\"decode_s_per_sample\", \"step_s\"}, got "
+          + r.getNodeType());
+    }
+    return new Rates(seconds(action, r, "decode_s_per_sample"), seconds(action, r, "step_s"));
+  }
+
+  private static double seconds(String action, JsonNode r, String field) {
+    JsonNode v = r.get(field);
+    if (v == null || !v.isNumber() || !Double.isFinite(v.asDouble()) || !(v.asDouble() > 0)) {
+      throw new IllegalArgumentException(action + ": \"rates\"." + field + " (seconds, a positive number) is"
+          + " required, got " + v);
+    }
+    return v.asDouble();
+  }
+
   /** The most batches one {@code prep.next} may report released. */
   static final int MAX_RELEASED = 4096;
 

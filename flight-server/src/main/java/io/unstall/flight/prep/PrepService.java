@@ -194,6 +194,10 @@ public final class PrepService implements AutoCloseable {
           throw new PermissionDeniedException(ACTION_NEXT + " hands out the sidecar owner's shared-memory files; "
               + caller + " reads prepared batches with PREP DoGet tickets");
         }
+        PrepRequests.Rates rates = PrepRequests.rates(type, body);
+        if (rates != null) {
+          g.rates(at.member(), rates);
+        }
         yield g.serving().next(at.member(), at.epoch(), at.batch(), released, cancelled).toString();
       }
       case ACTION_ORDER -> {

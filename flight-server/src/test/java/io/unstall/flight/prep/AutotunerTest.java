@@ -57,9 +57,14 @@ class AutotunerTest {
   }
 
   JsonNode stats(Autotuner t) {
+    return stats(t, "autotune");
+  }
+
+  /** The autotuner's {@code part} of the group's stats: "autotune", or "hybrid" for a split. */
+  JsonNode stats(Autotuner t, String part) {
     ObjectNode o = JsonNodeFactory.instance.objectNode();
     t.stats(o);
-    return o.get("autotune");
+    return o.get(part);
   }
 
   @Test
@@ -174,6 +179,7 @@ class AutotunerTest {
   /** A hybrid source's split: {@code rows} of a batch of 64 prepared by the sidecar, tuned in steps of 4. */
   static final class SplitSource extends StagingTest.FakeSource {
     int rows = 32;
+    long samples; // prepared by the sidecar so far
 
     SplitSource() {
       super(1000, 0, true);
@@ -199,6 +205,75 @@ class AutotunerTest {
     public int splitStep() {
       return 4;
     }
+
+    @Override
+    public int batchSize() {
+      return 64;
+    }
+
+    @Override
+    public long cpuSamples() {
+      return samples;
+    }
+  }
+
+  /** A period in which the sidecar prepared 4 batches of the split, at {@code a} wall seconds per sample. */
+  void splitPeriod(Autotuner t, SplitSource split, double a) {
+    split.samples += 4L * split.rows;
+    counts.prepNanos += (long) (a * 1e9 * 4 * split.rows * Production.PRODUCERS);
+    period(t, 4, 4, 0);
+  }
+
+  @Test
+  void theSplitMovesTowardTheRatesTargetAQuarterBatchAPeriod() {
+    SplitSource split = new SplitSource();
+    source = split;
+    Autotuner t = tuner(false, false, 4);
+    t.report(1, 0.0005, 0.1, now); // device 0.5 ms a sample, step 100 ms
+    t.report(2, 0.001, 0.2, now); // a slower device, a slower job: d from this one, S from the other
+    splitPeriod(t, split, 0.001); // the sidecar: 1 ms a sample, 64 ms a batch: it keeps up with whole batches
+    assertEquals(48, split.rows, "at most a quarter of the batch at once");
+    JsonNode h = stats(t, "hybrid");
+    assertEquals("rates", h.get("split_rule").asText());
+    assertEquals(64, h.get("target_cpu_rows").asInt());
+    assertEquals(0.001, h.get("device_s_per_sample").asDouble(), 1e-12);
+    assertEquals(0.1, h.get("step_s").asDouble(), 1e-12);
+    assertEquals(0.001, h.get("sidecar_s_per_sample").asDouble(), 1e-9);
+    assertEquals(2, h.get("members_reporting").asInt());
+    String why = stats(t).get("decisions").get(0).get("why").asText();
+    assertTrue(why.contains("a=1.000 ms/sample") && why.contains("d=1.000 ms/sample (slowest of 2 reporting)")
+        && why.contains("S=100.0 ms (fastest): target 64"), why);
+    t.report(1, 0.0005, 0.1, now);
+    t.report(2, 0.001, 0.2, now);
+    splitPeriod(t, split, 0.001);
+    assertEquals(64, split.rows);
+    t.report(1, 0.0005, 0.1, now);
+    splitPeriod(t, split, 0.0025); // the sidecar slowed down: it sustains 36 samples a step
+    assertEquals(48, split.rows);
+    t.report(1, 0.0005, 0.1, now);
+    splitPeriod(t, split, 0.0025);
+    assertEquals(36, split.rows);
+    assertEquals(36, stats(t, "hybrid").get("target_cpu_rows").asInt());
+    t.report(1, 0.0005, 0.1, now);
+    splitPeriod(t, split, 0.0025); // at the target: nothing to decide
+    assertEquals(4, stats(t).get("decisions").size());
+  }
+
+  @Test
+  void withoutFreshReportsTheSplitFollowsTheWaits() {
+    SplitSource split = new SplitSource();
+    source = split;
+    Autotuner t = tuner(false, false, 4);
+    t.report(1, 0.0005, 0.1, now);
+    splitPeriod(t, split, 0.001);
+    assertEquals(48, split.rows);
+    now += Autotuner.REPORT_TTL_NANOS; // the report ages past its time to live
+    period(t, 4, 4, 3); // members waited
+    assertEquals(44, split.rows, "a sixteenth of the batch, as without reports");
+    JsonNode h = stats(t, "hybrid");
+    assertEquals("waits", h.get("split_rule").asText());
+    assertEquals(0, h.get("members_reporting").asInt());
+    assertEquals(-1, h.get("target_cpu_rows").asInt());
   }
 
   @Test
