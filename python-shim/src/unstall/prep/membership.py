@@ -33,11 +33,9 @@ T = TypeVar("T")
 class Membership:
     """This job's place in a prep group: read batch ``b`` of epoch ``e`` with :meth:`batch`.
 
-    A daemon thread heartbeats so that long training steps do not get the member dropped; a member
-    that stops (crash, kill) is dropped by the sidecar after ``member_timeout`` seconds, and the
-    others go on. Leave with :meth:`leave` (or a ``with`` block); reading all declared ``epochs``
-    leaves by itself.
-    """
+    A daemon thread heartbeats so that long training steps do not get the member dropped; a member that stops (crash,
+    kill) is dropped by the sidecar after ``member_timeout`` seconds, and the others go on. Leave with :meth:`leave`
+    (or a ``with`` block); reading all declared ``epochs`` leaves by itself."""
 
     client: FlightClient
     dataset: str
@@ -57,8 +55,7 @@ class Membership:
     _local: Optional[LocalClient] = field(default=None, repr=False)
     _local_refused: Optional[str] = field(default=None, repr=False)  # a socket that did not take a connection
     _snapshots: dict[int, str] = field(default_factory=dict, repr=False)  # cache_first: the epoch read's snapshot
-    # a hybrid member's measured rates, sent with each prep.next for the sidecar's split (None: sends none)
-    _rates: Optional[Callable[[], Optional[PrepRates]]] = field(default=None, repr=False)
+    _rates: Optional[Callable[[], Optional[PrepRates]]] = field(default=None, repr=False)  # a hybrid's, for prep.next
 
     @property
     def group(self) -> str:
@@ -407,8 +404,7 @@ def join(
     sends batches uncompressed while the codec does not shrink them). For remote members on a slow link with
     uint8 output; on loopback or shared memory it only costs CPU (docs/PREP.md).
 
-    ``slots``: the ``SlotMaps`` that maps this member's shared-memory batches (``PrepLoader(device="cuda")``
-    passes one that registers each slot as pinned memory).
+    ``slots``: the ``SlotMaps`` that maps this member's shared-memory batches (``PrepLoader(device="cuda")``: pinned).
 
     ``share``: this member is one data-parallel rank of a job and reads only its share of each epoch
     (``{"world_size", "rank"}``; a restored rank adds ``"consumed"``, the batch ranges of ``start_epoch`` its job read,
@@ -417,11 +413,8 @@ def join(
     ``world_size=``).
 
     ``hybrid``: ``{"cpu_load": 0..1 or "auto"}``: the sidecar prepares that share of each batch with ``pipeline``
-    (uint8 NHWC) and leaves the rest encoded, for the member's device (``PrepLoader`` with
-    ``decode(device="mixed", cpu_load=...)`` passes it).
-
-    ``rates``: a hybrid member's measured rates (``unstall.prep.rates.MemberRates.report``), sent with each
-    ``prep.next`` for the sidecar's split of ``cpu_load="auto"`` (``PrepLoader`` passes it).
+    (uint8 NHWC) and leaves the rest encoded, for the member's device; ``rates``: the member's measured rates
+    (``MemberRates.report``), sent with each ``prep.next`` for the split of ``"auto"`` (``PrepLoader`` passes both).
 
     ``order``: ``{"cache_first": window}``, part of the group's key: each epoch's seeded order reordered cached samples
     first within aligned windows of ``window`` positions, from one snapshot of the sidecar's cache per epoch
