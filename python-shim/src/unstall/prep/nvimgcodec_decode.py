@@ -54,6 +54,14 @@ class RoiDecode:
                  boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]) -> Tuple[List[Group], List[Box]]:
         """The batch's windows as one group (a float NCHW stack and each sample's window in it) and its boxes
         (``boxes_of``: from the samples' ``(height, width)``)."""
+        images, rois, boxes = self.windows(payloads, ids, keys, boxes_of)
+        return [(self.stack(images), rois, list(range(len(images))))], boxes
+
+    def windows(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
+                boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]
+                ) -> Tuple[List[Any], List[Tuple[float, float, float, float]], List[Box]]:
+        """Each sample's decoded region (HWC uint8 on the device), its window in that region ``(x0, y0, x1, y1)``
+        and its box."""
         import torch
 
         nv = self._nv
@@ -71,16 +79,15 @@ class RoiDecode:
         boxes = boxes_of(sizes)
         regions = [self.region(b, h, w) for b, (h, w) in zip(boxes, sizes)]
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
-        windows = self._decoder.decode([cs.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
+        decoded = self._decoder.decode([cs.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
                                         for cs, (y0, x0, y1, x1) in zip(streams, regions)],
                                        params=self._params, cuda_stream=stream)
-        for w, i, key in zip(windows, ids, keys):
-            if w is None:
+        for image, i, key in zip(decoded, ids, keys):
+            if image is None:
                 raise not_decodable(i, key, "nvImageCodec could not decode it")
-        images = [self._tensor(w) for w in windows]  # HWC uint8
         rois = [(b.left - x0, b.top - y0, b.left - x0 + b.w, b.top - y0 + b.h)
                 for b, (y0, x0, _, _) in zip(boxes, regions)]
-        return [(self._stack(images), rois, list(range(len(images))))], boxes
+        return [self._tensor(image) for image in decoded], rois, boxes
 
     def region(self, box: Box, height: int, width: int) -> Tuple[int, int, int, int]:
         """``(y0, x0, y1, x1)``, the pixels decoded for ``box``: the crop's, or the whole-image resampling's
@@ -99,7 +106,7 @@ class RoiDecode:
             return torch.from_dlpack(image)  # ordered after the decode on the current stream
         return torch.from_numpy(np.asarray(image))
 
-    def _stack(self, images: Sequence[Any]) -> Any:
+    def stack(self, images: Sequence[Any]) -> Any:
         """The windows in one float NCHW stack, each at its top left, with one more column and row copied from its
         last: bilinear sampling at a window's right and bottom edge reads that pixel, so it reads the edge, as
         resampling the window alone clamps there. Beyond that nothing is read (left uninitialized)."""
