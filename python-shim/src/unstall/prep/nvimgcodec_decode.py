@@ -2,7 +2,8 @@
 package reads each sample's JPEG header (its size, without decoding), the sample's window is drawn from that size
 as the sidecar draws it, and only the window is decoded (a region-of-interest decode: nvJPEG on CUDA, its hardware
 engine where the GPU has one; libjpeg-turbo on the CPU, which the tests use), one batched ``decode`` call per batch.
-The windows come back in one stack, each at its top left, for one resampling call over the batch (``MixedDecode``).
+On CUDA the windows come back in one stack, each at its top left, for one resampling call over the batch
+(``MixedDecode``); on the CPU each on its own.
 
 Loaded only by ``MixedDecode`` when the backend is nvImageCodec: ``import unstall`` imports neither it nor torch."""
 
@@ -52,10 +53,13 @@ class RoiDecode:
 
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
                  boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]) -> Tuple[List[Group], List[Box]]:
-        """The batch's windows as one group (a float NCHW stack and each sample's window in it) and its boxes
-        (``boxes_of``: from the samples' ``(height, width)``)."""
+        """The batch's decoded windows, in groups to resample, and its boxes (``boxes_of``: from the samples'
+        ``(height, width)``). On CUDA one group, one stack (one resampling call for the batch); on the CPU a group
+        per window, which resamples faster there than one padded stack (benchmarks/bench_mixed_backends.py)."""
         images, rois, boxes = self.windows(payloads, ids, keys, boxes_of)
-        return [(self.stack(images), rois, list(range(len(images))))], boxes
+        if self.device.type == "cuda":
+            return [(self.stack(images), rois, list(range(len(images))))], boxes
+        return [(im.permute(2, 0, 1)[None], [roi], [k]) for k, (im, roi) in enumerate(zip(images, rois))], boxes
 
     def windows(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
                 boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]
