@@ -89,7 +89,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                                    decode_backend=b).ops, "uint8", "NHWC", dev) for b in BACKENDS}
 
     def one_pass(backend: str) -> Callable[[], None]:
-        return lambda: [decoders[backend](p, ids, 0, 7, keys) for p, ids in batches] and None
+        def run() -> None:
+            for p, ids in batches:
+                decoders[backend](p, ids, 0, 7, keys)
+        return run
 
     for b in BACKENDS:  # warm-up: allocations, decoder state
         one_pass(b)()
@@ -109,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for p, ids in batches:
         images, rois, boxes = roi.windows(p, ids, keys, lambda sizes, ids=ids: mixed.boxes(sizes, ids, 0, 7))
         windows.append((images, rois))
-        for b, im, (h, w) in zip(boxes, images, [mixed_size(x) for x in p]):
+        for b, im, (h, w) in zip(boxes, images, [jpeg_size(x) for x in p]):
             area.append(b.h * b.w / (h * w))
             region.append(int(im.shape[0]) * int(im.shape[1]) / (h * w))
 
@@ -122,9 +125,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             for im, r in zip(images, rois):
                 mixed._resample(im.permute(2, 0, 1)[None], [r], args.crop, args.crop)
 
-    resample = {}
-    for name, run in (("one roi_align over a padded stack", padded), ("one roi_align per window", per_window)):
-        run()  # warm-up
+    resample: dict[str, List[float]] = {}
+    padded()  # warm-up
+    per_window()
     for name, run in (("one roi_align over a padded stack", padded), ("one roi_align per window", per_window),
                       ("one roi_align per window", per_window), ("one roi_align over a padded stack", padded)):
         resample.setdefault(name, []).extend(timed(dev, 1, run))
@@ -152,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                          "resample_s": resample}, indent=1) + "\n")
 
 
-def mixed_size(payload: Any) -> tuple[int, int]:
+def jpeg_size(payload: Any) -> tuple[int, int]:
     """A JPEG's ``(height, width)`` from its header (PIL reads the header only)."""
     import io
 

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from test_prep_mixed import BACKENDS, NEEDS_NVIMGCODEC, _compare, _devices, _epochs, env  # noqa: F401  (env: fixture)
+import test_prep_mixed
+from test_prep_mixed import BACKENDS, NEEDS_NVIMGCODEC, _compare, _devices, _epochs
+from test_prep_native import _images
 from test_prep_support import PrepEnv
 
 from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
@@ -25,6 +27,13 @@ from unstall.prep.mixed import MixedDecode, resolve_backend  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed")
 EVAL = (prep.resize(56), prep.center_crop(48))
+mixed_env = test_prep_mixed.env  # the fixture: a sidecar serving test_prep_mixed's JPEGs, one for this module
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """test_prep_mixed's JPEGs (the sidecar's dataset there), for the tests that decode without a sidecar."""
+    return _images(tmp_path_factory.mktemp("jpegs"))
 
 
 def _mixed(backend: str, ops: Any = TRAIN.ops, device: str = "cpu") -> MixedDecode:
@@ -40,17 +49,16 @@ def _payloads(paths: list[Path]) -> list[Any]:
 
 
 @NEEDS_NVIMGCODEC
-def test_the_backends_draw_the_same_windows_and_nvimgcodec_decodes_only_them(env: tuple[PrepEnv, list[Path]]
-                                                                             ) -> None:
+def test_the_backends_draw_the_same_windows_and_nvimgcodec_decodes_only_them(jpegs: list[Path]) -> None:
     """Each sample's box (window, size, flip) is the same from both backends for every (epoch, id); nvImageCodec's
     decoded region is the window itself for a random crop (the sidecar crops, then resizes), and for a resize +
     center crop the window and the pixels next to it that resampling the whole image reads."""
-    _, paths = env
+    paths = jpegs
     payloads, ids, keys = _payloads(paths), list(range(len(paths))), [p.name for p in paths]
     for ops in (TRAIN.ops, (prep.decode(device="mixed"), *EVAL)):
         nv = _mixed("nvimgcodec", ops)
         for epoch in (0, 1):
-            images, rois, boxes = nv._roi.windows(payloads, ids, keys, lambda s: nv.boxes(s, ids, epoch, 7))
+            images, rois, boxes = nv._roi.windows(payloads, ids, keys, lambda s, nv=nv, epoch=epoch: nv.boxes(s, ids, epoch, 7))
             whole = [_decoded_size(p) for p in payloads]
             assert boxes == _mixed("torchvision", ops).boxes(whole, ids, epoch, 7)
             for im, (x0, y0, x1, y1), b, (h, w) in zip(images, rois, boxes, whole):
@@ -69,10 +77,10 @@ def _decoded_size(payload: Any) -> tuple[int, int]:
 
 
 @NEEDS_NVIMGCODEC
-def test_a_resize_and_center_crop_is_torchvisions_pixels_bit_for_bit(env: tuple[PrepEnv, list[Path]]) -> None:
+def test_a_resize_and_center_crop_is_torchvisions_pixels_bit_for_bit(jpegs: list[Path]) -> None:
     """On the CPU both backends decode with libjpeg-turbo; the region nvImageCodec decodes holds every pixel the
     resampling reads, so the two give the same bytes (4:2:0, 4:4:4 and grayscale JPEGs, out as RGB)."""
-    _, paths = env
+    paths = jpegs
     payloads, ids = _payloads(paths), list(range(len(paths)))
     ops = (prep.decode(device="mixed"), *EVAL)
     a = _mixed("nvimgcodec", ops)(payloads, ids, 0, 7).numpy()
@@ -102,12 +110,12 @@ def test_cmyk_and_grayscale_jpegs_come_out_rgb_as_torchvision_decodes_them(tmp_p
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     "cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG through nvImageCodec)"))])
 @NEEDS_NVIMGCODEC
-def test_nvimgcodec_serves_the_cpu_paths_samples_as_torchvision_does(env: tuple[PrepEnv, list[Path]],
+def test_nvimgcodec_serves_the_cpu_paths_samples_as_torchvision_does(mixed_env: tuple[PrepEnv, list[Path]],
                                                                      device: str) -> None:
     """Through a real sidecar, 2 epochs: the same ids and labels in the same order from the CPU path and both
     backends, each backend within the pixel bound of the CPU path (benchmarks/probe_mixed_pixels.py measures how
     far)."""
-    e, _ = env
+    e, _ = mixed_env
     cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"))
     got = {b: _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed",
                                              decode_backend=b), device) for b in ("torchvision", "nvimgcodec")}
@@ -180,12 +188,36 @@ def test_auto_is_resolved_before_the_share_scope_and_kept_from_the_sidecar() -> 
 
 
 @NEEDS_NVIMGCODEC
-def test_a_hybrid_group_with_the_nvimgcodec_backend_runs(env: tuple[PrepEnv, list[Path]]) -> None:
+def test_a_hybrid_group_with_the_nvimgcodec_backend_runs(mixed_env: tuple[PrepEnv, list[Path]]) -> None:
     """The sidecar accepts the hybrid group's pipeline (the backend kept from it) and serves every sample."""
-    e, paths = env
+    e, paths = mixed_env
     pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=0.5, backend="nvimgcodec"),
                           prep.random_resized_crop(48), prep.hflip()), layout="NHWC", dtype="uint8")
     cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"), epochs=1)
     hybrid = _epochs(e, pipe, "cpu", epochs=1)
     assert sorted(i for i, _, _ in hybrid[0]) == list(range(len(paths)))
     _compare(cpu, hybrid)
+
+
+@NEEDS_NVIMGCODEC
+def test_one_padded_stack_resamples_each_window_as_it_alone(jpegs: list[Path]) -> None:
+    """What CUDA runs (the batch's windows in one stack padded to the largest, each with its edge copied once past
+    it) gives the pixels the CPU's window-by-window resampling gives: samples at a window's edge read the edge."""
+    import torch
+
+    paths = jpegs
+    payloads, ids, keys = _payloads(paths), list(range(len(paths))), [p.name for p in paths]
+    m = _mixed("nvimgcodec")
+    images, rois, boxes = m._roi.windows(payloads, ids, keys, lambda s: m.boxes(s, ids, 3, 7))
+    assert len({tuple(im.shape) for im in images}) > 1  # windows of different sizes in one stack
+    stacked = m._resample(m._roi.stack(images), rois, 48, 48)
+    alone = torch.cat([m._resample(im.permute(2, 0, 1)[None], [roi], 48, 48) for im, roi in zip(images, rois)])
+    torch.testing.assert_close(stacked, alone, rtol=0, atol=0)
+
+
+def test_import_unstall_imports_neither_nvimgcodec_nor_torch() -> None:
+    code = ("import sys, unstall, unstall.prep, unstall.prep.mixed\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'nvidia')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "python-shim" / "src"), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0 and run.stdout.strip() == "[]", (run.stdout, run.stderr)
