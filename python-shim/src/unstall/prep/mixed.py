@@ -17,16 +17,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .draws import Box, sample_box, sample_rng
+from .mixed_parts import Group, not_decodable, to_device
 from .pipeline import check_decode_backend
 
-__all__ = ["MIXED", "Group", "decode_device", "resolve_backend", "MixedDecode", "not_decodable", "payload_tensors",
-           "to_device"]
+__all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 
 MIXED = "mixed"
-
-# Decoded images of a batch resampled in one call: an NCHW stack, each sample's window (x0, y0, x1, y1) in its image
-# of the stack (the k-th window in the k-th image), and the samples' positions among the batch's encoded ones.
-Group = Tuple[Any, List[Tuple[float, float, float, float]], List[int]]
 
 
 def decode_device(spec: Any) -> str:
@@ -196,18 +192,6 @@ class MixedDecode:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError as e:
             raise not_decodable(sample_id, key, e) from e
-
-
-def not_decodable(sample_id: int, key: str, why: Any) -> ValueError:
-    """The error of a sample whose bytes the device path does not decode, naming it."""
-    return ValueError(f"decode(device='mixed'): sample {sample_id} ({key}) is not a JPEG the device decodes: {why}")
-
-
-def to_device(t: Any, device: Any) -> Any:
-    """A small host tensor onto ``device`` without blocking this thread on the stream's earlier work."""
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def payload_tensors(data: np.ndarray, offsets: np.ndarray) -> List[Any]:

@@ -13,7 +13,7 @@ import math
 from typing import Any, Callable, List, Mapping, Sequence, Tuple
 
 from .draws import Box
-from .mixed import Group, not_decodable, to_device
+from .mixed_parts import Group, not_decodable, to_device
 
 __all__ = ["import_nvimgcodec", "RoiDecode"]
 
