@@ -12,7 +12,8 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
   * ``PrepLoader(..., device=DEV)``: the sidecar prepares uint8, the loader puts the batches on the device and
     normalizes them there;
   * the same with ``decode(device="mixed")``: the sidecar serves the stored JPEG bytes, the loader decodes them
-    on the device (nvJPEG through torchvision) and crops, flips and normalizes them there;
+    on the device (``--decode-backend``: nvImageCodec, decoding each crop window only, or torchvision, whole
+    images; nvJPEG either way on CUDA) and crops, flips and normalizes them there;
   * the same with ``cpu_load="auto"``: of each batch the sidecar prepares the share it keeps up with, the device
     decodes the rest (the split tuned online);
   * an HP search: ``--jobs`` concurrent training processes on the one device, each with its own
@@ -29,7 +30,8 @@ same run; nothing is asserted.
 
     python benchmarks/bench_gpu.py [--model resnet18|resnet50] [--batch 256] [--steps 100] [--warmup 20]
         [--workers N] [--jobs 4] [--images 9600] [--size 500x375] [--data DIR] [--device cuda|cpu]
-        [--jpeg q75|q93|prog] [--rows ROW,...] [--sidecar-cpus N] [--json PATH] [--toy]
+        [--jpeg q75|q93|prog] [--rows ROW,...] [--sidecar-cpus N] [--decode-backend auto|nvimgcodec|torchvision]
+        [--json PATH] [--toy]
 
 ``--toy`` makes everything tiny (48 images of 64x48, batch 8, 2 steps, 64-pixel crops, 2 jobs) so that it runs
 end to end on a CPU in seconds of work; tests/python/test_bench_gpu.py runs it so. The data: ``--data DIR`` (an
@@ -66,6 +68,9 @@ from _cpu import CpuMeter, machine_busy, self_cpu  # noqa: E402
 from _report import header  # noqa: E402
 from bench_prep import MEAN, STD, await_go, photo, run_jobs, summarize  # noqa: E402
 from jpeg_variants import VARIANTS  # noqa: E402
+
+from unstall.prep.mixed import resolve_backend  # noqa: E402
+from unstall.prep.pipeline import DECODE_BACKENDS  # noqa: E402
 
 __all__ = ["main"]
 
@@ -224,19 +229,21 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
 
 
 def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, mixed: bool = False,
-                cpu_load: Any = None, device_share: bool = True, **where: Any) -> Tuple[Any, Batches]:
+                cpu_load: Any = None, device_share: bool = True, backend: str = "auto",
+                **where: Any) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
     loader puts on the device, normalized there from the sidecar's uint8, or (``mixed``) decoded there from the
-    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load)``; ``device_share``: the group's members on the
-    device decode each batch once between them). ``where``: ``sidecar=`` or ``client=``."""
+    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load, backend=backend)``; ``device_share``: the group's
+    members on the device decode each batch once between them). ``where``: ``sidecar=`` or ``client=``."""
     import torch
     from unstall import prep
 
     if device:
-        pipe = prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC", decode_device="mixed" if mixed else None)
+        pipe = prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC", decode_device="mixed" if mixed else None,
+                                   decode_backend=backend if mixed else None)
         if cpu_load is not None:
-            pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), *pipe.ops[1:]), layout="NHWC",
-                                 dtype="bfloat16")
+            pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load, backend=backend), *pipe.ops[1:]),
+                                 layout="NHWC", dtype="bfloat16")
         loader = prep.PrepLoader(DATASET, pipe, batch_size=batch, seed=seed, group_size=k, drop_last=True,
                                  device=str(dev), device_prefetch=2, memory_format=torch.channels_last,
                                  device_share=device_share, **where)
@@ -358,7 +365,8 @@ def job(args: argparse.Namespace) -> None:
         # One seed for all: the group's key, so that the k jobs share every prepared batch.
         mixed = args.job in ("mixed", "mixed_solo")
         loader, batches = prep_loader(args.crop, args.batch, 0, args.k, dev, True, mixed,
-                                      device_share=args.job != "mixed_solo", client=client)
+                                      device_share=args.job != "mixed_solo", backend=args.decode_backend,
+                                      client=client)
     run_steps(batches, step, args.warmup)  # the group forms here: its first batch waits for all k members
     sync(dev)
     await_go()
@@ -381,8 +389,8 @@ def decode_counts(results: Sequence[dict[str, Any]]) -> Optional[dict[str, int]]
 
 def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sidecar: Any) -> Row:
     """``--jobs`` training processes at once on the one device (bench_prep.run_jobs), timed from GO."""
-    keep = ["--model", "--batch", "--steps", "--warmup", "--crop", "--workers", "--device"]
-    extra = [a for opt in keep for a in (opt, str(getattr(args, opt[2:])))]
+    keep = ["--model", "--batch", "--steps", "--warmup", "--crop", "--workers", "--device", "--decode-backend"]
+    extra = [a for opt in keep for a in (opt, str(getattr(args, opt[2:].replace("-", "_"))))]
     extra += ["--k", str(args.jobs), "--location", sidecar.flight_location]
     path = os.pathsep.join(filter(None, [str(REPO / "python-shim" / "src"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, UNSTALL_TOKEN=sidecar.token, PYTHONPATH=path)  # the bundle's site (gpu_node.sh) too
@@ -483,6 +491,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
+    ap.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
+                    help="the device's decoder in the decode(device='mixed') rows (default auto: nvImageCodec where "
+                         "it imports, else torchvision)")
     args = parse_job_args(ap, argv, HP_KINDS, TOY, FULL, ("batch", "steps", "crop", "workers", "jobs", "images"))
     if args.warmup < 0:
         ap.error(f"--warmup must be at least 0, got {args.warmup}")
@@ -550,10 +561,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ("prep_device", f"PrepLoader(device={str(dev)!r}), bf16 channels_last",
          lambda: prep_loader(args.crop, args.batch, 4, 1, dev, True, sidecar=sidecar)),
         ("prep_mixed", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed')",
-         lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, sidecar=sidecar)),
+         lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, backend=args.decode_backend,
+                             sidecar=sidecar)),
         ("prep_hybrid", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "cpu_load='auto')",
-         lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", sidecar=sidecar)),
+         lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", backend=args.decode_backend,
+                             sidecar=sidecar)),
     ]
     chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | set(HP_ROWS)
     unknown = chosen - {key for key, _, _ in loaders} - set(HP_ROWS)
@@ -628,7 +641,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        f"batch {args.batch}, {args.model}, crop {args.crop}, bf16 autocast, channels_last, SGD; "
                        f"{args.warmup} warm-up + {args.steps} measured steps per row on {dev}"
                        + (f"; the sidecar on {args.sidecar_cpus} of {os.cpu_count()} cores (taskset)"
-                          if args.sidecar_cpus else "")]
+                          if args.sidecar_cpus else ""),
+                       f"- decode(device='mixed') rows: backend {args.decode_backend!r}, "
+                       f"{resolve_backend(args.decode_backend)} runs"]
     lines = [f"# unstall GPU benchmark ({args.model})", "", *head, "", *table(rows)]
     print("\n".join(lines), flush=True)
     if args.json is not None:

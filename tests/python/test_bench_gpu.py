@@ -50,7 +50,8 @@ def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp
            "decoded once (device_share): the jobs decoded" in run.stdout
     progress = [line for line in run.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == len(rows), run.stderr[-4000:]
-    for head in ("- command: ", "- date: ", "- machine: ", "- GPU: none (device cpu)", "- commit: "):
+    for head in ("- command: ", "- date: ", "- machine: ", "- GPU: none (device cpu)", "- commit: ",
+                 "- decode(device='mixed') rows: backend 'auto', "):
         assert any(line.startswith(head) for line in run.stdout.splitlines()), head
     assert doc["device"] == "cpu" and doc["settings"]["toy"] is True
 

@@ -1,8 +1,10 @@
 """``decode(device="mixed")``: the sidecar serves a prep group's stored JPEG bytes and ``PrepLoader(device=...)``
 decodes, crops, flips and normalizes them on its device, each sample's window and flip drawn as the sidecar draws
 them. Against the sidecar's own CPU path for the same seed, through a real sidecar: the same samples in the same
-order, every crop within the pixel bound of docs/PREP.md ("Decoding on the GPU"). ``device="cpu"`` runs torchvision's
-CPU decoder through the same code; the CUDA case (nvJPEG) runs where a GPU is."""
+order, every crop within the pixel bound of docs/PREP.md ("Decoding on the GPU"), with either decode backend
+(nvImageCodec's region decode, torchvision's whole-image decode). ``device="cpu"`` runs the backends' CPU decoders
+through the same code; the CUDA case (nvJPEG) runs where a GPU is. test_prep_mixed_backends.py compares the
+backends."""
 
 from __future__ import annotations
 
@@ -68,24 +70,43 @@ def _devices() -> list[str]:
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def _has_nvimgcodec() -> bool:
+    from unstall.prep.nvimgcodec_decode import import_nvimgcodec
+
+    try:
+        import_nvimgcodec()
+    except ImportError:
+        return False
+    return True
+
+
+NEEDS_NVIMGCODEC = pytest.mark.skipif(not _has_nvimgcodec(), reason="needs NVIDIA nvImageCodec (pip install "
+                                      "nvidia-nvimgcodec-cu13 nvidia-nvjpeg; python-shim/requirements-dev.txt has it)")
+BACKENDS = ["torchvision", pytest.param("nvimgcodec", marks=NEEDS_NVIMGCODEC)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    "cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG through torchvision)"))])
+    "cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG)"))])
 def test_mixed_decode_gives_the_cpu_paths_samples_crops_and_flips(env: tuple[PrepEnv, list[Path]],
-                                                                     device: str) -> None:
+                                                                     device: str, backend: str) -> None:
     e, paths = env
     cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"))
-    mixed = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed"), device)
+    mixed = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed",
+                                           decode_backend=backend), device)
     assert len(cpu[0]) == len(paths) and sorted(i for i, _, _ in cpu[0]) == list(range(len(paths)))
     assert [i for i, _, _ in cpu[0]] != [i for i, _, _ in cpu[1]]  # reshuffled: each epoch's own draws
     _compare(cpu, mixed)
 
 
-def test_an_eval_pipeline_resizes_and_center_crops_the_same_window(env: tuple[PrepEnv, list[Path]]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_eval_pipeline_resizes_and_center_crops_the_same_window(env: tuple[PrepEnv, list[Path]],
+                                                                   backend: str) -> None:
     e, _ = env
     ops = (prep.resize(56), prep.center_crop(48))
     cpu = _epochs(e, prep.Pipeline((prep.decode(), *ops), layout="NHWC", dtype="uint8"), epochs=1)
-    mixed = _epochs(e, prep.Pipeline((prep.decode(device="mixed"), *ops), layout="NHWC", dtype="uint8"), "cpu",
-                    epochs=1)
+    mixed = _epochs(e, prep.Pipeline((prep.decode(device="mixed", backend=backend), *ops), layout="NHWC",
+                                     dtype="uint8"), "cpu", epochs=1)
     _compare(cpu, mixed)
 
 

@@ -26,6 +26,7 @@ from ..protocol import KIND_PREP, batch_to_numpy, encode_prep_ticket, numpy_dtyp
 from .loaders import PrepLoader, SharedTransformLoader, device_pipeline, to_torch
 from .membership import Membership, join
 from .pipeline import (
+    DECODE_BACKENDS,
     DTYPES,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -65,6 +66,7 @@ __all__ = [
     "SharedTransformLoader",
     "device_pipeline",
     "DTYPES",
+    "DECODE_BACKENDS",
     "ON_ERROR",
     "numpy_dtype",
     "tensor_batch",

@@ -2,11 +2,12 @@
 pipeline's JPEG decode, crop, resize, flip and normalize run on the trainer's device from the raw batches of a prep
 group, with every sample's window and flip drawn as the sidecar would draw them (``draws``).
 
-The decode is torchvision's (``torchvision.io.decode_jpeg``: nvJPEG, batched, on CUDA; libjpeg-turbo on the CPU,
-which the tests use); the windows of a whole batch are resampled in one ``torchvision.ops.roi_align`` call per
-distinct image size (adaptive sampling: an area average when shrinking, bilinear when enlarging, on the same sample
-points as the CPU path's resize), rounded to integers as the CPU path's uint8 intermediate is, then flipped,
-normalized and cast on the device."""
+Two decode backends (``decode(backend=...)``): nvImageCodec's (``nvimgcodec_decode``: only each sample's window is
+decoded, nvJPEG on CUDA) or torchvision's (``torchvision.io.decode_jpeg``: whole images, nvJPEG, batched, on CUDA);
+both run on the CPU with libjpeg-turbo, which the tests use. The windows are resampled with
+``torchvision.ops.roi_align`` (adaptive sampling: an area average when shrinking, bilinear when enlarging, on the
+same sample points as the CPU path's resize; one call per stack of decoded images), rounded to integers as the CPU
+path's uint8 intermediate is, then flipped, normalized and cast on the device."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .draws import Box, sample_box, sample_rng
+from .mixed_parts import Group, not_decodable, to_device
+from .pipeline import check_decode_backend
 
-__all__ = ["MIXED", "decode_device", "MixedDecode", "payload_tensors"]
+__all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 
 MIXED = "mixed"
 
@@ -32,6 +35,24 @@ def decode_device(spec: Any) -> str:
     if device not in ("cpu", MIXED):
         raise ValueError(f"decode device must be 'cpu' (the sidecar) or 'mixed' (the trainer's device), got {device!r}")
     return device
+
+
+def resolve_backend(backend: Any) -> str:
+    """The decoder a ``decode(device="mixed", backend=...)`` runs: ``"nvimgcodec"`` or ``"torchvision"`` (``"auto"``:
+    nvImageCodec where it imports); nvImageCodec named but missing raises an ImportError that says what to
+    install."""
+    backend = check_decode_backend(backend)
+    if backend == "torchvision":
+        return backend
+    from .nvimgcodec_decode import import_nvimgcodec
+
+    try:
+        import_nvimgcodec()
+    except ImportError:
+        if backend == "nvimgcodec":
+            raise
+        return "torchvision"
+    return "nvimgcodec"
 
 
 class MixedDecode:
@@ -55,11 +76,17 @@ class MixedDecode:
             raise ValueError("decode(device='mixed') supports on_error='raise' only: a batch is decoded whole on "
                              "the device")
         sample_box(self.ops, 64, 64, sample_rng(0, 0, 0))  # refuses ops the device path cannot run, now
+        self.backend = first["backend"] = resolve_backend(first.get("backend", "auto"))
         self.cpu_load: Any = first.get("cpu_load", 0) or 0
         self.device = torch.device(device)
         self.dtype = dtype
         self.layout = layout
         self.memory_format = memory_format
+        self._roi: Any = None
+        if self.backend == "nvimgcodec":
+            from .nvimgcodec_decode import RoiDecode
+
+            self._roi = RoiDecode(self.device, self.ops)
         norm = next((o for o in self.ops if o.get("op") == "normalize"), None)
         self._norm: Optional[Tuple[Any, Any]] = None
         if dtype != "uint8" and norm is not None:
@@ -72,7 +99,7 @@ class MixedDecode:
         normalizes), or None when the device decodes every sample (a raw group)."""
         if self.cpu_load == 0:
             return None
-        decode = {k: v for k, v in self.ops[0].items() if k not in ("device", "cpu_load")}
+        decode = {k: v for k, v in self.ops[0].items() if k not in ("device", "cpu_load", "backend")}
         rest = [o for o in self.ops[1:] if o.get("op") != "normalize"]
         return {"ops": [decode, *rest], "dtype": "uint8", "layout": "NHWC"}
 
@@ -83,8 +110,6 @@ class MixedDecode:
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], epoch: int, seed: int,
                  keys: Optional[Sequence[str]] = None, prepared: Optional[Sequence[bool]] = None) -> Any:
         import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-        from torchvision.ops import roi_align
 
         data = list(payloads)
         n = len(data)
@@ -96,33 +121,19 @@ class MixedDecode:
             # blocks the caching allocator hands out as soon as they are freed on that stream
             # (pytorch/vision#9606, meta-pytorch/torchcodec#1634): that work is done first.
             torch.cuda.current_stream(self.device).synchronize()
-        try:  # (none encoded: the sidecar prepared the whole batch)
-            images = (decode_jpeg([data[k] for k in encoded], mode=ImageReadMode.RGB, device=self.device)
-                      if encoded else [])
-        except RuntimeError:
-            images = [self._decode_one(data[k], ids[k], names[k]) for k in encoded]  # names the one that fails
-        boxes = self.boxes([(int(im.shape[1]), int(im.shape[2])) for im in images], [ids[k] for k in encoded],
-                           epoch, seed)
+        groups, boxes = self._decode([data[k] for k in encoded], [ids[k] for k in encoded],
+                                     [names[k] for k in encoded], epoch, seed) if encoded else ([], [])
         oh, ow = self.out_size(boxes)
         out = torch.empty((n, 3, oh, ow), dtype=torch.float32, device=self.device)
         if on_cpu:
             px = torch.stack([data[k] for k in on_cpu]).view(len(on_cpu), oh, ow, 3)
-            out[on_cpu] = self._to_device(px).permute(0, 3, 1, 2).float()
-        by_size: Dict[Tuple[int, int], List[int]] = {}
-        for j, im in enumerate(images):
-            by_size.setdefault((int(im.shape[1]), int(im.shape[2])), []).append(j)
-        for members in by_size.values():
-            stack = torch.stack([images[j] for j in members]).float()
-            rois = self._to_device(torch.tensor([[r, b.left, b.top, b.left + b.w, b.top + b.h]
-                                                 for r, b in enumerate(boxes[j] for j in members)],
-                                                dtype=torch.float32))
-            resampled = roi_align(stack, rois, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1,
-                                  aligned=True).round_().clamp_(0, 255)  # the CPU path's uint8 intermediate
-            flips = [r for r, j in enumerate(members) if boxes[j].flip]
-            if flips:
-                idx = self._to_device(torch.tensor(flips))
-                resampled[idx] = resampled[idx].flip(-1)
-            out[[encoded[j] for j in members]] = resampled
+            out[on_cpu] = to_device(px, self.device).permute(0, 3, 1, 2).float()
+        for stack, rois, members in groups:
+            out[[encoded[j] for j in members]] = self._resample(stack, rois, oh, ow)
+        flips = [encoded[j] for j, b in enumerate(boxes) if b.flip]
+        if flips:
+            idx = to_device(torch.tensor(flips), self.device)
+            out[idx] = out[idx].flip(-1)
         if self.dtype == "uint8":
             result = out.to(torch.uint8)
         else:
@@ -135,6 +146,35 @@ class MixedDecode:
             return result.contiguous(memory_format=self.memory_format)
         return result.permute(0, 2, 3, 1).contiguous() if self.layout == "NHWC" else result
 
+    def _decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
+                ) -> Tuple[List[Group], List[Box]]:
+        """The encoded samples' decoded pixels, in stacks to resample, and their boxes."""
+        if self._roi is not None:
+            return self._roi(payloads, ids, keys, lambda sizes: self.boxes(sizes, ids, epoch, seed))
+        import torch
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            images = decode_jpeg(payloads, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            images = [self._decode_one(p, i, k) for p, i, k in zip(payloads, ids, keys)]  # names the one that fails
+        boxes = self.boxes([(int(im.shape[1]), int(im.shape[2])) for im in images], ids, epoch, seed)
+        by_size: Dict[Tuple[int, int], List[int]] = {}
+        for j, im in enumerate(images):
+            by_size.setdefault((int(im.shape[1]), int(im.shape[2])), []).append(j)
+        windows = [(b.left, b.top, b.left + b.w, b.top + b.h) for b in boxes]
+        return [(torch.stack([images[j] for j in members]), [windows[j] for j in members], members)
+                for members in by_size.values()], boxes
+
+    def _resample(self, stack: Any, rois: Sequence[Tuple[float, float, float, float]], oh: int, ow: int) -> Any:
+        """Each image's window resampled to ``oh`` x ``ow``, rounded as the CPU path's uint8 intermediate is."""
+        import torch
+        from torchvision.ops import roi_align
+
+        boxes = to_device(torch.tensor([[r, *roi] for r, roi in enumerate(rois)], dtype=torch.float32), self.device)
+        return roi_align(stack.float(), boxes, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1,
+                         aligned=True).round_().clamp_(0, 255)
+
     def out_size(self, boxes: Sequence[Box]) -> Tuple[int, int]:
         """The one output size of a batch: from its boxes, or, when the sidecar prepared every sample, the ops'."""
         sizes = {(b.out_h, b.out_w) for b in boxes}
@@ -145,20 +185,13 @@ class MixedDecode:
             raise ValueError(f"decode(device='mixed'): a batch's images must come out one size, got {sorted(sizes)}")
         return sizes.pop()
 
-    def _to_device(self, t: Any) -> Any:
-        """A small host tensor onto the device without blocking this thread on the stream's earlier work."""
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
-
     def _decode_one(self, data: Any, sample_id: int, key: str) -> Any:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError as e:
-            raise ValueError(f"decode(device='mixed'): sample {sample_id} ({key}) is not a JPEG the device "
-                             f"decodes: {e}") from e
+            raise not_decodable(sample_id, key, e) from e
 
 
 def payload_tensors(data: np.ndarray, offsets: np.ndarray) -> List[Any]:

@@ -6,19 +6,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ON_ERROR", "DTYPES", "Pipeline", "decode", "random_resized_crop",
-           "resize", "center_crop", "hflip", "normalize", "imagenet_train", "imagenet_eval", "with_on_error"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ON_ERROR", "DTYPES", "DECODE_BACKENDS", "Pipeline", "decode",
+           "check_decode_backend", "random_resized_crop", "resize", "center_crop", "hflip", "normalize", "imagenet_train",
+           "imagenet_eval", "with_on_error"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 ON_ERROR = ("raise", "skip")
 
+DECODE_BACKENDS = ("auto", "nvimgcodec", "torchvision")
+
 
 def decode(
     *,
     device: Optional[str] = None,
     cpu_load: Union[float, str, None] = None,
+    backend: Optional[str] = None,
     formats: Optional[Sequence[str]] = None,
     max_pixels: Optional[int] = None,
     max_aspect_ratio: Optional[float] = None,
@@ -34,11 +38,14 @@ def decode(
     naming the sample) or ``"skip"`` (the sample is left out of its batch and counted).
 
     ``device``: ``"cpu"`` (default: the sidecar decodes and runs every op) or ``"mixed"``, DALI's name: the
-    sidecar serves the stored JPEG bytes and ``PrepLoader(device=...)`` decodes them on its device (nvJPEG through
-    torchvision on CUDA), each sample's crop and flip drawn exactly as the sidecar would (``unstall.prep.draws``);
+    sidecar serves the stored JPEG bytes and ``PrepLoader(device=...)`` decodes them on its device (nvJPEG on CUDA,
+    through ``backend``), each sample's crop and flip drawn exactly as the sidecar would (``unstall.prep.draws``);
     ``cpu_load`` (with ``"mixed"``): the share of each batch the sidecar's CPUs prepare all the same (0, the
     default: none), or ``"auto"``: tuned online, the sidecar taking as much as it keeps up with while the
-    device decodes the rest. docs/PREP.md, "Decoding on the GPU".
+    device decodes the rest. ``backend`` (with ``"mixed"``): the device's decoder: ``"nvimgcodec"`` (NVIDIA
+    nvImageCodec: only each sample's crop window is decoded), ``"torchvision"`` (``torchvision.io.decode_jpeg``:
+    whole images) or ``"auto"`` (the default: nvImageCodec where it imports, else torchvision). docs/PREP.md,
+    "Decoding on the GPU".
     """
     op: dict[str, Any] = {"op": "decode"}
     if device is not None:
@@ -54,6 +61,11 @@ def decode(
         if not (cpu_load == "auto" or (isinstance(cpu_load, (int, float)) and 0 <= cpu_load <= 1)):
             raise ValueError(f"cpu_load must be a number in [0, 1] or 'auto', got {cpu_load!r}")
         op["cpu_load"] = cpu_load
+    if backend is not None:
+        if device != "mixed":
+            raise ValueError("backend picks the device's decoder of a decode(device='mixed'); this decode's device "
+                             f"is {device!r}")
+        op["backend"] = check_decode_backend(backend)
     if formats is not None:
         op["formats"] = [str(f) for f in formats]
     if max_pixels is not None:
@@ -63,6 +75,14 @@ def decode(
     if on_error is not None:
         op["on_error"] = _check_on_error(on_error)
     return op
+
+
+def check_decode_backend(backend: Any) -> str:
+    """``backend`` of a ``decode(device="mixed")``, checked: one of :data:`DECODE_BACKENDS`."""
+    if backend not in DECODE_BACKENDS:
+        raise ValueError(f"decode backend must be one of {DECODE_BACKENDS} (the device's JPEG decoder), got "
+                         f"{backend!r}")
+    return str(backend)
 
 
 def _check_on_error(on_error: str) -> str:
@@ -130,10 +150,12 @@ class Pipeline:
 
 
 def imagenet_train(size: int = 224, *, layout: str = "NCHW", dtype: str = "float32",
-                   on_error: Optional[str] = None, decode_device: Optional[str] = None) -> Pipeline:
-    """The common training recipe: decode (``decode_device``: see :func:`decode`), random-resized-crop, flip,
-    normalize."""
-    ops = [decode(on_error=on_error, device=decode_device), random_resized_crop(size), hflip()]
+                   on_error: Optional[str] = None, decode_device: Optional[str] = None,
+                   decode_backend: Optional[str] = None) -> Pipeline:
+    """The common training recipe: decode (``decode_device``, ``decode_backend``: see :func:`decode`'s ``device``
+    and ``backend``), random-resized-crop, flip, normalize."""
+    ops = [decode(on_error=on_error, device=decode_device, backend=decode_backend), random_resized_crop(size),
+           hflip()]
     if dtype != "uint8":
         ops.append(normalize())
     return Pipeline(tuple(ops), layout=layout, dtype=dtype)

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""decode(device="mixed")'s two backends on the same raw batches (no sidecar, no model): images/s of each.
+
+Usage:
+    python benchmarks/bench_mixed_backends.py [--device cpu|cuda] [--batch 64] [--batches 8] [--crop 224]
+        [--repeats 4] [--images 512] [--size 500x375] [--jpeg q75] [--data DIR] [--json PATH]
+
+The same JPEGs (bench_gpu.py's generated photos, or ``--data``) go through ``MixedDecode`` (the code
+``PrepLoader(device=...)`` runs on each raw batch: ``imagenet_train(crop)``'s RandomResizedCrop + flip, uint8 NHWC)
+once with ``backend="torchvision"`` (whole images decoded) and once with ``backend="nvimgcodec"`` (only each
+sample's window decoded), in ABBA order, each pass over the same ``--batches`` batches of ``--batch``. The table
+gives images/s per backend, their ratio and the share of each image's pixels the windows hold (what a region decode
+can save at most). A second table times the nvImageCodec backend's batched resampling two ways on the same decoded
+windows: one ``roi_align`` over one stack padded to the largest window (what ``RoiDecode`` does), and one
+``roi_align`` per window. On a CPU the decoders are libjpeg-turbo on this process's threads: a CPU figure, not a GPU
+one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_gpu import dataset_dir, git_commit, gpu_name, sync  # noqa: E402
+from _report import header  # noqa: E402
+
+BACKENDS = ("torchvision", "nvimgcodec")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="torch device the mixed path decodes on (default cpu)")
+    ap.add_argument("--batch", type=int, default=64, help="samples per batch (default 64)")
+    ap.add_argument("--batches", type=int, default=8, help="batches per pass (default 8)")
+    ap.add_argument("--crop", type=int, default=224, help="RandomResizedCrop's size (default 224)")
+    ap.add_argument("--repeats", type=int, default=4, help="passes of each backend, in ABBA order (default 4)")
+    ap.add_argument("--images", type=int, default=512, help="generated JPEGs (default 512)")
+    ap.add_argument("--size", default="500x375", help="generated JPEGs' WIDTHxHEIGHT (default 500x375)")
+    ap.add_argument("--jpeg", default="q75", help="generated JPEGs, as bench_gpu.py's --jpeg (default q75)")
+    ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
+    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu")
+    ap.add_argument("--json", type=Path, help="also write the rows and the run's header as JSON")
+    args = ap.parse_args(argv)
+    for key in ("batch", "batches", "crop", "repeats", "images"):
+        if getattr(args, key) < 1:
+            ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+    return args
+
+
+def timed(dev: Any, passes: int, run: Callable[[], None]) -> List[float]:
+    out = []
+    for _ in range(passes):
+        sync(dev)
+        t0 = time.perf_counter()
+        run()
+        sync(dev)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    import numpy as np
+    import torch
+
+    from unstall import prep
+    from unstall.prep.mixed import MixedDecode, payload_tensors
+
+    dev = torch.device(args.device)
+    data = dataset_dir(args)
+    files = sorted(p for p in data.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+    need = args.batch * args.batches
+    if len(files) < need:
+        raise SystemExit(f"{data}: {len(files)} JPEGs, fewer than {args.batches} batches of {args.batch}")
+    blobs = [p.read_bytes() for p in files[:need]]
+    flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])])
+    payloads = payload_tensors(flat, offsets)
+    batches = [(payloads[i:i + args.batch], list(range(i, i + args.batch))) for i in range(0, need, args.batch)]
+    keys = [""] * args.batch
+    decoders = {b: MixedDecode(prep.imagenet_train(args.crop, dtype="uint8", layout="NHWC", decode_device="mixed",
+                                                   decode_backend=b).ops, "uint8", "NHWC", dev) for b in BACKENDS}
+
+    def one_pass(backend: str) -> Callable[[], None]:
+        def run() -> None:
+            for p, ids in batches:
+                decoders[backend](p, ids, 0, 7, keys)
+        return run
+
+    for b in BACKENDS:  # warm-up: allocations, decoder state
+        one_pass(b)()
+    order = [b for _ in range(args.repeats // 2) for b in (BACKENDS[0], BACKENDS[1], BACKENDS[1], BACKENDS[0])] + \
+        (list(BACKENDS) if args.repeats % 2 else [])
+    seconds: dict[str, List[float]] = {b: [] for b in BACKENDS}
+    for b in order:
+        seconds[b] += timed(dev, 1, one_pass(b))
+    rows = [{"backend": b, "images_per_s": need * len(seconds[b]) / sum(seconds[b]),
+             "runs": [need / s for s in seconds[b]]} for b in BACKENDS]
+    ratio = rows[1]["images_per_s"] / rows[0]["images_per_s"]
+
+    roi = decoders["nvimgcodec"]._roi
+    mixed = decoders["nvimgcodec"]
+    area, region = [], []
+    windows = []
+    for p, ids in batches:
+        images, rois, boxes = roi.windows(p, ids, keys, lambda sizes, ids=ids: mixed.boxes(sizes, ids, 0, 7))
+        windows.append((images, rois))
+        for b, im, (h, w) in zip(boxes, images, [jpeg_size(x) for x in p]):
+            area.append(b.h * b.w / (h * w))
+            region.append(int(im.shape[0]) * int(im.shape[1]) / (h * w))
+
+    def padded() -> None:
+        for images, rois in windows:
+            mixed._resample(roi.stack(images), rois, args.crop, args.crop)
+
+    def per_window() -> None:
+        for images, rois in windows:
+            for im, r in zip(images, rois):
+                mixed._resample(im.permute(2, 0, 1)[None], [r], args.crop, args.crop)
+
+    resample: dict[str, List[float]] = {}
+    padded()  # warm-up
+    per_window()
+    for name, run in (("one roi_align over a padded stack", padded), ("one roi_align per window", per_window),
+                      ("one roi_align per window", per_window), ("one roi_align over a padded stack", padded)):
+        resample.setdefault(name, []).extend(timed(dev, 1, run))
+
+    head = header() + [f"- device: {args.device} ({gpu_name(dev)}), torch threads {torch.get_num_threads()}",
+                       f"- commit: {git_commit()}",
+                       f"- {args.batches} batches of {args.batch} from {data}, RandomResizedCrop {args.crop} + flip, "
+                       f"uint8 NHWC; each backend {args.repeats} passes, ABBA, after one warm-up pass"]
+    lines = ["# decode(device='mixed') backends on the same batches", "", *head, "",
+             "| backend | images/s | each pass |", "|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['backend']} | {r['images_per_s']:,.0f} | "
+                     f"{', '.join(f'{v:,.0f}' for v in r['runs'])} |")
+    lines += ["", f"nvimgcodec / torchvision: **{ratio:.2f}x** images/s; the windows hold "
+              f"{statistics.mean(area):.0%} of their images' pixels on average (the regions decoded: "
+              f"{statistics.mean(region):.0%})", "",
+              "| nvimgcodec resampling, same decoded windows | ms per batch | each pass, ms per batch |", "|---|---|---|"]
+    for name, secs in resample.items():
+        per = [1e3 * s / args.batches for s in secs]
+        lines.append(f"| {name} | {statistics.mean(per):.1f} | {', '.join(f'{v:.1f}' for v in per)} |")
+    print("\n".join(lines), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"header": head, "rows": rows, "ratio": ratio,
+                                         "window_area": statistics.mean(area), "region_area": statistics.mean(region),
+                                         "resample_s": resample}, indent=1) + "\n")
+
+
+def jpeg_size(payload: Any) -> tuple[int, int]:
+    """A JPEG's ``(height, width)`` from its header (PIL reads the header only)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(payload.numpy().tobytes())) as im:
+        return im.height, im.width
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The nvImageCodec backend of ``decode(device="mixed")`` (``backend="nvimgcodec"``): NVIDIA nvImageCodec's Python
+package reads each sample's JPEG header (its size, without decoding), the sample's window is drawn from that size
+as the sidecar draws it, and only the window is decoded (a region-of-interest decode: nvJPEG on CUDA, its hardware
+engine where the GPU has one; libjpeg-turbo on the CPU, which the tests use), one batched ``decode`` call per batch.
+On CUDA the windows come back in one stack, each at its top left, for one resampling call over the batch
+(``MixedDecode``); on the CPU each on its own.
+
+Loaded only by ``MixedDecode`` when the backend is nvImageCodec: ``import unstall`` imports neither it nor torch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, List, Mapping, Sequence, Tuple
+
+from .draws import Box
+from .mixed_parts import Group, not_decodable, to_device
+
+__all__ = ["import_nvimgcodec", "RoiDecode"]
+
+
+def import_nvimgcodec() -> Any:
+    """``nvidia.nvimgcodec``, or an ImportError that says what to install."""
+    try:
+        from nvidia import nvimgcodec
+    except (ImportError, OSError) as e:
+        raise ImportError("decode(device='mixed', backend='nvimgcodec') needs NVIDIA nvImageCodec: pip install "
+                          "nvidia-nvimgcodec-cu13 nvidia-nvjpeg (CUDA 12: nvidia-nvimgcodec-cu12 nvidia-nvjpeg-cu12; "
+                          f"or pip install 'unstall[nvimgcodec]'): {e}") from e
+    return nvimgcodec
+
+
+class RoiDecode:
+    """Decodes the windows of a batch's samples on ``device`` (a ``torch.device``). ``ops``: the pipeline's; with a
+    ``random_resized_crop`` the window is the crop, which the sidecar resizes on its own (clamped at its edges, as
+    a window decoded alone is); else (a resize, a center crop) the sidecar resampled the whole image, so the region
+    decoded also holds the pixels next to the window that the resampling reads."""
+
+    def __init__(self, device: Any, ops: Sequence[Mapping[str, Any]]) -> None:
+        import torch
+
+        nv = import_nvimgcodec()
+        self._nv = nv
+        self.device = device
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self._decoder = nv.Decoder(device_id=index)
+        else:
+            self._decoder = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[nv.Backend(nv.CPU_ONLY)])
+        # RGB whatever the JPEG holds (grayscale, CMYK), no EXIF rotation: as the sidecar and torchvision decode
+        self._params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB,
+                                       sample_format=nv.SampleFormat.I_RGB)
+        self._crop_window = any(o.get("op") == "random_resized_crop" for o in ops)
+
+    def __call__(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
+                 boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]) -> Tuple[List[Group], List[Box]]:
+        """The batch's decoded windows, in groups to resample, and its boxes (``boxes_of``: from the samples'
+        ``(height, width)``). On CUDA one group, one stack (one resampling call for the batch); on the CPU a group
+        per window, which resamples faster there than one padded stack (benchmarks/bench_mixed_backends.py)."""
+        images, rois, boxes = self.windows(payloads, ids, keys, boxes_of)
+        if self.device.type == "cuda":
+            return [(self.stack(images), rois, list(range(len(images))))], boxes
+        return [(im.permute(2, 0, 1)[None], [roi], [k]) for k, (im, roi) in enumerate(zip(images, rois))], boxes
+
+    def windows(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
+                boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]
+                ) -> Tuple[List[Any], List[Tuple[float, float, float, float]], List[Box]]:
+        """Each sample's decoded region (HWC uint8 on the device), its window in that region ``(x0, y0, x1, y1)``
+        and its box."""
+        import torch
+
+        nv = self._nv
+        streams, sizes = [], []
+        for data, i, key in zip(payloads, ids, keys):
+            try:  # the header is parsed when first asked
+                cs = nv.CodeStream(data.numpy())
+                codec, size = cs.codec_name, (int(cs.height), int(cs.width))
+            except RuntimeError as e:
+                raise not_decodable(i, key, e) from e
+            if codec != "jpeg":
+                raise not_decodable(i, key, f"a {codec or 'unknown'} image")
+            streams.append(cs)
+            sizes.append(size)
+        boxes = boxes_of(sizes)
+        regions = [self.region(b, h, w) for b, (h, w) in zip(boxes, sizes)]
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        decoded = self._decoder.decode([cs.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
+                                        for cs, (y0, x0, y1, x1) in zip(streams, regions)],
+                                       params=self._params, cuda_stream=stream)
+        for image, i, key in zip(decoded, ids, keys):
+            if image is None:
+                raise not_decodable(i, key, "nvImageCodec could not decode it")
+        rois = [(b.left - x0, b.top - y0, b.left - x0 + b.w, b.top - y0 + b.h)
+                for b, (y0, x0, _, _) in zip(boxes, regions)]
+        return [self._tensor(image) for image in decoded], rois, boxes
+
+    def region(self, box: Box, height: int, width: int) -> Tuple[int, int, int, int]:
+        """``(y0, x0, y1, x1)``, the pixels decoded for ``box``: the crop's, or the whole-image resampling's
+        footprint (bilinear at sample points within half a pixel of the window reads the next pixel)."""
+        if self._crop_window:
+            return (math.floor(box.top), math.floor(box.left), math.ceil(box.top + box.h),
+                    math.ceil(box.left + box.w))
+        return (max(0, math.floor(box.top - 0.5)), max(0, math.floor(box.left - 0.5)),
+                min(height, math.floor(box.top + box.h - 0.5) + 2), min(width, math.floor(box.left + box.w - 0.5) + 2))
+
+    def _tensor(self, image: Any) -> Any:
+        import numpy as np
+        import torch
+
+        if self.device.type == "cuda":
+            return torch.from_dlpack(image)  # ordered after the decode on the current stream
+        return torch.from_numpy(np.asarray(image))
+
+    def stack(self, images: Sequence[Any]) -> Any:
+        """The windows in one float NCHW stack, each at its top left, with one more column and row copied from its
+        last: bilinear sampling at a window's right and bottom edge reads that pixel, so it reads the edge, as
+        resampling the window alone clamps there. Beyond that nothing is read (left uninitialized)."""
+        import torch
+
+        hs = [int(t.shape[0]) for t in images]
+        ws = [int(t.shape[1]) for t in images]
+        stack = torch.empty((len(images), 3, max(hs) + 1, max(ws) + 1), dtype=torch.float32, device=self.device)
+        for k, t in enumerate(images):
+            stack[k, :, :hs[k], :ws[k]] = t.permute(2, 0, 1)
+        idx = torch.arange(len(images), device=self.device)
+        h, w = to_device(torch.tensor(hs), self.device), to_device(torch.tensor(ws), self.device)
+        stack[idx, :, :, w] = stack[idx, :, :, w - 1]
+        stack[idx, :, h, :] = stack[idx, :, h - 1, :]
+        return stack

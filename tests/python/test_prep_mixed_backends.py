@@ -1,0 +1,223 @@
+"""``decode(device="mixed", backend=...)``: nvImageCodec's region decode (only each sample's window) against
+torchvision's whole-image decode and the sidecar's CPU path: the same samples, windows and flips, pixels within the
+bound of docs/PREP.md; errors that name the sample; the backend option checked, resolved (``"auto"``) before the
+decode-share scope is worked out, and kept from the sidecar. The decoders are real (libjpeg-turbo inside
+nvImageCodec and torchvision on the CPU; nvJPEG where a GPU is)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import test_prep_mixed
+from test_prep_mixed import BACKENDS, NEEDS_NVIMGCODEC, _compare, _devices, _epochs
+from test_prep_native import _images
+from test_prep_support import PrepEnv
+
+from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
+from unstall.prep.decode_share import share_scope  # noqa: E402
+from unstall.prep.mixed import MixedDecode, resolve_backend  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed")
+EVAL = (prep.resize(56), prep.center_crop(48))
+mixed_env = test_prep_mixed.env  # the fixture: a sidecar serving test_prep_mixed's JPEGs, one for this module
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """test_prep_mixed's JPEGs (the sidecar's dataset there), for the tests that decode without a sidecar."""
+    return _images(tmp_path_factory.mktemp("jpegs"))
+
+
+def _mixed(backend: str, ops: Any = TRAIN.ops, device: str = "cpu") -> MixedDecode:
+    ops = [dict(o) for o in ops]
+    ops[0]["backend"] = backend
+    return MixedDecode(ops, "uint8", "NHWC", device)
+
+
+def _payloads(paths: list[Path]) -> list[Any]:
+    import torch
+
+    return [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in paths]
+
+
+@NEEDS_NVIMGCODEC
+def test_the_backends_draw_the_same_windows_and_nvimgcodec_decodes_only_them(jpegs: list[Path]) -> None:
+    """Each sample's box (window, size, flip) is the same from both backends for every (epoch, id); nvImageCodec's
+    decoded region is the window itself for a random crop (the sidecar crops, then resizes), and for a resize +
+    center crop the window and the pixels next to it that resampling the whole image reads."""
+    paths = jpegs
+    payloads, ids, keys = _payloads(paths), list(range(len(paths))), [p.name for p in paths]
+    for ops in (TRAIN.ops, (prep.decode(device="mixed"), *EVAL)):
+        nv = _mixed("nvimgcodec", ops)
+        for epoch in (0, 1):
+            images, rois, boxes = nv._roi.windows(payloads, ids, keys, lambda s, nv=nv, epoch=epoch: nv.boxes(s, ids, epoch, 7))
+            whole = [_decoded_size(p) for p in payloads]
+            assert boxes == _mixed("torchvision", ops).boxes(whole, ids, epoch, 7)
+            for im, (x0, y0, x1, y1), b, (h, w) in zip(images, rois, boxes, whole):
+                if ops is TRAIN.ops:
+                    assert (x0, y0, x1 - x0, y1 - y0) == (0, 0, b.w, b.h) and tuple(im.shape) == (b.h, b.w, 3)
+                else:
+                    assert 0 <= x0 <= 1.5 and 0 <= y0 <= 1.5, (x0, y0)
+                    assert x1 <= im.shape[1] and y1 <= im.shape[0] and im.shape[0] * im.shape[1] < h * w
+
+
+def _decoded_size(payload: Any) -> tuple[int, int]:
+    from torchvision.io import decode_jpeg
+
+    im = decode_jpeg(payload)
+    return int(im.shape[1]), int(im.shape[2])
+
+
+@NEEDS_NVIMGCODEC
+def test_a_resize_and_center_crop_is_torchvisions_pixels_bit_for_bit(jpegs: list[Path]) -> None:
+    """On the CPU both backends decode with libjpeg-turbo; the region nvImageCodec decodes holds every pixel the
+    resampling reads, so the two give the same bytes (4:2:0, 4:4:4 and grayscale JPEGs, out as RGB)."""
+    paths = jpegs
+    payloads, ids = _payloads(paths), list(range(len(paths)))
+    ops = (prep.decode(device="mixed"), *EVAL)
+    a = _mixed("nvimgcodec", ops)(payloads, ids, 0, 7).numpy()
+    b = _mixed("torchvision", ops)(payloads, ids, 0, 7).numpy()
+    assert a.shape == (len(paths), 48, 48, 3)
+    np.testing.assert_array_equal(a, b)
+
+
+@NEEDS_NVIMGCODEC
+def test_cmyk_and_grayscale_jpegs_come_out_rgb_as_torchvision_decodes_them(tmp_path: Path) -> None:
+    import torch
+    from PIL import Image
+
+    rng = np.random.default_rng(4)
+    px = rng.integers(0, 255, (90, 120, 3), dtype=np.uint8)
+    blobs = []
+    for mode in ("CMYK", "L", "RGB"):
+        buf = io.BytesIO()
+        Image.fromarray(px).convert(mode).save(buf, "JPEG", quality=90)
+        blobs.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+    ops = (prep.decode(device="mixed"), *EVAL)
+    a = _mixed("nvimgcodec", ops)(blobs, [0, 1, 2], 0, 7).numpy()
+    np.testing.assert_array_equal(a, _mixed("torchvision", ops)(blobs, [0, 1, 2], 0, 7).numpy())
+    assert a.shape == (3, 48, 48, 3) and (a[1, ..., 0] == a[1, ..., 1]).all()  # grayscale: R = G = B
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    "cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG through nvImageCodec)"))])
+@NEEDS_NVIMGCODEC
+def test_nvimgcodec_serves_the_cpu_paths_samples_as_torchvision_does(mixed_env: tuple[PrepEnv, list[Path]],
+                                                                     device: str) -> None:
+    """Through a real sidecar, 2 epochs: the same ids and labels in the same order from the CPU path and both
+    backends, each backend within the pixel bound of the CPU path (benchmarks/probe_mixed_pixels.py measures how
+    far)."""
+    e, _ = mixed_env
+    cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"))
+    got = {b: _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed",
+                                             decode_backend=b), device) for b in ("torchvision", "nvimgcodec")}
+    for mixed in got.values():
+        _compare(cpu, mixed)
+    assert [[(i, label) for i, _, label in ep] for ep in got["nvimgcodec"]] == \
+        [[(i, label) for i, _, label in ep] for ep in got["torchvision"]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sample_that_does_not_decode_is_named(tmp_path: Path, backend: str) -> None:
+    import torch
+
+    good = io.BytesIO()
+    from PIL import Image
+
+    Image.fromarray(np.zeros((40, 60, 3), dtype=np.uint8)).save(good, "JPEG")
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((40, 60, 3), dtype=np.uint8)).save(png, "PNG")
+    cases = {"junk.jpg": b"\xff\xd8\xff\xe0 not a jpeg at all", "cut.jpg": good.getvalue()[:200],
+             "image.png": png.getvalue()}
+    m = _mixed(backend)
+    for key, data in cases.items():
+        blobs = [torch.frombuffer(bytearray(good.getvalue()), dtype=torch.uint8),
+                 torch.frombuffer(bytearray(data), dtype=torch.uint8)]
+        with pytest.raises(ValueError, match=rf"sample 11 \({key}\) is not a JPEG the device decodes"):
+            m(blobs, [10, 11], 0, 7, ["ok.jpg", key])
+
+
+def test_the_backend_option_is_checked_and_named() -> None:
+    with pytest.raises(ValueError, match=r"decode backend must be one of \('auto', 'nvimgcodec', 'torchvision'\).*"
+                                         "'nvjpeg'"):
+        prep.decode(device="mixed", backend="nvjpeg")
+    with pytest.raises(ValueError, match="backend picks the device's decoder of a decode\\(device='mixed'\\)"):
+        prep.decode(backend="torchvision")
+    with pytest.raises(ValueError, match="decode backend must be one of"):
+        MixedDecode([{"op": "decode", "device": "mixed", "backend": "dali"}], "uint8", "NHWC", "cpu")
+    assert prep.decode(device="mixed", backend="torchvision") == {"op": "decode", "device": "mixed",
+                                                                  "backend": "torchvision"}
+    assert resolve_backend("torchvision") == "torchvision"
+
+
+def test_without_nvimgcodec_auto_is_torchvision_and_nvimgcodec_says_what_to_install() -> None:
+    """In a process where ``nvidia.nvimgcodec`` cannot be imported (as on a machine without it)."""
+    code = ("import sys; sys.modules['nvidia.nvimgcodec'] = None\n"
+            "from unstall.prep.mixed import resolve_backend\n"
+            "print(resolve_backend('auto'))\n"
+            "try:\n    resolve_backend('nvimgcodec')\nexcept ImportError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "python-shim" / "src"), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    auto, error = run.stdout.splitlines()[:2]
+    assert auto == "torchvision"
+    assert "needs NVIDIA nvImageCodec: pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg" in error
+    assert "nvidia-nvimgcodec-cu12 nvidia-nvjpeg-cu12" in error
+
+
+@NEEDS_NVIMGCODEC
+def test_auto_is_resolved_before_the_share_scope_and_kept_from_the_sidecar() -> None:
+    """Members whose backends differ never hand each other a batch: the resolved backend is in the ops the scope
+    digests. A hybrid group's sidecar gets the decode op without it (the sidecar's parser knows no such field)."""
+    auto, tv = _mixed("auto"), _mixed("torchvision")
+    assert auto.backend == auto.ops[0]["backend"] == "nvimgcodec" and tv.ops[0]["backend"] == "torchvision"
+    assert share_scope("group", 7, auto.ops) == share_scope("group", 7, _mixed("nvimgcodec").ops)
+    assert share_scope("group", 7, auto.ops) != share_scope("group", 7, tv.ops)
+    hybrid = [dict(o) for o in TRAIN.ops]
+    hybrid[0].update(cpu_load=0.5, backend="nvimgcodec")
+    sidecar = MixedDecode(hybrid, "uint8", "NHWC", "cpu").sidecar_pipeline()
+    assert sidecar is not None and sidecar["ops"][0] == {"op": "decode"}
+
+
+@NEEDS_NVIMGCODEC
+def test_a_hybrid_group_with_the_nvimgcodec_backend_runs(mixed_env: tuple[PrepEnv, list[Path]]) -> None:
+    """The sidecar accepts the hybrid group's pipeline (the backend kept from it) and serves every sample."""
+    e, paths = mixed_env
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=0.5, backend="nvimgcodec"),
+                          prep.random_resized_crop(48), prep.hflip()), layout="NHWC", dtype="uint8")
+    cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"), epochs=1)
+    hybrid = _epochs(e, pipe, "cpu", epochs=1)
+    assert sorted(i for i, _, _ in hybrid[0]) == list(range(len(paths)))
+    _compare(cpu, hybrid)
+
+
+@NEEDS_NVIMGCODEC
+def test_one_padded_stack_resamples_each_window_as_it_alone(jpegs: list[Path]) -> None:
+    """What CUDA runs (the batch's windows in one stack padded to the largest, each with its edge copied once past
+    it) gives the pixels the CPU's window-by-window resampling gives: samples at a window's edge read the edge."""
+    import torch
+
+    paths = jpegs
+    payloads, ids, keys = _payloads(paths), list(range(len(paths))), [p.name for p in paths]
+    m = _mixed("nvimgcodec")
+    images, rois, boxes = m._roi.windows(payloads, ids, keys, lambda s: m.boxes(s, ids, 3, 7))
+    assert len({tuple(im.shape) for im in images}) > 1  # windows of different sizes in one stack
+    stacked = m._resample(m._roi.stack(images), rois, 48, 48)
+    alone = torch.cat([m._resample(im.permute(2, 0, 1)[None], [roi], 48, 48) for im, roi in zip(images, rois)])
+    torch.testing.assert_close(stacked, alone, rtol=0, atol=0)
+
+
+def test_import_unstall_imports_neither_nvimgcodec_nor_torch() -> None:
+    code = ("import sys, unstall, unstall.prep, unstall.prep.mixed\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'nvidia')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "python-shim" / "src"), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0 and run.stdout.strip() == "[]", (run.stdout, run.stderr)
