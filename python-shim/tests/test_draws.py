@@ -45,3 +45,14 @@ def test_ops_the_device_cannot_run_are_refused_by_name() -> None:
         sample_box([{"op": "decode"}, {"op": "rotate"}], 10, 10, sample_rng(0, 0, 0))
     with pytest.raises(ValueError, match="center_crop 20x20 is larger than the 10x10 image"):
         sample_box([{"op": "decode"}, {"op": "center_crop", "size": [20, 20]}], 10, 10, sample_rng(0, 0, 0))
+
+
+def test_a_crop_size_is_one_int_or_height_and_width_as_the_sidecar_takes_it() -> None:
+    """A pipeline written as JSON may give a crop's size as one int (the sidecar's square); the device path draws the
+    same box from it as from ``[n, n]``."""
+    for op in ("random_resized_crop", "center_crop"):
+        square = sample_box([{"op": "decode"}, {"op": op, "size": 32}], 97, 61, sample_rng(7, 0, 3))
+        pair = sample_box([{"op": "decode"}, {"op": op, "size": [32, 32]}], 97, 61, sample_rng(7, 0, 3))
+        assert square == pair and (square.out_h, square.out_w) == (32, 32)
+    with pytest.raises(ValueError, match="size must be an int or \\(height, width\\)"):
+        sample_box([{"op": "decode"}, {"op": "center_crop", "size": [1, 2, 3]}], 97, 61, sample_rng(7, 0, 3))

@@ -1,8 +1,10 @@
 """The offline bundle as a GPU node gets it: scripts/build_bundle.sh's one file, under 60 MB, installed with the
-documented ``pip install --no-index --find-links`` into a fresh venv that has torch, pyarrow and numpy but no
-py4j, with no ``java`` on PATH and neither JAVA_HOME nor UNSTALL_JAVA. A sidecar started there runs on the
-bundle's own Java runtime and prepares JPEG and PNG batches through ``unstall.prep.PrepLoader`` with the native
-decoder, the same bytes as the checkout's sidecar on the system's Java.
+documented ``pip install --no-index --find-links`` (with the ``nvimgcodec`` extra) into a fresh venv that has
+torch, pyarrow and numpy but no py4j or nvImageCodec, with no ``java`` on PATH and neither JAVA_HOME nor
+UNSTALL_JAVA. A sidecar started there runs on the bundle's own Java runtime and prepares JPEG and PNG batches
+through ``unstall.prep.PrepLoader`` with the native decoder, the same bytes as the checkout's sidecar on the
+system's Java; ``decode(device="mixed", backend="nvimgcodec")`` on the CPU decodes the same windows with the
+bundle's nvImageCodec as with the checkout's.
 
 The node's packages are the dependencies venv's, seen through a ``.pth`` to a directory of links to them that
 leaves out py4j and any unstall, so pip finds torch's neighbours installed and must take py4j from the bundle.
@@ -26,16 +28,33 @@ from fresh_venv import REPO, clean_env, path_without_java
 LIMIT = 60 * 1000 * 1000
 
 
+# What the node lacks and must take from the bundle: py4j, and (the nvimgcodec extra) nvImageCodec and nvJPEG, whose
+# files lie among torch's CUDA libraries in nvidia/.
+_FROM_BUNDLE = ("py4j", "unstall", "__editable__", "nvidia_nvimgcodec", "nvidia_nvjpeg")
+_FROM_BUNDLE_FILES = {"nvidia/__init__.py", "nvidia/__pycache__", "nvidia/nvimgcodec", "nvidia/cu13/lib/libnvjpeg.so.13"}
+
+
+def _link(src: Path, dst: Path, rel: str = "") -> None:
+    """``dst`` as a directory of links to ``src``'s entries, less ``_FROM_BUNDLE_FILES``; a directory holding one of
+    them is made of links in turn."""
+    dst.mkdir()
+    for p in src.iterdir():
+        path = f"{rel}{p.name}"
+        if path in _FROM_BUNDLE_FILES or (not rel and (p.name.lower().startswith(_FROM_BUNDLE) or p.suffix == ".pth")):
+            continue
+        if any(f.startswith(path + "/") for f in _FROM_BUNDLE_FILES):
+            _link(p, dst / p.name, path + "/")
+        else:
+            (dst / p.name).symlink_to(p)
+
+
 def _node_site(tmp_path: Path) -> Path:
-    """Links to the dependencies venv's packages, less py4j and unstall: what the GPU node has installed."""
+    """Links to the dependencies venv's packages, less what the node takes from the bundle: what the GPU node has
+    installed."""
     import torch
 
-    deps = Path(torch.__file__).resolve().parents[1]
     node = tmp_path / "node-site"
-    node.mkdir()
-    for p in deps.iterdir():
-        if not p.name.lower().startswith(("py4j", "unstall", "__editable__")) and p.suffix != ".pth":
-            (node / p.name).symlink_to(p)
+    _link(Path(torch.__file__).resolve().parents[1], node)
     return node
 
 
@@ -63,23 +82,29 @@ def test_bundle_installs_offline_and_prepares_on_its_own_java(sidecar_jar: Path,
         tar.extractall(unpacked, filter="data")
     (directory,) = unpacked.iterdir()
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "-q", "--disable-pip-version-check",
-                    "install", "--no-compile", "--no-index", "--find-links", directory.name, "unstall"],
+                    "install", "--no-compile", "--no-index", "--find-links", directory.name, "unstall[nvimgcodec]"],
                    check=True, cwd=unpacked, env=clean_env(), stdin=subprocess.DEVNULL)
 
     images = tmp_path / "images"
     make_image_folder(images, ["cat", "dog", "eel"], per_class=6)  # JPEGs and PNGs
+    jpegs = tmp_path / "jpegs"
+    for path in sorted(images.rglob("*")):
+        if path.suffix.lower() == ".jpg":
+            target = jpegs / path.relative_to(images)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target)
     script = tmp_path / "bundle_node.py"
     shutil.copy(Path(bundle_node.__file__), script)
     path = path_without_java(venv / "bin")
     assert shutil.which("java", path=path) is None
-    run = subprocess.run([str(python), str(script), str(images), str(tmp_path / "home")], cwd=tmp_path,
+    run = subprocess.run([str(python), str(script), str(images), str(tmp_path / "home"), str(jpegs)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
                          env=clean_env(PATH=path))
     assert run.returncode == 0, f"the node's sidecar failed:\n{run.stderr[-4000:]}"
     out = json.loads(run.stdout.strip().splitlines()[-1])
 
     # Everything came from the bundle: the shim and py4j installed from it, the sidecar on its runtime.
-    assert Path(out["unstall"]).is_relative_to(site) and Path(out["py4j"]).is_relative_to(site), out
+    assert all(Path(out[m]).is_relative_to(site) for m in ("unstall", "py4j", "nvimgcodec")), out
     assert not any(Path(p).resolve().is_relative_to(REPO) for p in out["sys_path"] if p), out["sys_path"]
     java = site / "unstall" / "_jre" / "bin" / "java"
     assert Path(out["java"]) == java and Path(out["sidecar_exe"]).resolve() == java.resolve()
@@ -90,8 +115,10 @@ def test_bundle_installs_offline_and_prepares_on_its_own_java(sidecar_jar: Path,
     with unstall.Sidecar(home=tmp_path / "reference", jar=sidecar_jar, cache_capacity="16MiB",
                          memory_budget="1GiB") as reference:
         reference.register_dataset("imgs", images)
+        reference.register_dataset("jpegs", jpegs)
         with unstall.FlightClient(reference.flight_location, reference.token) as client:
             expected = bundle_node.read_prepared(client)
+            expected_roi = bundle_node.read_prepared(client, "jpegs", bundle_node.ROI_PIPELINE)
     from torchvision.datasets import ImageFolder
 
     labels = sorted(label for _, label in ImageFolder(str(images)).samples)
@@ -99,6 +126,8 @@ def test_bundle_installs_offline_and_prepares_on_its_own_java(sidecar_jar: Path,
     assert sorted(label for _, label in expected.values()) == labels
     assert len({digest for digest, _ in expected.values()}) == len(labels)
     assert out["samples"] == expected
+    # The bundle's nvImageCodec, cut down to JPEG, decodes each crop's window as the checkout's full package does.
+    assert len(expected_roi) == sum(1 for p in jpegs.rglob("*") if p.is_file()) and out["roi"] == expected_roi
     # Passed: the venv and the unpacked bundle (about 0.6 GB) are not kept in pytest's retained tmp directories.
     shutil.rmtree(venv)
     shutil.rmtree(unpacked)

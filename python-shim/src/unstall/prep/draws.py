@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["SplittableRandom", "sample_rng", "crop_params", "Box", "sample_box", "resized_size"]
+__all__ = ["SplittableRandom", "sample_rng", "crop_params", "Box", "crop_size", "sample_box", "resized_size"]
 
 _MASK = (1 << 64) - 1
 _GOLDEN_GAMMA = 0x9E3779B97F4A7C15
@@ -133,6 +133,16 @@ class Box:
     flip: bool
 
 
+def crop_size(size: Any) -> Tuple[int, int]:
+    """A crop's ``size``: one int (a square) or ``(height, width)``, as the sidecar's pipeline takes it."""
+    if isinstance(size, int):
+        return size, size
+    s = [int(v) for v in size]
+    if len(s) != 2:
+        raise ValueError(f"size must be an int or (height, width), got {size!r}")
+    return s[0], s[1]
+
+
 def sample_box(ops: Sequence[Mapping[str, Any]], height: int, width: int, rng: SplittableRandom) -> Box:
     """The window, size and flip the pipeline's ops give one ``height`` x ``width`` image, drawing from ``rng`` in
     the order the sidecar does. Supports what ``decode(device="mixed")`` runs: ``resize``, ``random_resized_crop``,
@@ -154,9 +164,9 @@ def sample_box(ops: Sequence[Mapping[str, Any]], height: int, width: int, rng: S
             ct, cl, ch, cw = crop_params(height, width, op.get("scale", (0.08, 1.0)),
                                          op.get("ratio", (3 / 4, 4 / 3)), rng)
             top, left, h, w = float(ct), float(cl), float(ch), float(cw)
-            cur_h, cur_w = int(op["size"][0]), int(op["size"][1])
+            cur_h, cur_w = crop_size(op["size"])
         elif name == "center_crop":
-            oh, ow = int(op["size"][0]), int(op["size"][1])
+            oh, ow = crop_size(op["size"])
             if oh > cur_h or ow > cur_w:
                 raise ValueError(f"decode(device='mixed'): center_crop {oh}x{ow} is larger than the {cur_h}x{cur_w} "
                                  "image (the CPU path pads; the GPU path does not)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
+from .draws import crop_size
+
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ON_ERROR", "DTYPES", "DECODE_BACKENDS", "Pipeline", "decode",
            "check_decode_backend", "random_resized_crop", "resize", "center_crop", "hflip", "normalize", "imagenet_train",
            "imagenet_eval", "with_on_error"]
@@ -119,12 +121,7 @@ def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAG
 
 
 def _size(size: Union[int, Sequence[int]]) -> list[int]:
-    if isinstance(size, int):
-        return [size, size]
-    s = [int(v) for v in size]
-    if len(s) != 2:
-        raise ValueError(f"size must be an int or (height, width), got {size!r}")
-    return s
+    return list(crop_size(size))
 
 
 DTYPES = ("float32", "uint8", "float16", "bfloat16")
