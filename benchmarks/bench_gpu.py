@@ -13,7 +13,8 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
     normalizes them there;
   * the same with ``decode(device="mixed")``: the sidecar serves the stored JPEG bytes, the loader decodes them
     on the device (``--decode-backend``: nvImageCodec, decoding each crop window only, or torchvision, whole
-    images; nvJPEG either way on CUDA) and crops, flips and normalizes them there;
+    images; nvJPEG either way on CUDA) and crops, flips and normalizes them there; ``prep_mixed_tv``: the same with
+    torchvision's whole-image decode whatever ``--decode-backend`` says, the baseline of the region decode;
   * the same with ``cpu_load="auto"``: of each batch the sidecar prepares the share it keeps up with, the device
     decodes the rest (the split tuned online);
   * an HP search: ``--jobs`` concurrent training processes on the one device, each with its own
@@ -294,8 +295,8 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 
 @dataclasses.dataclass
 class Row:
-    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_hybrid, hp_torch,
-    # hp_prep, hp_mixed, hp_mixed_solo; KEY_alone
+    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_mixed_tv, prep_hybrid,
+    # hp_torch, hp_prep, hp_mixed, hp_mixed_solo; KEY_alone
     row: str
     images_per_s: float
     busy_cores: float  # CPU seconds of the processes involved / wall seconds
@@ -487,7 +488,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
     ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
-                    f"prep_mixed, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row always runs")
+                    f"prep_mixed, prep_mixed_tv, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row always runs")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
@@ -563,6 +564,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ("prep_mixed", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed')",
          lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, backend=args.decode_backend,
                              sidecar=sidecar)),
+        ("prep_mixed_tv", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
+         "backend='torchvision'): whole images decoded",
+         lambda: prep_loader(args.crop, args.batch, 7, 1, dev, True, True, backend="torchvision", sidecar=sidecar)),
         ("prep_hybrid", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "cpu_load='auto')",
          lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", backend=args.decode_backend,
