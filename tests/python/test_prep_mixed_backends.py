@@ -174,6 +174,27 @@ def test_without_nvimgcodec_auto_is_torchvision_and_nvimgcodec_says_what_to_inst
 
 
 @NEEDS_NVIMGCODEC
+def test_a_decoder_that_does_not_start_is_torchvisions_turn_under_auto_and_an_error_when_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvImageCodec imports but its decoder does not start (a driver older than the wheel's CUDA, say): ``"auto"``
+    warns once, naming why, and decodes with torchvision (and says so in its ops, for the share scope); a job that
+    named ``"nvimgcodec"`` fails, naming the device and the error."""
+    from unstall.prep import nvimgcodec_decode
+
+    def refuse(self: Any, device: Any, ops: Any) -> None:
+        raise RuntimeError("CUDA Runtime failure: '#35'")
+
+    monkeypatch.setattr(nvimgcodec_decode.RoiDecode, "__init__", refuse)
+    with pytest.warns(RuntimeWarning, match="nvImageCodec's decoder does not start on cpu .*#35.*torchvision's "
+                                            "decodes instead"):
+        auto = _mixed("auto")
+    assert auto.backend == auto.ops[0]["backend"] == "torchvision"
+    with pytest.raises(RuntimeError, match=r"backend='nvimgcodec'\): nvImageCodec's decoder does not start on cpu: "
+                                           "CUDA Runtime failure"):
+        _mixed("nvimgcodec")
+
+
+@NEEDS_NVIMGCODEC
 def test_auto_is_resolved_before_the_share_scope_and_kept_from_the_sidecar() -> None:
     """Members whose backends differ never hand each other a batch: the resolved backend is in the ops the scope
     digests. A hybrid group's sidecar gets the decode op without it (the sidecar's parser knows no such field)."""

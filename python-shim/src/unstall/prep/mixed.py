@@ -76,7 +76,8 @@ class MixedDecode:
             raise ValueError("decode(device='mixed') supports on_error='raise' only: a batch is decoded whole on "
                              "the device")
         sample_box(self.ops, 64, 64, sample_rng(0, 0, 0))  # refuses ops the device path cannot run, now
-        self.backend = first["backend"] = resolve_backend(first.get("backend", "auto"))
+        asked = check_decode_backend(first.get("backend", "auto"))
+        self.backend = resolve_backend(asked)
         self.cpu_load: Any = first.get("cpu_load", 0) or 0
         self.device = torch.device(device)
         self.dtype = dtype
@@ -86,7 +87,16 @@ class MixedDecode:
         if self.backend == "nvimgcodec":
             from .nvimgcodec_decode import RoiDecode
 
-            self._roi = RoiDecode(self.device, self.ops)
+            try:
+                self._roi = RoiDecode(self.device, self.ops)
+            except RuntimeError as e:  # e.g. a driver older than the CUDA its wheel was built for
+                if asked == "nvimgcodec":
+                    raise RuntimeError(f"decode(device='mixed', backend='nvimgcodec'): nvImageCodec's decoder does "
+                                       f"not start on {self.device}: {e}") from e
+                warnings.warn(f"unstall: decode(device='mixed', backend='auto'): nvImageCodec's decoder does not start "
+                              f"on {self.device} ({e}); torchvision's decodes instead", RuntimeWarning, stacklevel=2)
+                self.backend = "torchvision"
+        first["backend"] = self.backend  # what runs: part of the decode-share scope
         norm = next((o for o in self.ops if o.get("op") == "normalize"), None)
         self._norm: Optional[Tuple[Any, Any]] = None
         if dtype != "uint8" and norm is not None:
