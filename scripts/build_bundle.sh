@@ -5,7 +5,7 @@
 #                                                         the modules the sidecar needs (unstall/_jre/)
 #   py4j-<version>-*.whl                                  the shim's pure-Python dependency a node may lack
 #   nvidia_nvimgcodec_cu13-*.whl, nvidia_nvjpeg-*.whl     decode(device="mixed", backend="nvimgcodec")'s decoder
-#                                                         (unstall[nvimgcodec]); the first trimmed to JPEG and the
+#                                                         (pip install them by name); the first trimmed to JPEG and the
 #                                                         --nvimgcodec-abis Pythons, stored
 # Install there, from the file alone:
 #   tar -xJf unstall-offline-0.1.0-linux-x86_64.tar.xz \
@@ -26,7 +26,8 @@ LIMIT=$((60 * 1000 * 1000))
 # Reached by reflection or as a security provider, which jdeps does not see: sun.misc.Unsafe (Netty, Arrow) and
 # the elliptic-curve TLS suites.
 EXTRA_MODULES=jdk.unsupported,jdk.crypto.ec
-# unstall[nvimgcodec]'s decoder, for the GPU node's CUDA 13 torch.
+# decode(device="mixed", backend="nvimgcodec")'s decoder, for the GPU node's CUDA 13 torch (the nvimgcodec extra also
+# names nvJPEG2000 and nvTIFF, whose extensions the bundle leaves out).
 NVIMGCODEC_VERSION=0.9.0.20
 NVJPEG_VERSION=13.3.2.43
 
@@ -144,6 +145,7 @@ tar -C "$stage" -cf - "$dir" | xz -6 -T0 > "$bundle"
 size=$(stat -c %s "$bundle")
 echo "build_bundle: $bundle ($size bytes, $((size / 1000000)) MB; limit $((LIMIT / 1000000)) MB)"
 echo "install: tar -xJf $(basename "$bundle") && pip install --no-index --find-links $dir unstall"
+[ "$abis" = none ] || echo "  the GPU's JPEG decoder: pip install --no-index --find-links $dir nvidia-nvimgcodec-cu13 nvidia-nvjpeg"
 if [ "$size" -ge "$LIMIT" ]; then
   echo "build_bundle: $bundle is $size bytes, not under the $LIMIT-byte limit" >&2
   exit 1

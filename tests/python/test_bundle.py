@@ -1,5 +1,5 @@
 """The offline bundle as a GPU node gets it: scripts/build_bundle.sh's one file, under 60 MB, installed with the
-documented ``pip install --no-index --find-links`` (with the ``nvimgcodec`` extra) into a fresh venv that has
+documented ``pip install --no-index --find-links`` (with nvImageCodec and nvJPEG) into a fresh venv that has
 torch, pyarrow and numpy but no py4j or nvImageCodec, with no ``java`` on PATH and neither JAVA_HOME nor
 UNSTALL_JAVA. A sidecar started there runs on the bundle's own Java runtime and prepares JPEG and PNG batches
 through ``unstall.prep.PrepLoader`` with the native decoder, the same bytes as the checkout's sidecar on the
@@ -82,7 +82,8 @@ def test_bundle_installs_offline_and_prepares_on_its_own_java(sidecar_jar: Path,
         tar.extractall(unpacked, filter="data")
     (directory,) = unpacked.iterdir()
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "-q", "--disable-pip-version-check",
-                    "install", "--no-compile", "--no-index", "--find-links", directory.name, "unstall[nvimgcodec]"],
+                    "install", "--no-compile", "--no-index", "--find-links", directory.name, "unstall",
+                    "nvidia-nvimgcodec-cu13", "nvidia-nvjpeg"],
                    check=True, cwd=unpacked, env=clean_env(), stdin=subprocess.DEVNULL)
 
     images = tmp_path / "images"
