@@ -15,6 +15,7 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
     on the device (``--decode-backend``: nvImageCodec, decoding each crop window only, or torchvision, whole
     images; nvJPEG either way on CUDA) and crops, flips and normalizes them there; ``prep_mixed_tv``: the same with
     torchvision's whole-image decode whatever ``--decode-backend`` says, the baseline of the region decode;
+    ``prep_mixed_whole``: the chosen backend decoding whole images (``roi=False``: a hardware decoder's case);
   * the same with ``cpu_load="auto"``: of each batch the sidecar prepares the share it keeps up with, the device
     decodes the rest (the split tuned online);
   * an HP search: ``--jobs`` concurrent training processes on the one device, each with its own
@@ -230,11 +231,11 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
 
 
 def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, mixed: bool = False,
-                cpu_load: Any = None, device_share: bool = True, backend: str = "auto",
+                cpu_load: Any = None, device_share: bool = True, backend: str = "auto", roi: Optional[bool] = None,
                 **where: Any) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
     loader puts on the device, normalized there from the sidecar's uint8, or (``mixed``) decoded there from the
-    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load, backend=backend)``; ``device_share``: the group's
+    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load, backend=backend, roi=roi)``; ``device_share``: the group's
     members on the device decode each batch once between them). ``where``: ``sidecar=`` or ``client=``."""
     import torch
     from unstall import prep
@@ -242,9 +243,9 @@ def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool
     if device:
         pipe = prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC", decode_device="mixed" if mixed else None,
                                    decode_backend=backend if mixed else None)
-        if cpu_load is not None:
-            pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load, backend=backend), *pipe.ops[1:]),
-                                 layout="NHWC", dtype="bfloat16")
+        if cpu_load is not None or roi is not None:
+            pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load, backend=backend, roi=roi),
+                                  *pipe.ops[1:]), layout="NHWC", dtype="bfloat16")
         loader = prep.PrepLoader(DATASET, pipe, batch_size=batch, seed=seed, group_size=k, drop_last=True,
                                  device=str(dev), device_prefetch=2, memory_format=torch.channels_last,
                                  device_share=device_share, **where)
@@ -295,8 +296,8 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 
 @dataclasses.dataclass
 class Row:
-    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_mixed_tv, prep_hybrid,
-    # hp_torch, hp_prep, hp_mixed, hp_mixed_solo; KEY_alone
+    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_mixed_tv,
+    # prep_mixed_whole, prep_hybrid, hp_torch, hp_prep, hp_mixed, hp_mixed_solo; KEY_alone
     row: str
     images_per_s: float
     busy_cores: float  # CPU seconds of the processes involved / wall seconds
@@ -488,7 +489,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
     ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
-                    f"prep_mixed, prep_mixed_tv, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row always runs")
+                    f"prep_mixed, prep_mixed_tv, prep_mixed_whole, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row "
+                    "always runs")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
@@ -567,6 +569,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ("prep_mixed_tv", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "backend='torchvision'): whole images decoded",
          lambda: prep_loader(args.crop, args.batch, 7, 1, dev, True, True, backend="torchvision", sidecar=sidecar)),
+        ("prep_mixed_whole", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
+         "roi=False): whole images decoded by the chosen backend",
+         lambda: prep_loader(args.crop, args.batch, 8, 1, dev, True, True, backend=args.decode_backend, roi=False,
+                             sidecar=sidecar)),
         ("prep_hybrid", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "cpu_load='auto')",
          lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", backend=args.decode_backend,

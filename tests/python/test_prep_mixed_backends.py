@@ -90,6 +90,31 @@ def test_a_resize_and_center_crop_is_torchvisions_pixels_bit_for_bit(jpegs: list
 
 
 @NEEDS_NVIMGCODEC
+def test_roi_false_decodes_whole_images_and_gives_torchvisions_pixels(jpegs: list[Path]) -> None:
+    """``decode(roi=False)``: nvImageCodec decodes whole images and resamples each window from them, as the
+    torchvision backend does; on the CPU (libjpeg-turbo in both) the same bytes. The option is part of the share
+    scope and kept from the sidecar."""
+    payloads, ids, keys = _payloads(jpegs), list(range(len(jpegs))), [p.name for p in jpegs]
+    ops = [dict(o) for o in TRAIN.ops]
+    ops[0]["roi"] = False
+    whole = _mixed("nvimgcodec", ops)
+    images, rois, boxes = whole._roi.windows(payloads, ids, keys, lambda s: whole.boxes(s, ids, 0, 7))
+    for im, (x0, y0, x1, y1), b, p in zip(images, rois, boxes, payloads):
+        assert tuple(im.shape[:2]) == _decoded_size(p) and (x0, y0, x1 - x0, y1 - y0) == (b.left, b.top, b.w, b.h)
+    np.testing.assert_array_equal(whole(payloads, ids, 0, 7).numpy(),
+                                  _mixed("torchvision", TRAIN.ops)(payloads, ids, 0, 7).numpy())
+    assert share_scope("group", 7, whole.ops) != share_scope("group", 7, _mixed("nvimgcodec").ops)
+    ops[0]["cpu_load"] = 0.5
+    sidecar = MixedDecode(ops, "uint8", "NHWC", "cpu").sidecar_pipeline()
+    assert sidecar is not None and sidecar["ops"][0] == {"op": "decode"}
+    assert prep.decode(device="mixed", roi=False) == {"op": "decode", "device": "mixed", "roi": False}
+    with pytest.raises(ValueError, match="roi \\(True or False\\) picks .* got roi='no'"):
+        prep.decode(device="mixed", roi="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="got roi=False for a decode on 'cpu'"):
+        prep.decode(roi=False)
+
+
+@NEEDS_NVIMGCODEC
 def test_cmyk_and_grayscale_jpegs_come_out_rgb_as_torchvision_decodes_them(tmp_path: Path) -> None:
     import torch
     from PIL import Image

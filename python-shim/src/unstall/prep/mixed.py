@@ -109,7 +109,7 @@ class MixedDecode:
         normalizes), or None when the device decodes every sample (a raw group)."""
         if self.cpu_load == 0:
             return None
-        decode = {k: v for k, v in self.ops[0].items() if k not in ("device", "cpu_load", "backend")}
+        decode = {k: v for k, v in self.ops[0].items() if k not in ("device", "cpu_load", "backend", "roi")}
         rest = [o for o in self.ops[1:] if o.get("op") != "normalize"]
         return {"ops": [decode, *rest], "dtype": "uint8", "layout": "NHWC"}
 

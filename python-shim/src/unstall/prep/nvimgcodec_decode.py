@@ -50,6 +50,7 @@ class RoiDecode:
         self._params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB,
                                        sample_format=nv.SampleFormat.I_RGB)
         self._crop_window = any(o.get("op") == "random_resized_crop" for o in ops)
+        self._whole = ops[0].get("roi", True) is False  # decode(roi=False): whole images, the windows resampled
 
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
                  boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]) -> Tuple[List[Group], List[Box]]:
@@ -94,8 +95,11 @@ class RoiDecode:
         return [self._tensor(image) for image in decoded], rois, boxes
 
     def region(self, box: Box, height: int, width: int) -> Tuple[int, int, int, int]:
-        """``(y0, x0, y1, x1)``, the pixels decoded for ``box``: the crop's, or the whole-image resampling's
+        """``(y0, x0, y1, x1)``, the pixels decoded for ``box``: the whole image's (``roi=False``), the crop's, or the
+        whole-image resampling's
         footprint (bilinear at sample points within half a pixel of the window reads the next pixel)."""
+        if self._whole:
+            return 0, 0, height, width
         if self._crop_window:
             return (math.floor(box.top), math.floor(box.left), math.ceil(box.top + box.h),
                     math.ceil(box.left + box.w))

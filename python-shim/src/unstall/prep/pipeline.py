@@ -25,6 +25,7 @@ def decode(
     device: Optional[str] = None,
     cpu_load: Union[float, str, None] = None,
     backend: Optional[str] = None,
+    roi: Optional[bool] = None,
     formats: Optional[Sequence[str]] = None,
     max_pixels: Optional[int] = None,
     max_aspect_ratio: Optional[float] = None,
@@ -46,8 +47,10 @@ def decode(
     default: none), or ``"auto"``: tuned online, the sidecar taking as much as it keeps up with while the
     device decodes the rest. ``backend`` (with ``"mixed"``): the device's decoder: ``"nvimgcodec"`` (NVIDIA
     nvImageCodec: only each sample's crop window is decoded), ``"torchvision"`` (``torchvision.io.decode_jpeg``:
-    whole images) or ``"auto"`` (the default: nvImageCodec where it imports, else torchvision). docs/PREP.md,
-    "Decoding on the GPU".
+    whole images) or ``"auto"`` (the default: nvImageCodec where it imports, else torchvision); ``roi`` (with
+    ``"mixed"``, nvImageCodec's): ``True`` (the default) decodes only each sample's window, ``False`` whole images
+    (as DALI's ``decoders.image`` against ``decoders.image_random_crop``: where a GPU's hardware decoder outruns
+    its region decode). docs/PREP.md, "Decoding on the GPU".
     """
     op: dict[str, Any] = {"op": "decode"}
     if device is not None:
@@ -68,6 +71,11 @@ def decode(
             raise ValueError("backend picks the device's decoder of a decode(device='mixed'); this decode's device "
                              f"is {device!r}")
         op["backend"] = check_decode_backend(backend)
+    if roi is not None:
+        if device != "mixed" or not isinstance(roi, bool):
+            raise ValueError(f"roi (True or False) picks whether a decode(device='mixed') decodes only each window; "
+                             f"got roi={roi!r} for a decode on {device or 'cpu'!r}")
+        op["roi"] = roi
     if formats is not None:
         op["formats"] = [str(f) for f in formats]
     if max_pixels is not None:
