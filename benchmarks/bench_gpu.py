@@ -614,7 +614,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         synthetic(args.batch, args.crop, dev), step, args, dev, pids)
         done(model_row, trained)
         for key, name, make in loaders:
-            loader, batches = make()
+            try:  # a loader that cannot be built (a decoder missing, say) is a failed row too
+                loader, batches = make()
+            except Exception as e:
+                failed(key, name, e)
+                continue
             try:
                 done(measure(key, name, loader, batches, step, args, dev, pids), trained)
                 if args.loader_alone:  # the same iterator, warm: no second start of workers or group
@@ -646,14 +650,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     gpu = gpu_name(dev)
     commit = git_commit()
+    try:
+        runs = f"{resolve_backend(args.decode_backend)} runs"
+    except ImportError:
+        runs = "not installed"
     head = header() + [f"- GPU: {gpu}", f"- commit: {commit}",
                        f"- data: {len(files)} images in {data}, {data_bytes / len(files) / 1024:.0f} KB mean; "
                        f"batch {args.batch}, {args.model}, crop {args.crop}, bf16 autocast, channels_last, SGD; "
                        f"{args.warmup} warm-up + {args.steps} measured steps per row on {dev}"
                        + (f"; the sidecar on {args.sidecar_cpus} of {os.cpu_count()} cores (taskset)"
                           if args.sidecar_cpus else ""),
-                       f"- decode(device='mixed') rows: backend {args.decode_backend!r}, "
-                       f"{resolve_backend(args.decode_backend)} runs"]
+                       f"- decode(device='mixed') rows: backend {args.decode_backend!r}, {runs}"]
     lines = [f"# unstall GPU benchmark ({args.model})", "", *head, "", *table(rows)]
     print("\n".join(lines), flush=True)
     if args.json is not None:

@@ -35,11 +35,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrepEnv, lis
         yield e, paths
 
 
-def _epochs(e: PrepEnv, pipeline: prep.Pipeline, device: Any = None, epochs: int = 2, **kw: Any
-            ) -> list[list[tuple[int, np.ndarray, int]]]:
+def _epochs(e: PrepEnv, pipeline: prep.Pipeline, device: Any = None, epochs: int = 2, dataset: str = "jpegs",
+            **kw: Any) -> list[list[tuple[int, np.ndarray, int]]]:
     """Each epoch's ``(id, image as HWC uint8 or float, label)`` in the order served."""
     out = []
-    with e.client() as client, prep.PrepLoader("jpegs", pipeline, batch_size=4, seed=7, shuffle=True, epochs=epochs,
+    with e.client() as client, prep.PrepLoader(dataset, pipeline, batch_size=4, seed=7, shuffle=True, epochs=epochs,
                                                 client=client, with_ids=True, copy=True, device=device,
                                                 **kw) as loader:
         for _ in range(epochs):

@@ -151,6 +151,31 @@ def test_nvimgcodec_serves_the_cpu_paths_samples_as_torchvision_does(mixed_env: 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_pngs_are_decoded_on_the_host_beside_the_device_jpegs(mixed_env: tuple[PrepEnv, list[Path]],
+                                                              backend: str) -> None:
+    """A dataset of JPEGs and PNGs (one PNG named .jpg, as ImageNet has): the PNGs are decoded on the host and
+    resampled on the device with the JPEGs, every sample served with the CPU path's ids and labels and within the
+    pixel bound of its pixels (a PNG's decode is lossless: only the resampling differs)."""
+    from PIL import Image
+
+    e, paths = mixed_env
+    root = e.tmp / f"jpegs-pngs-{backend}"
+    for k, p in enumerate(paths):
+        target = root / p.relative_to(p.parents[1])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if k % 3:
+            target.write_bytes(p.read_bytes())
+        else:  # a PNG; the first keeps its .jpg name
+            Image.open(p).convert("RGB").save(target if k == 0 else target.with_suffix(".png"), "PNG")
+    e.sidecar.register_dataset(root.name, root)
+    cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"), dataset=root.name)
+    mixed = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed",
+                                           decode_backend=backend), "cpu", dataset=root.name)
+    assert sorted(i for i, _, _ in mixed[0]) == list(range(len(paths)))
+    _compare(cpu, mixed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_sample_that_does_not_decode_is_named(tmp_path: Path, backend: str) -> None:
     import torch
 
@@ -158,15 +183,19 @@ def test_a_sample_that_does_not_decode_is_named(tmp_path: Path, backend: str) ->
     from PIL import Image
 
     Image.fromarray(np.zeros((40, 60, 3), dtype=np.uint8)).save(good, "JPEG")
-    png = io.BytesIO()
-    Image.fromarray(np.zeros((40, 60, 3), dtype=np.uint8)).save(png, "PNG")
-    cases = {"junk.jpg": b"\xff\xd8\xff\xe0 not a jpeg at all", "cut.jpg": good.getvalue()[:200],
-             "image.png": png.getvalue()}
+    webp, bmp = io.BytesIO(), io.BytesIO()
+    Image.fromarray(np.zeros((40, 60, 3), dtype=np.uint8)).save(webp, "WEBP")
+    Image.fromarray(np.zeros((40, 60, 3), dtype=np.uint8)).save(bmp, "BMP")
+    cases = {"junk.jpg": (b"\xff\xd8\xff\xe0 not a jpeg at all", "is not a JPEG the device decodes"),
+             "cut.jpg": (good.getvalue()[:200], "is not a JPEG the device decodes"),
+             "image.webp": (webp.getvalue(), "is a webp image, not one of the formats the pipeline decodes: jpeg, png"),
+             "image.bmp": (bmp.getvalue(), "is neither JPEG nor PNG nor WebP \\(first bytes 42 4d .*\\): one of the "
+                                           "formats the pipeline decodes: jpeg, png")}
     m = _mixed(backend)
-    for key, data in cases.items():
+    for key, (data, why) in cases.items():
         blobs = [torch.frombuffer(bytearray(good.getvalue()), dtype=torch.uint8),
                  torch.frombuffer(bytearray(data), dtype=torch.uint8)]
-        with pytest.raises(ValueError, match=rf"sample 11 \({key}\) is not a JPEG the device decodes"):
+        with pytest.raises(ValueError, match=rf"sample 11 \({key}\) {why}"):
             m(blobs, [10, 11], 0, 7, ["ok.jpg", key])
 
 

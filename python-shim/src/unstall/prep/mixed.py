@@ -23,6 +23,7 @@ from .pipeline import check_decode_backend
 __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 
 MIXED = "mixed"
+_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def decode_device(spec: Any) -> str:
@@ -158,16 +159,60 @@ class MixedDecode:
 
     def _decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
                 ) -> Tuple[List[Group], List[Box]]:
-        """The encoded samples' decoded pixels, in stacks to resample, and their boxes."""
+        """The encoded samples' decoded pixels, in stacks to resample, and their boxes: JPEGs on the device, the
+        other formats the pipeline decodes (PNG; WebP when its ``formats`` name it) on the host, as DALI's mixed
+        decoder does with what nvJPEG does not decode."""
+        host = [j for j, p in enumerate(payloads) if bytes(p[:3].tolist()) != _JPEG_MAGIC]
+        if not host:
+            return self._device_decode(payloads, ids, keys, epoch, seed)
+        on_host = set(host)
+        groups: List[Group] = []
+        boxes: List[Any] = [None] * len(payloads)
+        for part, decode in (([j for j in range(len(payloads)) if j not in on_host], self._device_decode),
+                             (host, self._host_decode)):
+            if part:
+                part_groups, part_boxes = decode([payloads[j] for j in part], [ids[j] for j in part],
+                                                 [keys[j] for j in part], epoch, seed)
+                for j, box in zip(part, part_boxes):
+                    boxes[j] = box
+                groups += [(stack, rois, [part[m] for m in members]) for stack, rois, members in part_groups]
+        return groups, boxes
+
+    def _device_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
+                       ) -> Tuple[List[Group], List[Box]]:
         if self._roi is not None:
             return self._roi(payloads, ids, keys, lambda sizes: self.boxes(sizes, ids, epoch, seed))
-        import torch
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
             images = decode_jpeg(payloads, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:
             images = [self._decode_one(p, i, k) for p, i, k in zip(payloads, ids, keys)]  # names the one that fails
+        return self._by_size(images, ids, epoch, seed)
+
+    def _host_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
+                     ) -> Tuple[List[Group], List[Box]]:
+        from torchvision.io import ImageReadMode, decode_image
+
+        formats = [str(f) for f in self.ops[0].get("formats", ("jpeg", "png"))]
+        images = []
+        for data, i, key in zip(payloads, ids, keys):
+            head = bytes(data[:12].tolist())
+            kind = "png" if head[:8] == b"\x89PNG\r\n\x1a\n" else "webp" if head[:4] + head[8:] == b"RIFFWEBP" else None
+            if kind is None or kind not in formats:
+                what = f"a {kind} image, not" if kind else f"neither JPEG nor PNG nor WebP (first bytes {head[:8].hex(' ')}):"
+                raise ValueError(f"decode(device='mixed'): sample {i} ({key}) is {what} one of the formats the pipeline "
+                                 f"decodes: {', '.join(formats)} (decode \"formats\")")
+            try:
+                images.append(to_device(decode_image(data, mode=ImageReadMode.RGB), self.device))
+            except RuntimeError as e:
+                raise not_decodable(i, key, e) from e
+        return self._by_size(images, ids, epoch, seed)
+
+    def _by_size(self, images: List[Any], ids: List[int], epoch: int, seed: int) -> Tuple[List[Group], List[Box]]:
+        """Whole decoded images (CHW) in one stack per size, with their windows, and their boxes."""
+        import torch
+
         boxes = self.boxes([(int(im.shape[1]), int(im.shape[2])) for im in images], ids, epoch, seed)
         by_size: Dict[Tuple[int, int], List[int]] = {}
         for j, im in enumerate(images):

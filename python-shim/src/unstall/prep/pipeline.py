@@ -41,8 +41,9 @@ def decode(
     naming the sample) or ``"skip"`` (the sample is left out of its batch and counted).
 
     ``device``: ``"cpu"`` (default: the sidecar decodes and runs every op) or ``"mixed"``, DALI's name: the
-    sidecar serves the stored JPEG bytes and ``PrepLoader(device=...)`` decodes them on its device (nvJPEG on CUDA,
-    through ``backend``), each sample's crop and flip drawn exactly as the sidecar would (``unstall.prep.draws``);
+    sidecar serves the stored bytes and ``PrepLoader(device=...)`` decodes JPEGs on its device (nvJPEG on CUDA,
+    through ``backend``; the other ``formats`` on the host), each sample's crop and flip drawn exactly as the
+    sidecar would (``unstall.prep.draws``);
     ``cpu_load`` (with ``"mixed"``): the share of each batch the sidecar's CPUs prepare all the same (0, the
     default: none), or ``"auto"``: tuned online, the sidecar taking as much as it keeps up with while the
     device decodes the rest. ``backend`` (with ``"mixed"``): the device's decoder: ``"nvimgcodec"`` (NVIDIA
