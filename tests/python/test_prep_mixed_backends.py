@@ -175,6 +175,54 @@ def test_pngs_are_decoded_on_the_host_beside_the_device_jpegs(mixed_env: tuple[P
     _compare(cpu, mixed)
 
 
+def test_image_headers_are_read_as_pil_reads_the_sizes() -> None:
+    """JPEG (a frame header after an EXIF segment too), PNG, lossy and lossless WebP: the size from the header
+    alone; a cut header gives sizes 0, something else no format."""
+    from PIL import Image
+
+    from unstall.prep.mixed_parts import image_header
+
+    px = np.zeros((37, 91, 3), dtype=np.uint8)
+    cases = []
+    for fmt, kw in (("JPEG", {}), ("JPEG", {"exif": Image.Exif()}), ("PNG", {}), ("WEBP", {}),
+                    ("WEBP", {"lossless": True})):
+        buf = io.BytesIO()
+        image = Image.fromarray(px)
+        if "exif" in kw:
+            kw["exif"][0x010F] = "x" * 3000  # a large APP1 before the frame header
+        image.save(buf, fmt, **kw)
+        cases.append(buf.getvalue())
+    for data, kind in zip(cases, ("jpeg", "jpeg", "png", "webp", "webp")):
+        assert image_header(data) == (kind, 91, 37)
+    assert image_header(cases[0][:8]) == ("jpeg", 0, 0) and image_header(b"BM not an image") == (None, 0, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_decode_caps_refuse_a_bomb_before_any_decoder_allocates(backend: str) -> None:
+    """As the sidecar's hardened decode: a JPEG whose header declares more than ``max_pixels`` pixels, or an image
+    wider than ``max_aspect_ratio`` times its height, fails its batch with an error naming the sample and the cap."""
+    import torch
+    from PIL import Image
+
+    from unstall.prep.mixed_parts import image_header
+
+    small, wide = io.BytesIO(), io.BytesIO()
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(small, "JPEG")
+    Image.fromarray(np.zeros((2, 300, 3), dtype=np.uint8)).save(wide, "PNG")
+    bomb = bytearray(small.getvalue())
+    sof = next(i for i in range(2, len(bomb) - 1) if bomb[i] == 0xFF and bomb[i + 1] == 0xC0)
+    bomb[sof + 5:sof + 9] = (20000).to_bytes(2, "big") * 2  # 20000x20000 declared, 400 MP
+    assert image_header(bytes(bomb)) == ("jpeg", 20000, 20000)
+    m = _mixed(backend)
+    ok = torch.frombuffer(bytearray(small.getvalue()), dtype=torch.uint8)
+    for key, data, why in (("bomb.jpg", bomb, "decompression bomb\\? the jpeg header declares 20000x20000 pixels "
+                                               "\\(400000000\\), above the cap of 89478485 \\(decode max_pixels\\)"),
+                           ("wide.png", wide.getvalue(), "the png header declares 300x2 pixels, an aspect ratio of "
+                                                         "150.0, above the cap of 100 \\(decode max_aspect_ratio\\)")):
+        with pytest.raises(ValueError, match=rf"sample 11 \({key}\): {why}"):
+            m([ok, torch.frombuffer(bytearray(data), dtype=torch.uint8)], [10, 11], 0, 7, ["ok.jpg", key])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_sample_that_does_not_decode_is_named(tmp_path: Path, backend: str) -> None:
     import torch

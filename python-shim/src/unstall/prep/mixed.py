@@ -17,13 +17,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .draws import Box, sample_box, sample_rng
-from .mixed_parts import Group, not_decodable, to_device
+from .mixed_parts import Group, image_header, not_decodable, to_device
 from .pipeline import check_decode_backend
 
 __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 
 MIXED = "mixed"
-_JPEG_MAGIC = b"\xff\xd8\xff"
+_MAX_PIXELS = 89_478_485  # the sidecar's --max-decode-pixels and --max-decode-aspect-ratio defaults (PIL's cap)
+_MAX_ASPECT_RATIO = 100.0
 
 
 def decode_device(spec: Any) -> str:
@@ -162,7 +163,7 @@ class MixedDecode:
         """The encoded samples' decoded pixels, in stacks to resample, and their boxes: JPEGs on the device, the
         other formats the pipeline decodes (PNG; WebP when its ``formats`` name it) on the host, as DALI's mixed
         decoder does with what nvJPEG does not decode."""
-        host = [j for j, p in enumerate(payloads) if bytes(p[:3].tolist()) != _JPEG_MAGIC]
+        host = [j for j, p in enumerate(payloads) if self._check(p, ids[j], keys[j]) != "jpeg"]
         if not host:
             return self._device_decode(payloads, ids, keys, epoch, seed)
         on_host = set(host)
@@ -190,19 +191,34 @@ class MixedDecode:
             images = [self._decode_one(p, i, k) for p, i, k in zip(payloads, ids, keys)]  # names the one that fails
         return self._by_size(images, ids, epoch, seed)
 
+    def _check(self, data: Any, sample_id: int, key: str) -> Optional[str]:
+        """A sample's format, once its header passed the pipeline's rules as the sidecar's ``ImagePrep.check``
+        applies them (``formats``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's defaults): a
+        decompression bomb is refused before any decoder allocates for it."""
+        op = self.ops[0]
+        formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
+        kind, w, h = image_header(data.numpy())
+        where = f"decode(device='mixed'): sample {sample_id} ({key})"
+        if kind is None or kind not in formats:
+            what = (f"is a {kind} image, not" if kind else
+                    f"is neither JPEG nor PNG nor WebP (first bytes {bytes(data[:8].tolist()).hex(' ')}):")
+            raise ValueError(f"{where} {what} one of the formats the pipeline decodes: {', '.join(formats)} "
+                             "(decode \"formats\")")
+        cap, ratio = int(op.get("max_pixels", _MAX_PIXELS)), float(op.get("max_aspect_ratio", _MAX_ASPECT_RATIO))
+        if w * h > cap:
+            raise ValueError(f"{where}: decompression bomb? the {kind} header declares {w}x{h} pixels ({w * h}), above "
+                             f"the cap of {cap} (decode max_pixels)")
+        if min(w, h) > 0 and max(w, h) / min(w, h) > ratio:
+            raise ValueError(f"{where}: the {kind} header declares {w}x{h} pixels, an aspect ratio of "
+                             f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} (decode max_aspect_ratio)")
+        return kind
+
     def _host_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
                      ) -> Tuple[List[Group], List[Box]]:
         from torchvision.io import ImageReadMode, decode_image
 
-        formats = [str(f) for f in self.ops[0].get("formats", ("jpeg", "png"))]
         images = []
         for data, i, key in zip(payloads, ids, keys):
-            head = bytes(data[:12].tolist())
-            kind = "png" if head[:8] == b"\x89PNG\r\n\x1a\n" else "webp" if head[:4] + head[8:] == b"RIFFWEBP" else None
-            if kind is None or kind not in formats:
-                what = f"a {kind} image, not" if kind else f"neither JPEG nor PNG nor WebP (first bytes {head[:8].hex(' ')}):"
-                raise ValueError(f"decode(device='mixed'): sample {i} ({key}) is {what} one of the formats the pipeline "
-                                 f"decodes: {', '.join(formats)} (decode \"formats\")")
             try:
                 images.append(to_device(decode_image(data, mode=ImageReadMode.RGB), self.device))
             except RuntimeError as e:

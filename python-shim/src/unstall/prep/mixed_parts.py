@@ -4,13 +4,51 @@ of small host tensors onto the device. No torch import at module level."""
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+import struct
+from typing import Any, List, Optional, Tuple
 
-__all__ = ["Group", "not_decodable", "to_device"]
+__all__ = ["Group", "image_header", "not_decodable", "to_device"]
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # frame headers: size
 
 # Decoded images of a batch resampled in one call: an NCHW stack, each sample's window (x0, y0, x1, y1) in its image
 # of the stack (the k-th window in the k-th image), and the samples' positions among the batch's encoded ones.
 Group = Tuple[Any, List[Tuple[float, float, float, float]], List[int]]
+
+
+def image_header(data: Any) -> Tuple[Optional[str], int, int]:
+    """``(format, width, height)`` of an encoded image from its header alone (``data``: bytes-like), as the
+    sidecar's ``ImageHeader`` reads it: ``"jpeg"`` (its frame header), ``"png"`` (IHDR) or ``"webp"`` (VP8, VP8L,
+    VP8X); format None when it is none of them; sizes 0 when the header is cut short."""
+    b = memoryview(data).cast("B")
+    n = len(b)
+    if n >= 3 and b[0] == 0xFF and b[1] == 0xD8 and b[2] == 0xFF:
+        at = 2
+        while at + 9 <= n and b[at] == 0xFF:
+            marker = b[at + 1]
+            if marker in _SOF:
+                height, width = struct.unpack_from(">HH", b, at + 5)
+                return "jpeg", width, height
+            if marker == 0xFF:  # fill byte
+                at += 1
+                continue
+            at += 2 + struct.unpack_from(">H", b, at + 2)[0]
+        return "jpeg", 0, 0
+    if n >= 24 and bytes(b[:8]) == b"\x89PNG\r\n\x1a\n":
+        width, height = struct.unpack_from(">II", b, 16)
+        return "png", width, height
+    if n >= 12 and bytes(b[:4]) == b"RIFF" and bytes(b[8:12]) == b"WEBP":
+        chunk = bytes(b[12:16]) if n >= 16 else b""
+        if chunk == b"VP8 " and n >= 30:
+            width, height = struct.unpack_from("<HH", b, 26)
+            return "webp", width & 0x3FFF, height & 0x3FFF
+        if chunk == b"VP8L" and n >= 25:
+            bits = struct.unpack_from("<I", b, 21)[0]
+            return "webp", (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        if chunk == b"VP8X" and n >= 30:
+            return "webp", int.from_bytes(b[24:27], "little") + 1, int.from_bytes(b[27:30], "little") + 1
+        return "webp", 0, 0
+    return None, 0, 0
 
 
 def not_decodable(sample_id: int, key: str, why: Any) -> ValueError:
