@@ -72,6 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     from unstall import prep
     from unstall.prep.mixed import MixedDecode, payload_tensors
+    from unstall.prep.mixed_parts import image_header
 
     dev = torch.device(args.device)
     data = dataset_dir(args)
@@ -112,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for p, ids in batches:
         images, rois, boxes = roi.windows(p, ids, keys, lambda sizes, ids=ids: mixed.boxes(sizes, ids, 0, 7))
         windows.append((images, rois))
-        for b, im, (h, w) in zip(boxes, images, [jpeg_size(x) for x in p]):
+        for b, im, (_, w, h) in zip(boxes, images, [image_header(x.numpy()) for x in p]):
             area.append(b.h * b.w / (h * w))
             region.append(int(im.shape[0]) * int(im.shape[1]) / (h * w))
 
@@ -153,16 +154,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args.json.write_text(json.dumps({"header": head, "rows": rows, "ratio": ratio,
                                          "window_area": statistics.mean(area), "region_area": statistics.mean(region),
                                          "resample_s": resample}, indent=1) + "\n")
-
-
-def jpeg_size(payload: Any) -> tuple[int, int]:
-    """A JPEG's ``(height, width)`` from its header (PIL reads the header only)."""
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(payload.numpy().tobytes())) as im:
-        return im.height, im.width
 
 
 if __name__ == "__main__":

@@ -163,14 +163,11 @@ class MixedDecode:
         """The encoded samples' decoded pixels, in stacks to resample, and their boxes: JPEGs on the device, the
         other formats the pipeline decodes (PNG; WebP when its ``formats`` name it) on the host, as DALI's mixed
         decoder does with what nvJPEG does not decode."""
-        host = [j for j, p in enumerate(payloads) if self._check(p, ids[j], keys[j]) != "jpeg"]
-        if not host:
-            return self._device_decode(payloads, ids, keys, epoch, seed)
-        on_host = set(host)
+        jpeg = [self._check(p, i, k) == "jpeg" for p, i, k in zip(payloads, ids, keys)]
         groups: List[Group] = []
         boxes: List[Any] = [None] * len(payloads)
-        for part, decode in (([j for j in range(len(payloads)) if j not in on_host], self._device_decode),
-                             (host, self._host_decode)):
+        for part, decode in (([j for j, is_jpeg in enumerate(jpeg) if is_jpeg], self._device_decode),
+                             ([j for j, is_jpeg in enumerate(jpeg) if not is_jpeg], self._host_decode)):
             if part:
                 part_groups, part_boxes = decode([payloads[j] for j in part], [ids[j] for j in part],
                                                  [keys[j] for j in part], epoch, seed)
