@@ -22,7 +22,6 @@ __all__ = [
     "SHM_CALLS",
     "PREP_CPU_NS",
     "WorkCounters",
-    "payload_bytes",
     "record_fetch",
     "record_prep",
     "bind_sidecar",
@@ -90,18 +89,6 @@ def _my_row(dataset: Any) -> Optional[np.ndarray]:
     info = get_worker_info()
     r = 0 if info is None else info.id + 1
     return counters.table[r] if r < counters.rows else None
-
-
-def payload_bytes(batch: Any) -> int:
-    """The sample bytes of a fetched batch (a ``SampleBatch``, or an Arrow batch's payload column), as
-    the sidecar counts them."""
-    nbytes = getattr(batch, "nbytes", None)
-    if not hasattr(batch, "column") and isinstance(nbytes, int):
-        return nbytes
-    import pyarrow.compute as pc
-
-    col = batch.column("payload")
-    return int(pc.sum(pc.binary_length(col)).as_py() or 0) if len(col) else 0
 
 
 def record_fetch(dataset: Any, samples: int, nbytes: int, ns: int, transport: str = "flight") -> None:
