@@ -32,8 +32,8 @@ same run; nothing is asserted.
 
     python benchmarks/bench_gpu.py [--model resnet18|resnet50] [--batch 256] [--steps 100] [--warmup 20]
         [--workers N] [--jobs 4] [--images 9600] [--size 500x375] [--data DIR] [--device cuda|cpu]
-        [--jpeg q75|q93|prog] [--rows ROW,...] [--sidecar-cpus N] [--decode-backend auto|nvimgcodec|torchvision]
-        [--json PATH] [--toy]
+        [--jpeg q75|q93|prog] [--rows ROW,...] [--sidecar-cpus N] [--trainer-cpus N] [--decode-backend auto|nvimgcodec|torchvision]
+        [--hw-decoder-load F] [--json PATH] [--toy]
 
 ``--toy`` makes everything tiny (48 images of 64x48, batch 8, 2 steps, 64-pixel crops, 2 jobs) so that it runs
 end to end on a CPU in seconds of work; tests/python/test_bench_gpu.py runs it so. The data: ``--data DIR`` (an
@@ -232,10 +232,10 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
 
 def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, mixed: bool = False,
                 cpu_load: Any = None, device_share: bool = True, backend: str = "auto", roi: Optional[bool] = None,
-                **where: Any) -> Tuple[Any, Batches]:
+                hw_decoder_load: Optional[float] = None, **where: Any) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
     loader puts on the device, normalized there from the sidecar's uint8, or (``mixed``) decoded there from the
-    stored JPEG bytes (``decode(device="mixed", cpu_load=cpu_load, backend=backend, roi=roi)``; ``device_share``: the group's
+    stored JPEG bytes (``decode(device="mixed", cpu_load=, backend=, roi=, hw_decoder_load=)``; ``device_share``: the group's
     members on the device decode each batch once between them). ``where``: ``sidecar=`` or ``client=``."""
     import torch
     from unstall import prep
@@ -243,8 +243,10 @@ def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool
     if device:
         pipe = prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC", decode_device="mixed" if mixed else None,
                                    decode_backend=backend if mixed else None)
-        if cpu_load is not None or roi is not None:
-            pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load, backend=backend, roi=roi),
+        if mixed and (cpu_load is not None or roi is not None or hw_decoder_load is not None):
+            hw = hw_decoder_load if backend != "torchvision" else None
+            pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load, backend=backend, roi=roi,
+                                              hw_decoder_load=hw),
                                   *pipe.ops[1:]), layout="NHWC", dtype="bfloat16")
         loader = prep.PrepLoader(DATASET, pipe, batch_size=batch, seed=seed, group_size=k, drop_last=True,
                                  device=str(dev), device_prefetch=2, memory_format=torch.channels_last,
@@ -267,6 +269,17 @@ def sidecar_java(args: argparse.Namespace, home: Path) -> Optional[str]:
     wrapper.write_text(f'#!/bin/sh\nexec taskset -c 0-{args.sidecar_cpus - 1} "{find_java()}" "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
+
+
+def pin_trainer(args: argparse.Namespace) -> None:
+    """With ``--trainer-cpus N``: this process, and the jobs it starts, on the N cores after the sidecar's."""
+    if not args.trainer_cpus:
+        return
+    first = args.sidecar_cpus or 0
+    if args.trainer_cpus < 1 or first + args.trainer_cpus > (os.cpu_count() or 1):
+        raise SystemExit(f"--trainer-cpus {args.trainer_cpus} after the sidecar's {first}: this machine has "
+                         f"{os.cpu_count()} cores")
+    os.sched_setaffinity(0, range(first, first + args.trainer_cpus))
 
 
 def handed_out(loader: Any) -> Optional[Tuple[int, float]]:
@@ -368,6 +381,7 @@ def job(args: argparse.Namespace) -> None:
         mixed = args.job in ("mixed", "mixed_solo")
         loader, batches = prep_loader(args.crop, args.batch, 0, args.k, dev, True, mixed,
                                       device_share=args.job != "mixed_solo", backend=args.decode_backend,
+                                      hw_decoder_load=args.hw_decoder_load,
                                       client=client)
     run_steps(batches, step, args.warmup)  # the group forms here: its first batch waits for all k members
     sync(dev)
@@ -394,6 +408,8 @@ def hp_search(name: str, kind: str, args: argparse.Namespace, data: Path, sideca
     keep = ["--model", "--batch", "--steps", "--warmup", "--crop", "--workers", "--device", "--decode-backend"]
     extra = [a for opt in keep for a in (opt, str(getattr(args, opt[2:].replace("-", "_"))))]
     extra += ["--k", str(args.jobs), "--location", sidecar.flight_location]
+    if args.hw_decoder_load is not None:
+        extra += ["--hw-decoder-load", str(args.hw_decoder_load)]
     path = os.pathsep.join(filter(None, [str(REPO / "python-shim" / "src"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, UNSTALL_TOKEN=sidecar.token, PYTHONPATH=path)  # the bundle's site (gpu_node.sh) too
     meter = CpuMeter([os.getpid(), sidecar.pid])
@@ -497,7 +513,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
                     help="the device's decoder in the decode(device='mixed') rows (default auto: nvImageCodec where "
                          "it imports, else torchvision)")
+    ap.add_argument("--hw-decoder-load", type=float, help="decode(hw_decoder_load=) of the nvImageCodec rows: the share "
+                    "of each batch's JPEGs for the GPU's hardware JPEG engine (default: nvImageCodec's choice)")
+    ap.add_argument("--trainer-cpus", type=int, help="run this process (the trainer, its decoder's threads, the HP "
+                    "search's jobs) on N cores of its own, after the sidecar's (--sidecar-cpus)")
     args = parse_job_args(ap, argv, HP_KINDS, TOY, FULL, ("batch", "steps", "crop", "workers", "jobs", "images"))
+    if args.hw_decoder_load is not None and not 0 <= args.hw_decoder_load <= 1:
+        ap.error(f"--hw-decoder-load must be in [0, 1], got {args.hw_decoder_load}")
     if args.warmup < 0:
         ap.error(f"--warmup must be at least 0, got {args.warmup}")
     return args
@@ -544,6 +566,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         job(args)
         return
 
+    pin_trainer(args)
     import torch
     import unstall
 
@@ -565,18 +588,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
          lambda: prep_loader(args.crop, args.batch, 4, 1, dev, True, sidecar=sidecar)),
         ("prep_mixed", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed')",
          lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, backend=args.decode_backend,
-                             sidecar=sidecar)),
+                             hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
         ("prep_mixed_tv", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "backend='torchvision'): whole images decoded",
          lambda: prep_loader(args.crop, args.batch, 7, 1, dev, True, True, backend="torchvision", sidecar=sidecar)),
         ("prep_mixed_whole", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "roi=False): whole images decoded by the chosen backend",
          lambda: prep_loader(args.crop, args.batch, 8, 1, dev, True, True, backend=args.decode_backend, roi=False,
-                             sidecar=sidecar)),
+                             hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
         ("prep_hybrid", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "cpu_load='auto')",
          lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", backend=args.decode_backend,
-                             sidecar=sidecar)),
+                             hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
     ]
     chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | set(HP_ROWS)
     unknown = chosen - {key for key, _, _ in loaders} - set(HP_ROWS)
@@ -659,8 +682,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        f"batch {args.batch}, {args.model}, crop {args.crop}, bf16 autocast, channels_last, SGD; "
                        f"{args.warmup} warm-up + {args.steps} measured steps per row on {dev}"
                        + (f"; the sidecar on {args.sidecar_cpus} of {os.cpu_count()} cores (taskset)"
-                          if args.sidecar_cpus else ""),
-                       f"- decode(device='mixed') rows: backend {args.decode_backend!r}, {runs}"]
+                          if args.sidecar_cpus else "")
+                       + (f"; the trainer on {args.trainer_cpus} cores of its own" if args.trainer_cpus else ""),
+                       f"- decode(device='mixed') rows: backend {args.decode_backend!r}, {runs}"
+                       + (f", hw_decoder_load {args.hw_decoder_load}" if args.hw_decoder_load is not None else "")]
     lines = [f"# unstall GPU benchmark ({args.model})", "", *head, "", *table(rows)]
     print("\n".join(lines), flush=True)
     if args.json is not None:

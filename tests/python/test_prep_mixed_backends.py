@@ -150,6 +150,34 @@ def test_nvimgcodec_serves_the_cpu_paths_samples_as_torchvision_does(mixed_env: 
         [[(i, label) for i, _, label in ep] for ep in got["torchvision"]]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    "cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG's hardware engine and CUDA decoder)"))])
+@NEEDS_NVIMGCODEC
+def test_hw_decoder_load_splits_the_jpegs_and_keeps_the_cpu_paths_samples(mixed_env: tuple[PrepEnv, list[Path]],
+                                                                          device: str) -> None:
+    """``hw_decoder_load=0.5`` (DALI's option): on CUDA half of each batch's JPEGs to the hardware engine where the
+    GPU has one, the rest to CUDA kernels; every sample still within the pixel bound of the CPU path, in its
+    order. On the CPU the one CPU decoder takes every JPEG."""
+    e, _ = mixed_env
+    cpu = _epochs(e, prep.imagenet_train(48, dtype="uint8", layout="NHWC"))
+    pipe = prep.Pipeline((prep.decode(device="mixed", backend="nvimgcodec", hw_decoder_load=0.5),
+                          prep.random_resized_crop(48), prep.hflip()), layout="NHWC", dtype="uint8")
+    _compare(cpu, _epochs(e, pipe, device))
+
+
+def test_hw_decoder_load_is_checked_and_named() -> None:
+    assert prep.decode(device="mixed", hw_decoder_load=1) == {"op": "decode", "device": "mixed",
+                                                              "hw_decoder_load": 1.0}
+    for bad, on in ((1.5, "mixed"), (-0.1, "mixed"), (True, "mixed"), ("0.5", "mixed"), (0.5, None)):
+        with pytest.raises(ValueError, match=rf"hw_decoder_load \(a number in \[0, 1\]\).*got "
+                                             rf"hw_decoder_load={bad!r} for a decode on '{on or 'cpu'}'"):
+            prep.decode(device=on, hw_decoder_load=bad)  # type: ignore[arg-type]
+    ops = [dict(o) for o in TRAIN.ops]
+    ops[0].update(backend="torchvision", hw_decoder_load=0.5)
+    with pytest.raises(ValueError, match="hw_decoder_load applies to nvImageCodec's decoder only"):
+        MixedDecode(ops, "uint8", "NHWC", "cpu")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pngs_are_decoded_on_the_host_beside_the_device_jpegs(mixed_env: tuple[PrepEnv, list[Path]],
                                                               backend: str) -> None:
@@ -299,13 +327,14 @@ def test_a_decoder_that_does_not_start_is_torchvisions_turn_under_auto_and_an_er
 @NEEDS_NVIMGCODEC
 def test_auto_is_resolved_before_the_share_scope_and_kept_from_the_sidecar() -> None:
     """Members whose backends differ never hand each other a batch: the resolved backend is in the ops the scope
-    digests. A hybrid group's sidecar gets the decode op without it (the sidecar's parser knows no such field)."""
+    digests. A hybrid group's sidecar gets the decode op without it and the other device-only keys (the sidecar's
+    parser knows no such fields)."""
     auto, tv = _mixed("auto"), _mixed("torchvision")
     assert auto.backend == auto.ops[0]["backend"] == "nvimgcodec" and tv.ops[0]["backend"] == "torchvision"
     assert share_scope("group", 7, auto.ops) == share_scope("group", 7, _mixed("nvimgcodec").ops)
     assert share_scope("group", 7, auto.ops) != share_scope("group", 7, tv.ops)
     hybrid = [dict(o) for o in TRAIN.ops]
-    hybrid[0].update(cpu_load=0.5, backend="nvimgcodec")
+    hybrid[0].update(cpu_load=0.5, backend="nvimgcodec", roi=False, hw_decoder_load=0.5)
     sidecar = MixedDecode(hybrid, "uint8", "NHWC", "cpu").sidecar_pipeline()
     assert sidecar is not None and sidecar["ops"][0] == {"op": "decode"}
 

@@ -25,6 +25,7 @@ __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_
 MIXED = "mixed"
 _MAX_PIXELS = 89_478_485  # the sidecar's --max-decode-pixels and --max-decode-aspect-ratio defaults (PIL's cap)
 _MAX_ASPECT_RATIO = 100.0
+_DEVICE_ONLY = ("device", "cpu_load", "backend", "roi", "hw_decoder_load")  # decode keys the sidecar never sees
 
 
 def decode_device(spec: Any) -> str:
@@ -98,6 +99,9 @@ class MixedDecode:
                 warnings.warn(f"unstall: decode(device='mixed', backend='auto'): nvImageCodec's decoder does not start "
                               f"on {self.device} ({e}); torchvision's decodes instead", RuntimeWarning, stacklevel=2)
                 self.backend = "torchvision"
+        if self.backend == "torchvision" and asked == "torchvision" and "hw_decoder_load" in first:
+            raise ValueError("decode(device='mixed', backend='torchvision'): hw_decoder_load applies to nvImageCodec's "
+                             "decoder only (torchvision's batched decode_jpeg picks the hardware engine itself)")
         first["backend"] = self.backend  # what runs: part of the decode-share scope
         norm = next((o for o in self.ops if o.get("op") == "normalize"), None)
         self._norm: Optional[Tuple[Any, Any]] = None
@@ -111,7 +115,7 @@ class MixedDecode:
         normalizes), or None when the device decodes every sample (a raw group)."""
         if self.cpu_load == 0:
             return None
-        decode = {k: v for k, v in self.ops[0].items() if k not in ("device", "cpu_load", "backend", "roi")}
+        decode = {k: v for k, v in self.ops[0].items() if k not in _DEVICE_ONLY}
         rest = [o for o in self.ops[1:] if o.get("op") != "normalize"]
         return {"ops": [decode, *rest], "dtype": "uint8", "layout": "NHWC"}
 

@@ -10,12 +10,13 @@ Loaded only by ``MixedDecode`` when the backend is nvImageCodec: ``import unstal
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, List, Mapping, Sequence, Tuple
+import os
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from .draws import Box
 from .mixed_parts import Group, not_decodable, to_device
 
-__all__ = ["import_nvimgcodec", "RoiDecode"]
+__all__ = ["import_nvimgcodec", "cuda_backends", "RoiDecode"]
 
 
 def import_nvimgcodec() -> Any:
@@ -27,6 +28,17 @@ def import_nvimgcodec() -> Any:
                           "nvidia-nvimgcodec-cu13 nvidia-nvjpeg (CUDA 12: nvidia-nvimgcodec-cu12 nvidia-nvjpeg-cu12; "
                           f"or pip install 'unstall[nvimgcodec]'): {e}") from e
     return nvimgcodec
+
+
+def cuda_backends(nv: Any, hw_decoder_load: Optional[float]) -> Optional[List[Any]]:
+    """The decoder's backends on CUDA: nvImageCodec's defaults (None), or with ``hw_decoder_load`` as DALI builds
+    them: the hardware engine takes that share of a batch, CUDA kernels (GPU Huffman, then host Huffman) the rest,
+    the CPU what no GPU backend decodes."""
+    if hw_decoder_load is None:
+        return None
+    return [nv.Backend(nv.BackendKind.HW_GPU_ONLY, load_hint=float(hw_decoder_load)),
+            nv.Backend(nv.BackendKind.GPU_ONLY), nv.Backend(nv.BackendKind.HYBRID_CPU_GPU),
+            nv.Backend(nv.BackendKind.CPU_ONLY)]
 
 
 class RoiDecode:
@@ -41,11 +53,20 @@ class RoiDecode:
         nv = import_nvimgcodec()
         self._nv = nv
         self.device = device
+        # Its host threads (Huffman decode of small JPEGs on CUDA, all of it on the CPU): one fewer than the cores
+        # this process may run on (nvImageCodec keeps one for the caller), not the machine's: a trainer pinned
+        # beside a pinned sidecar stays on its cores.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = max(1, cores - 1)
+        # Chroma upsampled as libjpeg-turbo does by default, as the sidecar and torchvision decode on the CPU.
+        options = ":fancy_upsampling=1"
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-            self._decoder = nv.Decoder(device_id=index)
+            self._decoder = nv.Decoder(device_id=index, max_num_cpu_threads=threads,
+                                       backends=cuda_backends(nv, ops[0].get("hw_decoder_load")), options=options)
         else:
-            self._decoder = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[nv.Backend(nv.CPU_ONLY)])
+            self._decoder = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=threads,
+                                       backends=[nv.Backend(nv.CPU_ONLY)], options=options)
         # RGB whatever the JPEG holds (grayscale, CMYK), no EXIF rotation: as the sidecar and torchvision decode
         self._params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB,
                                        sample_format=nv.SampleFormat.I_RGB)

@@ -26,6 +26,7 @@ def decode(
     cpu_load: Union[float, str, None] = None,
     backend: Optional[str] = None,
     roi: Optional[bool] = None,
+    hw_decoder_load: Optional[float] = None,
     formats: Optional[Sequence[str]] = None,
     max_pixels: Optional[int] = None,
     max_aspect_ratio: Optional[float] = None,
@@ -51,7 +52,9 @@ def decode(
     whole images) or ``"auto"`` (the default: nvImageCodec where it imports, else torchvision); ``roi`` (with
     ``"mixed"``, nvImageCodec's): ``True`` (the default) decodes only each sample's window, ``False`` whole images
     (as DALI's ``decoders.image`` against ``decoders.image_random_crop``: where a GPU's hardware decoder outruns
-    its region decode). docs/PREP.md, "Decoding on the GPU".
+    its region decode); ``hw_decoder_load`` (with ``"mixed"``, nvImageCodec's; DALI's name): the share of each
+    batch's JPEGs given to the GPU's hardware JPEG engine (A100, H100 and later), the rest decoded by CUDA kernels;
+    unset, nvImageCodec's default (the engine takes every JPEG it supports). docs/PREP.md, "Decoding on the GPU".
     """
     op: dict[str, Any] = {"op": "decode"}
     if device is not None:
@@ -77,6 +80,13 @@ def decode(
             raise ValueError(f"roi (True or False) picks whether a decode(device='mixed') decodes only each window; "
                              f"got roi={roi!r} for a decode on {device or 'cpu'!r}")
         op["roi"] = roi
+    if hw_decoder_load is not None:
+        if device != "mixed" or isinstance(hw_decoder_load, bool) or not isinstance(hw_decoder_load, (int, float)) \
+                or not 0 <= hw_decoder_load <= 1:
+            raise ValueError(f"hw_decoder_load (a number in [0, 1]) is the share of a decode(device='mixed')'s JPEGs "
+                             f"given to the GPU's hardware decoder; got hw_decoder_load={hw_decoder_load!r} for a "
+                             f"decode on {device or 'cpu'!r}")
+        op["hw_decoder_load"] = float(hw_decoder_load)
     if formats is not None:
         op["formats"] = [str(f) for f in formats]
     if max_pixels is not None:
