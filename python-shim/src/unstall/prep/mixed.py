@@ -204,7 +204,7 @@ class MixedDecode:
     def _check(self, data: Any, sample_id: int, key: str) -> Optional[str]:
         """A sample's format, once its header passed the pipeline's rules as the sidecar's ``ImagePrep.check``
         applies them (``formats``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its
-        words: a decompression bomb is refused before any decoder allocates for it."""
+        messages: a decompression bomb is refused before any decoder allocates for it."""
         op = self.ops[0]
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
         kind, w, h = image_header(data.numpy())
