@@ -162,6 +162,49 @@ def test_hybrid_the_sidecar_prepares_its_share_of_each_batch_and_the_device_the_
     assert groups[-1]["hybrid"]["samples_prepared"] >= len(paths) and groups[-1]["hybrid"]["samples_encoded"] > 0
 
 
+CAP = 10_000  # the sidecar's --max-decode-pixels in the test below, far under its default
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
+    """A sidecar started with ``--max-decode-pixels CAP`` serving two datasets of a 40x40 JPEG and a 150x100 one
+    (above the cap, under the default): ``big-second`` (ids 0, 1) and ``big-first`` (the big one is id 0)."""
+    from PIL import Image
+
+    tmp = tmp_path_factory.mktemp("prep-mixed-caps")
+    for e in start_env(tmp, extra_args=["--max-decode-pixels", str(CAP)]):
+        rng = np.random.default_rng(5)
+        for name, big in (("big-second", ("b.jpg",)), ("big-first", ("a.jpg",))):
+            for f in ("a.jpg", "b.jpg"):
+                (h, w) = (100, 150) if f in big else (40, 40)
+                (tmp / name / "c0").mkdir(parents=True, exist_ok=True)
+                Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(tmp / name / "c0" / f, "JPEG")
+            e.sidecar.register_dataset(name, tmp / name)
+        yield e
+
+
+@pytest.mark.parametrize("cpu_load", [0, 0.5])
+def test_the_device_refuses_what_the_sidecar_is_configured_to_refuse(capped: PrepEnv, cpu_load: float) -> None:
+    """The sidecar's ``--max-decode-pixels`` (its join answer's ``decode_limits``) caps the device's decode as it
+    caps the sidecar's: an image above it and under the default fails its batch with an error naming the sample
+    and the cap, on the device rows and, hybrid (``cpu_load=0.5``: of each batch of 2 the sidecar prepares the
+    first), on the sidecar's rows alike; never dropped, never fed."""
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
+    reason = rf"decompression bomb\? the jpeg header declares 150x100 pixels \(15000\), above the cap of {CAP} " \
+             r"\(--max-decode-pixels / decode max_pixels\)"
+    cases = [("big-second", rf"decode\(device='mixed'\): sample 1 \(c0/b\.jpg\): {reason}")]
+    if cpu_load:  # the sidecar's own refusal (it says JPEG), on the row its CPUs prepare
+        cases.append(("big-first", rf"dataset 'big-first' sample 0 \('c0/a\.jpg'\): {reason.replace('jpeg', 'JPEG')}"))
+    else:
+        cases.append(("big-first", rf"decode\(device='mixed'\): sample 0 \(c0/a\.jpg\): {reason}"))
+    for dataset, why in cases:
+        with capped.client() as client, prep.PrepLoader(dataset, pipe, batch_size=2, shuffle=False, epochs=1,
+                                                         device="cpu", client=client) as loader:
+            with pytest.raises(ValueError, match=why):
+                list(loader)
+
+
 def test_hybrid_auto_tunes_the_split_and_still_serves_every_sample_once(env: tuple[PrepEnv, list[Path]]) -> None:
     e, paths = env
     pipe = prep.imagenet_train(48, dtype="bfloat16", decode_device="mixed")

@@ -244,11 +244,44 @@ def test_the_decode_caps_refuse_a_bomb_before_any_decoder_allocates(backend: str
     m = _mixed(backend)
     ok = torch.frombuffer(bytearray(small.getvalue()), dtype=torch.uint8)
     for key, data, why in (("bomb.jpg", bomb, "decompression bomb\\? the jpeg header declares 20000x20000 pixels "
-                                               "\\(400000000\\), above the cap of 89478485 \\(decode max_pixels\\)"),
+                                               "\\(400000000\\), above the cap of 89478485 "
+                                               "\\(--max-decode-pixels / decode max_pixels\\)"),
                            ("wide.png", wide.getvalue(), "the png header declares 300x2 pixels, an aspect ratio of "
-                                                         "150.0, above the cap of 100 \\(decode max_aspect_ratio\\)")):
+                                                         "150.0, above the cap of 100 "
+                                                         "\\(--max-decode-aspect-ratio / decode max_aspect_ratio\\)")):
         with pytest.raises(ValueError, match=rf"sample 11 \({key}\): {why}"):
             m([ok, torch.frombuffer(bytearray(data), dtype=torch.uint8)], [10, 11], 0, 7, ["ok.jpg", key])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_sidecars_caps_apply_where_the_decode_op_sets_none(backend: str) -> None:
+    """The caps the sidecar's join answer carries (``decode_limits``: its ``--max-decode-pixels`` and
+    ``--max-decode-aspect-ratio``) refuse what the sidecar's CPU path refuses; the op's own caps take precedence, and
+    without the sidecar's (an older sidecar) its defaults apply."""
+    import torch
+    from PIL import Image
+
+    square, wide = io.BytesIO(), io.BytesIO()
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(square, "JPEG")
+    Image.fromarray(np.zeros((16, 30, 3), dtype=np.uint8)).save(wide, "PNG")
+    blobs = [torch.frombuffer(bytearray(b.getvalue()), dtype=torch.uint8) for b in (square, wide)]
+    m = _mixed(backend)
+    m.set_limits({"max_pixels": 200, "max_aspect_ratio": 2.0})
+    with pytest.raises(ValueError, match=r"sample 4 \(a\.jpg\): decompression bomb\? the jpeg header declares 16x16 "
+                                         r"pixels \(256\), above the cap of 200 \(--max-decode-pixels / decode max_pixels\)"):
+        m(blobs, [4, 5], 0, 7, ["a.jpg", "b.png"])
+    m.set_limits({"max_pixels": 1000, "max_aspect_ratio": 1.5})
+    with pytest.raises(ValueError, match=r"sample 5 \(b\.png\): the png header declares 30x16 pixels, an aspect ratio "
+                                         r"of 1\.9, above the cap of 1\.5 \(--max-decode-aspect-ratio / decode "
+                                         r"max_aspect_ratio\)"):
+        m(blobs, [4, 5], 0, 7, ["a.jpg", "b.png"])
+    m.set_limits(None)
+    assert tuple(m(blobs, [4, 5], 0, 7, ["a.jpg", "b.png"]).shape) == (2, 48, 48, 3)
+    ops = [dict(o) for o in TRAIN.ops]
+    ops[0].update(max_pixels=1000, max_aspect_ratio=2.0)
+    own = _mixed(backend, ops)
+    own.set_limits({"max_pixels": 200, "max_aspect_ratio": 1.5})
+    assert tuple(own(blobs, [4, 5], 0, 7, ["a.jpg", "b.png"]).shape) == (2, 48, 48, 3)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -99,7 +99,7 @@ def start_member(location: str, token: str, out: Path, *args: str, wrap: Sequenc
     return subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def start_env(tmp: Path, java_options: Sequence[str] = ()) -> Iterator[PrepEnv]:
+def start_env(tmp: Path, java_options: Sequence[str] = (), extra_args: Sequence[str] = ()) -> Iterator[PrepEnv]:
     import pytest
     import unstall
     from unstall.sidecar import find_jar
@@ -110,7 +110,7 @@ def start_env(tmp: Path, java_options: Sequence[str] = ()) -> Iterator[PrepEnv]:
         pytest.skip(f"sidecar jar not built: {e}")
     root = make_images(tmp / "imgs")
     sidecar = unstall.Sidecar(home=tmp / "home", jar=jar, cache_capacity="16MiB", memory_budget="1GiB",
-                              java_options=list(java_options), start=True)
+                              java_options=list(java_options), extra_args=list(extra_args), start=True)
     try:
         sidecar.register_dataset("imgs", root)
         yield PrepEnv(sidecar, root, tmp)

@@ -253,6 +253,7 @@ class PrepLoader(GroupLoader):
         p = batch.payloads
         mixed = self._mixed
         assert mixed is not None
+        mixed.set_limits(self.membership.info.get("decode_limits"))  # the sidecar's now (it may have restarted)
         ids, seed = p.ids.tolist(), int(self._join_kwargs.get("seed", 0))
 
         prepared = None if p.prepared is None else p.prepared.tolist()

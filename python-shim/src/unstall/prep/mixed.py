@@ -23,7 +23,9 @@ from .pipeline import check_decode_backend
 __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 
 MIXED = "mixed"
-_MAX_PIXELS = 89_478_485  # the sidecar's --max-decode-pixels and --max-decode-aspect-ratio defaults (PIL's cap)
+# the sidecar's --max-decode-pixels and --max-decode-aspect-ratio defaults (PIL's cap), for a sidecar whose join
+# answer has no "decode_limits"
+_MAX_PIXELS = 89_478_485
 _MAX_ASPECT_RATIO = 100.0
 _DEVICE_ONLY = ("device", "cpu_load", "backend", "roi", "hw_decoder_load")  # decode keys the sidecar never sees
 
@@ -65,7 +67,8 @@ class MixedDecode:
     ``normalize`` op, normalized); ``memory_format``: ``torch.channels_last`` or ``torch.contiguous_format`` (NCHW
     images), else the pipeline's ``layout``. ``__call__(payloads, ids, epoch, seed)`` (``payloads``: uint8 tensors
     in host memory, as :func:`payload_tensors` gives them; ``seed``: the group's) returns the images of one batch; a
-    sample whose bytes do not decode raises an error naming its id and key."""
+    sample whose bytes do not decode raises an error naming its id and key. The caps on a sample's declared size are
+    the decode op's, else the sidecar's (:meth:`set_limits`)."""
 
     def __init__(self, ops: Sequence[Mapping[str, Any]], dtype: str, layout: str, device: Any,
                  memory_format: Any = None) -> None:
@@ -86,6 +89,7 @@ class MixedDecode:
         self.dtype = dtype
         self.layout = layout
         self.memory_format = memory_format
+        self._limits: Tuple[int, float] = (_MAX_PIXELS, _MAX_ASPECT_RATIO)
         self._roi: Any = None
         if self.backend == "nvimgcodec":
             from .nvimgcodec_decode import RoiDecode
@@ -109,6 +113,15 @@ class MixedDecode:
             mean = torch.tensor(norm.get("mean", (0.485, 0.456, 0.406)), device=self.device).view(1, 3, 1, 1)
             std = torch.tensor(norm.get("std", (0.229, 0.224, 0.225)), device=self.device).view(1, 3, 1, 1)
             self._norm = (mean * 255, std * 255)
+
+    def set_limits(self, decode_limits: Optional[Mapping[str, Any]]) -> None:
+        """The sidecar's caps for a decode op that sets none (its ``prep.join`` answer's ``decode_limits``:
+        ``max_pixels``, ``max_aspect_ratio``, from ``--max-decode-pixels`` and ``--max-decode-aspect-ratio``), so
+        that the device refuses a sample exactly when the sidecar's CPUs do; None (an older sidecar): its
+        defaults."""
+        given = decode_limits or {}
+        self._limits = (int(given.get("max_pixels", _MAX_PIXELS)),
+                        float(given.get("max_aspect_ratio", _MAX_ASPECT_RATIO)))
 
     def sidecar_pipeline(self) -> Optional[dict[str, Any]]:
         """What a hybrid group's sidecar runs on its share of each batch (the same ops, uint8 NHWC: the device
@@ -194,8 +207,8 @@ class MixedDecode:
 
     def _check(self, data: Any, sample_id: int, key: str) -> Optional[str]:
         """A sample's format, once its header passed the pipeline's rules as the sidecar's ``ImagePrep.check``
-        applies them (``formats``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's defaults): a
-        decompression bomb is refused before any decoder allocates for it."""
+        applies them (``formats``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its
+        messages: a decompression bomb is refused before any decoder allocates for it."""
         op = self.ops[0]
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
         kind, w, h = image_header(data.numpy())
@@ -205,13 +218,14 @@ class MixedDecode:
                     f"is neither JPEG nor PNG nor WebP (first bytes {bytes(data[:8].tolist()).hex(' ')}):")
             raise ValueError(f"{where} {what} one of the formats the pipeline decodes: {', '.join(formats)} "
                              "(decode \"formats\")")
-        cap, ratio = int(op.get("max_pixels", _MAX_PIXELS)), float(op.get("max_aspect_ratio", _MAX_ASPECT_RATIO))
+        cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
         if w * h > cap:
             raise ValueError(f"{where}: decompression bomb? the {kind} header declares {w}x{h} pixels ({w * h}), above "
-                             f"the cap of {cap} (decode max_pixels)")
+                             f"the cap of {cap} (--max-decode-pixels / decode max_pixels)")
         if min(w, h) > 0 and max(w, h) / min(w, h) > ratio:
             raise ValueError(f"{where}: the {kind} header declares {w}x{h} pixels, an aspect ratio of "
-                             f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} (decode max_aspect_ratio)")
+                             f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} "
+                             "(--max-decode-aspect-ratio / decode max_aspect_ratio)")
         return kind
 
     def _host_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int

@@ -73,6 +73,12 @@ public final class PrepPipeline {
         throw new IllegalArgumentException("max-decode-aspect-ratio must be >= 1, got " + maxAspectRatio);
       }
     }
+
+    /** Writes {@code max_pixels} and {@code max_aspect_ratio} ({@code prep.stats}' decode, {@code prep.join}). */
+    void putTo(ObjectNode o) {
+      o.put("max_pixels", maxPixels);
+      o.put("max_aspect_ratio", maxAspectRatio);
+    }
   }
 
   /** An output tensor is one Arrow FixedSizeBinary value, whose width is an int. */

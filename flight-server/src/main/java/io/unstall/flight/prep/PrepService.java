@@ -293,6 +293,8 @@ public final class PrepService implements AutoCloseable {
         new PrepGroup.Key(d.name(), j.fingerprint(), j.seed(), j.batchSize(), j.shuffle(), j.dropLast(),
             j.cacheWindow());
     ObjectNode r = groups.join(key, d, j.pipeline(), s, j);
+    // a member decoding on its device (decode(device="mixed")) refuses by the same caps as this sidecar's decode
+    decodeLimits.putTo(r.putObject("decode_limits"));
     if (!caller.owner()) {
       r.put("shm", false); // in a group staging in shared memory too: a tenant reads PREP tickets
     } else if (r.path("shm").asBoolean(false) && localSocket != null) {

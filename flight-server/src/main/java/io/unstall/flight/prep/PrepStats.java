@@ -48,8 +48,7 @@ final class PrepStats {
 
   private void decode(ObjectNode dc) {
     DecodeBudget budget = shared.decodeBudget();
-    dc.put("max_pixels", decodeLimits.maxPixels());
-    dc.put("max_aspect_ratio", decodeLimits.maxAspectRatio());
+    decodeLimits.putTo(dc);
     dc.put("memory_limit_bytes", budget.limit());
     dc.put("memory_reserved_bytes", budget.reservedBytes());
     dc.put("memory_peak_bytes", budget.peakBytes());

@@ -1045,6 +1045,23 @@ class PrepServiceTest {
   }
 
   @Test
+  void theJoinAnswerCarriesTheSidecarsDecodeCaps() throws Exception {
+    JsonNode limits = join("").get("decode_limits");
+    assertEquals(89_478_485L, limits.get("max_pixels").asLong(), limits.toString());
+    assertEquals(100.0, limits.get("max_aspect_ratio").asDouble(), limits.toString());
+    serve(b -> b.decode(20_000, 3.5, 0)); // above every image of the dataset: nothing fails
+    // a raw group too: its members decode on their device (decode(device="mixed")) by the sidecar's caps
+    JsonNode raw = action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":null,\"batch_size\":5}");
+    for (JsonNode j : List.of(join(""), raw)) {
+      assertEquals(20_000, j.get("decode_limits").get("max_pixels").asLong(), j.toString());
+      assertEquals(3.5, j.get("decode_limits").get("max_aspect_ratio").asDouble(), j.toString());
+    }
+    JsonNode stats = action("prep.stats", "").get("decode");
+    assertEquals(20_000, stats.get("max_pixels").asLong(), "the names prep.stats uses");
+    assertEquals(3.5, stats.get("max_aspect_ratio").asDouble());
+  }
+
+  @Test
   void decodeFieldsAreValidatedAndPartOfTheFingerprint() {
     PrepPipeline plain = PrepPipeline.parse(PIPELINE);
     PrepPipeline spelled = PrepPipeline.parse(PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\","
