@@ -32,6 +32,7 @@ from unstall.protocol import (
     LocalError,
     LocalOk,
     Plan,
+    PrepRates,
     PrepTicket,
     decode_local_reply,
     decode_local_request,
@@ -98,6 +99,31 @@ def test_prep_tickets_round_trip(group: str, member: int, epoch: int, batch: int
     assert decode_prep_ticket(data).encode() == data
 
 
+SECONDS = st.floats(min_value=0, exclude_min=True, allow_infinity=False)
+
+
+@BOUNDED
+@given(NAMES, U64, U32, U32, SECONDS, SECONDS)
+def test_prep_tickets_with_rates_round_trip(group: str, member: int, epoch: int, batch: int, decode_s: float,
+                                            step_s: float) -> None:
+    t = PrepTicket(group, member, epoch, batch, PrepRates(decode_s, step_s))
+    data = t.encode()
+    assert len(data) == 24 + len(group.encode("utf-8")) + 16
+    assert decode_prep_ticket(data) == t
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0, -0.0])
+def test_prep_ticket_rates_that_are_not_positive_seconds_are_malformed_naming_the_field(bad: float) -> None:
+    good = _fixture("prep-ticket-rates-v1.bin")
+    at = len(good) - 16
+    for offset, field in ((at, "decode_s_per_sample"), (at + 8, "step_s")):
+        data = good[:offset] + struct.pack("<d", bad) + good[offset + 8:]
+        with pytest.raises(ValueError, match=f"^malformed ticket: at byte {offset}: rates.{field} \\(seconds, a positive"):
+            decode_prep_ticket(data)
+    with pytest.raises(ValueError, match="^rates.step_s \\(seconds, a positive number\\) is required"):
+        encode_prep_ticket("g", 1, 0, 0, PrepRates(1e-3, bad))
+
+
 @BOUNDED
 @given(st.binary(max_size=300), U64, U32, IDS, NAMES, st.text(max_size=40))
 def test_local_requests_round_trip(token: bytes, session: int, epoch: int, ids: list[int], dataset: str,
@@ -141,6 +167,9 @@ def test_golden_fixtures_decode_to_the_values_java_asserts() -> None:
     assert decode_plan(_fixture("plan-v1.bin")) == Plan(doc["dataset"], doc["epoch"], tuple(doc["ids"]))
     doc = _doc("prep-ticket-v1.json")
     assert decode_prep_ticket(_fixture("prep-ticket-v1.bin")) == PrepTicket(doc["group"], doc["member"], doc["epoch"], doc["batch"])
+    doc = _doc("prep-ticket-rates-v1.json")
+    assert decode_prep_ticket(_fixture("prep-ticket-rates-v1.bin")) == PrepTicket(
+        doc["group"], doc["member"], doc["epoch"], doc["batch"], PrepRates(**doc["rates"]))
     doc = _doc("local-fetch-v1.json")
     r = decode_local_request(_fixture("local-fetch-v1.bin"))
     assert (r.kind, r.session, r.epoch, r.ids.tolist()) == (doc["kind"], doc["session"], doc["epoch"], doc["ids"])
@@ -256,6 +285,7 @@ GOLDEN: dict[str, list[Callable[[bytes], object]]] = {
     "ticket-fetch-v1.bin": TICKET_DECODERS,
     "plan-v1.bin": TICKET_DECODERS,
     "prep-ticket-v1.bin": TICKET_DECODERS,
+    "prep-ticket-rates-v1.bin": TICKET_DECODERS,
     "bad-utf8-name.bin": TICKET_DECODERS,
     "peer-ticket-v1.bin": TICKET_DECODERS,  # sidecar to sidecar: every shim decoder refuses it
     "local-fetch-v1.bin": [_check_local_request],

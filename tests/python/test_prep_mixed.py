@@ -220,10 +220,12 @@ def test_hybrid_auto_tunes_the_split_and_still_serves_every_sample_once(env: tup
     assert all(d["what"] != "cpu_rows" or d["why"] for d in decisions)
 
 
-def test_hybrid_auto_splits_from_the_members_measured_decode_and_step(env: tuple[PrepEnv, list[Path]]) -> None:
+@pytest.mark.parametrize("transport", ["shm", "flight"])
+def test_hybrid_auto_splits_from_the_members_measured_decode_and_step(env: tuple[PrepEnv, list[Path]],
+                                                                      transport: str) -> None:
     """The member times its device's decode and its training step (a small conv net on each batch, outside
-    ``next()``) and sends them with each ``prep.next``; the sidecar's stats show them and its split decisions cite
-    them with its own seconds per sample."""
+    ``next()``) and sends them with each read (``prep.next`` over shared memory, the PREP ticket over Flight); the
+    sidecar's stats show them and its split decisions cite them with its own seconds per sample."""
     import torch
 
     e, _ = env
@@ -241,11 +243,12 @@ def test_hybrid_auto_splits_from_the_members_measured_decode_and_step(env: tuple
         return (groups[-1], cited) if cited else None
 
     with e.client() as client, prep.PrepLoader("jpegs", pipe, batch_size=4, seed=7, client=client,
-                                                device="cpu") as loader:
+                                                device="cpu", transport=transport) as loader:
         group, cited = wait_until(rates_decision, "a split decision from the member's rates")
+        assert loader.membership.shm == (transport == "shm")
     h = group["hybrid"]
     assert h["device_s_per_sample"] > 0 and h["step_s"] > 0 and h["sidecar_s_per_sample"] > 0, h
-    assert h["members_reporting"] == 1 and 0 <= h["target_cpu_rows"] <= 4, h
+    assert h["members_reporting"] == 1 and h["split_rule"] == "rates" and 0 <= h["target_cpu_rows"] <= 4, h
     for d in cited:
         assert "sidecar a=" in d["why"] and "device d=" in d["why"] and "step S=" in d["why"], d
 

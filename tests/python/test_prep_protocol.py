@@ -22,6 +22,19 @@ def test_prep_ticket_matches_the_golden_bytes() -> None:
     assert want[:6] == b"UNST\x01\x03" and len(want) == 24 + len(f["group"])
 
 
+def test_prep_ticket_with_rates_matches_the_golden_bytes() -> None:
+    from unstall.protocol import PrepRates, PrepTicket, decode_prep_ticket
+
+    f = json.loads((FIXTURES / "prep-ticket-rates-v1.json").read_text())
+    want = (FIXTURES / "prep-ticket-rates-v1.bin").read_bytes()
+    rates = PrepRates(**f["rates"])
+    assert prep.encode_prep_ticket(f["group"], f["member"], f["epoch"], f["batch"], rates) == want
+    assert decode_prep_ticket(want) == PrepTicket(f["group"], f["member"], f["epoch"], f["batch"], rates)
+    assert len(want) == 24 + len(f["group"]) + 16
+    without = prep.encode_prep_ticket(f["group"], f["member"], f["epoch"], f["batch"])
+    assert want[:-16] == without and decode_prep_ticket(without).rates is None
+
+
 def test_prep_ticket_rejects_out_of_range_fields() -> None:
     with pytest.raises(ValueError, match="epoch -1 is outside"):
         prep.encode_prep_ticket("g", 1, -1, 0)

@@ -55,7 +55,7 @@ class Membership:
     _local: Optional[LocalClient] = field(default=None, repr=False)
     _local_refused: Optional[str] = field(default=None, repr=False)  # a socket that did not take a connection
     _snapshots: dict[int, str] = field(default_factory=dict, repr=False)  # cache_first: the epoch read's snapshot
-    _rates: Optional[Callable[[], Optional[PrepRates]]] = field(default=None, repr=False)  # a hybrid's, for prep.next
+    _rates: Optional[Callable[[], Optional[PrepRates]]] = field(default=None, repr=False)  # a hybrid's, sent with each read
 
     @property
     def group(self) -> str:
@@ -186,7 +186,8 @@ class Membership:
                             s["id"], s.get("key"), self.dataset, s.get("reason"))
 
     def _batch(self, epoch: int, index: int) -> pa.RecordBatch:
-        ticket = fl.Ticket(encode_prep_ticket(self.group, self.member, epoch, index))
+        rates = self._rates() if self._rates is not None else None  # a hybrid's, for the split, as prep.next's
+        ticket = fl.Ticket(encode_prep_ticket(self.group, self.member, epoch, index, rates))
         table = self.client._rpc(lambda conn, options: conn.do_get(ticket, options).read_all(), recover=False)
         batches = table.combine_chunks().to_batches()
         if len(batches) != 1:
@@ -414,7 +415,7 @@ def join(
 
     ``hybrid``: ``{"cpu_load": 0..1 or "auto"}``: the sidecar prepares that share of each batch with ``pipeline``
     (uint8 NHWC) and leaves the rest encoded, for the member's device; ``rates``: the member's measured rates
-    (``MemberRates.report``), sent with each ``prep.next`` for the split of ``"auto"`` (``PrepLoader`` passes both).
+    (``MemberRates.report``), sent with each read for the split of ``"auto"`` (``PrepLoader`` passes both).
 
     ``order``: ``{"cache_first": window}``, part of the group's key: each epoch's seeded order reordered cached samples
     first within aligned windows of ``window`` positions, from one snapshot of the sidecar's cache per epoch

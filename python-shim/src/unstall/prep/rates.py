@@ -1,8 +1,8 @@
 """What a hybrid member (``decode(device="mixed", cpu_load=...)``) measures for the sidecar's split of each batch:
 its device's decode seconds per sample it decodes, and its training step, the time the loop spends between batches
-outside ``next()`` (what the model takes, not the wait for data). Both are moving averages, sent with each
-``prep.next`` (``unstall.protocol.encode_prep_next``); the sidecar splits from them (docs/PREP.md, "Decoding on the
-GPU")."""
+outside ``next()`` (what the model takes, not the wait for data). Both are moving averages, sent with each read
+(``unstall.protocol.encode_prep_next``, or ``encode_prep_ticket`` over Flight); the sidecar splits from them
+(docs/PREP.md, "Decoding on the GPU")."""
 
 from __future__ import annotations
 

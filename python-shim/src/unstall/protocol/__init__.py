@@ -23,7 +23,6 @@ from .batches import (
     batch_payloads,
     PrepSlot,
     parse_prep_slot,
-    PrepRates,
     encode_prep_next,
 )
 from .handover import (
@@ -106,6 +105,7 @@ from .tickets import (
     decode_ticket,
     decode_plan,
     PrepTicket,
+    PrepRates,
     encode_prep_ticket,
     decode_prep_ticket,
 )

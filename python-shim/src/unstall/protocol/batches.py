@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ProtocolMismatchError
-from .tickets import PROTOCOL_VERSION
+from .tickets import PROTOCOL_VERSION, PrepRates
 
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "batch_payloads",
     "PrepSlot",
     "parse_prep_slot",
-    "PrepRates",
     "encode_prep_next",
 ]
 
@@ -239,15 +238,6 @@ def batch_payloads(batch: pa.RecordBatch) -> PayloadBatch:
     return PayloadBatch(data, binary_offsets(payload), batch.column("id").to_numpy(zero_copy_only=False),
                         pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False),
                         batch.column("key").to_pylist(), prepared)
-
-
-@dataclass(frozen=True)
-class PrepRates:
-    """A hybrid member's measured rates, sent with its ``prep.next`` (optional: an older member sends none): its
-    device's decode seconds per sample it decodes and its training step in seconds, both positive."""
-
-    decode_s_per_sample: float
-    step_s: float
 
 
 def encode_prep_next(group: str, member: int, epoch: int, batch: int,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -27,6 +28,7 @@ __all__ = [
     "decode_ticket",
     "decode_plan",
     "PrepTicket",
+    "PrepRates",
     "encode_prep_ticket",
     "decode_prep_ticket",
 ]
@@ -48,6 +50,8 @@ _HEADER = struct.Struct("<4sBBH")
 _MIDDLE = struct.Struct("<II")
 # a PREP ticket after the group id: member, epoch, batch
 _PREP_TAIL = struct.Struct("<QII")
+# a PREP ticket's optional rates, after the batch index: decode_s_per_sample, step_s
+_PREP_RATES = struct.Struct("<dd")
 
 
 @dataclass(frozen=True)
@@ -142,27 +146,55 @@ def decode_plan(data: bytes) -> Plan:
 
 
 @dataclass(frozen=True)
+class PrepRates:
+    """A hybrid member's measured rates, sent with its ``prep.next`` or in its PREP tickets (optional: an older
+    member sends none): its device's decode seconds per sample it decodes and its training step in seconds, both
+    finite and positive (the sidecar refuses others, naming the field)."""
+
+    decode_s_per_sample: float
+    step_s: float
+
+
+def _rates_problem(decode_s_per_sample: float, step_s: float) -> Optional[tuple[int, str]]:
+    """The first rate that is not finite positive seconds: (its index, the sidecar's message for it), or None."""
+    for i, (name, v) in enumerate((("decode_s_per_sample", decode_s_per_sample), ("step_s", step_s))):
+        if not (math.isfinite(v) and v > 0):
+            return i, f"rates.{name} (seconds, a positive number) is required, got {v!r}"
+    return None
+
+
+@dataclass(frozen=True)
 class PrepTicket:
-    """A PREP ticket: one batch of a coordinated prep group, for one member."""
+    """A PREP ticket: one batch of a coordinated prep group, for one member; a hybrid member's ``rates`` ride
+    along (the optional tail)."""
 
     group: str
     member: int
     epoch: int
     batch: int
+    rates: Optional[PrepRates] = None
 
     def encode(self) -> bytes:
-        return encode_prep_ticket(self.group, self.member, self.epoch, self.batch)
+        return encode_prep_ticket(self.group, self.member, self.epoch, self.batch, self.rates)
 
 
-def encode_prep_ticket(group: str, member: int, epoch: int, batch: int) -> bytes:
-    """A PREP ticket: ``UNST``, version 1, kind 3, u16 group length, group, u64 member, u32 epoch, u32 batch."""
+def encode_prep_ticket(group: str, member: int, epoch: int, batch: int, rates: Optional[PrepRates] = None) -> bytes:
+    """A PREP ticket: ``UNST``, version 1, kind 3, u16 group length, group, u64 member, u32 epoch, u32 batch, and
+    with ``rates`` f64 decode_s_per_sample, f64 step_s."""
     name = group.encode("utf-8")
     if not 1 <= len(name) <= MAX_NAME_BYTES:
         raise ValueError(f"group id must be 1..{MAX_NAME_BYTES} UTF-8 bytes, got {len(name)}")
     for what, v, hi in (("member", member, 2**64 - 1), ("epoch", epoch, 2**32 - 1), ("batch", batch, 2**32 - 1)):
         if not 0 <= int(v) <= hi:
             raise ValueError(f"{what} {v} is outside 0..{hi}")
-    return _HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, KIND_PREP, len(name)) + name + _PREP_TAIL.pack(member, epoch, batch)
+    tail = b""
+    if rates is not None:
+        problem = _rates_problem(rates.decode_s_per_sample, rates.step_s)
+        if problem is not None:
+            raise ValueError(problem[1])
+        tail = _PREP_RATES.pack(rates.decode_s_per_sample, rates.step_s)
+    return (_HEADER.pack(TICKET_MAGIC, PROTOCOL_VERSION, KIND_PREP, len(name)) + name
+            + _PREP_TAIL.pack(member, epoch, batch) + tail)
 
 
 def decode_prep_ticket(data: bytes) -> PrepTicket:
@@ -182,15 +214,31 @@ def decode_prep_ticket(data: bytes) -> PrepTicket:
             f"malformed ticket: truncated at byte {len(buf)}: a PREP ticket with a {name_len}-byte group id is "
             f"{expected} bytes"
         )
-    if len(buf) > expected:
-        extra = len(buf) - expected
-        raise ValueError(f"malformed ticket: {extra} trailing byte{'s' if extra != 1 else ''} after the batch index")
+    tail = len(buf) - expected
+    if 0 < tail < _PREP_RATES.size:
+        raise ValueError(
+            f"malformed ticket: truncated at byte {len(buf)}: the rates after the batch index are {_PREP_RATES.size} "
+            f"bytes (two f64), {tail} present"
+        )
+    if tail > _PREP_RATES.size:
+        extra = tail - _PREP_RATES.size
+        raise ValueError(
+            f"malformed ticket: {extra} trailing byte{'s' if extra != 1 else ''} after the rates, at byte "
+            f"{expected + _PREP_RATES.size}"
+        )
     try:
         group = buf[_HEADER.size : _HEADER.size + name_len].decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"malformed ticket: group id is not UTF-8 ({e.reason})") from None
     member, epoch, batch = _PREP_TAIL.unpack_from(buf, _HEADER.size + name_len)
-    return PrepTicket(group=group, member=member, epoch=epoch, batch=batch)
+    rates = None
+    if tail:
+        decode_s, step_s = _PREP_RATES.unpack_from(buf, expected)
+        problem = _rates_problem(decode_s, step_s)
+        if problem is not None:
+            raise ValueError(f"malformed ticket: at byte {expected + 8 * problem[0]}: {problem[1]}")
+        rates = PrepRates(decode_s, step_s)
+    return PrepTicket(group=group, member=member, epoch=epoch, batch=batch, rates=rates)
 
 
 def _decode_ids(data: bytes, kind: int, max_ids: int) -> tuple[str, int, tuple[int, ...]]:

@@ -3,6 +3,7 @@ package io.unstall.flight.prep;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.unstall.flight.dataset.Dataset;
+import io.unstall.flight.protocol.PrepRates;
 import java.nio.file.Path;
 import java.util.BitSet;
 import org.apache.arrow.flight.CallStatus;
@@ -246,7 +247,7 @@ final class PrepGroup {
   }
 
   /** A hybrid member's measured rates, for the split ({@link Autotuner#report}); a stranger's are ignored. */
-  void rates(long memberId, PrepRequests.Rates rates) {
+  void rates(long memberId, PrepRates rates) {
     synchronized (lock) {
       if (members.isMember(memberId)) {
         tuner.report(memberId, rates.decodePerSample(), rates.step(), System.nanoTime());

@@ -2,6 +2,7 @@ package io.unstall.flight.prep;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import io.unstall.flight.protocol.PrepRates;
 import java.io.IOException;
 import org.apache.arrow.vector.compression.CompressionUtil;
 
@@ -83,14 +84,11 @@ final class PrepRequests {
     return out;
   }
 
-  /** A hybrid member's measured rates: its device's decode seconds per sample and its training step seconds. */
-  record Rates(double decodePerSample, double step) {}
-
   /**
    * {@code prep.next}'s {@code "rates"}: {@code {"decode_s_per_sample", "step_s"}}, both finite and positive; null
    * when absent (a member that does not measure them: not hybrid, or an older shim).
    */
-  static Rates rates(String action, JsonNode b) {
+  static PrepRates rates(String action, JsonNode b) {
     JsonNode r = b.get("rates");
     if (r == null || r.isNull()) {
       return null;
@@ -99,14 +97,13 @@ final class PrepRequests {
       throw new IllegalArgumentException(action + ": \"rates\" must be {\"decode_s_per_sample\", \"step_s\"}, got "
           + r.getNodeType());
     }
-    return new Rates(seconds(action, r, "decode_s_per_sample"), seconds(action, r, "step_s"));
+    return new PrepRates(seconds(action, r, PrepRates.DECODE), seconds(action, r, PrepRates.STEP));
   }
 
   private static double seconds(String action, JsonNode r, String field) {
     JsonNode v = r.get(field);
-    if (v == null || !v.isNumber() || !Double.isFinite(v.asDouble()) || !(v.asDouble() > 0)) {
-      throw new IllegalArgumentException(action + ": \"rates\"." + field + " (seconds, a positive number) is"
-          + " required, got " + v);
+    if (v == null || !v.isNumber() || !PrepRates.isSeconds(v.asDouble())) {
+      throw new IllegalArgumentException(action + ": \"rates\"." + PrepRates.required(field, v));
     }
     return v.asDouble();
   }

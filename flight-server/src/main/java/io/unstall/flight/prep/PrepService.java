@@ -8,6 +8,7 @@ import io.unstall.flight.auth.PermissionDeniedException;
 import io.unstall.flight.auth.Principal;
 import io.unstall.flight.dataset.Dataset;
 import io.unstall.flight.dataset.DatasetRegistry;
+import io.unstall.flight.protocol.PrepRates;
 import io.unstall.flight.protocol.PrepTicket;
 import io.unstall.flight.shm.SharedMemory;
 import java.nio.charset.StandardCharsets;
@@ -194,7 +195,7 @@ public final class PrepService implements AutoCloseable {
           throw new PermissionDeniedException(ACTION_NEXT + " hands out the sidecar owner's shared-memory files; "
               + caller + " reads prepared batches with PREP DoGet tickets");
         }
-        PrepRequests.Rates rates = PrepRequests.rates(type, body);
+        PrepRates rates = PrepRequests.rates(type, body);
         if (rates != null) {
           g.rates(at.member(), rates);
         }
@@ -232,7 +233,7 @@ public final class PrepService implements AutoCloseable {
     }
   }
 
-  /** Serves a PREP ticket. */
+  /** Serves a PREP ticket; a hybrid member's rates in it go to the split as {@code prep.next}'s do. */
   public void getStream(Ticket ticket, ServerStreamListener listener, Principal caller) throws InterruptedException {
     PrepTicket t = PrepTicket.from(ticket);
     PrepGroup g = groups.get(t.group());
@@ -241,6 +242,9 @@ public final class PrepService implements AutoCloseable {
           .toRuntimeException();
     }
     checkMay(caller, g);
+    if (t.rates() != null) {
+      g.rates(t.member(), t.rates());
+    }
     g.serving().serve(t, listener);
   }
 

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import io.unstall.flight.protocol.PrepRates;
 import io.unstall.flight.protocol.ProtocolFixturesTest;
 import java.nio.charset.StandardCharsets;
 import org.junit.jupiter.api.Test;
@@ -50,7 +51,7 @@ class PrepRequestsTest {
   void prepNextRatesAreReadFromTheGoldenBodiesAndOptional() throws Exception {
     JsonNode f = new ObjectMapper().readTree(ProtocolFixturesTest.FIXTURES.resolve("prep-next-rates-v1.json").toFile());
     JsonNode with = PrepRequests.body("prep.next", json(f.get("with_rates").toString()));
-    assertEquals(new PrepRequests.Rates(0.00125, 0.0625), PrepRequests.rates("prep.next", with));
+    assertEquals(new PrepRates(0.00125, 0.0625), PrepRequests.rates("prep.next", with));
     assertEquals(new PrepRequests.At("8f3a2c1d9e4b7a60", 3, 1, 5), PrepRequests.at("prep.next", with));
     JsonNode without = PrepRequests.body("prep.next", json(f.get("without_rates").toString()));
     assertNull(PrepRequests.rates("prep.next", without), "an older member's body: no rates, still valid");

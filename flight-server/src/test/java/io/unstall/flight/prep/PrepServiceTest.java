@@ -2,6 +2,7 @@ package io.unstall.flight.prep;
 
 import static org.awaitility.Awaitility.await;
 import io.unstall.flight.protocol.DataError;
+import io.unstall.flight.protocol.PrepRates;
 import io.unstall.flight.protocol.PrepTicket;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -17,6 +18,7 @@ import java.awt.Color;
 import java.awt.Graphics2D;
 import java.awt.image.BufferedImage;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -42,6 +44,7 @@ import org.apache.arrow.flight.FlightStatusCode;
 import org.apache.arrow.flight.FlightStream;
 import org.apache.arrow.flight.HeaderCallOption;
 import org.apache.arrow.flight.Result;
+import org.apache.arrow.flight.Ticket;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.BigIntVector;
@@ -212,7 +215,10 @@ class PrepServiceTest {
   record RawRows(long[] ids, byte[][] payloads, boolean[] prepared) {}
 
   RawRows getRaw(JsonNode j, long epoch, long batch) throws Exception {
-    PrepTicket t = new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch);
+    return getRaw(new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch));
+  }
+
+  RawRows getRaw(PrepTicket t) throws Exception {
     try (FlightStream s = client.getStream(t.toTicket(), auth)) {
       assertTrue(s.next());
       VectorSchemaRoot r = s.getRoot();
@@ -280,6 +286,38 @@ class PrepServiceTest {
     assertTrue(e.getMessage().contains("uint8, NHWC and on_error"), e.getMessage());
     e = assertThrows(FlightRuntimeException.class, () -> action("prep.join", common + ",\"hybrid\":{\"cpu_load\":2}}"));
     assertTrue(e.getMessage().contains("\"cpu_load\" must be a number in [0, 1] or \"auto\""), e.getMessage());
+  }
+
+  /**
+   * A hybrid member over Flight sends its rates in its PREP tickets: the group's split is set from them, as from
+   * {@code prep.next}'s; a ticket whose rates are not positive seconds is refused naming the field, and the member
+   * reads on.
+   */
+  @Test
+  void ratesInPrepTicketsSetTheHybridSplit() throws Exception {
+    String u8 = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"random_resized_crop\",\"size\":32},{\"op\":\"hflip\"}],"
+        + "\"layout\":\"NHWC\",\"dtype\":\"uint8\"}";
+    JsonNode j = action("prep.join", "{\"dataset\":\"imgs\",\"pipeline\":" + u8 + ",\"batch_size\":5,\"seed\":3"
+        + ",\"hybrid\":{\"cpu_load\":\"auto\"}}");
+    String group = j.get("group").asText();
+    long member = j.get("member").asLong();
+    byte[] bad = new PrepTicket(group, member, 0, 0, new PrepRates(1e-3, 1.0)).toBytes();
+    ByteBuffer.wrap(bad).order(ByteOrder.LITTLE_ENDIAN).putDouble(bad.length - 8, -1.0);
+    FlightRuntimeException e = assertThrows(FlightRuntimeException.class,
+        () -> client.getStream(new Ticket(bad), auth).next());
+    assertEquals(FlightStatusCode.INVALID_ARGUMENT, e.status().code());
+    assertTrue(e.getMessage().contains("rates.step_s (seconds, a positive number) is required, got -1.0"),
+        e.getMessage());
+    // a step of 10 s keeps the one report fresh (Autotuner: four steps) while the autotuner ticks
+    PrepRates rates = new PrepRates(2.5e-3, 10.0);
+    for (int b = 0; b < j.get("num_batches").asInt(); b++) {
+      assertTrue(getRaw(new PrepTicket(group, member, 0, b, rates)).ids().length > 0, "batch " + b);
+    }
+    JsonNode h = await().atMost(Duration.ofSeconds(60)).until(() -> groupStats(j).get("hybrid"),
+        x -> x.get("split_rule").asText().equals("rates"));
+    assertEquals(1, h.get("members_reporting").asInt(), h.toString());
+    assertEquals(2.5e-3, h.get("device_s_per_sample").asDouble(), h.toString());
+    assertEquals(10.0, h.get("step_s").asDouble(), h.toString());
   }
 
   @Test
