@@ -400,6 +400,40 @@ def test_one_padded_stack_resamples_each_window_as_it_alone(jpegs: list[Path]) -
     torch.testing.assert_close(stacked, alone, rtol=0, atol=0)
 
 
+@NEEDS_NVIMGCODEC
+def test_two_threads_decoding_with_one_decoder_get_the_pixels_of_one_thread_alone(jpegs: list[Path]) -> None:
+    """Two prefetcher threads of one loader (an epoch's and the next's) may decode at once with its one nvImageCodec
+    decoder, whose concurrent calls break it (a thread's batch "could not decode", the other's call never returns):
+    the calls are taken one at a time, and each thread's batches are the pixels a decoder of its own gives."""
+    import threading
+
+    import torch
+
+    payloads, keys = _payloads(jpegs), [p.name for p in jpegs]
+    n = len(payloads)
+    m = _mixed("nvimgcodec")
+    batches = [(list(range(n)), 0), (list(range(n // 2)), 1), (list(range(n)), 2), (list(range(1, n)), 0)]
+
+    def fresh(ids: list[int], epoch: int) -> Any:
+        return _mixed("nvimgcodec")([payloads[i] for i in ids], ids, epoch, 7, [keys[i] for i in ids])
+
+    expected = [fresh(ids, epoch) for ids, epoch in batches]
+    got: dict[int, list[Any]] = {0: [], 1: []}
+
+    def run(t: int) -> None:
+        for ids, epoch in (batches if t == 0 else batches[::-1]) * 3:
+            got[t].append(m([payloads[i] for i in ids], ids, epoch, 7, [keys[i] for i in ids]))
+
+    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert [len(got[t]) for t in (0, 1)] == [3 * len(batches)] * 2
+    for a, b in zip(got[0] + got[1], expected * 3 + expected[::-1] * 3):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_import_unstall_imports_neither_nvimgcodec_nor_torch() -> None:
     code = ("import sys, unstall, unstall.prep, unstall.prep.mixed\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'nvidia')))")

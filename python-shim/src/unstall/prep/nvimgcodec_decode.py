@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from .draws import Box
@@ -70,6 +71,7 @@ class RoiDecode:
         # RGB whatever the JPEG holds (grayscale, CMYK), no EXIF rotation: as the sidecar and torchvision decode
         self._params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB,
                                        sample_format=nv.SampleFormat.I_RGB)
+        self._lock = threading.Lock()  # one decode call at a time: two threads' calls into one Decoder break it
         self._crop_window = any(o.get("op") == "random_resized_crop" for o in ops)
         self._whole = ops[0].get("roi", True) is False  # decode(roi=False): whole images, the windows resampled
 
@@ -105,9 +107,10 @@ class RoiDecode:
         boxes = boxes_of(sizes)
         regions = [self.region(b, h, w) for b, (h, w) in zip(boxes, sizes)]
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
-        decoded = self._decoder.decode([cs.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
-                                        for cs, (y0, x0, y1, x1) in zip(streams, regions)],
-                                       params=self._params, cuda_stream=stream)
+        with self._lock:
+            decoded = self._decoder.decode([cs.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
+                                            for cs, (y0, x0, y1, x1) in zip(streams, regions)],
+                                           params=self._params, cuda_stream=stream)
         for image, i, key in zip(decoded, ids, keys):
             if image is None:
                 raise not_decodable(i, key, "nvImageCodec could not decode it")
