@@ -402,9 +402,9 @@ def test_one_padded_stack_resamples_each_window_as_it_alone(jpegs: list[Path]) -
 
 @NEEDS_NVIMGCODEC
 def test_two_threads_decoding_with_one_decoder_get_the_pixels_of_one_thread_alone(jpegs: list[Path]) -> None:
-    """Two prefetcher threads of one loader (an epoch's and the next's) may decode at once with its one nvImageCodec
-    decoder, whose concurrent calls break it (a thread's batch "could not decode", the other's call never returns):
-    the calls are taken one at a time, and each thread's batches are the pixels a decoder of its own gives."""
+    """Two threads decoding at once with one loader's nvImageCodec decoder, whose concurrent calls break it (a
+    thread's batch "could not decode", the other's call never returns): the calls are taken one at a time, and each
+    thread's batches are the pixels a decoder of its own gives."""
     import threading
 
     import torch
