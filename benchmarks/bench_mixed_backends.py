@@ -3,17 +3,20 @@
 
 Usage:
     python benchmarks/bench_mixed_backends.py [--device cpu|cuda] [--batch 64] [--batches 8] [--crop 224]
-        [--repeats 4] [--images 512] [--size 500x375] [--jpeg q75] [--data DIR] [--json PATH]
+        [--repeats 4] [--images 512] [--size 500x375] [--jpeg q75] [--data DIR] [--variants whole,hw0,hw65,hw100]
+        [--json PATH]
 
 The same JPEGs (bench_gpu.py's generated photos, or ``--data``) go through ``MixedDecode`` (the code
 ``PrepLoader(device=...)`` runs on each raw batch: ``imagenet_train(crop)``'s RandomResizedCrop + flip, uint8 NHWC)
 once with ``backend="torchvision"`` (whole images decoded) and once with ``backend="nvimgcodec"`` (only each
 sample's window decoded), in ABBA order, each pass over the same ``--batches`` batches of ``--batch``. The table
-gives images/s per backend, their ratio and the share of each image's pixels the windows hold (what a region decode
-can save at most). A second table times the nvImageCodec backend's batched resampling two ways on the same decoded
-windows: one ``roi_align`` over one stack padded to the largest window (what ``RoiDecode`` does), and one
-``roi_align`` per window. On a CPU the decoders are libjpeg-turbo on this process's threads: a CPU figure, not a GPU
-one."""
+gives images/s per backend, their ratio, this process's busy cores (CPU seconds / wall seconds: on CUDA, the host
+Huffman decode nvJPEG leaves to the CPU for small JPEGs) and the share of each image's pixels the windows hold
+(what a region decode can save at most). ``--variants`` adds nvImageCodec rows to the same rotation: ``whole``
+(``roi=False``), ``hwN`` (``hw_decoder_load=N/100``: the GPU's hardware JPEG engine's share). A second table
+times the nvImageCodec backend's batched resampling two ways on the same decoded windows: one ``roi_align`` over one
+stack padded to the largest window (what ``RoiDecode`` does), and one ``roi_align`` per window. On a CPU the
+decoders are libjpeg-turbo on this process's threads: a CPU figure, not a GPU one."""
 
 from __future__ import annotations
 
@@ -46,12 +49,27 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--jpeg", default="q75", help="generated JPEGs, as bench_gpu.py's --jpeg (default q75)")
     ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu")
+    ap.add_argument("--variants", default="", help="comma-separated nvImageCodec variants to add: whole (roi=False), "
+                    "hwN (hw_decoder_load=N/100), e.g. whole,hw0,hw65,hw100")
     ap.add_argument("--json", type=Path, help="also write the rows and the run's header as JSON")
     args = ap.parse_args(argv)
+    try:
+        args.variants = {v: variant_op(v) for v in args.variants.split(",") if v}
+    except ValueError as e:
+        ap.error(f"--variants: {e}")
     for key in ("batch", "batches", "crop", "repeats", "images"):
         if getattr(args, key) < 1:
             ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
     return args
+
+
+def variant_op(name: str) -> dict[str, Any]:
+    """The decode op's extra keys of a ``--variants`` name."""
+    if name == "whole":
+        return {"roi": False}
+    if name.startswith("hw") and name[2:].isdigit() and int(name[2:]) <= 100:
+        return {"hw_decoder_load": int(name[2:]) / 100}
+    raise ValueError(f"unknown variant {name!r} (whole, hw0..hw100)")
 
 
 def timed(dev: Any, passes: int, run: Callable[[], None]) -> List[float]:
@@ -86,8 +104,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     payloads = payload_tensors(flat, offsets)
     batches = [(payloads[i:i + args.batch], list(range(i, i + args.batch))) for i in range(0, need, args.batch)]
     keys = [""] * args.batch
-    decoders = {b: MixedDecode(prep.imagenet_train(args.crop, dtype="uint8", layout="NHWC", decode_device="mixed",
-                                                   decode_backend=b).ops, "uint8", "NHWC", dev) for b in BACKENDS}
+    def decoder(backend: str, extra: dict[str, Any]) -> MixedDecode:
+        ops = [dict(o) for o in prep.imagenet_train(args.crop, dtype="uint8", layout="NHWC", decode_device="mixed",
+                                                    decode_backend=backend).ops]
+        ops[0].update(extra)
+        return MixedDecode(ops, "uint8", "NHWC", dev)
+
+    decoders = {b: decoder(b, {}) for b in BACKENDS}
+    decoders.update({f"nvimgcodec {v}": decoder("nvimgcodec", extra) for v, extra in args.variants.items()})
+    names = list(decoders)
 
     def one_pass(backend: str) -> Callable[[], None]:
         def run() -> None:
@@ -95,15 +120,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 decoders[backend](p, ids, 0, 7, keys)
         return run
 
-    for b in BACKENDS:  # warm-up: allocations, decoder state
+    for b in names:  # warm-up: allocations, decoder state
         one_pass(b)()
-    order = [b for _ in range(args.repeats // 2) for b in (BACKENDS[0], BACKENDS[1], BACKENDS[1], BACKENDS[0])] + \
-        (list(BACKENDS) if args.repeats % 2 else [])
-    seconds: dict[str, List[float]] = {b: [] for b in BACKENDS}
+    order = [b for _ in range(args.repeats // 2) for b in names + names[::-1]] + (names if args.repeats % 2 else [])
+    seconds: dict[str, List[float]] = {b: [] for b in names}
+    cpu: dict[str, float] = {b: 0.0 for b in names}
     for b in order:
+        c0 = time.process_time()
         seconds[b] += timed(dev, 1, one_pass(b))
+        cpu[b] += time.process_time() - c0
     rows = [{"backend": b, "images_per_s": need * len(seconds[b]) / sum(seconds[b]),
-             "runs": [need / s for s in seconds[b]]} for b in BACKENDS]
+             "runs": [need / s for s in seconds[b]], "busy_cores": cpu[b] / sum(seconds[b])} for b in names]
     ratio = rows[1]["images_per_s"] / rows[0]["images_per_s"]
 
     roi = decoders["nvimgcodec"]._roi
@@ -138,10 +165,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        f"- {args.batches} batches of {args.batch} from {data}, RandomResizedCrop {args.crop} + flip, "
                        f"uint8 NHWC; each backend {args.repeats} passes, ABBA, after one warm-up pass"]
     lines = ["# decode(device='mixed') backends on the same batches", "", *head, "",
-             "| backend | images/s | each pass |", "|---|---|---|"]
+             "| backend | images/s | of torchvision's | busy cores | each pass |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['backend']} | {r['images_per_s']:,.0f} | "
-                     f"{', '.join(f'{v:,.0f}' for v in r['runs'])} |")
+        lines.append(f"| {r['backend']} | {r['images_per_s']:,.0f} | {r['images_per_s'] / rows[0]['images_per_s']:.2f}x "
+                     f"| {r['busy_cores']:.1f} | {', '.join(f'{v:,.0f}' for v in r['runs'])} |")
     lines += ["", f"nvimgcodec / torchvision: **{ratio:.2f}x** images/s; the windows hold "
               f"{statistics.mean(area):.0%} of their images' pixels on average (the regions decoded: "
               f"{statistics.mean(region):.0%})", "",

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_prep_mixed import NEEDS_NVIMGCODEC
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "bench_gpu.py"
@@ -96,3 +97,22 @@ def test_decode_share_bench_toy_run_counts_one_decode_per_batch_when_shared(side
     assert share["decodes"]["received"] > 0 and not share["solo_counted"] and solo["solo_counted"]
     assert share["images_per_s"] > 0 and solo["images_per_s"] > 0
     assert f"device_share / without: **{doc['ratio']:.2f}x** images/s" in run.stdout
+
+
+@NEEDS_NVIMGCODEC
+def test_mixed_backends_bench_runs_its_variants_in_one_rotation(tmp_path: Path) -> None:
+    """benchmarks/bench_mixed_backends.py at toy size on the CPU with ``--variants``: a row per decoder (the two
+    backends, then nvImageCodec with roi=False and with hw_decoder_load), each timed as often, with its busy cores; a
+    variant it does not know is refused by name. No threshold on the rates."""
+    out = tmp_path / "mixed.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_mixed_backends.py"), "--images", "8", "--size", "64x48",
+           "--batch", "4", "--batches", "2", "--crop", "32", "--repeats", "2", "--cache-dir", str(tmp_path / "data")]
+    run = subprocess.run([*cmd, "--variants", "whole,hw50", "--json", str(out)], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=600)  # a bound on a hang, not on the speed
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["backend"] for r in rows] == ["torchvision", "nvimgcodec", "nvimgcodec whole", "nvimgcodec hw50"]
+    assert all(len(r["runs"]) == 2 and r["images_per_s"] > 0 and r["busy_cores"] > 0 for r in rows)
+    bad = subprocess.run([*cmd, "--variants", "hw150"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         timeout=120)
+    assert bad.returncode == 2 and "--variants: unknown variant 'hw150' (whole, hw0..hw100)" in bad.stderr
