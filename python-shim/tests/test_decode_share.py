@@ -201,3 +201,22 @@ def test_a_handle_that_cannot_be_mapped_turns_sharing_off_for_this_job(monkeypat
         assert share.batch(scope, 0, 0, [1, 2], lambda: mine.clone()).tolist() == mine.tolist()
         share.close()
     assert share.stats.fallbacks == 1 and share.stats.received == 0 and share.stats.decoded == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA cannot import an IPC handle of its own process)"))])
+def test_a_batch_claimed_by_this_process_is_decoded_here_not_imported(device: str) -> None:
+    """Two loaders (or two threads of one) of this process on the same batch: the second never imports the first's
+    handle (CUDA refuses a process's own IPC memory, and the refusal surfaced at a later kernel launch): it decodes
+    the batch itself, with the same pixels, and the first hands nothing out."""
+    scope = share_scope("test-same-process", os.getpid())
+    first, second = DecodeShare(torch.device(device), peers=True), DecodeShare(torch.device(device), peers=True)
+    try:
+        a = first.batch(scope, 0, 0, [1, 2], lambda: _image(0).to(device))
+        b = second.batch(scope, 0, 0, [1, 2], lambda: _image(0).to(device))
+        assert b.tolist() == a.tolist() and b.data_ptr() != a.data_ptr()
+        assert (second.stats.received, second.stats.fallbacks, second.broken) == (0, 1, None)
+        assert first.stats.served == 0 and first.stats.decoded == 1
+    finally:
+        first.close()
+        second.close()

@@ -37,7 +37,8 @@ import torch
 
 from .observers import IteratorWrapper
 
-__all__ = ["DeviceStats", "ImageConversion", "DevicePrefetcher", "PinnedSlots", "map_tensors", "tensors_of"]
+__all__ = ["DeviceStats", "ImageConversion", "DevicePrefetcher", "PinnedSlots", "clear_cuda_error", "map_tensors",
+           "tensors_of"]
 
 DeviceLike = Union[str, torch.device]
 
@@ -393,9 +394,10 @@ class DevicePrefetcher(IteratorWrapper):
             self.close()
 
 
-def _clear_cuda_error() -> None:
-    """Resets the CUDA runtime's last error after a refused ``cudaHostRegister``, so that torch's next kernel
-    launch check does not report it: through the libcudart this process loaded."""
+def clear_cuda_error() -> None:
+    """Resets the CUDA runtime's last error of this thread after a call that failed and was handled (a refused
+    ``cudaHostRegister``, a CUDA IPC handle that did not map), so that torch's next kernel launch check does not
+    report it: through the libcudart this process loaded."""
     with contextlib.suppress(OSError):
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
@@ -423,7 +425,7 @@ class PinnedSlots:
         flags = _HOST_REGISTER_PORTABLE | _HOST_REGISTER_READ_ONLY
         err = int(torch.cuda.cudart().cudaHostRegister(ptr, len(mm), flags))
         if err != 0:
-            _clear_cuda_error()
+            clear_cuda_error()
             self.refused = f"{torch.cuda.CudaError(err)} (cudaError {err})"
             self.stats.slots_refused += 1
             warnings.warn(f"unstall: cudaHostRegister refused shared-memory slot {path} ({len(mm)} bytes, read-only): "
@@ -438,7 +440,7 @@ class PinnedSlots:
             return
         err = int(torch.cuda.cudart().cudaHostUnregister(ptr))
         if err != 0:
-            _clear_cuda_error()
+            clear_cuda_error()
             warnings.warn(f"unstall: cudaHostUnregister of shared-memory slot {path} failed: "
                           f"{torch.cuda.CudaError(err)} (cudaError {err})", RuntimeWarning, stacklevel=2)
             return

@@ -12,7 +12,8 @@ memory and lets the handle go. It uses the batch only when the claimant's sample
 claimant failed, left or dropped the batch from its ring, it decodes the batch itself (a claimant that is gone
 frees the name, so the next member claims the batch again): a job is never fed another job's samples, and never
 waits on a member that left. Sockets are local to the host (and its network namespace): members on other hosts,
-or on another device, decode their own batches."""
+or on another device, decode their own batches, and so does a member whose claimant is its own process (another
+loader or thread of it: CUDA does not import a process's own memory through an IPC handle)."""
 
 from __future__ import annotations
 
@@ -144,6 +145,10 @@ class DecodeShare:
                 try:
                     got = self._receive(name, want)
                 except Exception as e:  # noqa: BLE001  (mapping the handle failed: this job decodes its own)
+                    if self.cuda:  # the failed import's error, not the next kernel launch's
+                        from ..device import clear_cuda_error
+
+                        clear_cuda_error()
                     self.broken = f"{type(e).__name__}: {e}"
                     log.warning("unstall: could not map another member's decoded batch (%s); this job decodes its "
                                 "own batches from now on (device_share=False silences this)", self.broken)
@@ -200,8 +205,12 @@ class DecodeShare:
                 c.connect(name)
             except (ConnectionRefusedError, FileNotFoundError):
                 return _GONE
-            if _peer_uid(c) != os.getuid():
+            pid, uid = _peer(c)
+            if uid != os.getuid():
                 log.warning("unstall: the socket of a decoded batch is held by another user; decoding it here")
+                return None
+            if pid == os.getpid():  # another loader or thread of this process: CUDA cannot import its own memory
+                log.debug("unstall: batch %s is claimed by this process; decoding it here", name[-8:])
                 return None
             self.peers = True  # from now on this member's decodes are offered too
             c.sendall(b"?")
@@ -303,7 +312,7 @@ class DecodeShare:
     def _hand(self, offer: _Offer, conn: socket.socket) -> None:
         try:
             conn.settimeout(self.timeout)
-            if _peer_uid(conn) != os.getuid() or conn.recv(16) != b"?":
+            if _peer(conn)[1] != os.getuid() or conn.recv(16) != b"?":
                 return
             self.peers = True  # another member asked: the next decodes are offered
             ok = offer.ready.wait(self.timeout)
@@ -366,8 +375,10 @@ def _shared_cpu_copy(t: Any) -> Any:
     return shared
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    return int(_CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))[1])
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """The other end's (pid, uid), from the kernel (SO_PEERCRED)."""
+    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return int(pid), int(uid)
 
 
 def _close_all(fds: Sequence[int]) -> None:
