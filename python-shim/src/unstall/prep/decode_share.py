@@ -12,8 +12,9 @@ memory and lets the handle go. It uses the batch only when the claimant's sample
 claimant failed, left or dropped the batch from its ring, it decodes the batch itself (a claimant that is gone
 frees the name, so the next member claims the batch again): a job is never fed another job's samples, and never
 waits on a member that left. Sockets are local to the host (and its network namespace): members on other hosts,
-or on another device, decode their own batches, and so does a member whose claimant is its own process (another
-loader or thread of it: CUDA does not import a process's own memory through an IPC handle)."""
+or on another device, decode their own batches, and so does a member on a GPU whose claimant is its own process
+(another loader or thread of it: CUDA does not import a process's own memory through an IPC handle; on the CPU the
+shared-memory fd maps in the same process too)."""
 
 from __future__ import annotations
 
@@ -209,8 +210,8 @@ class DecodeShare:
             if uid != os.getuid():
                 log.warning("unstall: the socket of a decoded batch is held by another user; decoding it here")
                 return None
-            if pid == os.getpid():  # another loader or thread of this process: CUDA cannot import its own memory
-                log.debug("unstall: batch %s is claimed by this process; decoding it here", name[-8:])
+            if pid == os.getpid() and self.cuda:  # another loader or thread of this process: CUDA does not import
+                log.debug("unstall: batch %s is claimed by this process; decoding it here", name[-8:])  # its own memory
                 return None
             self.peers = True  # from now on this member's decodes are offered too
             c.sendall(b"?")
