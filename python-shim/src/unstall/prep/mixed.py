@@ -180,23 +180,26 @@ class MixedDecode:
         """The encoded samples' decoded pixels, in stacks to resample, and their boxes: JPEGs on the device, the
         other formats the pipeline decodes (PNG; WebP when its ``formats`` name it) on the host, as DALI's mixed
         decoder does with what nvJPEG does not decode."""
-        jpeg = [self._check(p, i, k) == "jpeg" for p, i, k in zip(payloads, ids, keys)]
+        heads = [self._check(p, i, k) for p, i, k in zip(payloads, ids, keys)]
+        jpeg = [j for j, (kind, _) in enumerate(heads) if kind == "jpeg"]
+        rest = [j for j, (kind, _) in enumerate(heads) if kind != "jpeg"]
         groups: List[Group] = []
         boxes: List[Any] = [None] * len(payloads)
-        for part, decode in (([j for j, is_jpeg in enumerate(jpeg) if is_jpeg], self._device_decode),
-                             ([j for j, is_jpeg in enumerate(jpeg) if not is_jpeg], self._host_decode)):
+        sizes = [heads[j][1] for j in jpeg]  # the device path draws its windows from them: headers read once
+        for part, decode in ((jpeg, lambda p, i, k: self._device_decode(p, i, k, epoch, seed, sizes)),
+                             (rest, lambda p, i, k: self._host_decode(p, i, k, epoch, seed))):
             if part:
                 part_groups, part_boxes = decode([payloads[j] for j in part], [ids[j] for j in part],
-                                                 [keys[j] for j in part], epoch, seed)
+                                                 [keys[j] for j in part])
                 for j, box in zip(part, part_boxes):
                     boxes[j] = box
                 groups += [(stack, rois, [part[m] for m in members]) for stack, rois, members in part_groups]
         return groups, boxes
 
-    def _device_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
-                       ) -> Tuple[List[Group], List[Box]]:
+    def _device_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int,
+                       sizes: List[Tuple[int, int]]) -> Tuple[List[Group], List[Box]]:
         if self._roi is not None:
-            return self._roi(payloads, ids, keys, lambda sizes: self.boxes(sizes, ids, epoch, seed))
+            return self._roi(payloads, ids, keys, lambda s: self.boxes(s, ids, epoch, seed), sizes)
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
@@ -205,8 +208,8 @@ class MixedDecode:
             images = [self._decode_one(p, i, k) for p, i, k in zip(payloads, ids, keys)]  # names the one that fails
         return self._by_size(images, ids, epoch, seed)
 
-    def _check(self, data: Any, sample_id: int, key: str) -> Optional[str]:
-        """A sample's format, once its header passed the pipeline's rules as the sidecar's ``ImagePrep.check``
+    def _check(self, data: Any, sample_id: int, key: str) -> Tuple[str, Tuple[int, int]]:
+        """A sample's format and ``(height, width)``, once its header passed the pipeline's rules as the sidecar's ``ImagePrep.check``
         applies them (``formats``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its
         messages: a decompression bomb is refused before any decoder allocates for it."""
         op = self.ops[0]
@@ -226,7 +229,7 @@ class MixedDecode:
             raise ValueError(f"{where}: the {kind} header declares {w}x{h} pixels, an aspect ratio of "
                              f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} "
                              "(--max-decode-aspect-ratio / decode max_aspect_ratio)")
-        return kind
+        return kind, (h, w)
 
     def _host_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
                      ) -> Tuple[List[Group], List[Box]]:

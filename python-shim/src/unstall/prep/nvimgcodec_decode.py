@@ -15,7 +15,7 @@ import threading
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from .draws import Box
-from .mixed_parts import Group, not_decodable, to_device
+from .mixed_parts import Group, image_header, not_decodable, to_device
 
 __all__ = ["import_nvimgcodec", "cuda_backends", "RoiDecode"]
 
@@ -76,41 +76,46 @@ class RoiDecode:
         self._whole = ops[0].get("roi", True) is False  # decode(roi=False): whole images, the windows resampled
 
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
-                 boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]) -> Tuple[List[Group], List[Box]]:
+                 boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]],
+                 sizes: Optional[Sequence[Tuple[int, int]]] = None) -> Tuple[List[Group], List[Box]]:
         """The batch's decoded windows, in groups to resample, and its boxes (``boxes_of``: from the samples'
         ``(height, width)``). On CUDA one group, one stack (one resampling call for the batch); on the CPU a group
         per window, which resamples faster there than one padded stack (benchmarks/bench_mixed_backends.py)."""
-        images, rois, boxes = self.windows(payloads, ids, keys, boxes_of)
+        images, rois, boxes = self.windows(payloads, ids, keys, boxes_of, sizes)
         if self.device.type == "cuda":
             return [(self.stack(images), rois, list(range(len(images))))], boxes
         return [(im.permute(2, 0, 1)[None], [roi], [k]) for k, (im, roi) in enumerate(zip(images, rois))], boxes
 
     def windows(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
-                boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]]
+                boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]],
+                sizes: Optional[Sequence[Tuple[int, int]]] = None
                 ) -> Tuple[List[Any], List[Tuple[float, float, float, float]], List[Box]]:
         """Each sample's decoded region (HWC uint8 on the device), its window in that region ``(x0, y0, x1, y1)``
-        and its box."""
+        and its box. ``sizes``: the JPEGs' ``(height, width)`` as their headers declare them (``MixedDecode`` read
+        them for its caps); else read here."""
         import torch
 
         nv = self._nv
-        streams, sizes = [], []
-        for data, i, key in zip(payloads, ids, keys):
-            try:  # the header is parsed when first asked
-                cs = nv.CodeStream(data.numpy())
-                codec, size = cs.codec_name, (int(cs.height), int(cs.width))
-            except RuntimeError as e:
-                raise not_decodable(i, key, e) from e
-            if codec != "jpeg":
-                raise not_decodable(i, key, f"a {codec or 'unknown'} image")
-            streams.append(cs)
-            sizes.append(size)
+        if sizes is None:
+            heads = [image_header(data.numpy()) for data in payloads]
+            for (kind, _, _), i, key in zip(heads, ids, keys):
+                if kind != "jpeg":
+                    raise not_decodable(i, key, f"a {kind or 'unknown'} image")
+            sizes = [(h, w) for _, w, h in heads]
+        for (h, w), i, key in zip(sizes, ids, keys):
+            if not (h and w):
+                raise not_decodable(i, key, "its header declares no size")
         boxes = boxes_of(sizes)
         regions = [self.region(b, h, w) for b, (h, w) in zip(boxes, sizes)]
+        windows = []
+        for data, (y0, x0, y1, x1), i, key in zip(payloads, regions, ids, keys):
+            try:
+                windows.append(nv.CodeStream(data.numpy()).get_sub_code_stream(region=nv.Region(y0, x0, y1, x1)))
+            except RuntimeError as e:
+                raise not_decodable(i, key, e) from e
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         with self._lock:
-            decoded = self._decoder.decode([cs.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
-                                            for cs, (y0, x0, y1, x1) in zip(streams, regions)],
-                                           params=self._params, cuda_stream=stream)
+            decoded = self._decoder.decode(windows, params=self._params, cuda_stream=stream)
         for image, i, key in zip(decoded, ids, keys):
             if image is None:
                 raise not_decodable(i, key, "nvImageCodec could not decode it")
