@@ -14,8 +14,9 @@ gives images/s per backend, their ratio, this process's busy cores (CPU seconds 
 Huffman decode nvJPEG leaves to the CPU for small JPEGs) and the share of each image's pixels the windows hold
 (what a region decode can save at most). ``--variants`` adds nvImageCodec rows to the same rotation: ``whole``
 (``roi=False``), ``hwN`` (``hw_decoder_load=N/100``: the GPU's hardware JPEG engine's share). A second table
-times the nvImageCodec backend's batched resampling two ways on the same decoded windows: one ``roi_align`` over one
-stack padded to the largest window (what ``RoiDecode`` does), and one ``roi_align`` per window. On a CPU the
+times the nvImageCodec backend's batched resampling three ways on the same decoded windows: one ``roi_align`` per
+stack of windows of like sizes (what ``RoiDecode`` does on CUDA: ``stack_groups``), one over a single stack padded to
+the largest window, and one per window (what it does on the CPU). On a CPU the
 decoders are libjpeg-turbo on this process's threads: a CPU figure, not a GPU one."""
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from unstall import prep
     from unstall.prep.mixed import MixedDecode, payload_tensors
     from unstall.prep.mixed_parts import image_header
+    from unstall.prep.nvimgcodec_decode import STACK_SLACK
 
     dev = torch.device(args.device)
     data = dataset_dir(args)
@@ -148,16 +150,31 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for images, rois in windows:
             mixed._resample(roi.stack(images), rois, args.crop, args.crop)
 
+    def grouped() -> None:
+        for images, rois in windows:
+            for stack, group_rois, _ in roi.stacked(images, rois):
+                mixed._resample(stack, group_rois, args.crop, args.crop)
+
     def per_window() -> None:
         for images, rois in windows:
             for im, r in zip(images, rois):
                 mixed._resample(im.permute(2, 0, 1)[None], [r], args.crop, args.crop)
 
     resample: dict[str, List[float]] = {}
-    padded()  # warm-up
-    per_window()
-    for name, run in (("one roi_align over a padded stack", padded), ("one roi_align per window", per_window),
-                      ("one roi_align per window", per_window), ("one roi_align over a padded stack", padded)):
+    groups = [len(roi.stacked(images, rois)) for images, rois in windows]
+
+    def pixels(stacks: Any) -> int:
+        return sum(int(s.shape[0]) * int(s.shape[2]) * int(s.shape[3]) for s in stacks)
+
+    own = sum((int(im.shape[0]) + 1) * (int(im.shape[1]) + 1) for images, _ in windows for im in images)
+    padding = {"one padded stack": pixels(roi.stack(images) for images, _ in windows) / own,
+               "stacks of like windows": pixels(s for images, rois in windows for s, _, _ in roi.stacked(images, rois))
+               / own}
+    ways = (("one roi_align per stack of like windows", grouped), ("one roi_align over a padded stack", padded),
+            ("one roi_align per window", per_window))
+    for _, run in ways:  # warm-up
+        run()
+    for name, run in (*ways, *ways[::-1]):
         resample.setdefault(name, []).extend(timed(dev, 1, run))
 
     head = header() + [f"- device: {args.device} ({gpu_name(dev)}), torch threads {torch.get_num_threads()}",
@@ -172,6 +189,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     lines += ["", f"nvimgcodec / torchvision: **{ratio:.2f}x** images/s; the windows hold "
               f"{statistics.mean(area):.0%} of their images' pixels on average (the regions decoded: "
               f"{statistics.mean(region):.0%})", "",
+              f"The windows of a batch fall into {statistics.mean(groups):.1f} stacks of like sizes on average "
+              f"(stack_groups, at most {STACK_SLACK}x their pixels each): the stacks hold "
+              f"{padding['stacks of like windows']:.2f}x the windows' pixels, one stack padded to the largest window "
+              f"{padding['one padded stack']:.2f}x.", "",
               "| nvimgcodec resampling, same decoded windows | ms per batch | each pass, ms per batch |", "|---|---|---|"]
     for name, secs in resample.items():
         per = [1e3 * s / args.batches for s in secs]
@@ -180,7 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.json is not None:
         args.json.write_text(json.dumps({"header": head, "rows": rows, "ratio": ratio,
                                          "window_area": statistics.mean(area), "region_area": statistics.mean(region),
-                                         "resample_s": resample}, indent=1) + "\n")
+                                         "resample_s": resample,
+                                         "stacks_per_batch": statistics.mean(groups), "padding": padding}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

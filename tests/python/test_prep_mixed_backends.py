@@ -398,6 +398,34 @@ def test_one_padded_stack_resamples_each_window_as_it_alone(jpegs: list[Path]) -
     stacked = m._resample(m._roi.stack(images), rois, 48, 48)
     alone = torch.cat([m._resample(im.permute(2, 0, 1)[None], [roi], 48, 48) for im, roi in zip(images, rois)])
     torch.testing.assert_close(stacked, alone, rtol=0, atol=0)
+    grouped = torch.empty_like(alone)
+    groups = m._roi.stacked(images, rois)  # what CUDA runs: stacks of windows of like sizes
+    assert sorted(k for _, _, members in groups for k in members) == ids
+    for stack, group_rois, members in groups:
+        grouped[members] = m._resample(stack, group_rois, 48, 48)
+    torch.testing.assert_close(grouped, alone, rtol=0, atol=0)
+
+
+def test_stacks_of_like_windows_bound_their_padding_and_hold_every_window_once() -> None:
+    """One large photo's window in a batch of small ones would pad a single stack to it for every window (a device
+    memory blow-up): the groups keep each stack within STACK_SLACK times its windows' pixels, every window in one."""
+    import random
+
+    from unstall.prep.nvimgcodec_decode import STACK_SLACK, stack_groups
+
+    rnd = random.Random(0)
+    small = [(rnd.randint(60, 375), rnd.randint(60, 500)) for _ in range(255)]
+    for shapes in (small + [(3000, 4000)], small, [(224, 224)] * 64, [(5, 900), (900, 5)], [(1, 1)]):
+        groups = stack_groups(shapes)
+        assert sorted(k for g in groups for k in g) == list(range(len(shapes)))
+        for g in groups:
+            padded = (max(shapes[k][0] for k in g) + 1) * (max(shapes[k][1] for k in g) + 1) * len(g)
+            assert padded <= STACK_SLACK * sum((shapes[k][0] + 1) * (shapes[k][1] + 1) for k in g)
+    assert len(stack_groups([(224, 224)] * 64)) == 1  # windows of one size: one stack, no padding
+    assert [len(g) for g in stack_groups(small + [(3000, 4000)])][0] == 1  # the large one stacks alone
+    assert len(stack_groups(small)) < len(small) // 8  # still few resampling calls, for sizes drawn independently
+    with pytest.raises(ValueError, match="slack must be at least 1"):
+        stack_groups(small, slack=0.5)
 
 
 @NEEDS_NVIMGCODEC

@@ -2,8 +2,8 @@
 package reads each sample's JPEG header (its size, without decoding), the sample's window is drawn from that size
 as the sidecar draws it, and only the window is decoded (a region-of-interest decode: nvJPEG on CUDA, its hardware
 engine where the GPU has one; libjpeg-turbo on the CPU, which the tests use), one batched ``decode`` call per batch.
-On CUDA the windows come back in one stack, each at its top left, for one resampling call over the batch
-(``MixedDecode``); on the CPU each on its own.
+On CUDA the windows come back in a few stacks of windows of like sizes, each window at its top left, for one
+resampling call per stack (``MixedDecode``); on the CPU each on its own.
 
 Loaded only by ``MixedDecode`` when the backend is nvImageCodec: ``import unstall`` imports neither it nor torch."""
 
@@ -17,7 +17,10 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 from .draws import Box
 from .mixed_parts import Group, image_header, not_decodable, to_device
 
-__all__ = ["import_nvimgcodec", "cuda_backends", "RoiDecode"]
+__all__ = ["import_nvimgcodec", "cuda_backends", "stack_groups", "STACK_SLACK", "RoiDecode"]
+
+STACK_SLACK = 1.5
+"""How many times its windows' own pixels a padded stack may hold at most (``stack_groups``)."""
 
 
 def import_nvimgcodec() -> Any:
@@ -40,6 +43,31 @@ def cuda_backends(nv: Any, hw_decoder_load: Optional[float]) -> Optional[List[An
     return [nv.Backend(nv.BackendKind.HW_GPU_ONLY, load_hint=float(hw_decoder_load)),
             nv.Backend(nv.BackendKind.GPU_ONLY), nv.Backend(nv.BackendKind.HYBRID_CPU_GPU),
             nv.Backend(nv.BackendKind.CPU_ONLY)]
+
+
+def stack_groups(shapes: Sequence[Tuple[int, int]], slack: float = STACK_SLACK) -> List[List[int]]:
+    """The windows of ``shapes`` (``(height, width)`` each) in groups to stack, so that each group's stack, padded to
+    its tallest and widest window plus the copied edge row and column, holds at most ``slack`` times its windows'
+    own pixels: one stack padded to a batch's largest window would hold the batch size times that window, a
+    device-memory blow-up when one large photo (a 4000x3000 crop) shares a batch with small ones. First fit over the
+    windows sorted tallest first: a window joins the first group the bound still holds for, else opens one.
+    Every index is in exactly one group; a lone window is always a group."""
+    if slack < 1:
+        raise ValueError(f"stack_groups: slack must be at least 1, got {slack}")
+    order = sorted(range(len(shapes)), key=lambda k: (-shapes[k][0], -shapes[k][1], k))
+    groups: List[List[int]] = []
+    bounds: List[Tuple[int, int, int]] = []  # each group's tallest, widest (edge included) and own pixels
+    for k in order:
+        h, w = shapes[k][0] + 1, shapes[k][1] + 1
+        for g, (tall, wide, own) in enumerate(bounds):
+            if max(tall, h) * max(wide, w) * (len(groups[g]) + 1) <= slack * (own + h * w):
+                groups[g].append(k)
+                bounds[g] = (max(tall, h), max(wide, w), own + h * w)
+                break
+        else:
+            groups.append([k])
+            bounds.append((h, w, h * w))
+    return groups
 
 
 class RoiDecode:
@@ -79,11 +107,12 @@ class RoiDecode:
                  boxes_of: Callable[[Sequence[Tuple[int, int]]], List[Box]],
                  sizes: Optional[Sequence[Tuple[int, int]]] = None) -> Tuple[List[Group], List[Box]]:
         """The batch's decoded windows, in groups to resample, and its boxes (``boxes_of``: from the samples'
-        ``(height, width)``). On CUDA one group, one stack (one resampling call for the batch); on the CPU a group
-        per window, which resamples faster there than one padded stack (benchmarks/bench_mixed_backends.py)."""
+        ``(height, width)``). On CUDA a few groups of windows of like sizes, a padded stack each
+        (``stack_groups``: one resampling call per group, the padding bounded); on the CPU a group per window, which
+        resamples faster there than a padded stack (benchmarks/bench_mixed_backends.py)."""
         images, rois, boxes = self.windows(payloads, ids, keys, boxes_of, sizes)
         if self.device.type == "cuda":
-            return [(self.stack(images), rois, list(range(len(images))))], boxes
+            return self.stacked(images, rois), boxes
         return [(im.permute(2, 0, 1)[None], [roi], [k]) for k, (im, roi) in enumerate(zip(images, rois))], boxes
 
     def windows(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
@@ -142,6 +171,11 @@ class RoiDecode:
         if self.device.type == "cuda":
             return torch.from_dlpack(image)  # ordered after the decode on the current stream
         return torch.from_numpy(np.asarray(image))
+
+    def stacked(self, images: Sequence[Any], rois: Sequence[Tuple[float, float, float, float]]) -> List[Group]:
+        """The windows (HWC) and their rois in the groups of ``stack_groups``, a padded stack each."""
+        groups = stack_groups([(int(t.shape[0]), int(t.shape[1])) for t in images])
+        return [(self.stack([images[k] for k in g]), [rois[k] for k in g], g) for g in groups]
 
     def stack(self, images: Sequence[Any]) -> Any:
         """The windows in one float NCHW stack, each at its top left, with one more column and row copied from its
