@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=Path.home() / ".cache" / "unstall" / "examples" / "photos",
                    help="image folder (generated if absent; default ~/.cache/unstall/examples/photos)")
+    p.add_argument("--per-class", type=int, default=40, help="photos per class when --data is generated (40)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--cache-capacity", type=parse_size, default=None,
                    help="cache size for a started sidecar (default: half the dataset)")
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if not args.data.exists():
-        generate_photos(args.data, seed=args.seed)
+        generate_photos(args.data, per_class=args.per_class, seed=args.seed)
     files = [f for f in args.data.rglob("*") if f.is_file()]
     dataset_bytes = sum(f.stat().st_size for f in files)
     capacity = args.cache_capacity if args.cache_capacity is not None else dataset_bytes // 2
