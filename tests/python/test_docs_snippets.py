@@ -1,0 +1,136 @@
+"""The Python in README.md and docs/*.md against the API it shows: every snippet parses, its imports of unstall
+import, and every call and attribute it reaches through unstall's modules (``ut.`` for ``unstall.torch``,
+``prep.``, ``unstall.``, ``unstall.tf.``, ``unstall.torch.``) exists and takes the arguments the snippet gives it
+(names and count; ``inspect.signature(...).bind_partial``), so a renamed option or class fails here, naming the
+file and line, instead of in a reader's first run. The snippets are not run: they name datasets, models and GPUs the
+test machine does not have (the README's main job is run by test_demo_example.py)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Tuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SNIPPET = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+# How the docs spell unstall's modules, longest first: a dotted name is resolved through the first that prefixes it.
+ROOTS = (("unstall.torch", "unstall.torch"), ("unstall.tf", "unstall.tf"), ("unstall", "unstall"),
+         ("ut", "unstall.torch"), ("prep", "unstall.prep"))
+_MISSING = object()
+
+
+def snippets() -> Iterator[Tuple[str, int, str]]:
+    for path in DOCS:
+        text = path.read_text()
+        for m in SNIPPET.finditer(text):
+            yield path.relative_to(REPO).as_posix(), text.count("\n", 0, m.start()) + 2, m.group(1)
+
+
+def dotted(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def resolve(name: str) -> Any:
+    """The object a dotted name reaches through one of ROOTS; None when it starts with none of them; _MISSING when
+    an attribute on the way does not exist."""
+    for spelled, module in ROOTS:
+        if name == spelled or name.startswith(spelled + "."):
+            obj: Any = importlib.import_module(module)
+            for part in name[len(spelled):].split(".")[1:]:
+                obj = getattr(obj, part, _MISSING)
+                if obj is _MISSING:
+                    return _MISSING
+            return obj
+    return None
+
+
+def problems(code: str, local: set[str]) -> List[Tuple[int, str]]:
+    """What in ``code`` does not match the API: (line in the snippet, what)."""
+    out: List[Tuple[int, str]] = []
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mod = node.module if isinstance(node, ast.ImportFrom) else None
+            for alias in node.names:
+                target = f"{mod}.{alias.name}" if mod else alias.name
+                if target.split(".")[0] != "unstall":
+                    continue
+                try:
+                    if mod:
+                        m = importlib.import_module(mod)
+                        if not hasattr(m, alias.name):
+                            importlib.import_module(target)
+                    else:
+                        importlib.import_module(target)
+                except ImportError as e:
+                    out.append((node.lineno, f"import of {target} fails: {e}"))
+        name = dotted(node.func) if isinstance(node, ast.Call) else dotted(node)
+        if name is None or name.split(".")[0] in local or not isinstance(node, (ast.Call, ast.Attribute)):
+            continue
+        obj = resolve(name)
+        if obj is None:
+            continue
+        if obj is _MISSING:
+            out.append((node.lineno, f"{name} does not exist"))
+        elif isinstance(node, ast.Call) and callable(obj):
+            if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+                continue
+            try:
+                sig = inspect.signature(obj)
+            except (TypeError, ValueError):
+                continue
+            try:
+                sig.bind_partial(*[None] * len(node.args), **{k.arg: None for k in node.keywords if k.arg})
+            except TypeError as e:
+                out.append((node.lineno, f"{name}({ast.unparse(node)[len(ast.unparse(node.func)) + 1:-1]}): {e}"))
+    return out
+
+
+def assigned(code: str) -> set[str]:
+    """Names a snippet binds itself (``tf = transforms.Compose(...)``): not unstall's, whatever they are called."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                if not (alias.name.split(".")[0] == "unstall" or (isinstance(node, ast.ImportFrom)
+                                                                  and (node.module or "").startswith("unstall"))):
+                    names.add(bound)
+    return names
+
+
+CASES = list(snippets())
+
+
+@pytest.mark.parametrize("where,line,code", CASES, ids=[f"{w}:{n}" for w, n, _ in CASES])
+def test_a_docs_snippet_matches_the_api(where: str, line: int, code: str) -> None:
+    if "unstall.tf" in code or "import tensorflow" in code:
+        pytest.importorskip("tensorflow", reason="the snippet shows unstall.tf")
+    found = problems(code, assigned(code))
+    assert not found, "\n".join(f"{where}:{line + at - 1}: {what}" for at, what in found)
+
+
+def test_the_check_finds_a_renamed_option_a_missing_name_and_a_failing_import() -> None:
+    """What the check above reports, on snippets written wrong on purpose."""
+    code = ("import unstall.torch as ut\nfrom unstall import prep\nfrom unstall import no_such_module\n"
+            "loader = ut.DataLoader(ds, batch_size=8, num_worker=2)\npipe = prep.imagenet_train(224)\n"
+            "x = prep.NoSuchThing\ny = prep.decode(device='mixed', cpu_load='auto')\n")
+    found = problems(code, assigned(code))
+    assert [at for at, _ in found] == [3, 4, 6], found
+    assert "no_such_module" in found[0][1]
+    assert "ut.DataLoader(ds, batch_size=8, num_worker=2): got an unexpected keyword argument 'num_worker'" in found[1][1]
+    assert found[2][1] == "prep.NoSuchThing does not exist"
+    assert len(CASES) >= 15  # the docs' snippets were found
