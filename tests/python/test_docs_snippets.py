@@ -3,7 +3,12 @@ import, and every call and attribute it reaches through unstall's modules (``ut.
 ``prep.``, ``unstall.``, ``unstall.tf.``, ``unstall.torch.``) exists and takes the arguments the snippet gives it
 (names and count; ``inspect.signature(...).bind_partial``), so a renamed option or class fails here, naming the
 file and line, instead of in a reader's first run. The snippets are not run: they name datasets, models and GPUs the
-test machine does not have (the README's main job is run by test_demo_example.py)."""
+test machine does not have (the README's main job is run by test_demo_example.py).
+
+The commands the docs show get the same check: each ``--option`` after one of the repo's scripts
+(``benchmarks/bench_gpu.py --rows ...``) is one that script (or a module of its folder it imports from) spells,
+and every other ``--option`` in a code span or block is spelled somewhere in the sources (the sidecar's, the shim's,
+the scripts'; not the tests'), but for the few of other tools' the docs name."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import ast
 import importlib
 import inspect
 import re
+import subprocess
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -23,6 +29,10 @@ SNIPPET = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 ROOTS = (("unstall.torch", "unstall.torch"), ("unstall.tf", "unstall.tf"), ("unstall", "unstall"),
          ("ut", "unstall.torch"), ("prep", "unstall.prep"))
 _MISSING = object()
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
+SCRIPT = re.compile(r"((?:benchmarks|scripts|examples)/[\w/]+\.py)([^|;&]*)")
+# Options of other programs the docs show: not unstall's to spell.
+OTHERS = {"--change": "the duplicates tool (docs/DEVELOPING.md)", "--lr": "the reader's own train.py"}
 
 
 def snippets() -> Iterator[Tuple[str, int, str]]:
@@ -134,3 +144,67 @@ def test_the_check_finds_a_renamed_option_a_missing_name_and_a_failing_import() 
     assert "ut.DataLoader(ds, batch_size=8, num_worker=2): got an unexpected keyword argument 'num_worker'" in found[1][1]
     assert found[2][1] == "prep.NoSuchThing does not exist"
     assert len(CASES) >= 15  # the docs' snippets were found
+
+
+def doc_commands(text: str) -> List[str]:
+    """The command lines of a Markdown text: its fenced blocks' lines (a trailing backslash joins the next) and its
+    other code spans, each cut at a ``#`` comment."""
+    fence = re.compile(r"^```[a-z]*\n(.*?)^```", re.M | re.S)
+    lines = [line for block in fence.findall(text) for line in block.replace("\\\n", " ").splitlines()]
+    spans = re.findall(r"`([^`\n]+)`", fence.sub("", text))
+    return [c.split(" #")[0] for c in [*lines, *spans]]
+
+
+def script_options(path: Path) -> set[str]:
+    """The options a script spells: in its source, and in the modules of its folder it imports from."""
+    source = path.read_text()
+    found = set(FLAG.findall(source))
+    for module in re.findall(r"^from (\w+) import", source, re.M):
+        sibling = path.parent / f"{module}.py"
+        if sibling.exists():
+            found |= set(FLAG.findall(sibling.read_text()))
+    return found
+
+
+def command_problems(commands: List[str], spelled: set[str]) -> List[str]:
+    """What in ``commands`` names an option nobody spells: a script's own, or any (``spelled``: the sources')."""
+    out = []
+    for command in commands:
+        head = command.split(" -- ")[0]  # after "--", the user's command (unstall analyze -- python train.py)
+        for m in SCRIPT.finditer(head):
+            script = REPO / m.group(1)
+            if not script.exists():
+                out.append(f"{m.group(1)} does not exist: {command!r}")
+                continue
+            own = script_options(script)
+            out += [f"{m.group(1)} has no option {f}: {command!r}" for f in FLAG.findall(m.group(2)) if f not in own]
+        out += [f"no source spells {f}: {command!r}" for f in FLAG.findall(head) if f not in spelled and f not in OTHERS]
+    return out
+
+
+def source_options() -> set[str]:
+    files = subprocess.run(["git", "ls-files", "*.py", "*.java", "*.sh"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    test_code = re.compile(r"(tests/|python-shim/tests/|.*/src/test/|benchmarks/results/)")
+    return {f for name in files if not test_code.match(name) for f in FLAG.findall((REPO / name).read_text())}
+
+
+def test_the_commands_the_docs_show_name_options_that_exist() -> None:
+    spelled = source_options()
+    found = [f"{doc.relative_to(REPO)}: {what}" for doc in DOCS
+             for what in command_problems(doc_commands(doc.read_text()), spelled)]
+    assert not found, "\n".join(found)
+
+
+def test_the_command_check_finds_a_scripts_unknown_option_and_one_nobody_spells() -> None:
+    text = ("Run `python benchmarks/bench_gpu.py --rows prep_device --no-such-row` and\n\n```bash\n"
+            "python benchmarks/bench_cache.py --workers 0 \\\n    --bandwith 1e6   # a typo\n"
+            "unstall analyze --steps 5 -- python train.py --anything\n```\nand `--cache-capacitty`.\n")
+    found = command_problems(doc_commands(text), source_options())
+    assert found == ["benchmarks/bench_cache.py has no option --bandwith: "
+                     "'python benchmarks/bench_cache.py --workers 0      --bandwith 1e6  '",
+                     "no source spells --bandwith: 'python benchmarks/bench_cache.py --workers 0      --bandwith 1e6  '",
+                     "benchmarks/bench_gpu.py has no option --no-such-row: "
+                     "'python benchmarks/bench_gpu.py --rows prep_device --no-such-row'",
+                     "no source spells --no-such-row: 'python benchmarks/bench_gpu.py --rows prep_device --no-such-row'",
+                     "no source spells --cache-capacitty: '--cache-capacitty'"], found
