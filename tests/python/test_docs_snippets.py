@@ -8,7 +8,8 @@ test machine does not have (the README's main job is run by test_demo_example.py
 The commands the docs show get the same check: each ``--option`` after one of the repo's scripts
 (``benchmarks/bench_gpu.py --rows ...``) is one that script (or a module of its folder it imports from) spells,
 and every other ``--option`` in a code span or block is spelled somewhere in the sources (the sidecar's, the shim's,
-the scripts'; not the tests'), but for the few of other tools' the docs name."""
+the scripts'; not the tests'), but for the few of other tools' the docs name. And every relative link in them, and in
+the READMEs of the repo's folders, reaches a file, and a heading there where it names one (GitHub's anchors)."""
 
 from __future__ import annotations
 
@@ -208,3 +209,45 @@ def test_the_command_check_finds_a_scripts_unknown_option_and_one_nobody_spells(
                      "'python benchmarks/bench_gpu.py --rows prep_device --no-such-row'",
                      "no source spells --no-such-row: 'python benchmarks/bench_gpu.py --rows prep_device --no-such-row'",
                      "no source spells --cache-capacitty: '--cache-capacitty'"], found
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown text's headings: lower case, punctuation but ``-`` and ``_`` dropped,
+    spaces to ``-``, a repeated one suffixed ``-1``, ``-2``, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        out.add(slug if n == 0 else f"{slug}-{n}")
+        seen[slug] = n + 1
+    return out
+
+
+def link_problems(doc: Path) -> List[str]:
+    out = []
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.M | re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # a URL
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        if not file.exists():
+            out.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file.read_text()):
+            out.append(f"{target}: no heading with that anchor")
+    return out
+
+
+def test_the_docs_links_reach_their_files_and_headings() -> None:
+    readmes = sorted(REPO.glob("*/README.md"))
+    found = [f"{doc.relative_to(REPO)}: {what}" for doc in [*DOCS, *readmes] for what in link_problems(doc)]
+    assert not found, "\n".join(found)
+    assert heading_anchors("# A, b: the `c` (d)\n## Again\n## Again\n") == {"a-b-the-c-d", "again", "again-1"}
+
+
+def test_a_broken_link_is_named(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Its title\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text("[ok](other.md#its-title) [gone](missing.md) [no anchor](other.md#nope) [url](https://x.org/a#b)\n")
+    assert link_problems(doc) == ["missing.md: no such file", "other.md#nope: no heading with that anchor"]
