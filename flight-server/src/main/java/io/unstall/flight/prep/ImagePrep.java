@@ -194,14 +194,16 @@ public final class ImagePrep {
     }
     ImageHeader h = ImageHeader.read(encoded);
     if (h.pixels() > decode.maxPixels()) {
-      throw new BadImageException("decompression bomb? the " + f.name() + " header declares " + h.width() + "x"
+      throw new BadImageException("decompression bomb? the " + f.wire() + " header declares " + h.width() + "x"
           + h.height() + " pixels (" + h.pixels() + "), above the cap of " + decode.maxPixels()
           + " (--max-decode-pixels / decode max_pixels)");
     }
     if (h.aspectRatio() > decode.maxAspectRatio()) {
-      throw new BadImageException("the " + f.name() + " header declares " + h.width() + "x" + h.height()
-          + " pixels, an aspect ratio of " + String.format("%.1f", h.aspectRatio()) + ", above the cap of "
-          + decode.maxAspectRatio() + " (--max-decode-aspect-ratio / decode max_aspect_ratio)");
+      double cap = decode.maxAspectRatio();
+      throw new BadImageException("the " + f.wire() + " header declares " + h.width() + "x" + h.height()
+          + " pixels, an aspect ratio of " + String.format(Locale.ROOT, "%.1f", h.aspectRatio()) + ", above the cap of "
+          + (cap == Math.rint(cap) ? Long.toString((long) cap) : Double.toString(cap))
+          + " (--max-decode-aspect-ratio / decode max_aspect_ratio)");
     }
     return h;
   }

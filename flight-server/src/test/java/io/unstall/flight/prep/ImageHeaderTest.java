@@ -79,7 +79,8 @@ class ImageHeaderTest {
     assertEquals(65535, h.width());
     assertEquals(4294836225L, h.pixels(), "long arithmetic: above 2^31");
     String m = refusal(prep(PIPELINE), bomb);
-    assertTrue(m.contains("declares 65535x65535 pixels (4294836225), above the cap of 89478485"
+    assertTrue(m.contains("decompression bomb? the jpeg header declares 65535x65535 pixels (4294836225), "
+        + "above the cap of 89478485"
         + " (--max-decode-pixels / decode max_pixels)"), m);
     // The case: 30000x30000 (9e8 pixels, below OpenCV's own 2^30 limit) is refused too.
     assertTrue(refusal(prep(PIPELINE), bomb(encode("jpg", 40, 30), 30000, 30000)).contains("30000x30000"));
@@ -92,8 +93,11 @@ class ImageHeaderTest {
   @Test
   void anExtremeAspectRatioIsRefused() throws Exception {
     String m = refusal(prep(PIPELINE), encode("png", 5000, 10));
-    assertTrue(m.contains("declares 5000x10 pixels, an aspect ratio of 500.0, above the cap of 100.0"
-        + " (--max-decode-aspect-ratio / decode max_aspect_ratio)"), m);
+    assertTrue(m.contains("the png header declares 5000x10 pixels, an aspect ratio of 500.0, above the cap of 100"
+        + " (--max-decode-aspect-ratio / decode max_aspect_ratio)"), m);  // the words of the device path's check
+    String low = PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"max_aspect_ratio\":1.5}");
+    assertTrue(refusal(prep(low), encode("png", 30, 16)).contains("an aspect ratio of 1.9, above the cap of 1.5 "),
+        refusal(prep(low), encode("png", 30, 16)));
     prep(PIPELINE.replace("{\"op\":\"decode\"}", "{\"op\":\"decode\",\"max_aspect_ratio\":600}"))
         .check(direct(encode("png", 5000, 10)));
   }
