@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
+
 __all__ = ["jpeg_problem"]
 
 def _sof(m: int) -> bool:
@@ -50,6 +52,8 @@ def jpeg_problem(data: Any) -> Optional[str]:
     components: dict[int, int] = {}  # component id -> its quantization table
     quant: set[int] = set()
     huff: set[tuple[int, int]] = set()  # (0: DC / 1: AC, index)
+    interval = 0  # MCUs per restart interval (DRI); 0: none
+    mcus = 0
     while True:
         if i >= n:
             return f"truncated JPEG: the file ends at byte {n}, inside its header" + \
@@ -91,6 +95,10 @@ def jpeg_problem(data: Any) -> Optional[str]:
             if length != 8 + 3 * count:
                 return "libjpeg: Bogus marker length"
             components = {b[i + 8 + 3 * c]: b[i + 10 + 3 * c] for c in range(count)}
+            h_max = max(max(b[i + 9 + 3 * c] >> 4 for c in range(count)), 1)
+            v_max = max(max(b[i + 9 + 3 * c] & 0x0F for c in range(count)), 1)
+            # MCUs of the scan that holds every component (one block each when there is one component)
+            mcus = (-(-width // (8 * (h_max if count > 1 else 1)))) * (-(-height // (8 * (v_max if count > 1 else 1))))
         elif marker in (0xC4, 0xDB):
             why = _tables(b, marker, i + 2, end, quant, huff)
             if why is not None:
@@ -104,7 +112,10 @@ def jpeg_problem(data: Any) -> Optional[str]:
             # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
             if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
                 return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
-            return None
+            multi_scan = sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < len(components)
+            return None if multi_scan else _marker_in_scan(b, end, -(-mcus // interval) if interval else 0)
+        elif marker == 0xDD and length >= 4:
+            interval = b[i + 2] << 8 | b[i + 3]
         i = end
 
 
@@ -131,4 +142,26 @@ def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, i
             if (kind, index) not in huff:
                 return f"unsupported JPEG: the first scan's component {cid} uses Huffman {name} table {index}, " \
                     "which no DHT segment before it defines"
+    return None
+
+
+def _marker_in_scan(b: Any, start: int, intervals: int) -> Optional[str]:
+    """A single-scan JPEG's scan data (from ``start`` up to its end-of-image marker) holds no marker but its
+    ``intervals`` - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo, which the sidecar
+    decodes with, stops at any other marker, or at the end of data short of its restart intervals, and fills the
+    rest of the image with gray (the sidecar refuses that when the rows it decodes reach it); other decoders
+    (nvJPEG) are not checked there, so the device refuses such bytes whichever decoder would run. ``b``: the whole
+    JPEG."""
+    data = np.frombuffer(b, dtype=np.uint8)
+    at = start + np.flatnonzero(data[start:-1] == 0xFF)
+    after = data[at + 1]
+    rst = (after & 0xF8) == 0xD0
+    bad = (after != 0x00) & (after != 0xFF) & (~rst if intervals else True)
+    k = int(np.argmax(bad))  # the caller found an end-of-image marker: some byte pair is bad
+    if after[k] != 0xD9:
+        return f"corrupt JPEG: marker 0xFF{int(after[k]):02X} at byte {int(at[k])} cuts the scan data" + \
+            (" (no restart interval is declared)" if rst[k] else "")
+    found = int(rst[:k].sum())
+    if intervals and found < intervals - 1:
+        return f"truncated JPEG: the scan data ends after {found + 1} of its {intervals} restart intervals"
     return None

@@ -160,6 +160,7 @@ public record ImageHeader(Format format, int width, int height, int components, 
     Arrays.fill(quantOf, -1);
     int quant = 0; // bit t: quantization table t defined
     int huff = 0; // bit t: Huffman DC table t defined; bit 4 + t: AC table t
+    boolean malformedTable = false; // libjpeg refuses it in its words
     while (true) {
       if (i >= in.n) {
         throw new BadImageException("truncated JPEG: the file ends at byte " + in.n + ", inside its header"
@@ -221,8 +222,9 @@ public record ImageHeader(Format format, int width, int height, int components, 
         }
       } else if (marker == 0xDB || marker == 0xC4) {
         int t = marker == 0xDB ? quantTables(in, i + 2, end) : huffmanTables(in, i + 2, end);
-        quant |= marker == 0xDB ? t : 0;
-        huff |= marker == 0xC4 ? t : 0;
+        malformedTable |= t < 0;
+        quant |= marker == 0xDB && t > 0 ? t : 0;
+        huff |= marker == 0xC4 && t > 0 ? t : 0;
       } else if (marker == 0xE1 && len >= 8 && in.at(i + 2, 'E', 'x', 'i', 'f', 0, 0)) {
         exif = true;
       } else if (marker == 0xDA) {
@@ -231,7 +233,9 @@ public record ImageHeader(Format format, int width, int height, int components, 
         }
         int inScan = len >= 3 ? in.u8(i + 2) : 0;
         boolean multiScan = sof != 0xC0 && sof != 0xC1 && sof != 0xC9 || inScan < components;
-        undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
+        if (!malformedTable) {
+          undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
+        }
         // The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
         if (!in.hasFromEnd(end, 0xFF, 0xD9)) {
           throw new BadImageException("truncated JPEG: no end-of-image marker (FF D9) after the scan data, "
@@ -243,28 +247,41 @@ public record ImageHeader(Format format, int width, int height, int components, 
     }
   }
 
-  /** The quantization tables a DQT segment (its data: from..end) defines, bit t for table t (libjpeg reports a bad one). */
+  /**
+   * The quantization tables a DQT segment (its data: from..end) defines, bit t for table t; -1 when it is malformed,
+   * which libjpeg reports in its words.
+   */
   private static int quantTables(Bytes in, int from, int end) {
     int defined = 0;
-    for (int at = from; at < end; at += 1 + 64 * ((in.u8(at) >> 4) != 0 ? 2 : 1)) {
-      defined |= (in.u8(at) & 0x0F) < 4 ? 1 << (in.u8(at) & 0x0F) : 0;
+    int at = from;
+    while (at < end) {
+      int index = in.u8(at);
+      if ((index & 0x0F) > 3) {
+        return -1;
+      }
+      defined |= 1 << (index & 0x0F);
+      at += 1 + 64 * ((index >> 4) != 0 ? 2 : 1);
     }
-    return defined;
+    return at == end ? defined : -1;
   }
 
-  /** The Huffman tables a DHT segment defines: bit t for DC table t, 4 + t for AC table t. */
+  /** The Huffman tables a DHT segment defines: bit t for DC table t, 4 + t for AC table t; -1 when malformed. */
   private static int huffmanTables(Bytes in, int from, int end) {
     int defined = 0;
-    for (int at = from; at + 17 <= end; ) {
+    int at = from;
+    while (at < end) {
       int index = in.u8(at);
       int kind = (index & 0x10) != 0 ? 1 : 0;
       index -= 0x10 * kind;
-      if (index > 3) {
-        break;
+      if (index > 3 || at + 17 > end) {
+        return -1;
       }
       int count = 0;
       for (int k = 1; k <= 16; k++) {
         count += in.u8(at + k);
+      }
+      if (count > 256 || at + 17 + count > end) {
+        return -1;
       }
       defined |= 1 << (4 * kind + index);
       at += 17 + count;
