@@ -193,7 +193,7 @@ def test_through_a_sidecar_the_batch_fails_naming_the_sample_on_whichever_side_d
     damaged.sidecar.register_dataset(root.name, root)
     pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
                          layout="NHWC", dtype="uint8")
-    where = rf"decode\(device='mixed'\): sample 1 \(c0/b\.jpg\): " if cpu_load == 0 else \
+    where = r"decode\(device='mixed'\): sample 1 \(c0/b\.jpg\): " if cpu_load == 0 else \
         rf"dataset '{root.name}' sample 1 \('c0/b\.jpg'\): "
     with damaged.client() as client, prep.PrepLoader(root.name, pipe, batch_size=2, shuffle=False, epochs=1,
                                                       device="cpu", client=client) as loader:
