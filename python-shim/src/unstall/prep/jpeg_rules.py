@@ -126,7 +126,7 @@ def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, i
     and the AC table of an AC or sequential scan, defined before the scan. A decoder that keeps its tables from one
     image to the next would otherwise decode with the last image's, and decoders differ on a missing Huffman table
     (libjpeg-turbo fills in the standard ones)."""
-    count = b[start]
+    count = b[start] if start < end else 0
     if end - start != 2 * count + 4 or not 1 <= count <= 4:
         return "libjpeg: Bogus marker length"
     ss, se, ah = b[start + 1 + 2 * count], b[start + 2 + 2 * count], b[start + 3 + 2 * count] >> 4
