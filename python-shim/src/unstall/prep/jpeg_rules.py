@@ -13,6 +13,7 @@ import numpy as np
 
 __all__ = ["jpeg_problem"]
 
+
 def _sof(m: int) -> bool:
     """SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC)."""
     return 0xC0 <= m <= 0xCF and m not in (0xC4, 0xC8, 0xCC)
