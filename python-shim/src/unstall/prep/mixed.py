@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .draws import Box, sample_box, sample_rng
+from .jpeg_rules import jpeg_problem
 from .mixed_parts import Group, image_header, not_decodable, to_device
 from .pipeline import check_decode_backend
 
@@ -210,8 +211,9 @@ class MixedDecode:
 
     def _check(self, data: Any, sample_id: int, key: str) -> Tuple[str, Tuple[int, int]]:
         """A sample's format and ``(height, width)``, once its header passed the pipeline's rules as the sidecar's ``ImagePrep.check``
-        applies them (``formats``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its
-        messages: a decompression bomb is refused before any decoder allocates for it."""
+        applies them (``formats``; a JPEG's structure, ``jpeg_rules``; ``max_pixels`` and ``max_aspect_ratio``, the
+        op's or the sidecar's), with its messages: a decompression bomb is refused before any decoder allocates for
+        it, a truncated JPEG whichever decoder would have decoded its top rows."""
         op = self.ops[0]
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
         kind, w, h = image_header(data.numpy())
@@ -221,6 +223,9 @@ class MixedDecode:
                     f"is neither JPEG nor PNG nor WebP (first bytes {bytes(data[:8].tolist()).hex(' ')}):")
             raise ValueError(f"{where} {what} one of the formats the pipeline decodes: {', '.join(formats)} "
                              "(decode \"formats\")")
+        why = jpeg_problem(data.numpy()) if kind == "jpeg" else None
+        if why is not None:
+            raise ValueError(f"{where}: {why}")
         cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
         if w * h > cap:
             raise ValueError(f"{where}: decompression bomb? the {kind} header declares {w}x{h} pixels ({w * h}), above "

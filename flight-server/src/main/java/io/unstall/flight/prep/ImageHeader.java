@@ -1,6 +1,7 @@
 package io.unstall.flight.prep;
 
 import java.nio.ByteBuffer;
+import java.util.Arrays;
 import java.util.Locale;
 
 /**
@@ -155,6 +156,11 @@ public record ImageHeader(Format format, int width, int height, int components, 
     int components = 0;
     int sof = -1;
     boolean exif = false;
+    int[] quantOf = new int[256]; // by component id: its quantization table (-1: not in the frame)
+    Arrays.fill(quantOf, -1);
+    int quant = 0; // bit t: quantization table t defined
+    int huff = 0; // bit t: Huffman DC table t defined; bit 4 + t: AC table t
+    boolean malformedTable = false; // libjpeg refuses it in its words
     while (true) {
       if (i >= in.n) {
         throw new BadImageException("truncated JPEG: the file ends at byte " + in.n + ", inside its header"
@@ -211,6 +217,14 @@ public record ImageHeader(Format format, int width, int height, int components, 
         if (components != 1 && components != 3 && components != 4) {
           throw new BadImageException("unsupported JPEG: " + components + " color components (1, 3 or 4 expected)");
         }
+        for (int c = 0; c < components && i + 10 + 3 * c < end; c++) {
+          quantOf[in.u8(i + 8 + 3 * c)] = in.u8(i + 10 + 3 * c);
+        }
+      } else if (marker == 0xDB || marker == 0xC4) {
+        int t = marker == 0xDB ? quantTables(in, i + 2, end) : huffmanTables(in, i + 2, end);
+        malformedTable |= t < 0;
+        quant |= marker == 0xDB && t > 0 ? t : 0;
+        huff |= marker == 0xC4 && t > 0 ? t : 0;
       } else if (marker == 0xE1 && len >= 8 && in.at(i + 2, 'E', 'x', 'i', 'f', 0, 0)) {
         exif = true;
       } else if (marker == 0xDA) {
@@ -219,6 +233,9 @@ public record ImageHeader(Format format, int width, int height, int components, 
         }
         int inScan = len >= 3 ? in.u8(i + 2) : 0;
         boolean multiScan = sof != 0xC0 && sof != 0xC1 && sof != 0xC9 || inScan < components;
+        if (!malformedTable) {
+          undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
+        }
         // The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
         if (!in.hasFromEnd(end, 0xFF, 0xD9)) {
           throw new BadImageException("truncated JPEG: no end-of-image marker (FF D9) after the scan data, "
@@ -227,6 +244,88 @@ public record ImageHeader(Format format, int width, int height, int components, 
         return new ImageHeader(Format.JPEG, width, height, components, exif, multiScan);
       }
       i = end;
+    }
+  }
+
+  /**
+   * The quantization tables a DQT segment (its data: from..end) defines, bit t for table t; -1 when it is malformed,
+   * which libjpeg reports in its words.
+   */
+  private static int quantTables(Bytes in, int from, int end) {
+    int defined = 0;
+    int at = from;
+    while (at < end) {
+      int index = in.u8(at);
+      if ((index & 0x0F) > 3) {
+        return -1;
+      }
+      defined |= 1 << (index & 0x0F);
+      at += 1 + 64 * ((index >> 4) != 0 ? 2 : 1);
+    }
+    return at == end ? defined : -1;
+  }
+
+  /** The Huffman tables a DHT segment defines: bit t for DC table t, 4 + t for AC table t; -1 when malformed. */
+  private static int huffmanTables(Bytes in, int from, int end) {
+    int defined = 0;
+    int at = from;
+    while (at < end) {
+      int index = in.u8(at);
+      int kind = (index & 0x10) != 0 ? 1 : 0;
+      index -= 0x10 * kind;
+      if (index > 3 || at + 17 > end) {
+        return -1;
+      }
+      int count = 0;
+      for (int k = 1; k <= 16; k++) {
+        count += in.u8(at + k);
+      }
+      if (count > 256 || at + 17 + count > end) {
+        return -1;
+      }
+      defined |= 1 << (4 * kind + index);
+      at += 17 + count;
+    }
+    return defined;
+  }
+
+  /**
+   * The first scan's components (the scan header from..end) must have their tables defined before it: the
+   * quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the AC table of
+   * an AC or sequential scan. The native decoder keeps its tables from one image to the next (libjpeg's abbreviated
+   * streams), so it would otherwise decode with the thread's last image's; decoders differ on a missing Huffman
+   * table (libjpeg-turbo fills in the standard ones). python-shim's jpeg_rules applies the same rule.
+   */
+  private static void undefinedTable(Bytes in, int from, int end, int sof, int[] quantOf, int quant, int huff)
+      throws BadImageException {
+    int count = from < end ? in.u8(from) : 0;
+    if (end - from != 2 * count + 4 || count < 1 || count > 4) {
+      return; // libjpeg: Bogus marker length
+    }
+    int ss = in.u8(from + 1 + 2 * count);
+    int se = in.u8(from + 2 + 2 * count);
+    int ah = in.u8(from + 3 + 2 * count) >> 4;
+    for (int c = 0; c < count; c++) {
+      int id = in.u8(from + 1 + 2 * c);
+      int sel = in.u8(from + 2 + 2 * c);
+      if (quantOf[id] < 0) {
+        return; // libjpeg: Invalid component ID in SOS
+      }
+      if (quantOf[id] > 3 || (quant & 1 << quantOf[id]) == 0) {
+        throw new BadImageException("corrupt JPEG: the first scan's component " + id + " uses quantization table "
+            + quantOf[id] + ", which no DQT segment before it defines");
+      }
+      if (sof >= 0xC9) {
+        continue; // arithmetic coding: no Huffman tables
+      }
+      if (ss == 0 && ah == 0 && (sel >> 4 > 3 || (huff & 1 << (sel >> 4)) == 0)) {
+        throw new BadImageException("unsupported JPEG: the first scan's component " + id + " uses Huffman DC table "
+            + (sel >> 4) + ", which no DHT segment before it defines");
+      }
+      if (se > 0 && ((sel & 0x0F) > 3 || (huff & 1 << (4 + (sel & 0x0F))) == 0)) {
+        throw new BadImageException("unsupported JPEG: the first scan's component " + id + " uses Huffman AC table "
+            + (sel & 0x0F) + ", which no DHT segment before it defines");
+      }
     }
   }
 

@@ -159,6 +159,32 @@ class ImageHeaderTest {
     assertEquals(64, prep(PIPELINE).check(direct(padded)).width());
   }
 
+  /** {@code jpeg} without its segments of {@code marker} before the first scan (DQT, DHT). */
+  static byte[] without(byte[] jpeg, int marker) {
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    out.write(jpeg, 0, 2);
+    int i = 2;
+    while ((jpeg[i + 1] & 0xFF) != 0xDA) {
+      int end = i + 2 + ((jpeg[i + 2] & 0xFF) << 8 | jpeg[i + 3] & 0xFF);
+      if ((jpeg[i + 1] & 0xFF) != marker) {
+        out.write(jpeg, i, end - i);
+      }
+      i = end;
+    }
+    out.write(jpeg, i, jpeg.length - i);
+    return out.toByteArray();
+  }
+
+  @Test
+  void aScanWhoseTablesAreNotDefinedIsRefusedNotDecodedWithTheLastImagesTables() throws Exception {
+    byte[] jpeg = encode("jpg", 64, 48);
+    assertEquals("corrupt JPEG: the first scan's component 1 uses quantization table 0, which no DQT segment before"
+        + " it defines", refusal(prep(PIPELINE), without(jpeg, 0xDB)));
+    assertEquals("unsupported JPEG: the first scan's component 1 uses Huffman DC table 0, which no DHT segment"
+        + " before it defines", refusal(prep(PIPELINE), without(jpeg, 0xC4)));
+    assertEquals(48, prep(PIPELINE).check(direct(jpeg)).height());
+  }
+
   @Test
   void workingBytesBoundTheDecodeAndTheOps() throws Exception {
     ImagePrep p = prep(PIPELINE);

@@ -1,0 +1,168 @@
+"""The sidecar's JPEG structure rules (``ImageHeader.jpeg`` in flight-server), for ``decode(device="mixed")``: the
+markers up to the first scan, each segment's length, one frame header with a size and 1, 3 or 4 components, the
+tables it and the first scan use defined and well formed (libjpeg's header errors, in libjpeg's words), and an
+end-of-image marker after the scan data. ``MixedDecode._check`` applies them before any decoder sees the bytes, so
+a truncated or malformed JPEG is refused with the sidecar's reason whichever decoder (nvJPEG, libjpeg-turbo) would
+have decoded it: some decode a truncated file's top rows without complaint."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["jpeg_problem"]
+
+
+def _sof(m: int) -> bool:
+    """SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC)."""
+    return 0xC0 <= m <= 0xCF and m not in (0xC4, 0xC8, 0xCC)
+
+
+def _tables(b: Any, marker: int, start: int, end: int, quant: set[int], huff: set[tuple[int, int]]) -> Optional[str]:
+    """Reads a DQT or DHT segment's tables (its data: ``start..end``) into ``quant`` / ``huff``: libjpeg's error for
+    a malformed one (its words, as the sidecar's decoder reports them), else None."""
+    at = start
+    while at < end:
+        index = b[at]
+        if marker == 0xDB:
+            if index & 0x0F > 3:
+                return f"libjpeg: Bogus DQT index {index & 0x0F}"
+            at += 1 + 64 * (2 if index >> 4 else 1)
+            quant.add(index & 0x0F)
+            continue
+        kind = 1 if index & 0x10 else 0
+        index -= 0x10 * kind
+        if index > 3:
+            return f"libjpeg: Bogus DHT index {index}"
+        count = sum(b[at + 1:min(at + 17, end)])
+        if count > 256 or at + 17 + count > end:
+            return "libjpeg: Bogus Huffman table definition"
+        at += 17 + count
+        huff.add((kind, index))
+    return None if at == end else "libjpeg: Bogus marker length"
+
+
+def jpeg_problem(data: Any) -> Optional[str]:
+    """Why the sidecar refuses the JPEG ``data`` (bytes-like, starting FF D8 FF) from its structure, in its words
+    (``ImageHeader.jpeg``'s, libjpeg's for a malformed table); None when it passes."""
+    b = memoryview(data).cast("B")
+    n = len(b)
+    i = 2
+    sof = -1
+    components: dict[int, int] = {}  # component id -> its quantization table
+    quant: set[int] = set()
+    huff: set[tuple[int, int]] = set()  # (0: DC / 1: AC, index)
+    interval = 0  # MCUs per restart interval (DRI); 0: none
+    mcus = 0
+    while True:
+        if i >= n:
+            return f"truncated JPEG: the file ends at byte {n}, inside its header" + \
+                (" (no frame header yet)" if sof < 0 else " (no scan yet)")
+        if b[i] != 0xFF:
+            return f"corrupt JPEG: byte {i} should start a marker (0xFF), it is 0x{b[i]:02X}"
+        while i < n and b[i] == 0xFF:
+            i += 1  # fill bytes
+        if i >= n:
+            continue  # truncated, reported above
+        marker = b[i]
+        i += 1
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            continue  # TEM, RSTn: no length
+        if marker in (0xD8, 0xD9, 0x00):
+            return f"corrupt JPEG: marker 0xFF{marker:02X} at byte {i - 2}" + \
+                (" before the frame header" if sof < 0 else " before the first scan")
+        if i + 2 > n:
+            return f"truncated JPEG: the file ends at byte {n}, inside the length of marker 0xFF{marker:02X}"
+        length = b[i] << 8 | b[i + 1]
+        if length < 2:
+            return f"corrupt JPEG: marker 0xFF{marker:02X} at byte {i - 2} has length {length}"
+        end = i + length
+        if end > n:
+            return f"truncated JPEG: the 0xFF{marker:02X} segment at byte {i - 2} needs {length} bytes, the file " \
+                f"ends at byte {n}"
+        if _sof(marker):
+            if sof >= 0:
+                return f"corrupt JPEG: a second frame header (0xFF{marker:02X}) at byte {i - 2}"
+            if length < 8:
+                return f"corrupt JPEG: a frame header of {length} bytes"
+            sof = marker
+            height, width, count = b[i + 3] << 8 | b[i + 4], b[i + 5] << 8 | b[i + 6], b[i + 7]
+            if width == 0 or height == 0:
+                return f"unsupported JPEG: the frame header declares {width}x{height} pixels (a height of 0 defers " \
+                    "it to a DNL marker, which the decoder does not support)"
+            if count not in (1, 3, 4):
+                return f"unsupported JPEG: {count} color components (1, 3 or 4 expected)"
+            if length != 8 + 3 * count:
+                return "libjpeg: Bogus marker length"
+            components = {b[i + 8 + 3 * c]: b[i + 10 + 3 * c] for c in range(count)}
+            h_max = max(max(b[i + 9 + 3 * c] >> 4 for c in range(count)), 1)
+            v_max = max(max(b[i + 9 + 3 * c] & 0x0F for c in range(count)), 1)
+            # MCUs of the scan that holds every component (one block each when there is one component)
+            mcus = (-(-width // (8 * (h_max if count > 1 else 1)))) * (-(-height // (8 * (v_max if count > 1 else 1))))
+        elif marker in (0xC4, 0xDB):
+            why = _tables(b, marker, i + 2, end, quant, huff)
+            if why is not None:
+                return why
+        elif marker == 0xDA:
+            if sof < 0:
+                return f"corrupt JPEG: a scan (0xFFDA) at byte {i - 2} before any frame header"
+            why = _scan_tables(b, i + 2, end, sof, components, quant, huff)
+            if why is not None:
+                return why
+            # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
+            if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
+                return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
+            multi_scan = sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < len(components)
+            return None if multi_scan else _marker_in_scan(b, end, -(-mcus // interval) if interval else 0)
+        elif marker == 0xDD and length >= 4:
+            interval = b[i + 2] << 8 | b[i + 3]
+        i = end
+
+
+def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, int], quant: set[int],
+                 huff: set[tuple[int, int]]) -> Optional[str]:
+    """The first scan's components (libjpeg's checks of the scan header), and the sidecar's rule on their tables:
+    each component's quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan
+    and the AC table of an AC or sequential scan, defined before the scan. A decoder that keeps its tables from one
+    image to the next would otherwise decode with the last image's, and decoders differ on a missing Huffman table
+    (libjpeg-turbo fills in the standard ones)."""
+    count = b[start] if start < end else 0
+    if end - start != 2 * count + 4 or not 1 <= count <= 4:
+        return "libjpeg: Bogus marker length"
+    ss, se, ah = b[start + 1 + 2 * count], b[start + 2 + 2 * count], b[start + 3 + 2 * count] >> 4
+    for c in range(count):
+        cid, sel = b[start + 1 + 2 * c], b[start + 2 + 2 * c]
+        if cid not in components:
+            return f"libjpeg: Invalid component ID {cid} in SOS"
+        if components[cid] not in quant:
+            return f"corrupt JPEG: the first scan's component {cid} uses quantization table {components[cid]}, " \
+                "which no DQT segment before it defines"
+        needed = [("DC", 0, sel >> 4)] * (ss == 0 and ah == 0) + [("AC", 1, sel & 0x0F)] * (se > 0)
+        for name, kind, index in needed if sof < 0xC9 else ():
+            if (kind, index) not in huff:
+                return f"unsupported JPEG: the first scan's component {cid} uses Huffman {name} table {index}, " \
+                    "which no DHT segment before it defines"
+    return None
+
+
+def _marker_in_scan(b: Any, start: int, intervals: int) -> Optional[str]:
+    """A single-scan JPEG's scan data (from ``start`` up to its end-of-image marker) holds no marker but its
+    ``intervals`` - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo, which the sidecar
+    decodes with, stops at any other marker, or at the end of data short of its restart intervals, and fills the
+    rest of the image with gray (the sidecar refuses that when the rows it decodes reach it); other decoders
+    (nvJPEG) are not checked there, so the device refuses such bytes whichever decoder would run. ``b``: the whole
+    JPEG."""
+    data = np.frombuffer(b, dtype=np.uint8)
+    at = start + np.flatnonzero(data[start:-1] == 0xFF)
+    after = data[at + 1]
+    rst = (after & 0xF8) == 0xD0
+    bad = (after != 0x00) & (after != 0xFF) & (~rst if intervals else True)
+    k = int(np.argmax(bad))  # the caller found an end-of-image marker: some byte pair is bad
+    if after[k] != 0xD9:
+        return f"corrupt JPEG: marker 0xFF{int(after[k]):02X} at byte {int(at[k])} cuts the scan data" + \
+            (" (no restart interval is declared)" if rst[k] else "")
+    found = int(rst[:k].sum())
+    if intervals and found < intervals - 1:
+        return f"truncated JPEG: the scan data ends after {found + 1} of its {intervals} restart intervals"
+    return None

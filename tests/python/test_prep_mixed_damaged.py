@@ -1,0 +1,201 @@
+"""Damaged JPEGs on both sides of a hybrid batch: the sidecar's CPU path (a real sidecar, ``decode()``) and the device
+path (``decode(device="mixed")``, both backends' CPU decoders) refuse the same truncated and malformed files with
+the sidecar's reason, naming the sample, and decode the damage both tolerate to the same pixels within the bound
+of docs/PREP.md; where they differ (damage only a Huffman decode finds), the difference docs/PREP.md states holds.
+The files are made here with PIL, then cut or patched."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from test_prep_mixed import BACKENDS, MAX_MEAN_DIFF, MAX_P99_DIFF
+from test_prep_mixed_backends import _mixed
+from test_prep_support import PrepEnv, start_env
+
+from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
+
+NO_EOI = r"truncated JPEG: no end-of-image marker \(FF D9\) after the scan data, \d+ bytes in all"
+MARKER_CUTS = "libjpeg: truncated JPEG data (a marker cuts the entropy-coded data within the decoded rows)"
+
+# Both sides refuse these, the device with the sidecar's words: its header rules (ImageHeader.jpeg, ported in
+# unstall.prep.jpeg_rules) or libjpeg's error for a malformed table.
+REFUSED = {
+    "cut_50": NO_EOI, "cut_90": NO_EOI, "cut_before_eoi": NO_EOI, "no_eoi": NO_EOI, "progressive_cut_50": NO_EOI,
+    "cut_in_header": r"truncated JPEG: the 0xFF[0-9A-F]{2} segment at byte \d+ needs \d+ bytes, the file ends at "
+                     r"byte 300",
+    "no_dqt": "corrupt JPEG: the first scan's component 1 uses quantization table 0, which no DQT segment before it "
+              "defines",
+    "no_dht": "unsupported JPEG: the first scan's component 1 uses Huffman DC table 0, which no DHT segment before "
+              "it defines",
+    "bad_dht": "libjpeg: Bogus Huffman table definition",
+    "bad_dqt": "libjpeg: Bogus DQT index 7",
+}
+# The sidecar's libjpeg stops at a marker inside the scan data (or at the end of data short of the restart
+# intervals) and refuses the sample; the device refuses the same bytes by a rule on them, in its own words.
+REFUSED_BY_RULE = {
+    "marker_in_scan": r"corrupt JPEG: marker 0xFFC4 at byte \d+ cuts the scan data$",
+    "rst_without_interval": r"corrupt JPEG: marker 0xFFD3 at byte \d+ cuts the scan data \(no restart interval is "
+                            r"declared\)",
+    "restart_cut_50_eoi": r"truncated JPEG: the scan data ends after 6 of its 12 restart intervals",
+}
+# Cut, then ended with an end-of-image marker: only a Huffman decode finds the missing data. The sidecar refuses
+# them (libjpeg: within the rows it decodes, every row when it keeps the image in a cache form); the device's CPU
+# decoders (libjpeg-turbo) decode the rows that are there and fill the rest with gray (docs/PREP.md).
+DECODED_THROUGH = ("cut_50_eoi", "progressive_cut_50_eoi")
+
+
+def _picture(h: int, w: int) -> np.ndarray:
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (w + h)], -1)
+    return np.clip(base + np.random.default_rng(3).integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def _jpeg(arr: np.ndarray, mode: str = "RGB", **kw: Any) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).convert(mode).save(buf, "JPEG", quality=90, **kw)
+    return buf.getvalue()
+
+
+def _segments(data: bytes) -> list[tuple[int, int, int]]:
+    """``(marker, start, end)`` of each segment before the scan data, the scan header last."""
+    out, i = [], 2
+    while True:
+        marker, end = data[i + 1], i + 2 + int.from_bytes(data[i + 2:i + 4], "big")
+        out.append((marker, i, end))
+        if marker == 0xDA:
+            return out
+        i = end
+
+
+def _without(data: bytes, marker: int) -> bytes:
+    segs = _segments(data)
+    return data[:2] + b"".join(data[s:e] for m, s, e in segs if m != marker) + data[segs[-1][2]:]
+
+
+def _patched(data: bytes, at: int, new: bytes) -> bytes:
+    return data[:at] + new + data[at + len(new):]
+
+
+def _cases() -> dict[str, bytes]:
+    """Each damaged (or odd but sound) JPEG by name, in the dataset's order."""
+    px = _picture(96, 128)
+    base, prog, rst = _jpeg(px), _jpeg(px, progressive=True), _jpeg(px, restart_marker_blocks=4)
+    n, scan = len(base), _segments(base)[-1][2]
+    mid = scan + (n - scan) // 2
+    noise = np.random.default_rng(1).integers(0, 255, 64, dtype=np.uint8).tobytes()  # no 0xFF: no marker
+    dht = next(s for m, s, _ in _segments(base) if m == 0xC4)
+    dqt = next(s for m, s, _ in _segments(base) if m == 0xDB)
+    return {
+        "intact": base, "cut_50": base[:n // 2], "cut_90": base[:n * 9 // 10], "cut_before_eoi": base[:n - 10],
+        "no_eoi": base[:n - 2], "cut_in_header": base[:300], "cut_50_eoi": base[:n // 2] + b"\xff\xd9",
+        "trailing_garbage": base + bytes(range(200)), "garbage_in_scan": _patched(base, mid, noise),
+        "marker_in_scan": _patched(base, mid, b"\xff\xc4"), "rst_without_interval": _patched(base, mid, b"\xff\xd3"),
+        "no_dht": _without(base, 0xC4), "no_dqt": _without(base, 0xDB),
+        "bad_dht": _patched(base, dht + 5, bytes([255] * 16)), "bad_dqt": _patched(base, dqt + 4, b"\x07"),
+        "progressive": prog, "progressive_cut_50": prog[:len(prog) // 2],
+        "progressive_cut_50_eoi": prog[:len(prog) // 2] + b"\xff\xd9",
+        "restart": rst, "restart_cut_50_eoi": rst[:len(rst) // 2] + b"\xff\xd9",
+        "restart_444": _jpeg(px, subsampling=0, restart_marker_rows=1),
+        "restart_gray": _jpeg(px, "L", restart_marker_blocks=5),
+        "one_pixel": _jpeg(np.full((1, 1, 3), 200, np.uint8)),
+    }
+
+
+CASES = _cases()
+KEYS = [f"c0/{k:02d}_{name}.jpg" for k, name in enumerate(CASES)]  # the dataset's keys, by sample id
+PIPELINE = prep.imagenet_train(48, dtype="uint8", layout="NHWC")
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
+    """A sidecar serving ``damaged``: every case of CASES, sample id k the k-th."""
+    tmp = tmp_path_factory.mktemp("prep-damaged")
+    for e in start_env(tmp):
+        for key, data in zip(KEYS, CASES.values()):
+            (tmp / "damaged" / key).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / "damaged" / key).write_bytes(data)
+        e.sidecar.register_dataset("damaged", tmp / "damaged")
+        yield e
+
+
+@pytest.fixture(scope="module")
+def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+    """The sidecar's CPU path over every case (``on_error="skip"``: one pass): its crop by sample id, and its reason
+    by the id of each sample it refused."""
+    pixels: dict[int, np.ndarray] = {}
+    with damaged.client() as client, prep.PrepLoader("damaged", PIPELINE, batch_size=1, seed=7, shuffle=False,
+                                                      epochs=1, client=client, with_ids=True,
+                                                      on_error="skip") as loader:
+        for images, _, ids in loader:
+            pixels[int(ids[0])] = images[0].numpy()
+        skipped = list(loader.skipped)
+    assert all(s["key"] == KEYS[s["id"]] for s in skipped), skipped
+    return pixels, {int(s["id"]): str(s["reason"]) for s in skipped}
+
+
+def _device(backend: str, k: int) -> Any:
+    """The device path's crop of case ``k`` (``MixedDecode`` on the CPU, the group's seed and epoch 0), or its
+    error's message."""
+    import torch
+
+    data = torch.frombuffer(bytearray(list(CASES.values())[k]), dtype=torch.uint8)
+    try:
+        return _mixed(backend)([data], [k], 0, 7, [KEYS[k]]).numpy()[0]
+    except ValueError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_damaged_jpeg_is_refused_by_both_sides_naming_it_or_decoded_alike(
+        sidecar_side: tuple[dict[int, np.ndarray], dict[int, str]], backend: str) -> None:
+    pixels, reasons = sidecar_side
+    diffs = []
+    for k, name in enumerate(CASES):
+        device = _device(backend, k)
+        where = f"decode(device='mixed'): sample {k} ({KEYS[k]}): "
+        if name in REFUSED:
+            assert re.fullmatch(REFUSED[name], reasons.get(k, "")), (name, reasons.get(k))
+            assert device == where + reasons[k], name
+        elif name in REFUSED_BY_RULE:
+            assert reasons.get(k) == MARKER_CUTS, (name, reasons.get(k))
+            assert isinstance(device, str) and re.fullmatch(re.escape(where) + REFUSED_BY_RULE[name], device), \
+                (name, device)
+        elif name in DECODED_THROUGH:
+            assert reasons.get(k) == MARKER_CUTS, (name, reasons.get(k))
+            assert not isinstance(device, str) and device.shape == (48, 48, 3), (name, device)
+        else:
+            assert k in pixels and not isinstance(device, str), (name, reasons.get(k), device)
+            diffs.append(np.abs(pixels[k].astype(np.int16) - device.astype(np.int16)).ravel())
+    d = np.concatenate(diffs)
+    assert len(diffs) == 8 and d.mean() <= MAX_MEAN_DIFF and np.percentile(d, 99) <= MAX_P99_DIFF, \
+        (float(d.mean()), float(np.percentile(d, 99)))
+
+
+@pytest.mark.parametrize("name", ["cut_90", "no_dqt", "bad_dht"])
+@pytest.mark.parametrize("cpu_load", [0, 1])
+def test_through_a_sidecar_the_batch_fails_naming_the_sample_on_whichever_side_decodes_it(
+        damaged: PrepEnv, tmp_path: Path, name: str, cpu_load: float) -> None:
+    """A dataset of an intact JPEG and a damaged one, in one batch: the device (``cpu_load=0``) or the sidecar's
+    CPUs (``cpu_load=1``) decode it, and either way the batch fails with the damaged sample's id, key and the same
+    reason; never fed."""
+    root = tmp_path / f"damaged-{name}-{cpu_load}"
+    (root / "c0").mkdir(parents=True)
+    (root / "c0" / "a.jpg").write_bytes(CASES["intact"])
+    (root / "c0" / "b.jpg").write_bytes(CASES[name])
+    damaged.sidecar.register_dataset(root.name, root)
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
+    where = r"decode\(device='mixed'\): sample 1 \(c0/b\.jpg\): " if cpu_load == 0 else \
+        rf"dataset '{root.name}' sample 1 \('c0/b\.jpg'\): "
+    with damaged.client() as client, prep.PrepLoader(root.name, pipe, batch_size=2, shuffle=False, epochs=1,
+                                                      device="cpu", client=client) as loader:
+        with pytest.raises(ValueError, match=where + REFUSED[name]):
+            list(loader)
