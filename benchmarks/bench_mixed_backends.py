@@ -177,6 +177,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for name, run in (*ways, *ways[::-1]):
         resample.setdefault(name, []).extend(timed(dev, 1, run))
 
+    def checks() -> None:  # the host's work before any decoder: formats, caps, the sidecar's JPEG structure rules
+        for p, ids in batches:
+            for x, i in zip(p, ids):
+                mixed._check(x, i, "")
+
+    checks()  # warm-up
+    check_s = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        checks()
+        check_s.append(time.perf_counter() - t0)
+
     head = header() + [f"- device: {args.device} ({gpu_name(dev)}), torch threads {torch.get_num_threads()}",
                        f"- commit: {git_commit()}",
                        f"- {args.batches} batches of {args.batch} from {data}, RandomResizedCrop {args.crop} + flip, "
@@ -197,12 +209,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for name, secs in resample.items():
         per = [1e3 * s / args.batches for s in secs]
         lines.append(f"| {name} | {statistics.mean(per):.1f} | {', '.join(f'{v:.1f}' for v in per)} |")
+    check_ms = statistics.mean(1e3 * s / args.batches for s in check_s)
+    lines += ["", f"The host's checks before the decode (formats, caps, the JPEG structure rules; MixedDecode._check): "
+              f"{check_ms:.2f} ms per batch of {args.batch}, {1e3 * check_ms / args.batch:.1f} us per image (this "
+              "process's CPU, on any device)."]
     print("\n".join(lines), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps({"header": head, "rows": rows, "ratio": ratio,
                                          "window_area": statistics.mean(area), "region_area": statistics.mean(region),
                                          "resample_s": resample,
-                                         "stacks_per_batch": statistics.mean(groups), "padding": padding}, indent=1) + "\n")
+                                         "stacks_per_batch": statistics.mean(groups), "padding": padding,
+                                         "check_s": check_s}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

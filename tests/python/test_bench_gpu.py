@@ -116,6 +116,7 @@ def test_mixed_backends_bench_runs_its_variants_in_one_rotation(tmp_path: Path) 
     assert set(result["resample_s"]) == {"one roi_align per stack of like windows", "one roi_align over a padded stack",
                                          "one roi_align per window"}
     assert all(len(v) == 2 for v in result["resample_s"].values()) and 1 <= result["stacks_per_batch"] <= 4
+    assert len(result["check_s"]) == 2 and all(s > 0 for s in result["check_s"])
     assert all(len(r["runs"]) == 2 and r["images_per_s"] > 0 and r["busy_cores"] > 0 for r in rows)
     bad = subprocess.run([*cmd, "--variants", "hw150"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
                          timeout=120)
