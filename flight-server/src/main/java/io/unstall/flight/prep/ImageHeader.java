@@ -9,7 +9,8 @@ import java.util.Locale;
  * components, read from the JPEG frame header (SOF), the PNG IHDR chunk or the WebP VP8/VP8L/VP8X header. The
  * sidecar checks these against the pipeline's formats and caps, and reserves the decode memory they imply, before
  * it hands the bytes to the native decoder. A header that is cut short, malformed, or followed by no end marker
- * (a truncated file, which libjpeg would otherwise decode with a gray bottom) is a {@link BadImageException}.
+ * (a truncated file, which libjpeg would otherwise decode with a gray bottom), or a single-scan JPEG whose scan data
+ * a marker cuts, is a {@link BadImageException}.
  *
  * @param exif the file carries EXIF metadata, so the decoder may rotate the image (one more copy of it)
  * @param multiScan a progressive, lossless or non-interleaved JPEG: libjpeg keeps every coefficient of the image
@@ -160,7 +161,9 @@ public record ImageHeader(Format format, int width, int height, int components, 
     Arrays.fill(quantOf, -1);
     int quant = 0; // bit t: quantization table t defined
     int huff = 0; // bit t: Huffman DC table t defined; bit 4 + t: AC table t
-    boolean malformedTable = false; // libjpeg refuses it in its words
+    boolean libjpegRefuses = false; // a malformed table or segment, which libjpeg refuses in its words
+    int mcus = 0; // of the scan that holds every component (one block each when there is one component)
+    int interval = 0; // MCUs per restart interval (DRI); 0: none
     while (true) {
       if (i >= in.n) {
         throw new BadImageException("truncated JPEG: the file ends at byte " + in.n + ", inside its header"
@@ -217,29 +220,40 @@ public record ImageHeader(Format format, int width, int height, int components, 
         if (components != 1 && components != 3 && components != 4) {
           throw new BadImageException("unsupported JPEG: " + components + " color components (1, 3 or 4 expected)");
         }
+        libjpegRefuses |= len != 8 + 3 * components;
+        int hMax = 1;
+        int vMax = 1;
         for (int c = 0; c < components && i + 10 + 3 * c < end; c++) {
           quantOf[in.u8(i + 8 + 3 * c)] = in.u8(i + 10 + 3 * c);
+          hMax = Math.max(hMax, in.u8(i + 9 + 3 * c) >> 4);
+          vMax = Math.max(vMax, in.u8(i + 9 + 3 * c) & 0x0F);
         }
+        int mcuW = 8 * (components > 1 ? hMax : 1);
+        int mcuH = 8 * (components > 1 ? vMax : 1);
+        mcus = ((width + mcuW - 1) / mcuW) * ((height + mcuH - 1) / mcuH);
       } else if (marker == 0xDB || marker == 0xC4) {
         int t = marker == 0xDB ? quantTables(in, i + 2, end) : huffmanTables(in, i + 2, end);
-        malformedTable |= t < 0;
+        libjpegRefuses |= t < 0;
         quant |= marker == 0xDB && t > 0 ? t : 0;
         huff |= marker == 0xC4 && t > 0 ? t : 0;
       } else if (marker == 0xE1 && len >= 8 && in.at(i + 2, 'E', 'x', 'i', 'f', 0, 0)) {
         exif = true;
+      } else if (marker == 0xDD && len >= 4) {
+        interval = in.u16be(i + 2);
       } else if (marker == 0xDA) {
         if (sof < 0) {
           throw new BadImageException("corrupt JPEG: a scan (0xFFDA) at byte " + (i - 2) + " before any frame header");
         }
         int inScan = len >= 3 ? in.u8(i + 2) : 0;
         boolean multiScan = sof != 0xC0 && sof != 0xC1 && sof != 0xC9 || inScan < components;
-        if (!malformedTable) {
-          undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
-        }
+        libjpegRefuses = libjpegRefuses || undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
         // The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
         if (!in.hasFromEnd(end, 0xFF, 0xD9)) {
           throw new BadImageException("truncated JPEG: no end-of-image marker (FF D9) after the scan data, "
               + in.n + " bytes in all");
+        }
+        if (!multiScan && !libjpegRefuses) {
+          markerInScan(in, end, interval > 0 ? (mcus + interval - 1) / interval : 0);
         }
         return new ImageHeader(Format.JPEG, width, height, components, exif, multiScan);
       }
@@ -294,13 +308,14 @@ public record ImageHeader(Format format, int width, int height, int components, 
    * quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the AC table of
    * an AC or sequential scan. The native decoder keeps its tables from one image to the next (libjpeg's abbreviated
    * streams), so it would otherwise decode with the thread's last image's; decoders differ on a missing Huffman
-   * table (libjpeg-turbo fills in the standard ones). python-shim's jpeg_rules applies the same rule.
+   * table (libjpeg-turbo fills in the standard ones). python-shim's jpeg_rules applies the same rule. True when
+   * libjpeg refuses the scan header itself (in its words).
    */
-  private static void undefinedTable(Bytes in, int from, int end, int sof, int[] quantOf, int quant, int huff)
+  private static boolean undefinedTable(Bytes in, int from, int end, int sof, int[] quantOf, int quant, int huff)
       throws BadImageException {
     int count = from < end ? in.u8(from) : 0;
     if (end - from != 2 * count + 4 || count < 1 || count > 4) {
-      return; // libjpeg: Bogus marker length
+      return true; // libjpeg: Bogus marker length
     }
     int ss = in.u8(from + 1 + 2 * count);
     int se = in.u8(from + 2 + 2 * count);
@@ -309,7 +324,7 @@ public record ImageHeader(Format format, int width, int height, int components, 
       int id = in.u8(from + 1 + 2 * c);
       int sel = in.u8(from + 2 + 2 * c);
       if (quantOf[id] < 0) {
-        return; // libjpeg: Invalid component ID in SOS
+        return true; // libjpeg: Invalid component ID in SOS
       }
       if (quantOf[id] > 3 || (quant & 1 << quantOf[id]) == 0) {
         throw new BadImageException("corrupt JPEG: the first scan's component " + id + " uses quantization table "
@@ -326,6 +341,37 @@ public record ImageHeader(Format format, int width, int height, int components, 
         throw new BadImageException("unsupported JPEG: the first scan's component " + id + " uses Huffman AC table "
             + (sel & 0x0F) + ", which no DHT segment before it defines");
       }
+    }
+    return false;
+  }
+
+  /**
+   * A single-scan JPEG's scan data (from {@code from} up to its end-of-image marker) must hold no marker but its
+   * {@code intervals} - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo stops at any other
+   * marker, or at the end of data short of its restart intervals, and fills the rest of the image with gray: the
+   * native decoder refuses that only when the rows it decodes reach it, so the answer would depend on the crop and
+   * on whether the image is kept in a cache form (every row decoded). The rule decides it from the bytes, whatever
+   * the crop, and python-shim's jpeg_rules applies it (the same words) to the device's share of a batch.
+   */
+  private static void markerInScan(Bytes in, int from, int intervals) throws BadImageException {
+    int last = in.n - 1; // a marker's first byte
+    int restarts = 0;
+    for (int at = in.indexOfFf(from, last); at < last; at = in.indexOfFf(at + 1, last)) {
+      int next = in.u8(at + 1);
+      boolean rst = (next & 0xF8) == 0xD0;
+      if (next == 0x00 || next == 0xFF || rst && intervals > 0) { // a stuffed 0xFF, fill, a restart marker
+        restarts += rst ? 1 : 0;
+        continue;
+      }
+      if (next != 0xD9) {
+        throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(next) + " at byte " + at + " cuts the scan data"
+            + (rst ? " (no restart interval is declared)" : ""));
+      }
+      if (intervals > 0 && restarts < intervals - 1) {
+        throw new BadImageException("truncated JPEG: the scan data ends after " + (restarts + 1) + " of its "
+            + intervals + " restart intervals");
+      }
+      return;
     }
   }
 
@@ -469,6 +515,26 @@ public record ImageHeader(Format format, int width, int height, int components, 
         }
       }
       return true;
+    }
+
+    /**
+     * The first 0xFF byte at or after {@code from} and before {@code to}; {@code to} when none. Eight bytes a step
+     * (one absolute read, whatever the buffer's byte order) until a word holds one.
+     */
+    int indexOfFf(int from, int to) {
+      int i = from;
+      for (; i + 8 <= to; i += 8) {
+        long t = ~b.getLong(base + i); // an 0xFF byte is now 0x00
+        if (((t - 0x0101010101010101L) & ~t & 0x8080808080808080L) != 0) {
+          break;
+        }
+      }
+      for (; i < to; i++) {
+        if (u8(i) == 0xFF) {
+          return i;
+        }
+      }
+      return to;
     }
 
     /** Whether {@code bytes} occur at or after {@code from}, searching from the end (where they usually are). */

@@ -12,7 +12,15 @@ import java.awt.image.BufferedImage;
 import java.io.ByteArrayOutputStream;
 import java.nio.ByteBuffer;
 import java.util.Arrays;
+import java.util.Random;
+import javax.imageio.IIOImage;
 import javax.imageio.ImageIO;
+import javax.imageio.ImageTypeSpecifier;
+import javax.imageio.ImageWriteParam;
+import javax.imageio.ImageWriter;
+import javax.imageio.metadata.IIOMetadata;
+import javax.imageio.stream.MemoryCacheImageOutputStream;
+import org.w3c.dom.Element;
 import org.junit.jupiter.api.Test;
 
 /** The header checks that run before any native decode: real JPEG/PNG/TIFF bytes from ImageIO, patched or cut. */
@@ -183,6 +191,120 @@ class ImageHeaderTest {
     assertEquals("unsupported JPEG: the first scan's component 1 uses Huffman DC table 0, which no DHT segment"
         + " before it defines", refusal(prep(PIPELINE), without(jpeg, 0xC4)));
     assertEquals(48, prep(PIPELINE).check(direct(jpeg)).height());
+  }
+
+  /**
+   * A noisy {@code w x h} JPEG from ImageIO (4:2:0 color, or gray): with a restart interval of {@code interval} MCUs
+   * (a DRI segment; 0: none), or progressive.
+   */
+  static byte[] jpeg(int w, int h, boolean gray, int interval, boolean progressive) throws Exception {
+    BufferedImage img = new BufferedImage(w, h, gray ? BufferedImage.TYPE_BYTE_GRAY : BufferedImage.TYPE_INT_RGB);
+    Random r = new Random(5);
+    for (int y = 0; y < h; y++) {
+      for (int x = 0; x < w; x++) {
+        img.setRGB(x, y, r.nextInt(0x1000000));
+      }
+    }
+    ImageWriter writer = ImageIO.getImageWritersByFormatName("jpeg").next();
+    ImageWriteParam param = writer.getDefaultWriteParam();
+    if (progressive) {
+      param.setProgressiveMode(ImageWriteParam.MODE_DEFAULT);
+    }
+    IIOMetadata meta = writer.getDefaultImageMetadata(ImageTypeSpecifier.createFromRenderedImage(img), param);
+    if (interval > 0) {
+      String format = "javax_imageio_jpeg_image_1.0";
+      Element root = (Element) meta.getAsTree(format);
+      Element dri = new javax.imageio.metadata.IIOMetadataNode("dri");
+      dri.setAttribute("interval", Integer.toString(interval));
+      Element markers = (Element) root.getElementsByTagName("markerSequence").item(0);
+      markers.insertBefore(dri, markers.getFirstChild());
+      meta.setFromTree(format, root);
+    }
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    try (MemoryCacheImageOutputStream ios = new MemoryCacheImageOutputStream(out)) {
+      writer.setOutput(ios);
+      writer.write(null, new IIOImage(img, null, meta), param);
+    } finally {
+      writer.dispose();
+    }
+    return out.toByteArray();
+  }
+
+  /** Where the first scan's data starts: after the SOS segment. */
+  static int scanData(byte[] jpeg) {
+    int i = 2;
+    while ((jpeg[i + 1] & 0xFF) != 0xDA) {
+      i += 2 + ((jpeg[i + 2] & 0xFF) << 8 | jpeg[i + 3] & 0xFF);
+    }
+    return i + 2 + ((jpeg[i + 2] & 0xFF) << 8 | jpeg[i + 3] & 0xFF);
+  }
+
+  static byte[] patched(byte[] jpeg, int at, int... bytes) {
+    byte[] b = jpeg.clone();
+    for (int k = 0; k < bytes.length; k++) {
+      b[at + k] = (byte) bytes[k];
+    }
+    return b;
+  }
+
+  @Test
+  void aMarkerInsideASingleScansDataIsRefusedWhateverTheCropWithTheDevicesWords() throws Exception {
+    byte[] jpeg = jpeg(128, 96, false, 0, false);
+    assertEquals(96, prep(PIPELINE).check(direct(jpeg)).height(), "intact");
+    int mid = (scanData(jpeg) + jpeg.length) / 2;
+    assertEquals("corrupt JPEG: marker 0xFFC4 at byte " + mid + " cuts the scan data",
+        refusal(prep(PIPELINE), patched(jpeg, mid, 0xFF, 0xC4)));
+    assertEquals("corrupt JPEG: marker 0xFFD3 at byte " + mid + " cuts the scan data (no restart interval is declared)",
+        refusal(prep(PIPELINE), patched(jpeg, mid, 0xFF, 0xD3)));
+    // A stuffed 0xFF (FF 00) and fill bytes (FF FF) are scan data.
+    ImageHeader.read(direct(patched(jpeg, mid, 0xFF, 0x00, 0xFF, 0xFF, 0x00)));
+    // libjpeg refuses a malformed table before it reads any scan data, in its words: the rule leaves it to libjpeg.
+    int dqt = 2;
+    while ((jpeg[dqt + 1] & 0xFF) != 0xDB) {
+      dqt += 2 + ((jpeg[dqt + 2] & 0xFF) << 8 | jpeg[dqt + 3] & 0xFF);
+    }
+    ImageHeader.read(direct(patched(patched(jpeg, mid, 0xFF, 0xC4), dqt + 4, 0x07))); // libjpeg: Bogus DQT index 7
+  }
+
+  @Test
+  void restartMarkersPassWithARestartIntervalAndTooFewOfThemAreATruncatedFile() throws Exception {
+    // 128x96 at 4:2:0: 8 x 6 MCUs of 16x16 pixels; 5 a restart interval: 10 intervals, 9 restart markers.
+    byte[] rst = jpeg(128, 96, false, 5, false);
+    assertEquals(128, prep(PIPELINE).check(direct(rst)).width(), "a restart-marked JPEG");
+    // gray: one 8x8 block an MCU, 16 x 12 = 192 of them, 3 an interval (64 intervals)
+    assertEquals(128, prep(PIPELINE).check(direct(jpeg(128, 96, true, 3, false))).width(), "gray, restart-marked");
+    int sixth = -1; // the sixth restart marker
+    for (int i = scanData(rst), seen = 0; seen < 6; i++) {
+      if ((rst[i] & 0xFF) == 0xFF && (rst[i + 1] & 0xF8) == 0xD0) {
+        assertEquals(0xD0 + seen, rst[i + 1] & 0xFF, "RSTn in order");
+        sixth = i;
+        seen++;
+      }
+    }
+    byte[] cut = Arrays.copyOf(rst, sixth + 4);
+    cut[sixth + 2] = (byte) 0xFF;
+    cut[sixth + 3] = (byte) 0xD9;
+    assertEquals("truncated JPEG: the scan data ends after 7 of its 10 restart intervals",
+        refusal(prep(PIPELINE), cut));
+    // The same bytes without the DRI segment: restart markers with no interval declared.
+    assertEquals("corrupt JPEG: marker 0xFFD0 at byte " + (firstRestart(rst) - 6)
+        + " cuts the scan data (no restart interval is declared)", refusal(prep(PIPELINE), without(rst, 0xDD)));
+  }
+
+  static int firstRestart(byte[] jpeg) {
+    for (int i = scanData(jpeg); ; i++) {
+      if ((jpeg[i] & 0xFF) == 0xFF && (jpeg[i + 1] & 0xF8) == 0xD0) {
+        return i;
+      }
+    }
+  }
+
+  @Test
+  void aProgressiveJpegIsNotHeldToTheSingleScanRule() throws Exception {
+    byte[] prog = jpeg(128, 96, false, 0, true);
+    ImageHeader h = prep(PIPELINE).check(direct(prog));
+    assertTrue(h.multiScan(), "progressive");
+    assertEquals(96, h.height());
   }
 
   @Test
