@@ -1,6 +1,9 @@
 package io.unstall.flight.prep;
 
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.util.Arrays;
 import java.util.Locale;
 
@@ -467,6 +470,8 @@ public record ImageHeader(Format format, int width, int height, int components, 
 
   /** Absolute reads relative to the buffer's position. */
   private static final class Bytes {
+    /** Eight bytes of a buffer in one read, whatever its byte order (the scan only asks whether one is 0xFF). */
+    static final VarHandle LONGS = MethodHandles.byteBufferViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
     final ByteBuffer b;
     final int base;
     final int n;
@@ -517,15 +522,16 @@ public record ImageHeader(Format format, int width, int height, int components, 
       return true;
     }
 
-    /**
-     * The first 0xFF byte at or after {@code from} and before {@code to}; {@code to} when none. Eight bytes a step
-     * (one absolute read, whatever the buffer's byte order) until a word holds one.
-     */
+    /** The first 0xFF byte at or after {@code from} and before {@code to}; {@code to} when none. */
     int indexOfFf(int from, int to) {
       int i = from;
-      for (; i + 8 <= to; i += 8) {
-        long t = ~b.getLong(base + i); // an 0xFF byte is now 0x00
-        if (((t - 0x0101010101010101L) & ~t & 0x8080808080808080L) != 0) {
+      for (; i + 32 <= to; i += 32) { // four words a step until one holds an 0xFF byte
+        long zeros = 0;
+        for (int k = 0; k < 32; k += 8) {
+          long t = ~(long) LONGS.get(b, base + i + k); // an 0xFF byte is now 0x00
+          zeros |= (t - 0x0101010101010101L) & ~t;
+        }
+        if ((zeros & 0x8080808080808080L) != 0) {
           break;
         }
       }
