@@ -1,9 +1,10 @@
 """The sidecar's JPEG structure rules (``ImageHeader.jpeg`` in flight-server), for ``decode(device="mixed")``: the
 markers up to the first scan, each segment's length, one frame header with a size and 1, 3 or 4 components, the
-tables it and the first scan use defined and well formed (libjpeg's header errors, in libjpeg's words), and an
-end-of-image marker after the scan data. ``MixedDecode._check`` applies them before any decoder sees the bytes, so
-a truncated or malformed JPEG is refused with the sidecar's reason whichever decoder (nvJPEG, libjpeg-turbo) would
-have decoded it: some decode a truncated file's top rows without complaint."""
+tables it and the first scan use defined and well formed (libjpeg's header errors, in libjpeg's words), an
+end-of-image marker after the scan data, and no marker cutting a single scan's data. ``MixedDecode._check`` applies
+them before any decoder sees the bytes, so a truncated or malformed JPEG is refused with the sidecar's reason
+whichever decoder (nvJPEG, libjpeg-turbo) would have decoded it: some decode a truncated file's top rows without
+complaint."""
 
 from __future__ import annotations
 
@@ -148,11 +149,11 @@ def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, i
 
 def _marker_in_scan(b: Any, start: int, intervals: int) -> Optional[str]:
     """A single-scan JPEG's scan data (from ``start`` up to its end-of-image marker) holds no marker but its
-    ``intervals`` - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo, which the sidecar
-    decodes with, stops at any other marker, or at the end of data short of its restart intervals, and fills the
-    rest of the image with gray (the sidecar refuses that when the rows it decodes reach it); other decoders
-    (nvJPEG) are not checked there, so the device refuses such bytes whichever decoder would run. ``b``: the whole
-    JPEG."""
+    ``intervals`` - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo stops at any other
+    marker, or at the end of data short of its restart intervals, and fills the rest of the image with gray; other
+    decoders (nvJPEG) are not checked there. The sidecar applies the same rule in its header check
+    (``ImageHeader.markerInScan``), so both sides refuse such bytes whatever the crop, cache form or decoder.
+    ``b``: the whole JPEG."""
     data = np.frombuffer(b, dtype=np.uint8)
     at = start + np.flatnonzero(data[start:-1] == 0xFF)
     after = data[at + 1]
