@@ -4,15 +4,60 @@ tables it and the first scan use defined and well formed (libjpeg's header error
 end-of-image marker after the scan data, and no marker cutting a single scan's data. ``MixedDecode._check`` applies
 them before any decoder sees the bytes, so a truncated or malformed JPEG is refused with the sidecar's reason
 whichever decoder (nvJPEG, libjpeg-turbo) would have decoded it: some decode a truncated file's top rows without
-complaint."""
+complaint. A Motion-JPEG frame (its first scan uses Huffman tables 0 or 1 that no DHT segment defines) is decoded
+from a copy with the standard tables inserted, as the sidecar decodes it (``StandardHuffmanTables``)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-__all__ = ["jpeg_problem"]
+__all__ = ["JpegCheck", "jpeg_check", "with_standard_tables"]
+
+# The JPEG standard's Huffman tables (ITU T.81 Annex K.3: luminance as table 0, chrominance as table 1), which
+# libjpeg-turbo gives a fresh decompressor's empty slots 0 and 1: by DHT class and index byte (Tc << 4 | Th), the
+# code counts by length (1..16 bits), then the symbols.
+_STANDARD_TABLES: tuple[tuple[int, bytes, bytes], ...] = (
+    (0x00, bytes([0, 1, 5, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]), bytes(range(12))),
+    (0x10, bytes([0, 2, 1, 3, 3, 2, 4, 3, 5, 5, 4, 4, 0, 0, 1, 0x7D]), bytes.fromhex(
+        "01020300041105122131410613516107227114328191a1082342b1c11552d1f0"
+        "2433627282090a161718191a25262728292a3435363738393a43444546474849"
+        "4a535455565758595a636465666768696a737475767778797a83848586878889"
+        "8a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5"
+        "c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8"
+        "f9fa")),
+    (0x01, bytes([0, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0]), bytes(range(12))),
+    (0x11, bytes([0, 2, 1, 2, 4, 4, 3, 4, 7, 5, 4, 4, 0, 1, 2, 0x77]), bytes.fromhex(
+        "000102031104052131061241510761711322328108144291a1b1c109233352f0"
+        "156272d10a162434e125f11718191a262728292a35363738393a434445464748"
+        "494a535455565758595a636465666768696a737475767778797a828384858687"
+        "88898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3"
+        "c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8"
+        "f9fa")),
+)
+
+
+class JpegCheck(NamedTuple):
+    """``jpeg_check``'s answer: why the sidecar refuses the JPEG (None: it passes), and for a frame that relies on the
+    standard Huffman tables the slots to fill (bit t: DC table t, 4 + t: AC table t; 0: none) and where its first
+    scan's marker starts."""
+
+    problem: Optional[str]
+    standard_tables: int = 0
+    first_scan: int = 0
+
+
+def with_standard_tables(data: Any, check: JpegCheck) -> bytearray:
+    """``data`` (a JPEG whose ``check`` names standard tables) with one DHT segment holding them inserted at its first
+    scan's marker: the bytes the sidecar decodes for it (``StandardHuffmanTables.insert``)."""
+    b = memoryview(data).cast("B")
+    tables = b"".join(bytes([tc]) + bits + values for tc, bits, values in _STANDARD_TABLES
+                      if check.standard_tables & 1 << (4 * (tc >> 4) + (tc & 0x0F)))
+    out = bytearray(b[:check.first_scan])
+    out += b"\xff\xc4" + (len(tables) + 2).to_bytes(2, "big") + tables
+    out += b[check.first_scan:]
+    return out
 
 
 def _sof(m: int) -> bool:
@@ -44,9 +89,14 @@ def _tables(b: Any, marker: int, start: int, end: int, quant: set[int], huff: se
     return None if at == end else "libjpeg: Bogus marker length"
 
 
-def jpeg_problem(data: Any) -> Optional[str]:
+def jpeg_check(data: Any) -> JpegCheck:
     """Why the sidecar refuses the JPEG ``data`` (bytes-like, starting FF D8 FF) from its structure, in its words
-    (``ImageHeader.jpeg``'s, libjpeg's for a malformed table); None when it passes."""
+    (``ImageHeader.jpeg``'s, libjpeg's for a malformed table), or the standard tables it relies on."""
+    why = _jpeg(data)
+    return why if isinstance(why, JpegCheck) else JpegCheck(why)
+
+
+def _jpeg(data: Any) -> Optional[str] | JpegCheck:
     b = memoryview(data).cast("B")
     n = len(b)
     i = 2
@@ -108,30 +158,35 @@ def jpeg_problem(data: Any) -> Optional[str]:
         elif marker == 0xDA:
             if sof < 0:
                 return f"corrupt JPEG: a scan (0xFFDA) at byte {i - 2} before any frame header"
-            why = _scan_tables(b, i + 2, end, sof, components, quant, huff)
-            if why is not None:
-                return why
+            scan = _scan_tables(b, i + 2, end, sof, components, quant, huff)
+            if isinstance(scan, str):
+                return scan
             # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
             if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
                 return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
             multi_scan = sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < len(components)
-            return None if multi_scan else _marker_in_scan(b, end, -(-mcus // interval) if interval else 0)
+            why = None if multi_scan else _marker_in_scan(b, end, -(-mcus // interval) if interval else 0)
+            return JpegCheck(None, scan, i - 2) if why is None and scan else why
         elif marker == 0xDD and length >= 4:
             interval = b[i + 2] << 8 | b[i + 3]
         i = end
 
 
 def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, int], quant: set[int],
-                 huff: set[tuple[int, int]]) -> Optional[str]:
+                 huff: set[tuple[int, int]]) -> str | int:
     """The first scan's components (libjpeg's checks of the scan header), and the sidecar's rule on their tables:
     each component's quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan
     and the AC table of an AC or sequential scan, defined before the scan. A decoder that keeps its tables from one
-    image to the next would otherwise decode with the last image's, and decoders differ on a missing Huffman table
-    (libjpeg-turbo fills in the standard ones)."""
+    image to the next would otherwise decode with the last image's, and decoders differ on a missing Huffman table.
+    But a Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a fresh decompressor's
+    empty slots 0 and 1 with the standard tables, so the answer is those slots (bit t: DC table t, 4 + t: AC table
+    t), whose standard tables both sides insert; 0 when the scan's tables are defined. A string: why it is
+    refused."""
     count = b[start] if start < end else 0
     if end - start != 2 * count + 4 or not 1 <= count <= 4:
         return "libjpeg: Bogus marker length"
     ss, se, ah = b[start + 1 + 2 * count], b[start + 2 + 2 * count], b[start + 3 + 2 * count] >> 4
+    standard = False
     for c in range(count):
         cid, sel = b[start + 1 + 2 * c], b[start + 2 + 2 * c]
         if cid not in components:
@@ -141,10 +196,14 @@ def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, i
                 "which no DQT segment before it defines"
         needed = [("DC", 0, sel >> 4)] * (ss == 0 and ah == 0) + [("AC", 1, sel & 0x0F)] * (se > 0)
         for name, kind, index in needed if sof < 0xC9 else ():
-            if (kind, index) not in huff:
+            if (kind, index) in huff:
+                continue
+            if index > 1:
                 return f"unsupported JPEG: the first scan's component {cid} uses Huffman {name} table {index}, " \
-                    "which no DHT segment before it defines"
-    return None
+                    "which no DHT segment before it defines (only tables 0 and 1 have standard ones)"
+            standard = True
+    return sum(1 << (4 * kind + index) for kind in (0, 1) for index in (0, 1) if (kind, index) not in huff) \
+        if standard else 0
 
 
 def _marker_in_scan(b: Any, start: int, intervals: int) -> Optional[str]:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .draws import Box, sample_box, sample_rng
-from .jpeg_rules import jpeg_problem
+from .jpeg_rules import jpeg_check, with_standard_tables
 from .mixed_parts import Group, image_header, not_decodable, to_device
 from .pipeline import check_decode_backend
 
@@ -182,8 +182,9 @@ class MixedDecode:
         other formats the pipeline decodes (PNG; WebP when its ``formats`` name it) on the host, as DALI's mixed
         decoder does with what nvJPEG does not decode."""
         heads = [self._check(p, i, k) for p, i, k in zip(payloads, ids, keys)]
-        jpeg = [j for j, (kind, _) in enumerate(heads) if kind == "jpeg"]
-        rest = [j for j, (kind, _) in enumerate(heads) if kind != "jpeg"]
+        payloads = [data for _, _, data in heads]
+        jpeg = [j for j, (kind, _, _) in enumerate(heads) if kind == "jpeg"]
+        rest = [j for j, (kind, _, _) in enumerate(heads) if kind != "jpeg"]
         groups: List[Group] = []
         boxes: List[Any] = [None] * len(payloads)
         sizes = [heads[j][1] for j in jpeg]  # the device path draws its windows from them: headers read once
@@ -209,11 +210,13 @@ class MixedDecode:
             images = [self._decode_one(p, i, k) for p, i, k in zip(payloads, ids, keys)]  # names the one that fails
         return self._by_size(images, ids, epoch, seed)
 
-    def _check(self, data: Any, sample_id: int, key: str) -> Tuple[str, Tuple[int, int]]:
-        """A sample's format and ``(height, width)``, once its header passed the pipeline's rules as the sidecar's ``ImagePrep.check``
-        applies them (``formats``; a JPEG's structure, ``jpeg_rules``; ``max_pixels`` and ``max_aspect_ratio``, the
-        op's or the sidecar's), with its messages: a decompression bomb is refused before any decoder allocates for
-        it, a truncated JPEG whichever decoder would have decoded its top rows."""
+    def _check(self, data: Any, sample_id: int, key: str) -> Tuple[str, Tuple[int, int], Any]:
+        """A sample's format, ``(height, width)`` and the bytes to decode, once its header passed the pipeline's rules
+        as the sidecar's ``ImagePrep.check`` applies them (``formats``; a JPEG's structure, ``jpeg_rules``;
+        ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its messages: a decompression bomb
+        is refused before any decoder allocates for it, a truncated JPEG whichever decoder would have decoded its top
+        rows. The bytes are ``data`` but for a Motion-JPEG frame: a copy with the standard Huffman tables it relies
+        on, which the sidecar decodes too, whichever decoder runs."""
         op = self.ops[0]
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
         kind, w, h = image_header(data.numpy())
@@ -223,9 +226,9 @@ class MixedDecode:
                     f"is neither JPEG nor PNG nor WebP (first bytes {bytes(data[:8].tolist()).hex(' ')}):")
             raise ValueError(f"{where} {what} one of the formats the pipeline decodes: {', '.join(formats)} "
                              "(decode \"formats\")")
-        why = jpeg_problem(data.numpy()) if kind == "jpeg" else None
-        if why is not None:
-            raise ValueError(f"{where}: {why}")
+        check = jpeg_check(data.numpy()) if kind == "jpeg" else None
+        if check is not None and check.problem is not None:
+            raise ValueError(f"{where}: {check.problem}")
         cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
         if w * h > cap:
             raise ValueError(f"{where}: decompression bomb? the {kind} header declares {w}x{h} pixels ({w * h}), above "
@@ -234,7 +237,11 @@ class MixedDecode:
             raise ValueError(f"{where}: the {kind} header declares {w}x{h} pixels, an aspect ratio of "
                              f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} "
                              "(--max-decode-aspect-ratio / decode max_aspect_ratio)")
-        return kind, (h, w)
+        if check is not None and check.standard_tables:
+            import torch
+
+            data = torch.frombuffer(with_standard_tables(data.numpy(), check), dtype=torch.uint8)
+        return kind, (h, w), data
 
     def _host_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
                      ) -> Tuple[List[Group], List[Box]]:

@@ -17,10 +17,20 @@ import java.util.Locale;
  *
  * @param exif the file carries EXIF metadata, so the decoder may rotate the image (one more copy of it)
  * @param multiScan a progressive, lossless or non-interleaved JPEG: libjpeg keeps every coefficient of the image
+ * @param standardTables a JPEG whose first scan uses a Huffman table 0 or 1 that no DHT segment before it defines
+ *     (a Motion-JPEG frame): the slots still empty there, which libjpeg-turbo fills with the standard tables, bit t
+ *     for DC table t and 4 + t for AC table t ({@link StandardHuffmanTables}); 0: none
+ * @param firstScan where the first scan's marker (FF DA) starts, when {@code standardTables} is not 0
  */
-public record ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan) {
+public record ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan,
+    int standardTables, int firstScan) {
   /** The decoder's output is 8-bit BGR (OpenCV's IMREAD_COLOR). */
   static final int DECODED_CHANNELS = 3;
+
+  /** A header whose Huffman tables are all defined (or that has none). */
+  public ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan) {
+    this(format, width, height, components, exif, multiScan, 0, 0);
+  }
 
   /** The formats whose header the sidecar parses; a pipeline accepts a subset ({@code "formats"} of decode). */
   public enum Format {
@@ -249,7 +259,8 @@ public record ImageHeader(Format format, int width, int height, int components, 
         }
         int inScan = len >= 3 ? in.u8(i + 2) : 0;
         boolean multiScan = sof != 0xC0 && sof != 0xC1 && sof != 0xC9 || inScan < components;
-        libjpegRefuses = libjpegRefuses || undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
+        int standard = libjpegRefuses ? 0 : undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
+        libjpegRefuses |= standard < 0;
         // The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
         if (!in.hasFromEnd(end, 0xFF, 0xD9)) {
           throw new BadImageException("truncated JPEG: no end-of-image marker (FF D9) after the scan data, "
@@ -258,7 +269,8 @@ public record ImageHeader(Format format, int width, int height, int components, 
         if (!multiScan && !libjpegRefuses) {
           markerInScan(in, end, interval > 0 ? (mcus + interval - 1) / interval : 0);
         }
-        return new ImageHeader(Format.JPEG, width, height, components, exif, multiScan);
+        return new ImageHeader(Format.JPEG, width, height, components, exif, multiScan, Math.max(standard, 0),
+            standard > 0 ? i - 2 : 0);
       }
       i = end;
     }
@@ -310,24 +322,28 @@ public record ImageHeader(Format format, int width, int height, int components, 
    * The first scan's components (the scan header from..end) must have their tables defined before it: the
    * quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the AC table of
    * an AC or sequential scan. The native decoder keeps its tables from one image to the next (libjpeg's abbreviated
-   * streams), so it would otherwise decode with the thread's last image's; decoders differ on a missing Huffman
-   * table (libjpeg-turbo fills in the standard ones). python-shim's jpeg_rules applies the same rule. True when
-   * libjpeg refuses the scan header itself (in its words).
+   * streams), so it would otherwise decode with the thread's last image's, and decoders differ on a missing Huffman
+   * table. But a Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a fresh
+   * decompressor's empty slots 0 and 1 with the standard tables, so the answer is those slots (bits as
+   * {@code huff}'s), whose standard tables the sidecar inserts ({@link StandardHuffmanTables}); 0 when the scan's
+   * tables are defined. python-shim's jpeg_rules applies the same rule. -1 when libjpeg refuses the scan header
+   * itself (in its words).
    */
-  private static boolean undefinedTable(Bytes in, int from, int end, int sof, int[] quantOf, int quant, int huff)
+  private static int undefinedTable(Bytes in, int from, int end, int sof, int[] quantOf, int quant, int huff)
       throws BadImageException {
     int count = from < end ? in.u8(from) : 0;
     if (end - from != 2 * count + 4 || count < 1 || count > 4) {
-      return true; // libjpeg: Bogus marker length
+      return -1; // libjpeg: Bogus marker length
     }
     int ss = in.u8(from + 1 + 2 * count);
     int se = in.u8(from + 2 + 2 * count);
     int ah = in.u8(from + 3 + 2 * count) >> 4;
+    boolean standard = false;
     for (int c = 0; c < count; c++) {
       int id = in.u8(from + 1 + 2 * c);
       int sel = in.u8(from + 2 + 2 * c);
       if (quantOf[id] < 0) {
-        return true; // libjpeg: Invalid component ID in SOS
+        return -1; // libjpeg: Invalid component ID in SOS
       }
       if (quantOf[id] > 3 || (quant & 1 << quantOf[id]) == 0) {
         throw new BadImageException("corrupt JPEG: the first scan's component " + id + " uses quantization table "
@@ -336,16 +352,29 @@ public record ImageHeader(Format format, int width, int height, int components, 
       if (sof >= 0xC9) {
         continue; // arithmetic coding: no Huffman tables
       }
-      if (ss == 0 && ah == 0 && (sel >> 4 > 3 || (huff & 1 << (sel >> 4)) == 0)) {
-        throw new BadImageException("unsupported JPEG: the first scan's component " + id + " uses Huffman DC table "
-            + (sel >> 4) + ", which no DHT segment before it defines");
+      if (ss == 0 && ah == 0) {
+        standard |= undefinedHuffman(id, "DC", sel >> 4, huff);
       }
-      if (se > 0 && ((sel & 0x0F) > 3 || (huff & 1 << (4 + (sel & 0x0F))) == 0)) {
-        throw new BadImageException("unsupported JPEG: the first scan's component " + id + " uses Huffman AC table "
-            + (sel & 0x0F) + ", which no DHT segment before it defines");
+      if (se > 0) {
+        standard |= undefinedHuffman(id, "AC", sel & 0x0F, huff >> 4);
       }
     }
-    return false;
+    return standard ? ~huff & 0x33 : 0;
+  }
+
+  /**
+   * Whether component {@code id}'s Huffman {@code kind} table {@code index} is missing from {@code defined} (bit t:
+   * table t of that kind) and has a standard table; a missing table 2 or 3 has none and is refused.
+   */
+  private static boolean undefinedHuffman(int id, String kind, int index, int defined) throws BadImageException {
+    if (index <= 3 && (defined & 1 << index) != 0) {
+      return false;
+    }
+    if (index > 1) {
+      throw new BadImageException("unsupported JPEG: the first scan's component " + id + " uses Huffman " + kind
+          + " table " + index + ", which no DHT segment before it defines (only tables 0 and 1 have standard ones)");
+    }
+    return true;
   }
 
   /**

@@ -19,6 +19,7 @@ import java.util.Locale;
 import java.util.SplittableRandom;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
+import org.bytedeco.javacpp.BytePointer;
 import org.bytedeco.opencv.global.opencv_core;
 
 /**
@@ -36,7 +37,8 @@ import org.bytedeco.opencv.global.opencv_core;
  * format must be one the pipeline names (OpenCV would pick any decoder it has by the magic bytes), the declared
  * size within the pipeline's pixel and aspect-ratio caps, and the memory the sample needs while it is decoded and
  * transformed ({@link #workingBytes}) is reserved in the {@link DecodeBudget} first, so prep threads wait for
- * each other instead of decoding several huge images at once.
+ * each other instead of decoding several huge images at once. A Motion-JPEG frame, which leaves out the standard
+ * Huffman tables it uses, is decoded from a copy that defines them ({@link StandardHuffmanTables}).
  */
 public final class ImagePrep {
   static {
@@ -226,6 +228,23 @@ public final class ImagePrep {
   public void run(ByteBuffer encoded, Digest digest, SplittableRandom rng, ByteBuffer out)
       throws BadImageException, InterruptedException {
     ImageHeader h = check(encoded);
+    if (h.standardTables() == 0) {
+      prepare(encoded, h, digest, rng, out);
+      return;
+    }
+    // A Motion-JPEG frame: every path (and cache form) decodes a copy that defines the standard Huffman tables the
+    // frame relies on; the sample keeps the digest of its own bytes. The copy is native memory of the decode.
+    int n = StandardHuffmanTables.copyBytes(h, encoded);
+    try (DecodeBudget.Reservation r = budget.acquire(n, h); BytePointer copy = new BytePointer(n)) {
+      ByteBuffer b = copy.asByteBuffer();
+      StandardHuffmanTables.insert(encoded, h, b);
+      prepare(b.flip(), h, digest, rng, out);
+    }
+  }
+
+  /** {@link #run(ByteBuffer, Digest, SplittableRandom, ByteBuffer)} of bytes whose header {@code h} passed. */
+  private void prepare(ByteBuffer encoded, ImageHeader h, Digest digest, SplittableRandom rng, ByteBuffer out)
+      throws BadImageException, InterruptedException {
     if (takesNative(h) && encoded.isDirect() && out.isDirect()) {
       long cpu0 = CPU.getCurrentThreadCpuTime();
       int d = decoded == null ? 0 : DecodedImages.denom(h, pipeline);
