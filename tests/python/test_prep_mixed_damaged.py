@@ -2,7 +2,8 @@
 path (``decode(device="mixed")``, both backends' CPU decoders) refuse the same truncated and malformed files with
 the sidecar's reason, naming the sample, and decode the damage both tolerate to the same pixels within the bound
 of docs/PREP.md; where they differ (damage only a Huffman decode finds), the difference docs/PREP.md states holds.
-The files are made here with PIL, then cut or patched."""
+A Motion-JPEG frame (no DHT segment) decodes on both sides as the image with the standard Huffman tables written
+out, whatever the sidecar's prep thread decoded before. The files are made here with PIL, then cut or patched."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from test_prep_mixed import BACKENDS, MAX_MEAN_DIFF, MAX_P99_DIFF
 from test_prep_mixed_backends import _mixed
-from test_prep_support import PrepEnv, start_env
+from test_prep_support import REPO, PrepEnv, start_env
 
 from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
 
@@ -31,8 +32,6 @@ REFUSED = {
                      r"byte 300",
     "no_dqt": "corrupt JPEG: the first scan's component 1 uses quantization table 0, which no DQT segment before it "
               "defines",
-    "no_dht": "unsupported JPEG: the first scan's component 1 uses Huffman DC table 0, which no DHT segment before "
-              "it defines",
     "bad_dht": "libjpeg: Bogus Huffman table definition",
     "bad_dqt": "libjpeg: Bogus DQT index 7",
 }
@@ -48,6 +47,7 @@ REFUSED_BY_RULE = {
 # them (libjpeg: within the rows it decodes, every row when it keeps the image in a cache form); the device's CPU
 # decoders (libjpeg-turbo) decode the rows that are there and fill the rest with gray (docs/PREP.md).
 DECODED_THROUGH = ("cut_50_eoi", "progressive_cut_50_eoi")
+FIXTURES = REPO / "protocol" / "fixtures"
 
 
 def _picture(h: int, w: int) -> np.ndarray:
@@ -103,7 +103,9 @@ def _cases() -> dict[str, bytes]:
         "no_eoi": base[:n - 2], "cut_in_header": base[:300], "cut_50_eoi": base[:n // 2] + b"\xff\xd9",
         "trailing_garbage": base + bytes(range(200)), "garbage_in_scan": _patched(base, mid, noise),
         "marker_in_scan": _patched(base, mid, b"\xff\xc4"), "rst_without_interval": _patched(base, mid, b"\xff\xd3"),
-        "no_dht": _without(base, 0xC4), "no_dqt": _without(base, 0xDB),
+        # a Motion-JPEG frame (PIL writes the standard Huffman tables: base without them), decoded right after an
+        # image with other tables: the sidecar's one prep thread keeps its decoder's tables from image to image
+        "optimized": _jpeg(px[::-1], optimize=True), "no_dht": _without(base, 0xC4), "no_dqt": _without(base, 0xDB),
         "bad_dht": _patched(base, dht + 5, bytes([255] * 16)), "bad_dqt": _patched(base, dqt + 4, b"\x07"),
         "progressive": prog, "progressive_cut_50": prog[:len(prog) // 2],
         "progressive_cut_50_eoi": prog[:len(prog) // 2] + b"\xff\xd9",
@@ -123,7 +125,7 @@ PIPELINE = prep.imagenet_train(48, dtype="uint8", layout="NHWC")
 def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
     """A sidecar serving ``damaged``: every case of CASES, sample id k the k-th."""
     tmp = tmp_path_factory.mktemp("prep-damaged")
-    for e in start_env(tmp):
+    for e in start_env(tmp, extra_args=("--prep-threads", "1")):
         for key, data in zip(KEYS, CASES.values()):
             (tmp / "damaged" / key).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "damaged" / key).write_bytes(data)
@@ -179,7 +181,7 @@ def test_a_damaged_jpeg_is_refused_by_both_sides_naming_it_or_decoded_alike(
             assert k in pixels and not isinstance(device, str), (name, reasons.get(k), device)
             diffs.append(np.abs(pixels[k].astype(np.int16) - device.astype(np.int16)).ravel())
     d = np.concatenate(diffs)
-    assert len(diffs) == 8 and d.mean() <= MAX_MEAN_DIFF and np.percentile(d, 99) <= MAX_P99_DIFF, \
+    assert len(diffs) == 10 and d.mean() <= MAX_MEAN_DIFF and np.percentile(d, 99) <= MAX_P99_DIFF, \
         (float(d.mean()), float(np.percentile(d, 99)))
 
 
@@ -203,3 +205,53 @@ def test_through_a_sidecar_the_batch_fails_naming_the_sample_on_whichever_side_d
                                                       device="cpu", client=client) as loader:
         with pytest.raises(ValueError, match=where + REFUSED[name]):
             list(loader)
+
+
+def _center(pixels: np.ndarray) -> np.ndarray:
+    """The central 96 x 96 of a 96 x 128 image: FRAME_OPS' crop."""
+    return pixels[:, 16:112]
+
+
+FRAME_OPS = (prep.center_crop(96),)
+
+
+def test_the_sidecar_decodes_a_motion_jpeg_frame_as_its_standard_tables_written_out(damaged: PrepEnv,
+                                                                                     tmp_path: Path) -> None:
+    """On the sidecar's one prep thread, right after an image with other (optimized) Huffman tables, in every epoch
+    (whichever cache form the frame is decoded from): the frame's pixels are the original's, bit for bit, and
+    PIL's."""
+    from PIL import Image
+
+    root = tmp_path / "mjpeg"
+    (root / "c0").mkdir(parents=True)
+    for k, name in enumerate(("optimized", "no_dht", "intact")):
+        (root / "c0" / f"{k}_{name}.jpg").write_bytes(CASES[name])
+    damaged.sidecar.register_dataset(root.name, root)
+    pipe = prep.Pipeline((prep.decode(), *FRAME_OPS), layout="NHWC", dtype="uint8")
+    with damaged.client() as client, prep.PrepLoader(root.name, pipe, batch_size=1, shuffle=False, epochs=2,
+                                                      client=client) as loader:
+        images = [images[0].numpy().copy() for _ in range(2) for images, _ in loader]
+    pil = _center(np.asarray(Image.open(io.BytesIO(CASES["intact"]))))
+    assert len(images) == 6
+    for epoch in range(2):
+        frame, intact = images[3 * epoch + 1], images[3 * epoch + 2]
+        assert np.array_equal(frame, intact) and np.array_equal(frame, pil), \
+            (epoch, int(np.abs(frame.astype(np.int16) - pil).max()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_device_decodes_a_motion_jpeg_frame_from_the_sidecars_copy(backend: str) -> None:
+    """``MixedDecode`` hands the decoder the bytes the sidecar decodes (the golden copy flight-server's
+    StandardHuffmanTablesTest holds the sidecar to), and decodes the frame as the original."""
+    import torch
+
+    def tensor(data: bytes) -> Any:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    mixed = _mixed(backend, (prep.decode(device="mixed"), prep.center_crop(16)))
+    kind, size, data = mixed._check(tensor((FIXTURES / "mjpeg-frame-v1.jpg").read_bytes()), 0, "c0/frame.jpg")
+    assert (kind, size) == ("jpeg", (24, 32))
+    assert bytes(data.numpy()) == (FIXTURES / "mjpeg-frame-v1-standard-tables.jpg").read_bytes()
+    mixed = _mixed(backend, (prep.decode(device="mixed"), prep.center_crop(64)))
+    frame_px, intact_px = (mixed([tensor(CASES[name])], [2], 0, 7, [name]).numpy()[0] for name in ("no_dht", "intact"))
+    assert np.array_equal(frame_px, intact_px)

@@ -1,0 +1,103 @@
+"""``unstall.prep.jpeg_rules`` on Motion-JPEG frames (no DHT segment: the decoder supplies the JPEG standard's Huffman
+tables): the copy it makes is the sidecar's (protocol/fixtures/mjpeg-frame-v1*.jpg, which flight-server's
+StandardHuffmanTablesTest holds the sidecar to), its tables are the ones libjpeg writes when it does not optimize,
+and PIL decodes the frame, its copy and the original JPEG to the same pixels."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from unstall.prep.jpeg_rules import JpegCheck, jpeg_check, with_standard_tables
+
+
+def _jpeg(mode: str) -> bytes:
+    """A PIL JPEG with the standard Huffman tables (``optimize=False``, PIL's default)."""
+    px = np.random.default_rng(5).integers(0, 255, (40, 56, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(px).convert(mode).save(buf, "JPEG", quality=90, optimize=False)
+    return buf.getvalue()
+
+
+def _segments(data: bytes) -> list[tuple[int, int, int]]:
+    """``(marker, start, end)`` of each segment before the first scan's marker."""
+    out, i = [], 2
+    while data[i + 1] != 0xDA:
+        end = i + 2 + int.from_bytes(data[i + 2:i + 4], "big")
+        out.append((data[i + 1], i, end))
+        i = end
+    return out
+
+
+def _first_scan(data: bytes) -> int:
+    return _segments(data)[-1][2]
+
+
+def _without_dht(data: bytes) -> bytes:
+    segs = _segments(data)
+    return data[:2] + b"".join(data[s:e] for m, s, e in segs if m != 0xC4) + data[segs[-1][2]:]
+
+
+def _tables(data: bytes) -> list[bytes]:
+    """Every table of ``data``'s DHT segments before its first scan: class byte, code counts, symbols."""
+    out = []
+    for marker, start, end in _segments(data):
+        at = start + 4
+        while marker == 0xC4 and at < end:
+            n = 17 + sum(data[at + 1:at + 17])
+            out.append(data[at:at + n])
+            at += n
+    return out
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(bytes(data))))
+
+
+def test_the_copy_is_the_golden_fixture_the_sidecar_makes_too(fixtures_dir: Path) -> None:
+    frame = (fixtures_dir / "mjpeg-frame-v1.jpg").read_bytes()
+    check = jpeg_check(frame)
+    assert check == JpegCheck(None, 0x33, _first_scan(frame))
+    assert with_standard_tables(frame, check) == (fixtures_dir / "mjpeg-frame-v1-standard-tables.jpg").read_bytes()
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_a_frame_gets_the_standard_tables_libjpeg_writes_and_decodes_as_its_original(mode: str) -> None:
+    original = _jpeg(mode)
+    assert jpeg_check(original) == JpegCheck(None), "tables defined: untouched"
+    frame = _without_dht(original)
+    check = jpeg_check(frame)
+    assert check == JpegCheck(None, 0x33, _first_scan(frame))
+    copy = bytes(with_standard_tables(frame, check))
+    at = check.first_scan
+    assert copy[:at] == frame[:at] and copy[-(len(frame) - at):] == frame[at:] and len(copy) == len(frame) + 420
+    assert jpeg_check(copy) == JpegCheck(None), "the copy defines every table"
+    # libjpeg (through PIL) writes the standard tables when it does not optimize: luminance only for gray
+    assert set(_tables(original)) <= set(_tables(copy)) and len(_tables(original)) == (4 if mode == "RGB" else 2)
+    assert np.array_equal(_pixels(copy), _pixels(original))
+    assert np.array_equal(_pixels(frame), _pixels(original)), "PIL fills in the same standard tables"
+
+
+def test_a_frame_that_defines_table_1_gets_only_table_0() -> None:
+    frame = _without_dht(_jpeg("RGB"))
+    table1 = bytes(with_standard_tables(frame, JpegCheck(None, 0x22, _first_scan(frame))))
+    check = jpeg_check(table1)
+    assert check == JpegCheck(None, 0x11, _first_scan(table1))
+    copy = bytes(with_standard_tables(table1, check))
+    assert [t[0] for t in _tables(copy)] == [0x01, 0x11, 0x00, 0x10]
+    assert len(copy) == len(table1) + 4 + 2 * 17 + 12 + 162
+    assert np.array_equal(_pixels(copy), _pixels(frame))
+
+
+@pytest.mark.parametrize("dht", [True, False])
+def test_an_undefined_table_2_is_still_refused(dht: bool) -> None:
+    jpeg = _jpeg("RGB") if dht else _without_dht(_jpeg("RGB"))
+    at = _first_scan(jpeg)
+    for selector, kind, index in ((0x20, "DC", 2), (0x03, "AC", 3)):
+        patched = jpeg[:at + 6] + bytes([selector]) + jpeg[at + 7:]  # component 1's tables
+        assert jpeg_check(patched).problem == f"unsupported JPEG: the first scan's component 1 uses Huffman {kind} " \
+            f"table {index}, which no DHT segment before it defines (only tables 0 and 1 have standard ones)"
