@@ -205,7 +205,8 @@ class StandardHuffmanTablesTest {
     NativeJpegTest.loaded();
     ByteBuffer other = optimized(320, 240);
     String pl = rrc(96, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NHWC");
-    String resize = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":80},{\"op\":\"center_crop\",\"size\":64}]}";
+    String resize = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":80},"
+        + "{\"op\":\"center_crop\",\"size\":64}]}";
     for (Sampling s : List.of(Sampling.S420, Sampling.S444, Sampling.GRAY)) {
       ByteBuffer standard = NativeJpegTest.jpeg(400, 300, s, 11 + s.ordinal()); // OpenCV writes the standard tables
       byte[] frame = without(bytes(standard), 0xC4);
