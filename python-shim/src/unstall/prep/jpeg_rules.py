@@ -97,6 +97,7 @@ def jpeg_check(data: Any) -> JpegCheck:
 
 
 def _jpeg(data: Any) -> Optional[str] | JpegCheck:
+    """``jpeg_check``'s walk of the markers: why the JPEG is refused, None, or the standard tables it relies on."""
     b = memoryview(data).cast("B")
     n = len(b)
     i = 2
