@@ -101,3 +101,31 @@ def test_an_undefined_table_2_is_still_refused(dht: bool) -> None:
         patched = jpeg[:at + 6] + bytes([selector]) + jpeg[at + 7:]  # component 1's tables
         assert jpeg_check(patched).problem == f"unsupported JPEG: the first scan's component 1 uses Huffman {kind} " \
             f"table {index}, which no DHT segment before it defines (only tables 0 and 1 have standard ones)"
+
+
+def test_a_malformed_table_is_libjpegs_to_report_after_the_sidecars_own_rules() -> None:
+    """libjpeg's words for a malformed table come only once the walk reached the scan, as the sidecar's header check
+    leaves them to its decoder: a file cut short after it is refused as truncated first, by both."""
+    jpeg = _jpeg("RGB")
+    dht = next(s for m, s, _ in _segments(jpeg) if m == 0xC4)
+    bad = jpeg[:dht + 5] + bytes([255] * 16) + jpeg[dht + 21:]  # code counts summing over 256
+    assert jpeg_check(bad).problem == "libjpeg: Bogus Huffman table definition"
+    assert jpeg_check(bad[:-2]).problem == \
+        f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {len(bad) - 2} bytes in all"
+    # a frame header longer than its components: libjpeg's, and its entries past the segment are not read
+    sof = next(s for m, s, _ in _segments(jpeg) if m == 0xC0)
+    long_sof = jpeg[:sof + 9] + b"\x04" + jpeg[sof + 10:]
+    assert jpeg_check(long_sof).problem == "libjpeg: Bogus marker length"
+
+
+def test_one_restart_marker_too_many_cuts_an_interval_unless_the_end_follows_it() -> None:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+        buf, "JPEG", quality=90, restart_marker_blocks=3)
+    rst = buf.getvalue()  # 4 x 3 MCUs of 16x16 pixels, 3 an interval: 4 intervals, 3 restart markers
+    at = len(rst) - 10  # inside the last interval's data
+    assert rst[at - 1] != 0xFF and jpeg_check(rst).problem is None
+    assert jpeg_check(rst[:at] + b"\xff\xd1" + rst[at:]).problem == \
+        f"corrupt JPEG: marker 0xFFD1 at byte {at} cuts the scan data (its 4 restart intervals need 3 restart markers)"
+    # libjpeg has read every interval before it: decoded
+    assert jpeg_check(rst[:-2] + b"\xff\xd1" + rst[-2:]).problem is None

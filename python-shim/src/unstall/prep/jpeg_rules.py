@@ -107,6 +107,9 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
     huff: set[tuple[int, int]] = set()  # (0: DC / 1: AC, index)
     interval = 0  # MCUs per restart interval (DRI); 0: none
     mcus = 0
+    # libjpeg's first error (a malformed table or segment), reported once the walk reaches the scan: the sidecar's
+    # header check goes on to its own rules (a truncation after it is refused as such) and leaves it to libjpeg
+    libjpeg: Optional[str] = None
     while True:
         if i >= n:
             return f"truncated JPEG: the file ends at byte {n}, inside its header" + \
@@ -146,25 +149,27 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
             if count not in (1, 3, 4):
                 return f"unsupported JPEG: {count} color components (1, 3 or 4 expected)"
             if length != 8 + 3 * count:
-                return "libjpeg: Bogus marker length"
-            components = {b[i + 8 + 3 * c]: b[i + 10 + 3 * c] for c in range(count)}
-            h_max = max(max(b[i + 9 + 3 * c] >> 4 for c in range(count)), 1)
-            v_max = max(max(b[i + 9 + 3 * c] & 0x0F for c in range(count)), 1)
+                libjpeg = libjpeg or "libjpeg: Bogus marker length"
+            inside = [c for c in range(count) if i + 10 + 3 * c < end]  # a segment too short: the entries it holds
+            components = {b[i + 8 + 3 * c]: b[i + 10 + 3 * c] for c in inside}
+            h_max = max([b[i + 9 + 3 * c] >> 4 for c in inside] + [1])
+            v_max = max([b[i + 9 + 3 * c] & 0x0F for c in inside] + [1])
             # MCUs of the scan that holds every component (one block each when there is one component)
             mcus = (-(-width // (8 * (h_max if count > 1 else 1)))) * (-(-height // (8 * (v_max if count > 1 else 1))))
         elif marker in (0xC4, 0xDB):
-            why = _tables(b, marker, i + 2, end, quant, huff)
-            if why is not None:
-                return why
+            libjpeg = libjpeg or _tables(b, marker, i + 2, end, quant, huff)
         elif marker == 0xDA:
             if sof < 0:
                 return f"corrupt JPEG: a scan (0xFFDA) at byte {i - 2} before any frame header"
-            scan = _scan_tables(b, i + 2, end, sof, components, quant, huff)
-            if isinstance(scan, str):
+            scan = _scan_tables(b, i + 2, end, sof, components, quant, huff) if libjpeg is None else 0
+            if isinstance(scan, str) and not scan.startswith("libjpeg: "):
                 return scan
+            libjpeg = libjpeg or (scan if isinstance(scan, str) else None)
             # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
             if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
                 return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
+            if libjpeg is not None:
+                return libjpeg
             multi_scan = sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < len(components)
             why = None if multi_scan else _marker_in_scan(b, end, -(-mcus // interval) if interval else 0)
             return JpegCheck(None, scan, i - 2) if why is None and scan else why
@@ -210,7 +215,8 @@ def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, i
 def _marker_in_scan(b: Any, start: int, intervals: int) -> Optional[str]:
     """A single-scan JPEG's scan data (from ``start`` up to its end-of-image marker) holds no marker but its
     ``intervals`` - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo stops at any other
-    marker, or at the end of data short of its restart intervals, and fills the rest of the image with gray; other
+    marker, at the end of data short of its restart intervals, or at one restart marker too many (it cuts an
+    interval's data, unless only the end-of-image marker follows it), and fills the rest of the image with gray; other
     decoders (nvJPEG) are not checked there. The sidecar applies the same rule in its header check
     (``ImageHeader.markerInScan``), so both sides refuse such bytes whatever the crop, cache form or decoder.
     ``b``: the whole JPEG."""
@@ -220,6 +226,12 @@ def _marker_in_scan(b: Any, start: int, intervals: int) -> Optional[str]:
     rst = (after & 0xF8) == 0xD0
     bad = (after != 0x00) & (after != 0xFF) & (~rst if intervals else True)
     k = int(np.argmax(bad))  # the caller found an end-of-image marker: some byte pair is bad
+    restarts = np.flatnonzero(rst[:k])
+    if intervals and len(restarts) >= intervals:  # one too many: it splits an interval, unless the end follows it
+        extra = int(at[restarts[intervals - 1]])
+        if bytes(data[extra + 2:extra + 4]) != b"\xff\xd9":
+            return f"corrupt JPEG: marker 0xFF{int(data[extra + 1]):02X} at byte {extra} cuts the scan data (its " \
+                f"{intervals} restart intervals need {intervals - 1} restart markers)"
     if after[k] != 0xD9:
         return f"corrupt JPEG: marker 0xFF{int(after[k]):02X} at byte {int(at[k])} cuts the scan data" + \
             (" (no restart interval is declared)" if rst[k] else "")

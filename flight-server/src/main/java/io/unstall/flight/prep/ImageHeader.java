@@ -380,7 +380,8 @@ public record ImageHeader(Format format, int width, int height, int components, 
   /**
    * A single-scan JPEG's scan data (from {@code from} up to its end-of-image marker) must hold no marker but its
    * {@code intervals} - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo stops at any other
-   * marker, or at the end of data short of its restart intervals, and fills the rest of the image with gray: the
+   * marker, at the end of data short of its restart intervals, or at one restart marker too many (it cuts an
+   * interval's data, unless only the end-of-image marker follows it), and fills the rest of the image with gray: the
    * native decoder refuses that only when the rows it decodes reach it, so the answer would depend on the crop and
    * on whether the image is kept in a cache form (every row decoded). The rule decides it from the bytes, whatever
    * the crop, and python-shim's jpeg_rules applies it (the same words) to the device's share of a batch.
@@ -391,6 +392,11 @@ public record ImageHeader(Format format, int width, int height, int components, 
     for (int at = in.indexOfFf(from, last); at < last; at = in.indexOfFf(at + 1, last)) {
       int next = in.u8(at + 1);
       boolean rst = (next & 0xF8) == 0xD0;
+      if (rst && intervals > 0 && restarts == intervals - 1 && !in.at(at + 2, 0xFF, 0xD9)) {
+        // one restart marker too many cuts an interval's data short, unless only the end-of-image marker follows
+        throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(next) + " at byte " + at + " cuts the scan data"
+            + " (its " + intervals + " restart intervals need " + (intervals - 1) + " restart markers)");
+      }
       if (next == 0x00 || next == 0xFF || rst && intervals > 0) { // a stuffed 0xFF, fill, a restart marker
         restarts += rst ? 1 : 0;
         continue;

@@ -1,6 +1,7 @@
 package io.unstall.flight.prep;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -288,6 +289,27 @@ class ImageHeaderTest {
     // The same bytes without the DRI segment: restart markers with no interval declared.
     assertEquals("corrupt JPEG: marker 0xFFD0 at byte " + (firstRestart(rst) - 6)
         + " cuts the scan data (no restart interval is declared)", refusal(prep(PIPELINE), without(rst, 0xDD)));
+  }
+
+  @Test
+  void oneRestartMarkerTooManyCutsAnIntervalUnlessTheEndFollowsIt() throws Exception {
+    byte[] rst = jpeg(128, 96, false, 5, false); // 10 intervals, 9 restart markers
+    int at = rst.length - 10; // inside the last interval's data
+    assertNotEquals(0xFF, rst[at - 1] & 0xFF, "not after an 0xFF");
+    assertEquals("corrupt JPEG: marker 0xFFD1 at byte " + at + " cuts the scan data (its 10 restart intervals need 9"
+        + " restart markers)", refusal(prep(PIPELINE), inserted(rst, at, 0xFF, 0xD1)));
+    // libjpeg has read every interval before it: decoded
+    assertEquals(128, prep(PIPELINE).check(direct(inserted(rst, rst.length - 2, 0xFF, 0xD1))).width());
+  }
+
+  static byte[] inserted(byte[] jpeg, int at, int... bytes) {
+    byte[] b = new byte[jpeg.length + bytes.length];
+    System.arraycopy(jpeg, 0, b, 0, at);
+    for (int k = 0; k < bytes.length; k++) {
+      b[at + k] = (byte) bytes[k];
+    }
+    System.arraycopy(jpeg, at, b, at + bytes.length, jpeg.length - at);
+    return b;
   }
 
   static int firstRestart(byte[] jpeg) {
