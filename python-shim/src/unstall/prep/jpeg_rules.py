@@ -168,7 +168,7 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
             # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
             if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
                 return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
-            if libjpeg is not None:
+            if libjpeg is not None or isinstance(scan, str):
                 return libjpeg
             multi_scan = sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < len(components)
             why = None if multi_scan else _marker_in_scan(b, end, -(-mcus // interval) if interval else 0)
