@@ -1,7 +1,8 @@
 """``unstall.prep.jpeg_rules`` on Motion-JPEG frames (no DHT segment: the decoder supplies the JPEG standard's Huffman
 tables): the copy it makes is the sidecar's (protocol/fixtures/mjpeg-frame-v1*.jpg, which flight-server's
 StandardHuffmanTablesTest holds the sidecar to), its tables are the ones libjpeg writes when it does not optimize,
-and PIL decodes the frame, its copy and the original JPEG to the same pixels."""
+and PIL decodes the frame, its copy and the original JPEG to the same pixels; and its order of refusals and restart
+marker rule, as the sidecar's ImageHeader has them."""
 
 from __future__ import annotations
 
