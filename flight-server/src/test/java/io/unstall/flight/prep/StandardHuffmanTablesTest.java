@@ -203,16 +203,34 @@ class StandardHuffmanTablesTest {
     return b;
   }
 
-  /** The prep paths and cache forms for pipeline {@code pl}: OpenCV's, and the native decoder's. */
-  static List<ImagePrep> everyPath(String pl, ReindexedJpegs reindexed, DecodedImages decoded) {
-    return List.of(NativeJpegTest.prep(pl, Decoder.OPENCV), NativeJpegTest.prep(pl, Decoder.NATIVE),
-        NativeJpegTest.prep(pl, Decoder.NATIVE_FULL), NativeJpegTest.prep(RESIZE, Decoder.NATIVE),
-        new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, reindexed),
-        new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, null, decoded));
+  /** A check of prep path number {@code path} (0: OpenCV's) in {@code epoch}. */
+  interface PathCheck {
+    void run(ImagePrep p, int path, int epoch) throws Exception;
   }
 
-  static final String RESIZE = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":80},"
-      + "{\"op\":\"center_crop\",\"size\":64}]}";
+  /**
+   * Runs {@code check} on every prep path and cache form of pipeline {@code pl}, in epochs 0 and 1 (the cache forms
+   * are made, then used); whether both cache forms were made.
+   */
+  static boolean onEveryPath(String pl, PathCheck check) throws Exception {
+    String resize = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":80},"
+        + "{\"op\":\"center_crop\",\"size\":64}]}";
+    try (BufferAllocator reindexMem = ROOT.newChildAllocator("reindexed", 0, 16L << 20);
+        BufferAllocator decodedMem = ROOT.newChildAllocator("decoded", 0, 16L << 20);
+        ReindexedJpegs reindexed = new ReindexedJpegs(reindexMem);
+        DecodedImages decoded = new DecodedImages(decodedMem)) {
+      List<ImagePrep> preps = List.of(NativeJpegTest.prep(pl, Decoder.OPENCV), NativeJpegTest.prep(pl,
+          Decoder.NATIVE), NativeJpegTest.prep(pl, Decoder.NATIVE_FULL), NativeJpegTest.prep(resize,
+          Decoder.NATIVE), new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, reindexed),
+          new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, null, decoded));
+      for (int k = 0; k < preps.size(); k++) {
+        for (int epoch = 0; epoch < 2; epoch++) {
+          check.run(preps.get(k), k, epoch);
+        }
+      }
+      return reindexMem.getAllocatedMemory() > 0 && decodedMem.getAllocatedMemory() > 0;
+    }
+  }
 
   @Test
   void everyPathDecodesAFrameAsItsStandardTablesWrittenOutWhateverItsThreadDecodedBefore() throws Exception {
@@ -224,20 +242,11 @@ class StandardHuffmanTablesTest {
       byte[] frame = without(bytes(standard), 0xC4);
       assertFalse(allTables(bytes(other)).stream().anyMatch(allTables(bytes(standard))::contains),
           "the other image's tables are not the standard ones");
-      try (BufferAllocator reindexMem = ROOT.newChildAllocator("mjpeg-reindexed", 0, 16L << 20);
-          BufferAllocator decodedMem = ROOT.newChildAllocator("mjpeg-decoded", 0, 16L << 20);
-          ReindexedJpegs reindexed = new ReindexedJpegs(reindexMem);
-          DecodedImages decoded = new DecodedImages(decodedMem)) {
-        List<ImagePrep> preps = everyPath(pl, reindexed, decoded);
-        for (int k = 0; k < preps.size(); k++) {
-          for (int epoch = 0; epoch < 2; epoch++) { // the cache forms are made, then used
-            run(preps.get(k), other, epoch); // this thread has just decoded an image with other tables
-            byte[] fromFrame = run(preps.get(k), direct(frame), epoch);
-            assertArrayEquals(run(preps.get(k), standard, epoch), fromFrame, s + " prep #" + k + " epoch " + epoch);
-          }
-        }
-        assertTrue(reindexMem.getAllocatedMemory() > 0 && decodedMem.getAllocatedMemory() > 0, "cache forms made");
-      }
+      assertTrue(onEveryPath(pl, (p, k, epoch) -> {
+        run(p, other, epoch); // this thread has just decoded an image with other tables
+        byte[] fromFrame = run(p, direct(frame), epoch);
+        assertArrayEquals(run(p, standard, epoch), fromFrame, s + " prep #" + k + " epoch " + epoch);
+      }), "cache forms made");
     }
     assertEquals(0, BUDGET.reservedBytes(), "the copies' memory is given back");
   }
@@ -301,24 +310,14 @@ class StandardHuffmanTablesTest {
       }
     }
     assertEquals(0, prep(PIPELINE).check(direct(bad)).standardTables(), "the first scan's tables are defined");
-    ByteBuffer other = direct(progressive); // the image intact defines AC table 0 on the thread that decodes it
+    ByteBuffer other = direct(progressive);
     String pl = rrc(96, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NHWC");
-    try (BufferAllocator reindexMem = ROOT.newChildAllocator("later-scan-reindexed", 0, 16L << 20);
-        BufferAllocator decodedMem = ROOT.newChildAllocator("later-scan-decoded", 0, 16L << 20);
-        ReindexedJpegs reindexed = new ReindexedJpegs(reindexMem);
-        DecodedImages decoded = new DecodedImages(decodedMem)) {
-      List<ImagePrep> preps = everyPath(pl, reindexed, decoded);
-      for (int k = 0; k < preps.size(); k++) {
-        for (int epoch = 0; epoch < 2; epoch++) { // the cache forms are made, then used
-          ImagePrep p = preps.get(k);
-          run(p, other, epoch);
-          int e = epoch;
-          String why = assertThrows(BadImageException.class, () -> run(p, direct(bad), e)).getMessage();
-          assertEquals(k == 0 ? "the JPEG decoder rejected it (corrupt data), " + bad.length + " bytes declaring"
-              + " 400x300 pixels" : "libjpeg: Huffman table 0x00 was not defined", why, "prep #" + k); // OpenCV: #0
-        }
-      }
-    }
+    onEveryPath(pl, (p, k, epoch) -> {
+      run(p, other, epoch); // this thread has just decoded the image intact, which defines AC table 0
+      String why = assertThrows(BadImageException.class, () -> run(p, direct(bad), epoch)).getMessage();
+      assertEquals(k == 0 ? "the JPEG decoder rejected it (corrupt data), " + bad.length + " bytes declaring 400x300"
+          + " pixels" : "libjpeg: Huffman table 0x00 was not defined", why, "prep #" + k); // OpenCV: #0
+    });
     assertEquals(0, BUDGET.reservedBytes(), "the decode memory is given back");
   }
 
