@@ -53,11 +53,10 @@ typedef struct {
   char message[JMSG_LENGTH_MAX + 64];
 } error_mgr;
 
-/* One per thread, reused across samples: libjpeg's decompressor and the resampling buffers. */
+/* One per thread, reused across samples: the resampling buffers, and room for libjpeg's decompressor of a sample. */
 typedef struct {
   struct jpeg_decompress_struct cinfo;
   error_mgr err;
-  int created;
   uint8_t *line; /* line_base + LINE_OFFSET (reserve_line) */
   uint8_t *line_base;
   size_t line_cap;
@@ -94,9 +93,6 @@ static void free_scratch(void *p) {
   scratch *s = p;
   if (s == NULL) {
     return;
-  }
-  if (s->created) {
-    jpeg_destroy_decompress(&s->cinfo);
   }
   free(s->line_base);
   free(s->tmp);
@@ -884,23 +880,6 @@ static int prep(JNIEnv *env, scratch *s, const uint8_t *src, int src_len, uint8_
   return decode_window(env, s, s->spliced, (int)len, dst, lut, gs, bs);
 }
 
-/* The thread's decompressor, created on first use; OK, or FAILED with a BadImageException pending. */
-static int open_decoder(JNIEnv *env, scratch *s) {
-  if (s->created) {
-    return OK;
-  }
-  s->cinfo.err = jpeg_std_error(&s->err.pub);
-  s->err.pub.error_exit = on_error;
-  s->err.pub.emit_message = on_message;
-  s->err.message[0] = 0;
-  if (setjmp(s->err.jump)) {
-    return fail(env, s->err.message);
-  }
-  jpeg_create_decompress(&s->cinfo);
-  s->created = 1;
-  return OK;
-}
-
 /*
  * Reads the header of the JPEG src and starts decoding it at 1/denom: RGB, the accurate IDCT, fancy upsampling.
  * libjpeg's errors longjmp to the caller's setjmp; NULL, or why the JPEG is not the one the header check read.
@@ -1010,21 +989,30 @@ static void vertical_rows(scratch *s, const window_plan *p, uint8_t *dst, const 
 }
 
 /*
- * Runs body(env, s, args) with libjpeg's errors caught: error_exit longjmps back to this frame, which aborts the
- * decode and throws a BadImageException naming libjpeg's reason.
+ * Runs body(env, s, args) on a decompressor made for this one image, with libjpeg's errors caught: error_exit
+ * longjmps back to this frame, which throws a BadImageException naming libjpeg's reason.
+ * libjpeg keeps the quantization and Huffman tables in a decompressor from one image to the next (abbreviated
+ * datastreams), where a scan whose table the image leaves out would be decoded with the previous image's. A fresh
+ * one holds none: it fills the standard Huffman tables 0 and 1 into the empty slots of a sequential JPEG
+ * (Motion-JPEG frames) and refuses any other scan whose table is not defined. The tables are allocated from the
+ * decompressor's permanent pool, so emptying the slots of a kept one would leak them; destroying it frees them.
  */
 static __attribute__((noinline)) int with_decoder(JNIEnv *env, scratch *s,
                                                   int (*body)(JNIEnv *, scratch *, const void *), const void *args) {
-  if (open_decoder(env, s) != OK) {
-    return FAILED;
-  }
+  s->cinfo.err = jpeg_std_error(&s->err.pub);
+  s->err.pub.error_exit = on_error;
+  s->err.pub.emit_message = on_message;
+  s->err.message[0] = 0;
   if (setjmp(s->err.jump)) {
-    jpeg_abort_decompress(&s->cinfo);
+    jpeg_destroy_decompress(&s->cinfo);
     char m[sizeof s->err.message + 32];
     snprintf(m, sizeof m, "libjpeg: %s", s->err.message);
     return fail(env, m);
   }
-  return body(env, s, args);
+  jpeg_create_decompress(&s->cinfo);
+  int rc = body(env, s, args);
+  jpeg_destroy_decompress(&s->cinfo);
+  return rc;
 }
 
 typedef struct {

@@ -17,6 +17,7 @@ import static org.bytedeco.opencv.global.opencv_imgcodecs.imencode;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.unstall.flight.cache.Digest;
@@ -45,7 +46,9 @@ import org.junit.jupiter.api.Test;
  * Motion-JPEG frames (no DHT segment: the decoder supplies the JPEG standard's Huffman tables): the header names the
  * missing slots, the copy the sidecar decodes holds exactly those standard tables before the first scan (the same
  * bytes as the shim's, protocol/fixtures/mjpeg-frame-v1*.jpg), and every prep path decodes the frame to the pixels
- * of the same image with the standard tables written out, whatever its thread decoded before.
+ * of the same image with the standard tables written out, whatever its thread decoded before. No table outlives
+ * its image in the native decoder: it fills the standard tables into a frame itself, and refuses a later scan
+ * whose table no DHT defines.
  */
 class StandardHuffmanTablesTest {
   /** Where {@code jpeg}'s first scan marker (FF DA) starts. */
@@ -200,37 +203,122 @@ class StandardHuffmanTablesTest {
     return b;
   }
 
+  /** A check of prep path number {@code path} (0: OpenCV's) in {@code epoch}. */
+  interface PathCheck {
+    void run(ImagePrep p, int path, int epoch) throws Exception;
+  }
+
+  /**
+   * Runs {@code check} on every prep path and cache form of pipeline {@code pl}, in epochs 0 and 1 (the cache forms
+   * are made, then used); whether both cache forms were made.
+   */
+  static boolean onEveryPath(String pl, PathCheck check) throws Exception {
+    String resize = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":80},"
+        + "{\"op\":\"center_crop\",\"size\":64}]}";
+    try (BufferAllocator reindexMem = ROOT.newChildAllocator("reindexed", 0, 16L << 20);
+        BufferAllocator decodedMem = ROOT.newChildAllocator("decoded", 0, 16L << 20);
+        ReindexedJpegs reindexed = new ReindexedJpegs(reindexMem);
+        DecodedImages decoded = new DecodedImages(decodedMem)) {
+      List<ImagePrep> preps = List.of(NativeJpegTest.prep(pl, Decoder.OPENCV), NativeJpegTest.prep(pl,
+          Decoder.NATIVE), NativeJpegTest.prep(pl, Decoder.NATIVE_FULL), NativeJpegTest.prep(resize,
+          Decoder.NATIVE), new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, reindexed),
+          new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, null, decoded));
+      for (int k = 0; k < preps.size(); k++) {
+        for (int epoch = 0; epoch < 2; epoch++) {
+          check.run(preps.get(k), k, epoch);
+        }
+      }
+      return reindexMem.getAllocatedMemory() > 0 && decodedMem.getAllocatedMemory() > 0;
+    }
+  }
+
   @Test
   void everyPathDecodesAFrameAsItsStandardTablesWrittenOutWhateverItsThreadDecodedBefore() throws Exception {
     NativeJpegTest.loaded();
     ByteBuffer other = optimized(320, 240);
     String pl = rrc(96, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NHWC");
-    String resize = "{\"ops\":[{\"op\":\"decode\"},{\"op\":\"resize\",\"size\":80},"
-        + "{\"op\":\"center_crop\",\"size\":64}]}";
     for (Sampling s : List.of(Sampling.S420, Sampling.S444, Sampling.GRAY)) {
       ByteBuffer standard = NativeJpegTest.jpeg(400, 300, s, 11 + s.ordinal()); // OpenCV writes the standard tables
       byte[] frame = without(bytes(standard), 0xC4);
       assertFalse(allTables(bytes(other)).stream().anyMatch(allTables(bytes(standard))::contains),
           "the other image's tables are not the standard ones");
-      try (BufferAllocator reindexMem = ROOT.newChildAllocator("mjpeg-reindexed", 0, 16L << 20);
-          BufferAllocator decodedMem = ROOT.newChildAllocator("mjpeg-decoded", 0, 16L << 20);
-          ReindexedJpegs reindexed = new ReindexedJpegs(reindexMem);
-          DecodedImages decoded = new DecodedImages(decodedMem)) {
-        List<ImagePrep> preps = List.of(NativeJpegTest.prep(pl, Decoder.NATIVE), NativeJpegTest.prep(pl,
-            Decoder.NATIVE_FULL), NativeJpegTest.prep(pl, Decoder.OPENCV), NativeJpegTest.prep(resize,
-            Decoder.NATIVE), new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, reindexed),
-            new ImagePrep(PrepPipeline.parse(pl), BUDGET, Decoder.NATIVE, null, decoded));
-        for (int k = 0; k < preps.size(); k++) {
-          for (int epoch = 0; epoch < 2; epoch++) { // the cache forms are made, then used
-            run(preps.get(k), other, epoch); // this thread's decompressor now holds the other image's tables
-            byte[] fromFrame = run(preps.get(k), direct(frame), epoch);
-            assertArrayEquals(run(preps.get(k), standard, epoch), fromFrame, s + " prep #" + k + " epoch " + epoch);
-          }
-        }
-        assertTrue(reindexMem.getAllocatedMemory() > 0 && decodedMem.getAllocatedMemory() > 0, "cache forms made");
-      }
+      assertTrue(onEveryPath(pl, (p, k, epoch) -> {
+        run(p, other, epoch); // this thread has just decoded an image with other tables
+        byte[] fromFrame = run(p, direct(frame), epoch);
+        assertArrayEquals(run(p, standard, epoch), fromFrame, s + " prep #" + k + " epoch " + epoch);
+      }), "cache forms made");
     }
     assertEquals(0, BUDGET.reservedBytes(), "the copies' memory is given back");
+  }
+
+  /** The whole of {@code jpeg} ({@code w x h}) as the native decoder alone decodes it: RGB rows. */
+  static byte[] nativeDecode(ByteBuffer jpeg, int w, int h) throws Exception {
+    ByteBuffer px = ByteBuffer.allocateDirect(w * h * 3);
+    NativeJpeg.decodeScaled(jpeg, jpeg.position(), jpeg.remaining(), w, h, 1, px, 0, w, h);
+    byte[] b = new byte[px.capacity()];
+    px.get(b);
+    return b;
+  }
+
+  @Test
+  void theNativeDecoderFillsTheStandardTablesIntoAFrameItselfWhateverItsThreadDecodedBefore() throws Exception {
+    NativeJpegTest.loaded();
+    ByteBuffer standard = NativeJpegTest.jpeg(400, 300, Sampling.S420, 5); // OpenCV writes the standard tables
+    ByteBuffer frame = direct(without(bytes(standard), 0xC4)); // no header check, no inserted copy: libjpeg alone
+    byte[] want = nativeDecode(standard, 400, 300);
+    nativeDecode(optimized(320, 240), 320, 240); // this thread first decodes other Huffman tables 0 and 1
+    assertArrayEquals(want, nativeDecode(frame, 400, 300));
+  }
+
+  /** The marker (FFxx) at {@code at}. */
+  static int marker(byte[] jpeg, int at) {
+    return (jpeg[at] & 0xFF) << 8 | jpeg[at + 1] & 0xFF;
+  }
+
+  /** Where each of {@code jpeg}'s marker segments starts, scan by scan (the entropy-coded data skipped). */
+  static List<Integer> segments(byte[] jpeg) {
+    List<Integer> out = new ArrayList<>();
+    for (int i = 2; marker(jpeg, i) != 0xFFD9; ) {
+      out.add(i);
+      boolean scan = marker(jpeg, i) == 0xFFDA;
+      i += 2 + ((jpeg[i + 2] & 0xFF) << 8 | jpeg[i + 3] & 0xFF);
+      while (scan && !((jpeg[i] & 0xFF) == 0xFF && jpeg[i + 1] != 0 && (jpeg[i + 1] & 0xF8) != 0xD0)) {
+        i++; // scan data up to the next marker other than a stuffed byte or a restart marker
+      }
+    }
+    return out;
+  }
+
+  @Test
+  void aLaterScanWhoseHuffmanTableNoDhtDefinesIsRefusedInLibjpegsWordsWhateverItsThreadDecodedBefore()
+      throws Exception {
+    NativeJpegTest.loaded();
+    byte[] progressive = bytes(NativeJpegTest.jpeg(400, 300, Sampling.PROGRESSIVE, 21));
+    List<Integer> seg = segments(progressive);
+    List<Integer> scans = seg.stream().filter(i -> marker(progressive, i) == 0xFFDA).toList();
+    int second = scans.get(1);
+    int dht = seg.get(seg.indexOf(second) - 1);
+    assertEquals(0xFFC4, marker(progressive, dht), "the second scan's tables are defined right before it");
+    assertEquals(List.of(0x10), tables(progressive, dht).stream().map(t -> t[0] & 0xFF).toList(), "AC table 0");
+    assertEquals(1, progressive[second + 4], "one component");
+    assertEquals(0x00, progressive[second + 6], "its DC and AC tables: 0");
+    byte[] bad = progressive.clone();
+    bad[dht + 4] = 0x13; // that DHT now defines AC table 3, and nothing before the scan defines AC table 0
+    for (int at : seg.subList(0, seg.indexOf(second))) {
+      if (marker(bad, at) == 0xFFC4) {
+        assertFalse(tables(bad, at).stream().anyMatch(t -> t[0] == 0x10), "AC table 0 defined at " + at);
+      }
+    }
+    assertEquals(0, prep(PIPELINE).check(direct(bad)).standardTables(), "the first scan's tables are defined");
+    ByteBuffer other = direct(progressive);
+    String pl = rrc(96, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NHWC");
+    onEveryPath(pl, (p, k, epoch) -> {
+      run(p, other, epoch); // this thread has just decoded the image intact, which defines AC table 0
+      String why = assertThrows(BadImageException.class, () -> run(p, direct(bad), epoch)).getMessage();
+      assertEquals(k == 0 ? "the JPEG decoder rejected it (corrupt data), " + bad.length + " bytes declaring 400x300"
+          + " pixels" : "libjpeg: Huffman table 0x00 was not defined", why, "prep #" + k); // OpenCV: #0
+    });
+    assertEquals(0, BUDGET.reservedBytes(), "the decode memory is given back");
   }
 
 }
