@@ -298,13 +298,17 @@ def test_a_sample_that_does_not_decode_is_named(tmp_path: Path, backend: str) ->
     cases = {"junk.jpg": (b"\xff\xd8\xff\xe0 not a jpeg at all", ": truncated JPEG: the 0xFFE0 segment at byte 2 needs "
                           "8302 bytes, the file ends at byte 22"),  # the sidecar's structure rules, its words
              "cut.jpg": (good.getvalue()[:200], ": truncated JPEG: "),
-             "image.webp": (webp.getvalue(), " is a webp image, not one of the formats the pipeline decodes: jpeg, png"),
-             "image.bmp": (bmp.getvalue(), " is neither JPEG nor PNG nor WebP \\(first bytes 42 4d .*\\): one of the "
-                                           "formats the pipeline decodes: jpeg, png")}
+             "image.webp": (webp.getvalue(), ": a WebP file \\(first bytes 52 49 46 46 .*\\), not one of the formats the "
+                                             "pipeline decodes: jpeg, png \\(decode \"formats\"\\)"),
+             "image.bmp": (bmp.getvalue(), ": a BMP file \\(first bytes 42 4d .*\\), not one of the formats the pipeline "
+                                           "decodes: jpeg, png"),
+             "notes.jpg": (b"hello, not an image", ": not an image: no image format starts with the bytes 68 65 6c 6c 6f 2c "
+                                                   "20 6e \\(19 bytes in all\\)"),
+             "empty.jpg": (b"", ": an empty file \\(0 bytes\\)")}  # the sidecar's words (ImageHeaderTest)
     m = _mixed(backend)
     for key, (data, why) in cases.items():
         blobs = [torch.frombuffer(bytearray(good.getvalue()), dtype=torch.uint8),
-                 torch.frombuffer(bytearray(data), dtype=torch.uint8)]
+                 torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)]
         with pytest.raises(ValueError, match=rf"sample 11 \({key}\){why}"):
             m(blobs, [10, 11], 0, 7, ["ok.jpg", key])
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .draws import Box, sample_box, sample_rng
 from .jpeg_rules import jpeg_check, with_standard_tables
-from .mixed_parts import Group, image_header, not_decodable, to_device
+from .mixed_parts import Group, describe_image, image_header, not_an_image, not_decodable, to_device
 from .pipeline import check_decode_backend
 
 __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
@@ -221,11 +221,11 @@ class MixedDecode:
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
         kind, w, h = image_header(data.numpy())
         where = f"decode(device='mixed'): sample {sample_id} ({key})"
-        if kind is None or kind not in formats:
-            what = (f"is a {kind} image, not" if kind else
-                    f"is neither JPEG nor PNG nor WebP (first bytes {bytes(data[:8].tolist()).hex(' ')}):")
-            raise ValueError(f"{where} {what} one of the formats the pipeline decodes: {', '.join(formats)} "
-                             "(decode \"formats\")")
+        if kind is None or kind not in formats:  # ImagePrep.check's words
+            what = describe_image(data.numpy())
+            names = ", ".join(f for f in ("jpeg", "png", "webp") if f in formats)
+            raise ValueError(f"{where}: {not_an_image(data.numpy())}" if what is None else
+                             f"{where}: {what}, not one of the formats the pipeline decodes: {names} (decode \"formats\")")
         check = jpeg_check(data.numpy()) if kind == "jpeg" else None
         if check is not None and check.problem is not None:
             raise ValueError(f"{where}: {check.problem}")

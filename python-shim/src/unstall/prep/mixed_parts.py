@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 from typing import Any, List, Optional, Tuple
 
-__all__ = ["Group", "image_header", "not_decodable", "to_device"]
+__all__ = ["Group", "image_header", "describe_image", "not_an_image", "not_decodable", "to_device"]
 
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # frame headers: size
 
@@ -49,6 +49,44 @@ def image_header(data: Any) -> Tuple[Optional[str], int, int]:
             return "webp", int.from_bytes(b[24:27], "little") + 1, int.from_bytes(b[27:30], "little") + 1
         return "webp", 0, 0
     return None, 0, 0
+
+
+# What bytes are by their magic, as the sidecar's ImageHeader.kind names them (its order, its words).
+_KINDS: Tuple[Tuple[Tuple[int, bytes], ...], ...] = (
+    ((0, b"II*\x00"), (0, b"MM\x00*"), (0, b"II+\x00"), (0, b"MM\x00+")),
+    ((0, b"\xffO\xffQ"), (0, b"\x00\x00\x00\x0cjP  ")),
+    ((0, b"GIF8"),), ((0, b"BM"),), ((0, b"v/1\x01"),), ((0, b"#?"),), ((0, b"Y\xa6j\x95"),), ((4, b"ftyp"),),
+    ((0, b"P1"), (0, b"P2"), (0, b"P3"), (0, b"P4"), (0, b"P5"), (0, b"P6"), (0, b"P7"), (0, b"PF"), (0, b"Pf")),
+    ((0, b"RIFF"),), ((0, b"\xff\xd8\xff"),), ((0, b"\x89PNG"),))
+_KIND_NAMES = ("a TIFF file", "a JPEG 2000 file", "a GIF file", "a BMP file", "an OpenEXR file", "a Radiance HDR file",
+               "a Sun raster file", "an ISO media file (HEIF/AVIF)", "a PNM/PFM file", "a WebP file", "a JPEG file",
+               "a PNG file")
+
+
+def _hex(b: bytes) -> str:
+    return b[:8].hex(" ")
+
+
+def describe_image(data: Any) -> Optional[str]:
+    """What ``data`` (bytes-like) is by its magic bytes, with its first bytes ("a TIFF file (first bytes 49 49 2a 00
+    ...)"), in the sidecar's words (``ImageHeader.describe``); None when no image format starts so."""
+    b = bytes(memoryview(data).cast("B")[:12])
+    for magics, name in zip(_KINDS, _KIND_NAMES):
+        if name == "an ISO media file (HEIF/AVIF)" and len(b) < 12:
+            continue
+        if name == "a WebP file" and b[8:12] != b"WEBP":
+            continue
+        if any(b[at:at + len(m)] == m for at, m in magics):
+            return f"{name} (first bytes {_hex(b)})"
+    return None
+
+
+def not_an_image(data: Any) -> str:
+    """The sidecar's words (``ImageHeader.notAnImage``) for bytes no image format starts with."""
+    view = memoryview(data).cast("B")
+    if len(view) == 0:
+        return "an empty file (0 bytes)"
+    return f"not an image: no image format starts with the bytes {_hex(bytes(view[:8]))} ({len(view)} bytes in all)"
 
 
 def not_decodable(sample_id: int, key: str, why: Any) -> ValueError:
