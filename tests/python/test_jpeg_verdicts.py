@@ -14,7 +14,7 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 import pytest
 
-from test_prep_mixed import BACKENDS
+from test_prep_mixed import BACKENDS, DEVICES
 from test_prep_mixed_backends import _mixed
 from test_prep_mixed_damaged import MARKER_CUTS, _jpeg, _picture, _segments
 from test_prep_support import PrepEnv, start_env
@@ -163,11 +163,12 @@ def sidecar_reasons(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     return reasons
 
 
-def _device(backend: str) -> Iterator[tuple[int, str | None]]:
-    """The device path's verdict on each sample: its error's message, or None when it decodes it."""
+def _device(backend: str, on: str) -> Iterator[tuple[int, str | None]]:
+    """The device path's verdict on each sample (``MixedDecode`` on device ``on``): its error's message, or None when
+    it decodes it."""
     import torch
 
-    mixed = _mixed(backend, (prep.decode(device="mixed"), OPS[1]))
+    mixed = _mixed(backend, (prep.decode(device="mixed"), OPS[1]), on)
     for k, sample in enumerate(SAMPLES):
         try:
             mixed([torch.frombuffer(bytearray(sample.data), dtype=torch.uint8)], [k], 0, 7, [KEYS[k]])
@@ -176,12 +177,12 @@ def _device(backend: str) -> Iterator[tuple[int, str | None]]:
             yield k, str(e)
 
 
-def _divergent(sidecar_reasons: dict[int, str], backend: str, decode_only: bool) -> tuple[list[Any], int]:
+def _divergent(sidecar_reasons: dict[int, str], backend: str, decode_only: bool, on: str) -> tuple[list[Any], int]:
     """The samples (without or with ``decode_only`` damage) on which the two sides differ, with both verdicts, and how
     many documented-gap samples the sidecar refused."""
     divergent = []
     gap_refused = 0
-    for k, device in _device(backend):
+    for k, device in _device(backend, on):
         sidecar, sample = sidecar_reasons.get(k), SAMPLES[k]
         if bool(sample.decode_only) != decode_only:
             continue
@@ -205,17 +206,19 @@ def _divergent(sidecar_reasons: dict[int, str], backend: str, decode_only: bool)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("on", DEVICES)
 def test_the_device_and_the_sidecar_refuse_the_same_damaged_jpegs_in_the_same_words(
-        sidecar_reasons: dict[int, str], backend: str) -> None:
-    divergent, gap_refused = _divergent(sidecar_reasons, backend, False)
+        sidecar_reasons: dict[int, str], backend: str, on: str) -> None:
+    divergent, gap_refused = _divergent(sidecar_reasons, backend, False, on)
     assert not divergent, "\n".join(map(repr, divergent))
     assert gap_refused > 0  # the gap is exercised: files the sidecar refuses and the device decodes
 
 
 @pytest.mark.xfail(reason=f"no rule on the bytes finds {MULTI_SCAN_MARKER}; nor {TABLES_OR_SIZE}", strict=False)
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("on", DEVICES)
 def test_damage_only_a_huffman_decode_finds_gets_one_verdict_too(sidecar_reasons: dict[int, str],
-                                                                  backend: str) -> None:
+                                                                  backend: str, on: str) -> None:
     assert any(s.decode_only for s in SAMPLES)
-    divergent, _ = _divergent(sidecar_reasons, backend, True)
+    divergent, _ = _divergent(sidecar_reasons, backend, True, on)
     assert not divergent, "\n".join(map(repr, divergent))

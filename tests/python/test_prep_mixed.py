@@ -83,11 +83,11 @@ def _has_nvimgcodec() -> bool:
 NEEDS_NVIMGCODEC = pytest.mark.skipif(not _has_nvimgcodec(), reason="needs NVIDIA nvImageCodec (pip install "
                                       "nvidia-nvimgcodec-cu13 nvidia-nvjpeg; python-shim/requirements-dev.txt has it)")
 BACKENDS = ["torchvision", pytest.param("nvimgcodec", marks=NEEDS_NVIMGCODEC)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif("cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG)"))]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    "cuda" not in _devices(), reason="needs a CUDA GPU (nvJPEG)"))])
+@pytest.mark.parametrize("device", DEVICES)
 def test_mixed_decode_gives_the_cpu_paths_samples_crops_and_flips(env: tuple[PrepEnv, list[Path]],
                                                                      device: str, backend: str) -> None:
     e, paths = env

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from test_prep_mixed import BACKENDS, MAX_MEAN_DIFF, MAX_P99_DIFF
+from test_prep_mixed import BACKENDS, DEVICES, MAX_MEAN_DIFF, MAX_P99_DIFF
 from test_prep_mixed_backends import _mixed
 from test_prep_support import REPO, PrepEnv, start_env
 
@@ -148,25 +148,26 @@ def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str
     return pixels, {int(s["id"]): str(s["reason"]) for s in skipped}
 
 
-def _device(backend: str, k: int) -> Any:
-    """The device path's crop of case ``k`` (``MixedDecode`` on the CPU, the group's seed and epoch 0), or its
+def _device(backend: str, k: int, device: str = "cpu") -> Any:
+    """The device path's crop of case ``k`` (``MixedDecode`` on ``device``, the group's seed and epoch 0), or its
     error's message."""
     import torch
 
     data = torch.frombuffer(bytearray(list(CASES.values())[k]), dtype=torch.uint8)
     try:
-        return _mixed(backend)([data], [k], 0, 7, [KEYS[k]]).numpy()[0]
+        return _mixed(backend, device=device)([data], [k], 0, 7, [KEYS[k]]).cpu().numpy()[0]
     except ValueError as e:
         return str(e)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("on", DEVICES)
 def test_a_damaged_jpeg_is_refused_by_both_sides_naming_it_or_decoded_alike(
-        sidecar_side: tuple[dict[int, np.ndarray], dict[int, str]], backend: str) -> None:
+        sidecar_side: tuple[dict[int, np.ndarray], dict[int, str]], backend: str, on: str) -> None:
     pixels, reasons = sidecar_side
     diffs = []
     for k, name in enumerate(CASES):
-        device = _device(backend, k)
+        device = _device(backend, k, on)
         where = f"decode(device='mixed'): sample {k} ({KEYS[k]}): "
         refused = REFUSED.get(name) or REFUSED_BY_RULE.get(name)
         if refused is not None:
