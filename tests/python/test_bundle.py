@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -58,14 +59,21 @@ def _node_site(tmp_path: Path) -> Path:
     return node
 
 
-@pytest.mark.slow
-def test_bundle_installs_offline_and_prepares_on_its_own_java(sidecar_jar: Path, tmp_path: Path) -> None:
-    import unstall
-
-    dist = tmp_path / "dist"
+@pytest.fixture(scope="module")
+def bundle(sidecar_jar: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """scripts/build_bundle.sh's one file, built once for this module's tests (removed after them)."""
+    dist = tmp_path_factory.mktemp("dist")
     subprocess.run(["bash", str(REPO / "scripts" / "build_bundle.sh"), "--jar", str(sidecar_jar), "--out", str(dist)],
                    check=True, env=clean_env(), stdin=subprocess.DEVNULL)
-    (bundle,) = dist.glob("unstall-offline-*-linux-x86_64.tar.xz")
+    (built,) = dist.glob("unstall-offline-*-linux-x86_64.tar.xz")
+    yield built
+    shutil.rmtree(dist)
+
+
+@pytest.mark.slow
+def test_bundle_installs_offline_and_prepares_on_its_own_java(sidecar_jar: Path, bundle: Path, tmp_path: Path) -> None:
+    import unstall
+
     assert bundle.stat().st_size < LIMIT, f"{bundle.name} is {bundle.stat().st_size} bytes"
 
     venv = tmp_path / "fresh"
@@ -132,4 +140,30 @@ def test_bundle_installs_offline_and_prepares_on_its_own_java(sidecar_jar: Path,
     # Passed: the venv and the unpacked bundle (about 0.6 GB) are not kept in pytest's retained tmp directories.
     shutil.rmtree(venv)
     shutil.rmtree(unpacked)
-    shutil.rmtree(dist)
+
+
+@pytest.mark.slow
+def test_gpu_node_runs_every_part_of_the_prepared_gpu_run_on_the_cpu(bundle: Path, tmp_path: Path) -> None:
+    """benchmarks/gpu_node.sh, the one script a GPU session runs with the bundle, end to end at toy size on the CPU:
+    it installs the bundle's wheels into a private directory, starts the sidecar on the bundle's Java runtime, runs
+    the tests it is given (GPU_NODE_PYTEST), bench_decode_share (GPU_NODE_SHARE), bench_mixed_backends
+    (GPU_NODE_MIXED) and bench_gpu, and writes every file it promises; no row fails (exit 0). No figure here is a GPU
+    figure: this guards the script, so that a GPU session's minutes go to measuring."""
+    out = tmp_path / "out"
+    env = clean_env(PYTHON=sys.executable, GPU_NODE_PYTEST="python-shim/tests/test_draws.py", GPU_NODE_PYTEST_TIMEOUT="300",
+                    GPU_NODE_SHARE="--toy",
+                    GPU_NODE_MIXED="--images 8 --size 64x48 --batch 4 --batches 2 --crop 32 --repeats 2 --variants whole")
+    run = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(bundle), str(out), "resnet18", "--toy",
+                          "--device", "cpu"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=1200)  # a bound on a hang, not on the speed
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    started = next(line for line in run.stderr.splitlines() if line.startswith("gpu_node: unstall"))
+    shim = Path(started.split(" from ")[1].split(";")[0])
+    assert "/_jre/" in started and shim.parent.parent.name == "site" and not shim.is_relative_to(REPO), started
+    files = sorted(p.name for p in out.iterdir())
+    for prefix in ("gpu-resnet18-", "mixed-", "share-"):
+        assert {f.rsplit(".", 1)[1] for f in files if f.startswith(prefix)} >= {"md", "log"}, (prefix, files)
+    assert any(f.startswith("gpu-resnet18-") and f.endswith(".json") for f in files), files
+    assert " passed" in (out / "pytest.log").read_text()
+    rows = json.loads(next(out.glob("gpu-resnet18-*.json")).read_text())["rows"]
+    assert len(rows) > 10 and all(r["error"] is None and r["images_per_s"] > 0 for r in rows), rows
