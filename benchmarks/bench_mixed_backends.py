@@ -92,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from unstall import prep
     from unstall.prep.mixed import MixedDecode, payload_tensors
     from unstall.prep.mixed_parts import image_header
-    from unstall.prep.nvimgcodec_decode import STACK_SLACK
+    from unstall.prep.nvimgcodec_decode import STACK_SLACK, stack_groups
 
     dev = torch.device(args.device)
     data = dataset_dir(args)
@@ -161,15 +161,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 mixed._resample(im.permute(2, 0, 1)[None], [r], args.crop, args.crop)
 
     resample: dict[str, List[float]] = {}
-    groups = [len(roi.stacked(images, rois)) for images, rois in windows]
+    shapes = [[(int(im.shape[0]), int(im.shape[1])) for im in images] for images, _ in windows]
+    grouping = [stack_groups(batch) for batch in shapes]
+    groups = [len(g) for g in grouping]
 
-    def pixels(stacks: Any) -> int:
-        return sum(int(s.shape[0]) * int(s.shape[2]) * int(s.shape[3]) for s in stacks)
+    def padded_pixels(batch: List[Any], members: List[int]) -> int:  # a stack's: its tallest, widest, edge included
+        return (max(batch[k][0] for k in members) + 1) * (max(batch[k][1] for k in members) + 1) * len(members)
 
-    own = sum((int(im.shape[0]) + 1) * (int(im.shape[1]) + 1) for images, _ in windows for im in images)
-    padding = {"one padded stack": pixels(roi.stack(images) for images, _ in windows) / own,
-               "stacks of like windows": pixels(s for images, rois in windows for s, _, _ in roi.stacked(images, rois))
-               / own}
+    own = sum((h + 1) * (w + 1) for batch in shapes for h, w in batch)
+    padding = {"one padded stack": sum(padded_pixels(b, list(range(len(b)))) for b in shapes) / own,
+               "stacks of like windows": sum(padded_pixels(b, g) for b, gs in zip(shapes, grouping) for g in gs) / own}
     ways = (("one roi_align per stack of like windows", grouped), ("one roi_align over a padded stack", padded),
             ("one roi_align per window", per_window))
     for _, run in ways:  # warm-up

@@ -51,16 +51,22 @@ def image_header(data: Any) -> Tuple[Optional[str], int, int]:
     return None, 0, 0
 
 
-# What bytes are by their magic, as the sidecar's ImageHeader.kind names them (its order, its words).
-_KINDS: Tuple[Tuple[Tuple[int, bytes], ...], ...] = (
-    ((0, b"II*\x00"), (0, b"MM\x00*"), (0, b"II+\x00"), (0, b"MM\x00+")),
-    ((0, b"\xffO\xffQ"), (0, b"\x00\x00\x00\x0cjP  ")),
-    ((0, b"GIF8"),), ((0, b"BM"),), ((0, b"v/1\x01"),), ((0, b"#?"),), ((0, b"Y\xa6j\x95"),), ((4, b"ftyp"),),
-    ((0, b"P1"), (0, b"P2"), (0, b"P3"), (0, b"P4"), (0, b"P5"), (0, b"P6"), (0, b"P7"), (0, b"PF"), (0, b"Pf")),
-    ((0, b"RIFF"),), ((0, b"\xff\xd8\xff"),), ((0, b"\x89PNG"),))
-_KIND_NAMES = ("a TIFF file", "a JPEG 2000 file", "a GIF file", "a BMP file", "an OpenEXR file", "a Radiance HDR file",
-               "a Sun raster file", "an ISO media file (HEIF/AVIF)", "a PNM/PFM file", "a WebP file", "a JPEG file",
-               "a PNG file")
+# What bytes are by their magic, as the sidecar's ImageHeader.kind names them (its order, its words): a name, the
+# least bytes it needs, and its magics, any of which names it: each a few (offset, bytes) that must all be there.
+_KINDS: Tuple[Tuple[str, int, Tuple[Tuple[Tuple[int, bytes], ...], ...]], ...] = (
+    ("a TIFF file", 0, (((0, b"II*\x00"),), ((0, b"MM\x00*"),), ((0, b"II+\x00"),), ((0, b"MM\x00+"),))),
+    ("a JPEG 2000 file", 0, (((0, b"\xffO\xffQ"),), ((0, b"\x00\x00\x00\x0cjP  "),))),
+    ("a GIF file", 0, (((0, b"GIF8"),),)),
+    ("a BMP file", 0, (((0, b"BM"),),)),
+    ("an OpenEXR file", 0, (((0, b"v/1\x01"),),)),
+    ("a Radiance HDR file", 0, (((0, b"#?"),),)),
+    ("a Sun raster file", 0, (((0, b"Y\xa6j\x95"),),)),
+    ("an ISO media file (HEIF/AVIF)", 12, (((4, b"ftyp"),),)),
+    ("a PNM/PFM file", 0, tuple(((0, b"P" + c),) for c in (b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"F", b"f"))),
+    ("a WebP file", 0, (((0, b"RIFF"), (8, b"WEBP")),)),
+    ("a JPEG file", 0, (((0, b"\xff\xd8\xff"),),)),
+    ("a PNG file", 0, (((0, b"\x89PNG"),),)),
+)
 
 
 def _hex(b: bytes) -> str:
@@ -71,12 +77,8 @@ def describe_image(data: Any) -> Optional[str]:
     """What ``data`` (bytes-like) is by its magic bytes, with its first bytes ("a TIFF file (first bytes 49 49 2a 00
     ...)"), in the sidecar's words (``ImageHeader.describe``); None when no image format starts so."""
     b = bytes(memoryview(data).cast("B")[:12])
-    for magics, name in zip(_KINDS, _KIND_NAMES):
-        if name == "an ISO media file (HEIF/AVIF)" and len(b) < 12:
-            continue
-        if name == "a WebP file" and b[8:12] != b"WEBP":
-            continue
-        if any(b[at:at + len(m)] == m for at, m in magics):
+    for name, least, magics in _KINDS:
+        if len(b) >= least and any(all(b[at:at + len(m)] == m for at, m in magic) for magic in magics):
             return f"{name} (first bytes {_hex(b)})"
     return None
 
