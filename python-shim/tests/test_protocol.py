@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from unstall import protocol
 from unstall.errors import ProtocolMismatchError
-from unstall.protocol import decode_plan, decode_ticket, encode_fetch_ticket, encode_plan
+from unstall.protocol import (PrepJoin, decode_plan, decode_ticket, encode_fetch_ticket, encode_plan, encode_prep_join,
+                              parse_prep_join_reply)
 
 
 def test_encode_matches_golden_fixture(fixtures_dir: Path) -> None:
@@ -407,3 +409,22 @@ def test_decoded_batch_handover_matches_its_golden_messages(fixtures_dir: Path) 
             protocol.parse_handover(json.dumps(bad).encode())
     with pytest.raises(ProtocolMismatchError, match="not JSON"):
         protocol.parse_handover(b"\x00")
+
+
+def test_prep_join_bodies_match_the_golden_fixture(fixtures_dir: Path) -> None:
+    """protocol/fixtures/prep-join-v1.json, whose bodies the sidecar's PrepRequestsTest parses: the fullest body
+    sets every field PrepJoin has, and the least one is what the defaults send."""
+    f = json.loads((fixtures_dir / "prep-join-v1.json").read_text())
+    for case in ("full", "least"):
+        want = f[case]
+        got = json.loads(encode_prep_join(PrepJoin(**{k: v for k, v in want.items() if k != "v"})))
+        assert got == want and list(got) == list(want), case
+    assert {fl.name for fl in dataclasses.fields(PrepJoin)} | {"v"} == set(f["full"])
+
+
+def test_prep_join_reply_is_one_v1_document() -> None:
+    assert parse_prep_join_reply([b'{"v": 1, "group": "g", "member": 2, "start_epoch": 0}'])["member"] == 2
+    with pytest.raises(ProtocolMismatchError, match="returned 2 results, expected 1"):
+        parse_prep_join_reply([b"{}", b"{}"])
+    with pytest.raises(ProtocolMismatchError, match="unsupported version 2"):
+        parse_prep_join_reply([b'{"v": 2}'])

@@ -3,6 +3,7 @@ its batches; a heartbeat keeps the member in the group. Needs only pyarrow and n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,8 +18,8 @@ import pyarrow.flight as fl
 from ..client import FlightClient
 from ..errors import PrepGroupNotFoundError, ProtocolMismatchError, SidecarError, SidecarUnavailableError
 from ..local import LocalClient
-from ..protocol import (PROTOCOL_VERSION, PayloadBatch, PrepRates, PrepSlot, batch_payloads, batch_to_numpy,
-                        encode_prep_next, encode_prep_ticket, parse_prep_slot, skipped_of)
+from ..protocol import (PayloadBatch, PrepJoin, PrepRates, PrepSlot, batch_payloads, batch_to_numpy, encode_prep_join,
+                        encode_prep_next, encode_prep_ticket, parse_prep_join_reply, parse_prep_slot, skipped_of)
 from ..recovery import call_with_recovery
 from ..shm_slots import SlotMaps
 from .pipeline import Pipeline, with_on_error
@@ -43,8 +44,9 @@ class Membership:
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: Optional[threading.Thread] = field(default=None, repr=False)
     dropped: Optional[str] = None
-    # prep.join's body, to join again at the batch in hand after the sidecar restarted (its groups died with it)
-    _join_body: Optional[dict[str, Any]] = field(default=None, repr=False)
+    # what this member joined with, to join again at the batch in hand after the sidecar restarted (its groups died
+    # with it)
+    _join: Optional[PrepJoin] = field(default=None, repr=False)
     rejoins: int = 0  # times this member joined a restarted sidecar's new group
     # Samples the group left out of the batches this member read (decode on_error="skip"), in reading order:
     # {"epoch", "batch", "id", "key", "reason"} each.
@@ -108,7 +110,7 @@ class Membership:
                 except SidecarUnavailableError:
                     continue  # a sidecar fault: the next batch joins the restarted sidecar again
                 except PrepGroupNotFoundError:
-                    if self._join_body is not None and self.client.rediscovery is not None:
+                    if self._join is not None and self.client.rediscovery is not None:
                         continue  # the group died with its sidecar; the next batch joins again
                     self.dropped = "the group is gone"
                     return
@@ -123,24 +125,25 @@ class Membership:
         """``attempt()`` for batch ``index`` of ``epoch``. After a sidecar fault, once the client found the
         sidecar again (restarted: its groups died with it), this member joins a group there again at this very
         batch and asks again: the batch is prepared again from the same seed, so no sample is lost or repeated."""
-        if self._join_body is None:
+        if self._join is None:
             return attempt()
         return call_with_recovery(self.client, attempt, lambda: self._rejoin(epoch, index))
 
     def _rejoin(self, epoch: int, index: int) -> None:
-        assert self._join_body is not None
-        body = dict(self._join_body, start_epoch=epoch, start_batch=index)
-        body.pop("cache_snapshot", None)
-        if epoch in self._snapshots:  # the restarted sidecar continues this epoch's order, not a new snapshot's
-            body["cache_snapshot"] = self._snapshots[epoch]
-        share = body.get("share")
-        if share is not None and epoch != int(self._join_body["start_epoch"]):  # what the job read was of that epoch
-            body["share"] = {"world_size": share["world_size"], "rank": share["rank"]}
-        if "epochs" in body:  # counted from the first join's start: what is left of them from here
-            body["epochs"] = int(self._join_body["epochs"]) - (epoch - int(self._join_body["start_epoch"]))
+        assert self._join is not None and self._join.start_epoch is not None
+        first = self._join.start_epoch
+        share = self._join.share
+        if share is not None and epoch != first:  # what the job read was of that epoch
+            share = {"world_size": share["world_size"], "rank": share["rank"]}
+        request = dataclasses.replace(
+            self._join, start_epoch=epoch, start_batch=index, share=share,
+            # the restarted sidecar continues this epoch's order, not a new snapshot's
+            cache_snapshot=self._snapshots.get(epoch),
+            # counted from the first join's start: what is left of them from here
+            epochs=None if self._join.epochs is None else self._join.epochs - (epoch - first))
         old = (self.group, self.member)
         # with recovery: the dataset may not be registered on the restarted sidecar yet (its owner does that)
-        info = _join_reply(self.client.do_action("prep.join", json.dumps(body).encode()), body.get("epochs"))
+        info = _joined(self.client, request)
         # The fault may have been a wait that timed out on a sidecar that is still running: the old member is then
         # still in its group, holding back what the group frees until it would time out. It leaves now, after the
         # new one joined (before, the group could free the batch the new one starts at); on a restarted sidecar
@@ -437,61 +440,34 @@ def join(
 
             sidecar = default_sidecar()
         client = sidecar.flight_client()
-    body: dict[str, Any] = {
-        "v": 1,
-        "dataset": dataset,
-        "pipeline": pipeline.to_json() if isinstance(pipeline, Pipeline) else pipeline,
-        "batch_size": batch_size,
-        "seed": int(seed),
-        "shuffle": bool(shuffle),
-        "drop_last": bool(drop_last),
-        "group_size": int(group_size),
-        "join_timeout_s": float(join_timeout),
-        "member_timeout_s": float(member_timeout),
-        "name": name or f"pid {os.getpid()}",
-    }
-    if window is not None:
-        body["window"] = int(window)
-    if not autotune:
-        body["autotune"] = False
-    if staging_bytes is not None:
-        body["staging_bytes"] = int(staging_bytes)
-    if compression is not None:
-        body["compression"] = compression
-    if share is not None:
-        body["share"] = dict(share)
-    if hybrid is not None:
-        body["hybrid"] = dict(hybrid)
-    if order is not None:
-        body["order"] = dict(order)
-    if cache_snapshot is not None:
-        body["cache_snapshot"] = cache_snapshot
-    if epochs is not None:
-        body["epochs"] = int(epochs)
-    if start_epoch is not None:
-        body["start_epoch"] = int(start_epoch)
-        body["start_batch"] = int(start_batch)
-    elif start_batch:
+    if start_epoch is None and start_batch:
         raise ValueError(f"start_batch {start_batch} needs start_epoch")
-    if transport == "shm" or (transport == "auto" and _local(client.location) and os.path.isdir("/dev/shm")):
-        body["shm"] = True
-    info = _join_reply(client.do_action("prep.join", json.dumps(body).encode()), epochs)
-    body.setdefault("start_epoch", int(info["start_epoch"]))  # where this member's epochs count from
-    m = Membership(client=client, dataset=dataset, info=info, _join_body=body, _slots=slots or SlotMaps(), _rates=rates,
-                   _snapshots={int(body["start_epoch"]): cache_snapshot} if cache_snapshot is not None else {})
+    shm = transport == "shm" or (transport == "auto" and _local(client.location) and os.path.isdir("/dev/shm"))
+    request = PrepJoin(
+        dataset, pipeline.to_json() if isinstance(pipeline, Pipeline) else pipeline, batch_size, seed=int(seed),
+        shuffle=bool(shuffle), drop_last=bool(drop_last), group_size=int(group_size),
+        join_timeout_s=float(join_timeout), member_timeout_s=float(member_timeout), name=name or f"pid {os.getpid()}",
+        window=None if window is None else int(window), autotune=None if autotune else False,
+        staging_bytes=None if staging_bytes is None else int(staging_bytes), compression=compression,
+        share=share, hybrid=hybrid, order=order, cache_snapshot=cache_snapshot,
+        epochs=None if epochs is None else int(epochs),
+        start_epoch=None if start_epoch is None else int(start_epoch),
+        start_batch=None if start_epoch is None else int(start_batch), shm=True if shm else None)
+    info = _joined(client, request)
+    start = int(info["start_epoch"]) if request.start_epoch is None else request.start_epoch
+    request = dataclasses.replace(request, start_epoch=start)  # where this member's epochs count from
+    m = Membership(client=client, dataset=dataset, info=info, _join=request, _slots=slots or SlotMaps(), _rates=rates,
+                   _snapshots={start: cache_snapshot} if cache_snapshot is not None else {})
     m._start_heartbeat()
     return m
 
 
-def _join_reply(results: list[bytes], epochs: Optional[int]) -> dict[str, Any]:
-    if len(results) != 1:
-        raise ProtocolMismatchError(f"prep.join returned {len(results)} results, expected 1")
-    info = json.loads(results[0])
-    if epochs is not None:
-        info["epochs"] = int(epochs)
-    if info.get("v") != PROTOCOL_VERSION:
-        raise ProtocolMismatchError(f"prep.join: unsupported version {info.get('v')!r}")
-    return dict(info)
+def _joined(client: FlightClient, request: PrepJoin) -> dict[str, Any]:
+    """``prep.join``'s answer to ``request``, with the member's own count of ``epochs`` when it gave one."""
+    info = parse_prep_join_reply(client.do_action("prep.join", encode_prep_join(request)))
+    if request.epochs is not None:
+        info["epochs"] = request.epochs
+    return info
 
 
 def _local(location: str) -> bool:

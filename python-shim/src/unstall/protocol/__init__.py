@@ -24,6 +24,9 @@ from .batches import (
     PrepSlot,
     parse_prep_slot,
     encode_prep_next,
+    PrepJoin,
+    encode_prep_join,
+    parse_prep_join_reply,
 )
 from .handover import (
     HANDOVER_VERSION,
@@ -127,6 +130,9 @@ __all__ = [
     "parse_prep_slot",
     "PrepRates",
     "encode_prep_next",
+    "PrepJoin",
+    "encode_prep_join",
+    "parse_prep_join_reply",
     "PROTOCOL_VERSION",
     "TICKET_MAGIC",
     "KIND_FETCH",

@@ -1,5 +1,5 @@
 """Fetched batches: the v1 batch schema and its check, ``SampleBatch`` (a batch whatever the transport), and
-prepared batches (protocol/README.md, "Prepared-batch schema")."""
+prepared batches (protocol/README.md, "Prepared-batch schema"), and the prep actions' bodies."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ __all__ = [
     "PrepSlot",
     "parse_prep_slot",
     "encode_prep_next",
+    "PrepJoin",
+    "encode_prep_join",
+    "parse_prep_join_reply",
 ]
 
 SCHEMA_VERSION_KEY = b"unstall.schema"
@@ -300,3 +303,55 @@ def parse_prep_slot(doc: Mapping[str, Any]) -> PrepSlot:
         raise ProtocolMismatchError(f"prep.next: {rows} rows with {len(keys)} keys"
                                     + ("" if prepared is None else f" and {len(prepared)} prepared flags"))
     return dataclasses.replace(slot, offsets=offsets, keys=keys, prepared=prepared)
+
+
+@dataclass(frozen=True)
+class PrepJoin:
+    """A ``prep.join`` body (``fixtures/prep-join-v1.json``): the group a member joins (``dataset``, ``pipeline``:
+    its JSON, None for raw batches; ``batch_size``, ``seed``, ``shuffle``, ``drop_last``, ``order``, ``hybrid``), the
+    settings its first joiner gives the group, and where this member starts. A field left None is not sent: the
+    sidecar's default applies."""
+
+    dataset: str
+    pipeline: Optional[Mapping[str, Any]]
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    group_size: int = 1
+    join_timeout_s: float = 60.0
+    member_timeout_s: float = 30.0
+    name: str = ""
+    window: Optional[int] = None
+    autotune: Optional[bool] = None  # False: keep the group's prep threads and window where they are
+    staging_bytes: Optional[int] = None
+    compression: Optional[str] = None
+    share: Optional[Mapping[str, Any]] = None
+    hybrid: Optional[Mapping[str, Any]] = None
+    order: Optional[Mapping[str, Any]] = None
+    cache_snapshot: Optional[str] = None
+    epochs: Optional[int] = None
+    start_epoch: Optional[int] = None
+    start_batch: Optional[int] = None
+    shm: Optional[bool] = None
+
+
+def encode_prep_join(join: PrepJoin) -> bytes:
+    """A ``prep.join`` body (UTF-8 JSON), its fields in the declared order, those left None omitted."""
+    body: dict[str, Any] = {"v": PROTOCOL_VERSION}
+    for f in dataclasses.fields(join):
+        v = getattr(join, f.name)
+        if v is not None or f.name == "pipeline":
+            body[f.name] = dict(v) if isinstance(v, Mapping) else v
+    return json.dumps(body).encode()
+
+
+def parse_prep_join_reply(results: Sequence[bytes]) -> dict[str, Any]:
+    """A ``prep.join`` answer: the group, this member's number and where its epochs start; raises
+    ProtocolMismatchError when it is not one v1 document."""
+    if len(results) != 1:
+        raise ProtocolMismatchError(f"prep.join returned {len(results)} results, expected 1")
+    info = json.loads(results[0])
+    if not isinstance(info, dict) or info.get("v") != PROTOCOL_VERSION:
+        raise ProtocolMismatchError(f"prep.join: unsupported version {info.get('v') if isinstance(info, dict) else info!r}")
+    return info

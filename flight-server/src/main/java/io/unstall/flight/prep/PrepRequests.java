@@ -4,6 +4,8 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.protocol.PrepRates;
 import java.io.IOException;
+import java.util.Iterator;
+import java.util.List;
 import org.apache.arrow.vector.compression.CompressionUtil;
 
 /**
@@ -146,8 +148,24 @@ final class PrepRequests {
     return at("prep.put", c);
   }
 
+  /**
+   * The fields of a {@code prep.join} body, in the order the shim's {@code encode_prep_join} writes them
+   * (protocol/fixtures/prep-join-v1.json). A body with any other field is refused: a misspelt option would otherwise
+   * be ignored without a word.
+   */
+  static final List<String> JOIN_FIELDS = List.of("v", "dataset", "pipeline", "batch_size", "seed", "shuffle",
+      "drop_last", "group_size", "join_timeout_s", "member_timeout_s", "name", "window", "autotune", "staging_bytes",
+      "compression", "share", "hybrid", "order", "cache_snapshot", "epochs", "start_epoch", "start_batch", "shm");
+
   /** A {@code prep.join} body; its pipeline's decode fields default to, and are capped by, {@code limits}. */
   static Join join(JsonNode b, PrepPipeline.DecodeLimits limits) {
+    for (Iterator<String> names = b.fieldNames(); names.hasNext(); ) {
+      String name = names.next();
+      if (!JOIN_FIELDS.contains(name)) {
+        throw new IllegalArgumentException("prep.join: unknown field \"" + name + "\" (the fields are "
+            + String.join(", ", JOIN_FIELDS) + ")");
+      }
+    }
     String dataset = b.path("dataset").asText("");
     if (dataset.isEmpty()) {
       throw new IllegalArgumentException("prep.join: \"dataset\" (a registered dataset's name) is required");

@@ -1,5 +1,6 @@
 package io.unstall.flight.prep;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -10,6 +11,9 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.protocol.PrepRates;
 import io.unstall.flight.protocol.ProtocolFixturesTest;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.arrow.vector.compression.CompressionUtil;
 import org.junit.jupiter.api.Test;
 
 /** The prep.* bodies are checked before anything is looked up; every refusal names the action and the field. */
@@ -69,5 +73,53 @@ class PrepRequestsTest {
     e = assertThrows(IllegalArgumentException.class, () -> PrepRequests.rates("prep.next",
         PrepRequests.body("prep.next", json("{\"rates\":[1,2]}"))));
     assertTrue(e.getMessage().startsWith("prep.next: \"rates\" must be"), e.getMessage());
+  }
+
+  @Test
+  void prepJoinGoldenBodiesAreReadFieldByField() throws Exception {
+    JsonNode f = new ObjectMapper().readTree(ProtocolFixturesTest.FIXTURES.resolve("prep-join-v1.json").toFile());
+    JsonNode full = f.get("full");
+    List<String> names = new ArrayList<>();
+    full.fieldNames().forEachRemaining(names::add);
+    assertEquals(PrepRequests.JOIN_FIELDS, names,
+        "the fullest body holds every field, in the order the shim writes them");
+    PrepRequests.Join j = PrepRequests.join(full, PrepPipeline.DecodeLimits.DEFAULT);
+    assertEquals("imgs", j.dataset());
+    assertEquals(3, j.pipeline().ops().size());
+    assertEquals(64, j.batchSize());
+    assertEquals(7, j.seed());
+    assertEquals(false, j.shuffle());
+    assertEquals(true, j.dropLast());
+    assertEquals(new PrepGroup.Settings(6, 67108864, 12_500_000_000L, 4, 90_000_000_000L, true, false, true),
+        j.settings());
+    assertEquals("trial 3", j.name());
+    assertEquals(CompressionUtil.CodecType.LZ4_FRAME, PrepRequests.compression(full));
+    assertEquals(2, j.share().world());
+    assertEquals(1, j.share().rank());
+    assertArrayEquals(new long[][] {{0, 4}}, j.share().consumed());
+    assertEquals(1, j.share().skip());
+    assertEquals(0.25, j.cpuLoad());
+    assertEquals(256, j.cacheWindow());
+    assertEquals("c25hcHNob3Q", j.cacheSnapshot());
+    assertEquals(3, j.epochs());
+    assertEquals(2, j.startEpoch());
+    assertEquals(5, j.startBatch());
+
+    PrepRequests.Join least = PrepRequests.join(f.get("least"), PrepPipeline.DecodeLimits.DEFAULT);
+    assertNull(least.pipeline());
+    assertEquals(new PrepGroup.Settings(4, 0, 30_000_000_000L, 1, 60_000_000_000L, false, true, false),
+        least.settings());
+    assertEquals(-1, least.startEpoch());
+    assertNull(least.share());
+    assertNull(least.cpuLoad());
+  }
+
+  @Test
+  void prepJoinRefusesAFieldItDoesNotKnow() {
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> PrepRequests.join(
+        PrepRequests.body("prep.join", json("{\"dataset\":\"imgs\",\"batch_size\":4,\"window_size\":8}")),
+        PrepPipeline.DecodeLimits.DEFAULT));
+    assertTrue(e.getMessage().startsWith("prep.join: unknown field \"window_size\" (the fields are v, dataset,"),
+        e.getMessage());
   }
 }
