@@ -52,9 +52,17 @@ public final class DecodeBudget implements AutoCloseable {
    * in flight hold the memory.
    */
   public Reservation acquire(long bytes, ImageHeader h) throws BadImageException, InterruptedException {
-    long need = (bytes + PAGE - 1) / PAGE * PAGE;
+    return acquire(bytes, "the " + h.describe() + " image");
+  }
+
+  /**
+   * {@link #acquire(long, ImageHeader)} for decoding {@code what} ("the JPEG 640x480 image"), the words of its
+   * refusal and timeout.
+   */
+  public Reservation acquire(long bytes, String what) throws BadImageException, InterruptedException {
+    long need = pages(bytes);
     if (need > alloc.getLimit()) {
-      throw new BadImageException("decoding the " + h.describe() + " image takes about " + need
+      throw new BadImageException("decoding " + what + " takes about " + need
           + " bytes of native memory, more than the sidecar's decode memory of " + alloc.getLimit()
           + " bytes (--decode-memory)");
     }
@@ -76,7 +84,7 @@ public final class DecodeBudget implements AutoCloseable {
         if (!fits) {
           throw new ExhaustedException("timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos)
               + " s waiting for " + need + " bytes of decode memory (" + alloc.getLimit() + " bytes,"
-              + " --decode-memory) to decode a " + h.describe() + " image while other decodes or batches hold it");
+              + " --decode-memory) to decode " + what + " while other decodes or batches hold it");
         }
         AllocationReservation r = got[0];
         return () -> release(r);
@@ -85,6 +93,22 @@ public final class DecodeBudget implements AutoCloseable {
         notifyAll(); // the next in line may try
       }
     }
+  }
+
+  /**
+   * Reserves {@code bytes} if they fit now and no decode waits (never ahead of the queue); null otherwise. Never
+   * waits, so a thread may call it while it holds reservations: for memory a decode can do without.
+   */
+  public synchronized Reservation tryAcquire(long bytes) {
+    long need = pages(bytes);
+    maxRequest = Math.max(maxRequest, need);
+    AllocationReservation r = queue.isEmpty() ? tryReserve(need) : null;
+    return r == null ? null : () -> release(r);
+  }
+
+  /** {@code bytes} in whole pages. */
+  private static long pages(long bytes) {
+    return (bytes + PAGE - 1) / PAGE * PAGE;
   }
 
   /**

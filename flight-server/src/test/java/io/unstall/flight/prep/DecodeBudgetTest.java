@@ -2,6 +2,8 @@ package io.unstall.flight.prep;
 
 import static org.awaitility.Awaitility.await;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -99,5 +101,31 @@ class DecodeBudgetTest {
     try (DecodeBudget.Reservation r = budget.acquire(6 * MIB, IMAGE)) {
       assertEquals(6 * MIB, root.getAllocatedMemory(), "exactly the bytes asked for, not rounded to a power of two");
     }
+  }
+
+  @Test
+  void tryAcquireTakesOnlyWhatFitsNowAndNeverGoesAheadOfAWaiter() throws Exception {
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try (DecodeBudget.Reservation held = budget.acquire(6 * MIB, IMAGE)) {
+      assertNull(budget.tryAcquire(5 * MIB), "6 + 5 MiB do not fit in 10");
+      try (DecodeBudget.Reservation more = budget.tryAcquire(4 * MIB)) {
+        assertNotNull(more, "6 + 4 MiB fit, tried on a thread that holds a reservation");
+        assertEquals(10 * MIB, budget.reservedBytes());
+      }
+      Future<?> waiter = pool.submit(() -> {
+        try (DecodeBudget.Reservation r = budget.acquire(6 * MIB, IMAGE)) {
+          return null;
+        }
+      });
+      await("a decode waiting for 6 MiB").atMost(Duration.ofSeconds(10)).until(() -> budget.waits() == 1);
+      assertNull(budget.tryAcquire(MIB), "1 MiB would fit, but a decode waits first");
+      held.close();
+      waiter.get(10, TimeUnit.SECONDS);
+    } finally {
+      pool.shutdownNow();
+    }
+    assertNull(budget.tryAcquire(11 * MIB), "more than the budget: no, and no refusal");
+    assertEquals(0, budget.reservedBytes());
+    assertTrue(budget.peakBytes() <= 10 * MIB, "peak " + budget.peakBytes());
   }
 }
