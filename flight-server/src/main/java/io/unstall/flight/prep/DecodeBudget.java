@@ -13,6 +13,14 @@ import org.apache.arrow.memory.BufferAllocator;
  * does not fit (other decodes, or batches in flight, hold the memory) the prep thread waits, first come first
  * served, so N prep threads never decode N huge images at once beyond the budget. A sample that could never fit is
  * refused at once; one that waits longer than the timeout fails its batch with RESOURCE_EXHAUSTED.
+ *
+ * <p>A thread holds at most one reservation it waited for ({@link #acquire}), and waits holding none: a thread that
+ * held part of the budget while waiting for more that only the others can give back would, with several threads
+ * doing the same, wait until the timeout although each sample alone fits (hold-and-wait). So memory that lives
+ * together is reserved in one {@link #acquire} (a Motion-JPEG frame's copy and its decode), {@link #acquire} on a
+ * thread that holds a reservation is a programming error ({@link IllegalStateException}), and what a thread may
+ * add while it holds one (the cache forms' working memory) only tries ({@link #tryAcquire}): taken if it fits now
+ * and nobody waits, else done without.
  */
 public final class DecodeBudget implements AutoCloseable {
   /** Reservations are made in whole pages. */
@@ -23,6 +31,8 @@ public final class DecodeBudget implements AutoCloseable {
   private final ArrayDeque<Object> queue = new ArrayDeque<>(); // guarded by this: waiters, first come first served
   private long waits; // guarded by this: decodes that had to wait
   private long maxRequest; // guarded by this
+  /** Reservations the current thread holds (each closed on the thread that took it). */
+  private final ThreadLocal<int[]> held = ThreadLocal.withInitial(() -> new int[1]);
 
   /** Reserves in {@code decode} (the data plane's "decode" child of streams; its limit is the budget). */
   public DecodeBudget(BufferAllocator decode, long timeout, TimeUnit unit) {
@@ -49,12 +59,26 @@ public final class DecodeBudget implements AutoCloseable {
 
   /**
    * Reserves {@code bytes} for the decode of the image {@code h} declares, waiting while other decodes or batches
-   * in flight hold the memory.
+   * in flight hold the memory. The thread must hold no reservation of this budget.
    */
   public Reservation acquire(long bytes, ImageHeader h) throws BadImageException, InterruptedException {
-    long need = (bytes + PAGE - 1) / PAGE * PAGE;
+    return acquire(bytes, "the " + h.describe() + " image");
+  }
+
+  /**
+   * {@link #acquire(long, ImageHeader)} for decoding {@code what} ("the JPEG 640x480 image"), the words of its
+   * refusal and timeout.
+   */
+  public Reservation acquire(long bytes, String what) throws BadImageException, InterruptedException {
+    if (held.get()[0] > 0) {
+      throw new IllegalStateException("a thread that holds decode memory would wait for " + bytes + " bytes more to"
+          + " decode " + what + ": hold-and-wait (prep threads could each hold part of the budget and wait for the"
+          + " rest until the timeout); reserve what lives together in one acquire, and only tryAcquire while holding"
+          + " one");
+    }
+    long need = pages(bytes);
     if (need > alloc.getLimit()) {
-      throw new BadImageException("decoding the " + h.describe() + " image takes about " + need
+      throw new BadImageException("decoding " + what + " takes about " + need
           + " bytes of native memory, more than the sidecar's decode memory of " + alloc.getLimit()
           + " bytes (--decode-memory)");
     }
@@ -76,15 +100,40 @@ public final class DecodeBudget implements AutoCloseable {
         if (!fits) {
           throw new ExhaustedException("timed out after " + TimeUnit.NANOSECONDS.toSeconds(timeoutNanos)
               + " s waiting for " + need + " bytes of decode memory (" + alloc.getLimit() + " bytes,"
-              + " --decode-memory) to decode a " + h.describe() + " image while other decodes or batches hold it");
+              + " --decode-memory) to decode " + what + " while other decodes or batches hold it");
         }
-        AllocationReservation r = got[0];
-        return () -> release(r);
+        return held(got[0]);
       } finally {
         queue.remove(me);
         notifyAll(); // the next in line may try
       }
     }
+  }
+
+  /**
+   * Reserves {@code bytes} if they fit now and no decode waits (never ahead of the queue); null otherwise. Never
+   * waits, so a thread may call it while it holds reservations: for memory a decode can do without.
+   */
+  public synchronized Reservation tryAcquire(long bytes) {
+    long need = pages(bytes);
+    maxRequest = Math.max(maxRequest, need);
+    AllocationReservation r = queue.isEmpty() ? tryReserve(need) : null;
+    return r == null ? null : held(r);
+  }
+
+  /** {@code bytes} in whole pages. */
+  private static long pages(long bytes) {
+    return (bytes + PAGE - 1) / PAGE * PAGE;
+  }
+
+  /** {@code r} as a reservation the current thread holds until it closes it. */
+  private Reservation held(AllocationReservation r) {
+    int[] count = held.get();
+    count[0]++;
+    return () -> {
+      count[0]--;
+      release(r);
+    };
   }
 
   /**

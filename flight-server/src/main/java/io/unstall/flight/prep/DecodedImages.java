@@ -133,10 +133,11 @@ final class DecodedImages implements AutoCloseable {
 
   /**
    * The kept image of the JPEG {@code src} (its bytes hash to {@code digest}) at 1/{@code d}, decoded now if
-   * there is none and the quota has room; null: prepare it from the encoded bytes.
+   * there is none and the quota and the decode memory ({@code budget}, without waiting) have room; null: prepare
+   * it from the encoded bytes.
    */
   Image forResample(Digest digest, ByteBuffer src, ImageHeader h, int d, DecodeBudget budget)
-      throws BadImageException, InterruptedException {
+      throws BadImageException {
     if (memory == null || digest == null || d <= 0) {
       return null;
     }
@@ -151,24 +152,30 @@ final class DecodedImages implements AutoCloseable {
     }
     long n = bytes(h, d);
     if (n > Integer.MAX_VALUE || slabs.bytes() + n > quota) {
-      noRoom.increment();
-      return null;
-    }
-    ByteBuffer dst = slabs.place((int) n, quota);
-    if (dst == null) {
-      noRoom.increment();
-      return null;
+      return noRoom();
     }
     int w = NativeJpeg.scaledSize(h.width(), d);
     int ht = NativeJpeg.scaledSize(h.height(), d);
     long coefficients = h.multiScan() ? ImagePrep.coefficientBytes(h) : 0;
-    try (DecodeBudget.Reservation r = budget.acquire(coefficients + ImagePrep.DECODER_OVERHEAD, h)) {
+    ByteBuffer dst;
+    // The decode's working memory only if it is there now: the thread may hold decode memory already.
+    try (DecodeBudget.Reservation r = budget.tryAcquire(coefficients + ImagePrep.DECODER_OVERHEAD)) {
+      dst = r == null ? null : slabs.place((int) n, quota);
+      if (dst == null) {
+        return noRoom();
+      }
       NativeJpeg.decodeScaled(src, src.position(), src.remaining(), h.width(), h.height(), d, dst, 0, w, ht);
     }
     made.increment();
     Image mine = new Image(dst.asReadOnlyBuffer(), w, ht, d, src.remaining());
     Image won = images.putIfAbsent(key, mine); // two groups decoded it at once: the same pixels
     return won == null ? mine : won;
+  }
+
+  /** No image kept: no room in the quota, the forms memory or the decode memory now. */
+  private Image noRoom() {
+    noRoom.increment();
+    return null;
   }
 
   /** prep.stats "decoded". */

@@ -38,7 +38,9 @@ import org.bytedeco.opencv.global.opencv_core;
  * size within the pipeline's pixel and aspect-ratio caps, and the memory the sample needs while it is decoded and
  * transformed ({@link #workingBytes}) is reserved in the {@link DecodeBudget} first, so prep threads wait for
  * each other instead of decoding several huge images at once. A Motion-JPEG frame, which leaves out the standard
- * Huffman tables it uses, is decoded from a copy that defines them ({@link StandardHuffmanTables}).
+ * Huffman tables it uses, is decoded from a copy that defines them ({@link StandardHuffmanTables}), reserved with
+ * the working memory in one reservation. The cache forms made on the way ({@link DecodedImages},
+ * {@link ReindexedJpegs}) take their working memory only if it is there now ({@link DecodeBudget#tryAcquire}).
  */
 public final class ImagePrep {
   static {
@@ -228,30 +230,39 @@ public final class ImagePrep {
   public void run(ByteBuffer encoded, Digest digest, SplittableRandom rng, ByteBuffer out)
       throws BadImageException, InterruptedException {
     ImageHeader h = check(encoded);
-    if (h.standardTables() == 0) {
-      prepare(encoded, h, digest, rng, out);
+    boolean frame = h.standardTables() != 0;
+    boolean nat = takesNative(h) && (frame || encoded.isDirect()) && out.isDirect(); // a frame's copy is direct
+    if (!frame) {
+      prepare(encoded, h, nat, false, digest, rng, out);
       return;
     }
     // A Motion-JPEG frame: every path (and cache form) decodes a copy that defines the standard Huffman tables the
-    // frame relies on; the sample keeps the digest of its own bytes. The copy is native memory of the decode.
+    // frame relies on; the sample keeps the digest of its own bytes. The copy is native memory of the decode, live
+    // with its working memory: one reservation holds both, so the thread never waits holding the copy's.
     int n = StandardHuffmanTables.copyBytes(h, encoded);
-    try (DecodeBudget.Reservation r = budget.acquire(n, h); BytePointer copy = new BytePointer(n)) {
+    try (DecodeBudget.Reservation r = budget.acquire(n + workingBytes(h, nat), "the Motion-JPEG frame "
+        + h.describe() + " (a copy of " + n + " bytes with the standard Huffman tables, and its decode)");
+        BytePointer copy = new BytePointer(n)) {
       ByteBuffer b = copy.asByteBuffer();
       StandardHuffmanTables.insert(encoded, h, b);
-      prepare(b.flip(), h, digest, rng, out);
+      prepare(b.flip(), h, nat, true, digest, rng, out);
     }
   }
 
-  /** {@link #run(ByteBuffer, Digest, SplittableRandom, ByteBuffer)} of bytes whose header {@code h} passed. */
-  private void prepare(ByteBuffer encoded, ImageHeader h, Digest digest, SplittableRandom rng, ByteBuffer out)
-      throws BadImageException, InterruptedException {
-    if (takesNative(h) && encoded.isDirect() && out.isDirect()) {
+  /**
+   * {@link #run(ByteBuffer, Digest, SplittableRandom, ByteBuffer)} of bytes whose header {@code h} passed, on the
+   * native path ({@code nat}) or OpenCV's; {@code held}: the thread already holds the sample's
+   * {@link #workingBytes(ImageHeader, boolean)}.
+   */
+  private void prepare(ByteBuffer encoded, ImageHeader h, boolean nat, boolean held, Digest digest,
+      SplittableRandom rng, ByteBuffer out) throws BadImageException, InterruptedException {
+    if (nat) {
       long cpu0 = CPU.getCurrentThreadCpuTime();
       int d = decoded == null ? 0 : DecodedImages.denom(h, pipeline);
       boolean wasKept = d > 0 && decoded.has(digest, d);
       DecodedImages.Image kept = d == 0 ? null : decoded.forResample(digest, encoded, h, d, budget);
       boolean fromKept = false;
-      try (DecodeBudget.Reservation r = budget.acquire(nativeWorkingBytes(h), h)) {
+      try (DecodeBudget.Reservation r = working(h, true, held)) {
         Geometry g = geometry(h, rng);
         // The kept pixels serve the crops the encoded path decodes at their very scale (the same bytes); any other
         // crop is decoded from the encoded bytes, so a sample's tensor never depends on which form was there.
@@ -273,9 +284,20 @@ public final class ImagePrep {
       return;
     }
     NativeJpeg.OPENCV_SAMPLES.increment();
-    try (DecodeBudget.Reservation r = budget.acquire(workingBytes(h), h)) {
+    try (DecodeBudget.Reservation r = working(h, false, held)) {
       openCv.run(encoded, h, rng, out);
     }
+  }
+
+  /** The sample's working memory on the native path ({@code nat}) or OpenCV's, reserved now unless {@code held}. */
+  private DecodeBudget.Reservation working(ImageHeader h, boolean nat, boolean held)
+      throws BadImageException, InterruptedException {
+    return held ? () -> { } : budget.acquire(workingBytes(h, nat), h);
+  }
+
+  /** The memory the sample holds at once on the native path ({@code nat}) or OpenCV's. */
+  long workingBytes(ImageHeader h, boolean nat) {
+    return nat ? nativeWorkingBytes(h) : workingBytes(h);
   }
 
   /**

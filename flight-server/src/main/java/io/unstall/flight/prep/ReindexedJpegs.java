@@ -51,11 +51,10 @@ final class ReindexedJpegs implements AutoCloseable {
 
   /**
    * What the native path should decode for the JPEG {@code src} (its bytes hash to {@code digest}; null: unknown):
-   * its copy, made now if there is none and there is room ({@code h} and {@code budget}: the rewrite's working
-   * memory is reserved like a decode's), or {@code src} itself.
+   * its copy, made now if there is none and there is room (the rewrite's working memory is reserved in
+   * {@code budget} if it is there now: the caller holds the decode's), or {@code src} itself.
    */
-  ByteBuffer forDecode(Digest digest, ByteBuffer src, ImageHeader h, DecodeBudget budget)
-      throws BadImageException, InterruptedException {
+  ByteBuffer forDecode(Digest digest, ByteBuffer src, ImageHeader h, DecodeBudget budget) {
     if (memory == null || digest == null) {
       return src;
     }
@@ -76,11 +75,12 @@ final class ReindexedJpegs implements AutoCloseable {
     // The rewrite holds every DCT coefficient of the image and its output; one that would crowd out decodes is
     // not made (the sample is decoded from its original, as it would be without the store).
     long working = ImagePrep.coefficientBytes(h) + 2L * src.remaining() + 65536;
-    if (working > budget.limit() / 4) {
+    DecodeBudget.Reservation r = working > budget.limit() / 4 ? null : budget.tryAcquire(working);
+    if (r == null) {
       noRoom.increment();
       return src;
     }
-    try (DecodeBudget.Reservation r = budget.acquire(working, h)) {
+    try (r) {
       long t0 = CPU.getCurrentThreadCpuTime();
       try {
         int n = NativeJpeg.reindex(src, src.position(), src.remaining(), SPAN_PX);
