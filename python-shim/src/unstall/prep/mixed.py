@@ -257,7 +257,7 @@ class MixedDecode:
         images = []
         for data, i, key in zip(payloads, ids, keys):
             try:
-                images.append(to_device(decode_image(data, mode=ImageReadMode.RGB), self.device))
+                images.append(to_device(_eight_bit(decode_image(data, mode=ImageReadMode.RGB)), self.device))
             except RuntimeError as e:
                 raise not_decodable(i, key, e) from e
         return self._by_size(images, ids, epoch, seed)
@@ -300,6 +300,16 @@ class MixedDecode:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError as e:
             raise not_decodable(sample_id, key, e) from e
+
+
+def _eight_bit(image: Any) -> Any:
+    """A decoded image's samples as 8-bit: a 16-bit PNG's (torchvision's uint16) by their high byte, as the sidecar's
+    decoder (OpenCV's ``IMREAD_COLOR``, libpng's ``png_set_strip_16``) gives them."""
+    import torch
+
+    if image.dtype == torch.uint8:
+        return image
+    return (image.to(torch.int32) >> 8).to(torch.uint8)
 
 
 def payload_tensors(data: np.ndarray, offsets: np.ndarray) -> List[Any]:
