@@ -20,6 +20,7 @@ from .draws import Box, sample_box, sample_rng
 from .jpeg_rules import jpeg_check, with_standard_tables
 from .mixed_parts import Group, describe_image, image_header, not_an_image, not_decodable, to_device
 from .pipeline import check_decode_backend
+from .png_rules import png_check, png_data_check
 
 __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 
@@ -212,11 +213,13 @@ class MixedDecode:
 
     def _check(self, data: Any, sample_id: int, key: str) -> Tuple[str, Tuple[int, int], Any]:
         """A sample's format, ``(height, width)`` and the bytes to decode, once its header passed the pipeline's rules
-        as the sidecar's ``ImagePrep.check`` applies them (``formats``; a JPEG's structure, ``jpeg_rules``;
-        ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its messages: a decompression bomb
-        is refused before any decoder allocates for it, a truncated JPEG whichever decoder would have decoded its top
-        rows. The bytes are ``data`` but for a Motion-JPEG frame: a copy with the standard Huffman tables it relies
-        on, which the sidecar decodes too, whichever decoder runs."""
+        as the sidecar's ``ImagePrep.check`` applies them (``formats``; a JPEG's structure, ``jpeg_rules``, a PNG's,
+        ``png_rules``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its messages: a
+        decompression bomb is refused before any decoder allocates for it, a truncated JPEG whichever decoder would
+        have decoded its top rows, a truncated PNG in the sidecar's words, not the host decoder's, and a PNG whose
+        image data libpng refuses (``png_data_check``) before the host decoder ends the process on it. The bytes are
+        ``data`` but for a Motion-JPEG frame: a copy with the standard Huffman tables it relies on, which the sidecar
+        decodes too, whichever decoder runs."""
         op = self.ops[0]
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
         kind, w, h = image_header(data.numpy())
@@ -227,8 +230,9 @@ class MixedDecode:
             raise ValueError(f"{where}: {not_an_image(data.numpy())}" if what is None else
                              f"{where}: {what}, not one of the formats the pipeline decodes: {names} (decode \"formats\")")
         check = jpeg_check(data.numpy()) if kind == "jpeg" else None
-        if check is not None and check.problem is not None:
-            raise ValueError(f"{where}: {check.problem}")
+        problem = check.problem if check is not None else png_check(data.numpy()) if kind == "png" else None
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
         cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
         if w * h > cap:
             raise ValueError(f"{where}: decompression bomb? the {kind} header declares {w}x{h} pixels ({w * h}), above "
@@ -237,6 +241,9 @@ class MixedDecode:
             raise ValueError(f"{where}: the {kind} header declares {w}x{h} pixels, an aspect ratio of "
                              f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} "
                              "(--max-decode-aspect-ratio / decode max_aspect_ratio)")
+        problem = png_data_check(data.numpy()) if kind == "png" else None
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
         if check is not None and check.standard_tables:
             import torch
 
@@ -250,7 +257,7 @@ class MixedDecode:
         images = []
         for data, i, key in zip(payloads, ids, keys):
             try:
-                images.append(to_device(decode_image(data, mode=ImageReadMode.RGB), self.device))
+                images.append(to_device(_eight_bit(decode_image(data, mode=ImageReadMode.RGB)), self.device))
             except RuntimeError as e:
                 raise not_decodable(i, key, e) from e
         return self._by_size(images, ids, epoch, seed)
@@ -293,6 +300,16 @@ class MixedDecode:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError as e:
             raise not_decodable(sample_id, key, e) from e
+
+
+def _eight_bit(image: Any) -> Any:
+    """A decoded image's samples as 8-bit: a 16-bit PNG's (torchvision's uint16) by their high byte, as the sidecar's
+    decoder (OpenCV's ``IMREAD_COLOR``, libpng's ``png_set_strip_16``) gives them."""
+    import torch
+
+    if image.dtype == torch.uint8:
+        return image
+    return (image.to(torch.int32) >> 8).to(torch.uint8)
 
 
 def payload_tensors(data: np.ndarray, offsets: np.ndarray) -> List[Any]:

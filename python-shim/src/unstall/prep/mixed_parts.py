@@ -34,9 +34,8 @@ def image_header(data: Any) -> Tuple[Optional[str], int, int]:
                 continue
             at += 2 + struct.unpack_from(">H", b, at + 2)[0]
         return "jpeg", 0, 0
-    if n >= 24 and bytes(b[:8]) == b"\x89PNG\r\n\x1a\n":
-        width, height = struct.unpack_from(">II", b, 16)
-        return "png", width, height
+    if n >= 8 and bytes(b[:8]) == b"\x89PNG\r\n\x1a\n":
+        return ("png", *struct.unpack_from(">II", b, 16)) if n >= 24 else ("png", 0, 0)
     if n >= 12 and bytes(b[:4]) == b"RIFF" and bytes(b[8:12]) == b"WEBP":
         chunk = bytes(b[12:16]) if n >= 16 else b""
         if chunk == b"VP8 " and n >= 30:

@@ -420,6 +420,12 @@ public record ImageHeader(Format format, int width, int height, int components, 
 
   // -- PNG -----------------------------------------------------------------------------------------------
 
+  /**
+   * A PNG's header rules: 33 bytes or more, a 13-byte IHDR first, with a size and a color type PNG defines, chunks
+   * that lead to the image data (IDAT), and the bytes of an IEND chunk's type after it. python-shim's png_rules
+   * applies the same rules, in the same words, to the device's share of a batch (png_check), and what OpenCV's
+   * libpng then refuses (png_data_check), before its host decoder sees the bytes.
+   */
   private static ImageHeader png(Bytes in) throws BadImageException {
     if (in.n < 33) {
       throw new BadImageException("truncated PNG: " + in.n + " bytes, shorter than a PNG header (33)");

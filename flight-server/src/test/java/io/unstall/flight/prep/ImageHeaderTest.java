@@ -168,6 +168,36 @@ class ImageHeaderTest {
     assertEquals(64, prep(PIPELINE).check(direct(padded)).width());
   }
 
+  /** {@code png} (from ImageIO: signature, IHDR, IDAT..., IEND) with {@code bytes} written at {@code at}. */
+  static byte[] pngPatched(byte[] png, int at, int... bytes) {
+    byte[] b = png.clone();
+    for (int k = 0; k < bytes.length; k++) {
+      b[at + k] = (byte) bytes[k];
+    }
+    return b;
+  }
+
+  /** The words python-shim's png_rules gives the device's share of a batch for the same bytes. */
+  @Test
+  void aMalformedPngIsRefusedByItsStructureInTheDevicesWords() throws Exception {
+    byte[] png = encode("png", 64, 48);
+    ImagePrep p = prep(PIPELINE);
+    assertEquals("truncated PNG: 20 bytes, shorter than a PNG header (33)", refusal(p, Arrays.copyOf(png, 20)));
+    assertEquals("corrupt PNG: the first chunk is not a 13-byte IHDR", refusal(p, pngPatched(png, 11, 14)));
+    assertEquals("corrupt PNG: the first chunk is not a 13-byte IHDR",
+        refusal(p, pngPatched(png, 12, 'I', 'H', 'D', 'X')));
+    assertEquals("corrupt PNG: IHDR declares 0x48 pixels", refusal(p, pngPatched(png, 16, 0, 0, 0, 0)));
+    assertEquals("corrupt PNG: IHDR declares 64x2147483648 pixels", refusal(p, pngPatched(png, 20, 0x80, 0, 0, 0)));
+    assertEquals("corrupt PNG: IHDR declares color type 9", refusal(p, pngPatched(png, 25, 9)));
+    byte[] iend = Arrays.copyOfRange(png, png.length - 12, png.length);
+    byte[] noIdat = Arrays.copyOf(png, 33 + 12);
+    System.arraycopy(iend, 0, noIdat, 33, 12);
+    assertEquals("truncated PNG: the file ends at byte 45 before any image data (IDAT)", refusal(p, noIdat));
+    assertEquals("truncated PNG: no IEND chunk after the image data, " + (png.length - 12) + " bytes in all",
+        refusal(p, Arrays.copyOf(png, png.length - 12)));
+    assertEquals(48, p.check(direct(Arrays.copyOf(png, png.length + 30))).height()); // bytes after IEND
+  }
+
   /** {@code jpeg} without its segments of {@code marker} before the first scan (DQT, DHT). */
   static byte[] without(byte[] jpeg, int marker) {
     ByteArrayOutputStream out = new ByteArrayOutputStream();
