@@ -215,3 +215,23 @@ def test_what_the_sidecars_decoder_tolerates_passes() -> None:
     split = b"".join(chunk(b"IDAT", idat[k:k + 7]) for k in range(0, len(idat), 7))
     assert png_data_check(data[:33] + split + data[-12:]) is None  # many IDAT chunks
     assert png_data_check(_patched_chunk(data, b"IDAT", zlib.compress(raw + bytes(40)))) is None  # too much data
+
+
+def test_the_data_check_inflates_a_piece_at_a_time() -> None:
+    """A 4096 x 4096 RGB PNG inflates to 48 MiB: the check reads every row's filter byte (a bad one in the last row is
+    refused) while holding a few pieces of it, never the image."""
+    import tracemalloc
+
+    rows = np.zeros((4096, 1 + 3 * 4096), np.uint8)
+    good = SIGNATURE + ihdr(4096, 4096) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 9)) + chunk(b"IEND", b"")
+    rows[-1, 0] = 5
+    bad = SIGNATURE + ihdr(4096, 4096) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 9)) + chunk(b"IEND", b"")
+    del rows
+    tracemalloc.start()
+    try:
+        assert png_data_check(good) is None
+        assert png_data_check(bad) == REJECTED.format(len(bad), 4096, 4096)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak} bytes held to check a 48 MiB image"

@@ -112,26 +112,35 @@ def _ihdr_sound(b: memoryview, kinds: list[bytes]) -> bool:
     return palette and ihdr
 
 
+_PIECE = 1 << 20  # bytes inflated at a time: the check never holds the image's pixels
+
+
 def _inflates(idat: bytes, rows: list[tuple[int, int]]) -> bool:
     """Whether libpng reads the zlib stream ``idat`` as the image's ``rows`` (a pass's count and bytes each): it
     inflates without error into them, each starting with a filter type PNG defines (0 to 4), and goes on to its end
     (libpng: "Not enough image data" when it does not; an error past the rows, such as a wrong checksum, it only
-    warns of)."""
-    need = sum(h * r for h, r in rows)
+    warns of). Inflated ``_PIECE`` bytes at a time, each dropped once its rows' filter bytes are read."""
+    sizes = [h * r for h, r in rows]
+    starts = np.concatenate([at + r * np.arange(h, dtype=np.int64)
+                             for at, (h, r) in zip(np.cumsum([0] + sizes[:-1]), rows)])
+    need, got, k = sum(sizes), 0, 0
     inflate = zlib.decompressobj()
+    tail = idat
     try:
-        out = inflate.decompress(idat, need)
+        while got < need:
+            piece = inflate.decompress(tail, min(_PIECE, need - got))
+            tail = inflate.unconsumed_tail
+            if not piece and (inflate.eof or not tail):
+                return False  # the stream or the data ended before the last row
+            upto = int(np.searchsorted(starts, got + len(piece)))
+            if (np.frombuffer(piece, np.uint8)[starts[k:upto] - got] > 4).any():
+                return False
+            k, got = upto, got + len(piece)
+        while tail and not inflate.eof:
+            inflate.decompress(tail, _PIECE)
+            tail = inflate.unconsumed_tail
     except zlib.error:
-        return False
-    starts = np.concatenate([at + r * np.arange(h) for at, (h, r) in zip(np.cumsum([0] + [h * r for h, r in rows]),
-                                                                         rows)])
-    if len(out) < need or (np.frombuffer(out, np.uint8)[starts] > 4).any():
-        return False
-    try:
-        while inflate.unconsumed_tail and not inflate.eof:
-            inflate.decompress(inflate.unconsumed_tail, 1 << 16)
-    except zlib.error:
-        return True
+        return got >= need
     return inflate.eof
 
 
@@ -141,7 +150,7 @@ def png_data_check(data: Any) -> Optional[str]:
     CRC fails, header chunks libpng does not read (IHDR's bit depth and methods; PLTE), image data that does not
     inflate into every row or stops short of its stream's end, or a row whose filter type PNG does not define. The
     device checks them before its host decoder (torchvision's ``decode_png``, which ends the process on a libpng
-    error in the image data); None when they pass. One inflate of the image data."""
+    error in the image data); None when they pass. One inflate of the image data, a piece at a time."""
     b = memoryview(data).cast("B")
     refused = f"the PNG decoder rejected it (corrupt data), {len(b)} bytes declaring {_u32(b, 16)}x{_u32(b, 20)} pixels"
     found = _chunks(b)
