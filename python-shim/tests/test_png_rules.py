@@ -1,4 +1,4 @@
-"""``unstall.prep.png_rules`` on PNGs made here (PIL's, and hand-made: 16-bit, Adam7-interlaced; 1-bit from PIL):
+"""``unstall.png_rules`` on PNGs made here (PIL's, and hand-made: 16-bit, Adam7-interlaced; 1-bit from PIL):
 ``png_check`` has the sidecar's structure rules (``ImageHeader.png``) and words, in its order, for files cut at any
 offset, a malformed IHDR, no image data or no IEND; ``png_data_check`` passes every sound file (PIL decodes each to
 its pixels) and refuses in the sidecar's decoder's words what libpng refuses in the chunks and the image data.
@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from unstall.prep.mixed_parts import image_header
-from unstall.prep.png_rules import png_check, png_data_check
+from unstall.png_rules import png_check, png_data_check
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NO_IEND = "truncated PNG: no IEND chunk after the image data, {} bytes in all"

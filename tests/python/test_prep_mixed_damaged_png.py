@@ -1,7 +1,7 @@
 """Damaged PNGs on both sides of a hybrid batch: the sidecar's CPU path (a real sidecar, ``decode()``) and the device
 path (``decode(device="mixed")``: the host decode of a PNG, both backends) refuse the same truncated and malformed
 files with the sidecar's reason, naming the sample: its header rules (``ImageHeader.png``, ported in
-``unstall.prep.png_rules.png_check``) or its decoder's refusal (OpenCV's libpng; ``png_data_check`` on the device),
+``unstall.png_rules.png_check``) or its decoder's refusal (OpenCV's libpng; ``png_data_check`` on the device),
 and decode the sound ones (gray, RGB, RGBA, palette, gray + alpha, 16-bit, several IDAT chunks, bytes after IEND) to
 the same pixels within the bound of docs/PREP.md. The files are made here with PIL or by hand, then cut, patched or
 rechunked."""
@@ -27,7 +27,7 @@ from unstall import prep  # noqa: E402  (after test_prep_support put this checko
 NO_IEND = r"truncated PNG: no IEND chunk after the image data, \d+ bytes in all"
 NO_IDAT = r"truncated PNG: the file ends at byte \d+ before any image data \(IDAT\)"
 
-# Both sides refuse these, the device with the sidecar's words (ImageHeader.png, ported in unstall.prep.png_rules).
+# Both sides refuse these, the device with the sidecar's words (ImageHeader.png, ported in unstall.png_rules).
 REFUSED = {
     "cut_20": r"truncated PNG: 20 bytes, shorter than a PNG header \(33\)",
     "ihdr_14_bytes": "corrupt PNG: the first chunk is not a 13-byte IHDR",
@@ -37,7 +37,7 @@ REFUSED = {
     "cut_50": NO_IEND, "cut_90": NO_IEND, "cut_in_iend": NO_IEND, "no_iend": NO_IEND, "split_idat_cut_50": NO_IEND,
 }
 # The sidecar's decoder (OpenCV's libpng) refuses these; the device finds the same before its host decoder
-# (unstall.prep.png_rules.png_data_check), which would end the process on some of them.
+# (unstall.png_rules.png_data_check), which would end the process on some of them.
 REJECTED = r"the PNG decoder rejected it \(corrupt data\), \d+ bytes declaring 128x96 pixels"
 REJECTED_BY_DECODER = ("cut_50_iend", "split_idat_cut_at_a_chunk_iend", "split_idat_one_dropped", "idat_flipped",
                        "idat_flipped_crc_made_right", "ihdr_crc", "ihdr_depth_3", "ihdr_interlace_2",

@@ -109,3 +109,40 @@ def test_registration_is_idempotent_and_listed(sidecar: unstall.Sidecar, image_r
         assert c.describe("again") == a
         assert "again" in {d.name for d in c.list_datasets()}
         assert c.stats().cache.policy == "minio"
+
+
+def _damaged_png(size: int = 48) -> bytes:
+    """A PNG whose image data has one byte changed and its CRC made right: libpng meets the error inflating it, which
+    ends the process in torchvision's ``decode_png``."""
+    import io
+    import zlib
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (size, size, 3), dtype=np.uint8)).save(out, "PNG")
+    b = bytearray(out.getvalue())
+    at = b.index(b"IDAT")
+    length = int.from_bytes(b[at - 4:at], "big")
+    b[at + 4 + length // 2] ^= 0xFF
+    b[at + 4 + length:at + 8 + length] = zlib.crc32(b[at:at + 4 + length]).to_bytes(4, "big")
+    return bytes(b)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_damaged_png_is_refused_naming_the_sample_not_a_crashed_worker(
+    sidecar: unstall.Sidecar, tmp_path: Path, num_workers: int
+) -> None:
+    root = tmp_path / "imgs"
+    make_image_folder(root, CLASSES, per_class=2, seed=3, extras=False)
+    (root / CLASSES[1] / "damaged.png").write_bytes(_damaged_png())
+    ds = Dataset(f"damaged-png-{num_workers}", root=root, sidecar=sidecar, loader=decode_image)
+    keys = ds.fetch(range(len(ds))).column("key").to_pylist()
+    assert all(ds[i][0].shape[0] == 3 for i, k in enumerate(keys) if k != f"{CLASSES[1]}/damaged.png"), \
+        "every other sample decodes"
+    dl = DataLoader(ds, batch_size=len(ds), num_workers=num_workers, collate_fn=keep)
+    with pytest.raises(ValueError, match="decode_image: the PNG decoder rejected it") as e:
+        next(iter(dl))
+    assert f"in dataset 'damaged-png-{num_workers}', sample '{CLASSES[1]}/damaged.png'" in str(e.value) + "".join(
+        getattr(e.value, "__notes__", []))

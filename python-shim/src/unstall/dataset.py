@@ -243,9 +243,13 @@ class Dataset(tud.Dataset):
         load = self.loader if self.loader is not None else bytes
         out = []
         for payload, label, key in zip(batch.payloads, batch.label_list(), batch.keys):
-            sample = load(payload)
-            if self.transform is not None:
-                sample = self.transform(sample)
+            try:
+                sample = load(payload)
+                if self.transform is not None:
+                    sample = self.transform(sample)
+            except Exception as e:  # the error as raised, told which sample it was
+                e.add_note(f"unstall: in dataset {self.name!r}, sample {key!r} ({len(payload)} bytes)")
+                raise
             target = label if label is not None else key
             if self.target_transform is not None:
                 target = self.target_transform(target)

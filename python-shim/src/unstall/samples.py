@@ -10,6 +10,8 @@ from typing import Any, Union
 
 import torch
 
+from .png_rules import PNG_SIGNATURE, png_check, png_data_check
+
 __all__ = ["Buffer", "pil_loader", "tensor_loader", "decode_image"]
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -33,9 +35,16 @@ def tensor_loader(data: Buffer) -> torch.Tensor:
 
 def decode_image(data: Buffer) -> torch.Tensor:
     """Decodes a JPEG/PNG/... (any buffer) into a fresh ``uint8`` CHW RGB tensor with
-    ``torchvision.io.decode_image``. The encoded bytes are read in place, not copied first."""
+    ``torchvision.io.decode_image``. The encoded bytes are read in place, not copied first. A PNG is checked first
+    (``png_rules``: one more inflate of its image data): torchvision's PNG decoder ends the process on a libpng error
+    in the image data, where this raises a ValueError saying what is wrong."""
     from torchvision.io import ImageReadMode
     from torchvision.io import decode_image as _decode
+
+    if bytes(data[:8]) == PNG_SIGNATURE:
+        why = png_check(data) or png_data_check(data)
+        if why is not None:
+            raise ValueError(f"decode_image: {why}")
 
     with warnings.catch_warnings():
         # A read-only buffer: torch warns that the tensor could write to it; the decoder only reads it.

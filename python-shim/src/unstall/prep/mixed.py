@@ -20,7 +20,7 @@ from .draws import Box, sample_box, sample_rng
 from .jpeg_rules import jpeg_check, with_standard_tables
 from .mixed_parts import Group, describe_image, image_header, not_an_image, not_decodable, to_device
 from .pipeline import check_decode_backend
-from .png_rules import png_check, png_data_check
+from ..png_rules import png_check, png_data_check
 
 __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 

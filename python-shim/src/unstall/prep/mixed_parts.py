@@ -7,6 +7,8 @@ from __future__ import annotations
 import struct
 from typing import Any, List, Optional, Tuple
 
+from ..png_rules import PNG_SIGNATURE
+
 __all__ = ["Group", "image_header", "describe_image", "not_an_image", "not_decodable", "to_device"]
 
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # frame headers: size
@@ -34,7 +36,7 @@ def image_header(data: Any) -> Tuple[Optional[str], int, int]:
                 continue
             at += 2 + struct.unpack_from(">H", b, at + 2)[0]
         return "jpeg", 0, 0
-    if n >= 8 and bytes(b[:8]) == b"\x89PNG\r\n\x1a\n":
+    if n >= 8 and bytes(b[:8]) == PNG_SIGNATURE:
         return ("png", *struct.unpack_from(">II", b, 16)) if n >= 24 else ("png", 0, 0)
     if n >= 12 and bytes(b[:4]) == b"RIFF" and bytes(b[8:12]) == b"WEBP":
         chunk = bytes(b[12:16]) if n >= 16 else b""

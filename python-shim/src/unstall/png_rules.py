@@ -1,11 +1,11 @@
-"""The sidecar's PNG rules, for ``decode(device="mixed")``. ``png_check``: its structure rules (``ImageHeader.png`` in
-flight-server): a header of 33 bytes or more, a first chunk that is a 13-byte IHDR declaring a size (1 to 2^31 - 1
-pixels each way) and a color type PNG defines (0, 2, 3, 4 or 6), chunks that lead to the image data (IDAT), and an
-IEND chunk after it. ``png_data_check``: what the sidecar's decoder (OpenCV's libpng) refuses once they pass, read
-from the bytes. ``MixedDecode._check`` applies both before the host decoder sees the bytes, so a damaged PNG is
-refused with the sidecar's reason, not decoded (torchvision decodes a PNG without IEND) or refused in torchvision's
-words, and torchvision's ``decode_png``, which ends the process on a libpng error in the image data, never meets
-one."""
+"""The sidecar's PNG rules, for decoders in the trainer's process. ``png_check``: its structure rules
+(``ImageHeader.png`` in flight-server): a header of 33 bytes or more, a first chunk that is a 13-byte IHDR declaring a
+size (1 to 2^31 - 1 pixels each way) and a color type PNG defines (0, 2, 3, 4 or 6), chunks that lead to the image
+data (IDAT), and an IEND chunk after it. ``png_data_check``: what the sidecar's decoder (OpenCV's libpng) refuses once
+they pass, read from the bytes. ``decode(device="mixed")`` (``MixedDecode._check``) applies both before its host
+decoder sees the bytes, so a damaged PNG is refused with the sidecar's reason, not decoded (torchvision decodes a PNG
+without IEND) or refused in torchvision's words; ``unstall.torch.decode_image`` applies both too. Either way
+torchvision's ``decode_png``, which ends the process on a libpng error in the image data, never meets one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["png_check", "png_data_check"]
+__all__ = ["PNG_SIGNATURE", "png_check", "png_data_check"]
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # a PNG file's first 8 bytes
 
 _HEADER = 33  # the signature (8 bytes) and the IHDR chunk (length, type, 13 bytes of data, CRC)
 _COLOR_TYPES = (0, 2, 3, 4, 6)  # gray, RGB, palette, gray + alpha, RGBA
