@@ -138,7 +138,7 @@ def test_one_restart_marker_too_many_cuts_an_interval_unless_the_end_follows_it(
 def test_the_rules_on_every_scan_give_the_golden_verdicts(fixtures_dir: Path) -> None:
     """protocol/fixtures/jpeg-scans-v1.json, which flight-server's ImageHeaderTest holds the sidecar to."""
     doc = json.loads((fixtures_dir / "jpeg-scans-v1.json").read_text())
-    assert len(doc["cases"]) == 15
+    assert len(doc["cases"]) == 16
     for case in doc["cases"]:
         check = jpeg_check(bytes.fromhex(case["hex"]))
         assert check == JpegCheck(case["reason"], case["standard_tables"], case["first_scan"]), case["name"]

@@ -302,14 +302,14 @@ class _Markers:
 
     def scan_end(self, start: int, intervals: int, multi_scan: bool) -> int | str:
         """Where the data of the scan from ``start`` ends (its next marker but the restart markers of its
-        ``intervals`` restart intervals; 0: no restart interval declared, none), which must be one that may follow a
-        scan: the end-of-image marker after a single scan, and after each scan of a multi-scan JPEG also a table,
-        restart interval, DNL, APPn or comment segment or the next scan (``_follows_scan``); where that marker's last
-        0xFF byte is, or why the scan is refused. libjpeg-turbo stops at any other marker, at the end of data short of
-        its restart intervals, or at one restart marker too many (it cuts an interval's data, unless the scan's data
-        ends right after it), and fills the rest of the image with gray; other decoders (nvJPEG) are not checked there.
-        The sidecar applies the same rule in its header check (``ImageHeader.scanEnd``), so both sides refuse such
-        bytes whatever the crop, cache form or decoder."""
+        ``intervals`` restart intervals; 0: no restart interval declared, none), which must come after some data and
+        be one that may follow a scan: the end-of-image marker after a single scan, and after each scan of a
+        multi-scan JPEG also a table, restart interval, DNL, APPn or comment segment or the next scan
+        (``_follows_scan``); where that marker's last 0xFF byte is, or why the scan is refused. libjpeg-turbo stops at
+        any other marker, at the end of data short of its restart intervals, or at one restart marker too many (it
+        cuts an interval's data, unless the scan's data ends right after it), and fills the rest of the image with
+        gray; other decoders (nvJPEG) are not checked there. The sidecar applies the same rule in its header check
+        (``ImageHeader.scanEnd``), so both sides refuse such bytes whatever the crop, cache form or decoder."""
         data, n = self.data, len(self.data)
         k = bisect_left(self.others, start)
         end = self.others[k] if k < len(self.others) else n
@@ -326,7 +326,7 @@ class _Markers:
                     f"(its {intervals} restart intervals need {intervals - 1} restart markers)"
         if end == n:
             return _no_end_marker(n)
-        if not _ends_scan(int(data[end + 1]), multi_scan):
+        if not _ends_scan(int(data[end + 1]), multi_scan) or end == start:  # a scan codes at least one symbol
             return f"corrupt JPEG: marker 0xFF{int(data[end + 1]):02X} at byte {end} cuts the scan data"
         if intervals and found < intervals - 1:
             return f"truncated JPEG: the scan data ends after {found + 1} of its {intervals} restart intervals"

@@ -451,16 +451,16 @@ public record ImageHeader(Format format, int width, int height, int components, 
 
   /**
    * Where the data of a scan (from {@code from}) ends: its first marker but a stuffed 0xFF, fill and the restart
-   * markers of its {@code intervals} restart intervals (0: no restart interval declared, none), which must be one
-   * that may follow a scan: the end-of-image marker after a single scan, and after each scan of a multi-scan JPEG
-   * also a table, restart interval, DNL, APPn or comment segment or the next scan ({@link #followsScan}). Returns
-   * where that marker's last 0xFF byte is. libjpeg-turbo stops at any other marker, at the end of data short of its
-   * restart intervals, or at one restart marker too many (it cuts an interval's data, unless the scan's data ends
-   * right after it), and fills the rest of the image with gray: the native decoder refuses that only when the rows
-   * it decodes reach it (every row of a multi-scan JPEG, whose scans it reads first), so the answer would depend on
-   * the crop and on whether the image is kept in a cache form (every row decoded). The rule decides it from the
-   * bytes, whatever the crop, and python-shim's jpeg_rules applies it (the same words) to the device's share of a
-   * batch.
+   * markers of its {@code intervals} restart intervals (0: no restart interval declared, none), which must come after
+   * some data (every scan codes at least one Huffman symbol) and be one that may follow a scan: the end-of-image
+   * marker after a single scan, and after each scan of a multi-scan JPEG also a table, restart interval, DNL, APPn or
+   * comment segment or the next scan ({@link #followsScan}). Returns where that marker's last 0xFF byte is.
+   * libjpeg-turbo stops at any other marker, at the end of data short of its restart intervals, or at one restart
+   * marker too many (it cuts an interval's data, unless the scan's data ends right after it), and fills the rest of
+   * the image with gray: the native decoder refuses that only when the rows it decodes reach it (every row of a
+   * multi-scan JPEG, whose scans it reads first), so the answer would depend on the crop and on whether the image is
+   * kept in a cache form (every row decoded). The rule decides it from the bytes, whatever the crop, and python-shim's
+   * jpeg_rules applies it (the same words) to the device's share of a batch.
    */
   private static int scanEnd(Bytes in, int from, long intervals, boolean multiScan) throws BadImageException {
     int last = in.n - 1; // a marker's first byte
@@ -480,7 +480,7 @@ public record ImageHeader(Format format, int width, int height, int components, 
         restarts++;
         continue;
       }
-      if (rst || !endsScan(next, multiScan)) {
+      if (rst || !endsScan(next, multiScan) || at == from) { // a scan has data: at least one Huffman code
         throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(next) + " at byte " + at + " cuts the scan data"
             + (rst ? " (no restart interval is declared)" : ""));
       }
