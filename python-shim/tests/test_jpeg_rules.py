@@ -2,12 +2,15 @@
 tables): the copy it makes is the sidecar's (protocol/fixtures/mjpeg-frame-v1*.jpg, which flight-server's
 StandardHuffmanTablesTest holds the sidecar to), its tables are the ones libjpeg writes when it does not optimize,
 and PIL decodes the frame, its copy and the original JPEG to the same pixels; and its order of refusals and restart
-marker rule, as the sidecar's ImageHeader has them."""
+marker rule, as the sidecar's ImageHeader has them; and the rules on every scan of a multi-scan JPEG (the golden
+verdicts of protocol/fixtures/jpeg-scans-v1.json, the sidecar's too)."""
 
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -130,3 +133,46 @@ def test_one_restart_marker_too_many_cuts_an_interval_unless_the_end_follows_it(
         f"corrupt JPEG: marker 0xFFD1 at byte {at} cuts the scan data (its 4 restart intervals need 3 restart markers)"
     # libjpeg has read every interval before it: decoded
     assert jpeg_check(rst[:-2] + b"\xff\xd1" + rst[-2:]).problem is None
+
+
+def test_the_rules_on_every_scan_give_the_golden_verdicts(fixtures_dir: Path) -> None:
+    """protocol/fixtures/jpeg-scans-v1.json, which flight-server's ImageHeaderTest holds the sidecar to."""
+    doc = json.loads((fixtures_dir / "jpeg-scans-v1.json").read_text())
+    assert len(doc["cases"]) == 16
+    for case in doc["cases"]:
+        check = jpeg_check(bytes.fromhex(case["hex"]))
+        assert check == JpegCheck(case["reason"], case["standard_tables"], case["first_scan"]), case["name"]
+
+
+@pytest.mark.parametrize("options", [
+    {"progressive": True}, {"progressive": True, "optimize": True}, {"progressive": True, "subsampling": 0},
+    {"progressive": True, "subsampling": 1, "restart_marker_blocks": 3},
+    {"progressive": True, "optimize": True, "restart_marker_rows": 1}, {"progressive": True, "mode": "L"},
+    {"progressive": True, "mode": "L", "restart_marker_blocks": 1}, {"progressive": True, "mode": "CMYK"},
+])
+def test_pil_progressive_files_pass_every_scan(options: dict[str, Any]) -> None:
+    """libjpeg's progressive files: a DHT before most scans, one component in each AC scan, restart intervals
+    counted per scan (a scan of one component has one block an MCU); PIL decodes them."""
+    mode = options.pop("mode", "RGB")
+    px = np.random.default_rng(5).integers(0, 255, (37, 91, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(px).convert(mode).save(buf, "JPEG", quality=90, **options)
+    data = buf.getvalue()
+    assert data.count(b"\xff\xda") > 2 and jpeg_check(data) == JpegCheck(None)
+    assert _pixels(data).shape[:2] == (37, 91)
+
+
+def test_a_marker_in_a_later_scan_of_a_progressive_file_cuts_its_data() -> None:
+    """A marker that may not follow a scan; one that may (a DHT) is read as its segment, and its length and tables
+    (the scan data's bytes) refused as such."""
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+        buf, "JPEG", quality=90, progressive=True)
+    prog = buf.getvalue()
+    last = prog.rindex(b"\xff\xda")
+    at = last + 2 + int.from_bytes(prog[last + 2:last + 4], "big") + 3  # in the last scan's data
+    assert prog[at - 1] != 0xFF
+    assert jpeg_check(prog[:at] + b"\xff\xc0" + prog[at:]).problem == \
+        f"corrupt JPEG: marker 0xFFC0 at byte {at} cuts the scan data"
+    assert jpeg_check(prog[:at] + b"\xff\xc4" + prog[at:]).problem.startswith("truncated JPEG: the 0xFFC4 segment at "
+                                                                             f"byte {at} needs ")

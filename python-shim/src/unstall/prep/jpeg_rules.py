@@ -1,14 +1,17 @@
 """The sidecar's JPEG structure rules (``ImageHeader.jpeg`` in flight-server), for ``decode(device="mixed")``: the
-markers up to the first scan, each segment's length, one frame header with a size and 1, 3 or 4 components, the
-tables it and the first scan use defined and well formed (libjpeg's header errors, in libjpeg's words), an
-end-of-image marker after the scan data, and no marker cutting a single scan's data. ``MixedDecode._check`` applies
-them before any decoder sees the bytes, so a truncated or malformed JPEG is refused with the sidecar's reason
-whichever decoder (nvJPEG, libjpeg-turbo) would have decoded it: some decode a truncated file's top rows without
-complaint. A Motion-JPEG frame (its first scan uses Huffman tables 0 or 1 that no DHT segment defines) is decoded
-from a copy with the standard tables inserted, as the sidecar decodes it (``StandardHuffmanTables``)."""
+markers up to the end-of-image marker, each segment's length, one frame header with a size and 1, 3 or 4 components,
+the tables it and each scan use defined (by the segments before that scan) and well formed (libjpeg's header errors,
+in libjpeg's words), an end-of-image marker after the scan data, no marker cutting a scan's data, and between the
+scans of a multi-scan (progressive) JPEG only the markers libjpeg reads there. ``MixedDecode._check`` applies them
+before any decoder sees the bytes, so a truncated or malformed JPEG is refused with the sidecar's reason whichever
+decoder (nvJPEG, libjpeg-turbo) would have decoded it: some decode a truncated file's top rows without complaint, or
+a later scan with a table its file never defines. A sequential Motion-JPEG frame (a scan uses Huffman tables 0 or 1
+that no DHT segment defines) is decoded from a copy with the standard tables inserted before its first scan, as the
+sidecar decodes it (``StandardHuffmanTables``)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -96,24 +99,71 @@ def jpeg_check(data: Any) -> JpegCheck:
     return why if isinstance(why, JpegCheck) else JpegCheck(why)
 
 
+class _Frame(NamedTuple):
+    """A JPEG's frame header (SOF): its coding process (the SOF marker), size, and by component id its quantization
+    table and sampling factors."""
+
+    sof: int
+    width: int
+    height: int
+    declared: int  # components declared
+    components: dict[int, tuple[int, int, int]]  # id -> (quantization table, h, v)
+    h_max: int
+    v_max: int
+
+    def mcus(self, b: Any, start: int) -> int:
+        """The MCUs of the scan whose header's data starts at ``start`` (its component count, then their ids and
+        tables): a scan of one component has one block an MCU, a scan of several the frame's interleaved MCUs. A
+        lossless frame's blocks are samples."""
+        unit = 1 if self.sof & 0x03 == 0x03 else 8  # SOF3, SOF7, SOF11, SOF15: lossless
+        if b[start] > 1:
+            return -(-self.width // (unit * self.h_max)) * -(-self.height // (unit * self.v_max))
+        _, h, v = self.components[b[start + 1]]
+        return -(-self.width * h // (unit * self.h_max)) * -(-self.height * v // (unit * self.v_max))
+
+
+def _frame(b: Any, marker: int, start: int, end: int) -> _Frame | str:
+    """The frame header ``marker`` whose length starts at ``start`` (the segment ends at ``end``), or why it is
+    refused."""
+    length = end - start
+    if length < 8:
+        return f"corrupt JPEG: a frame header of {length} bytes"
+    height, width, count = b[start + 3] << 8 | b[start + 4], b[start + 5] << 8 | b[start + 6], b[start + 7]
+    if width == 0 or height == 0:
+        return f"unsupported JPEG: the frame header declares {width}x{height} pixels (a height of 0 defers it to a " \
+            "DNL marker, which the decoder does not support)"
+    if count not in (1, 3, 4):
+        return f"unsupported JPEG: {count} color components (1, 3 or 4 expected)"
+    at = [start + 8 + 3 * c for c in range(count) if start + 10 + 3 * c < end]  # a segment too short: its entries
+    components = {b[a]: (b[a + 2], b[a + 1] >> 4, b[a + 1] & 0x0F) for a in at}
+    return _Frame(marker, width, height, count, components, max([b[a + 1] >> 4 for a in at] + [1]),
+                  max([b[a + 1] & 0x0F for a in at] + [1]))
+
+
 def _jpeg(data: Any) -> Optional[str] | JpegCheck:
     """``jpeg_check``'s walk of the markers: why the JPEG is refused, None, or the standard tables it relies on."""
     b = memoryview(data).cast("B")
     n = len(b)
     i = 2
-    sof = -1
-    components: dict[int, int] = {}  # component id -> its quantization table
+    frame: Optional[_Frame] = None
     quant: set[int] = set()
     huff: set[tuple[int, int]] = set()  # (0: DC / 1: AC, index)
     interval = 0  # MCUs per restart interval (DRI); 0: none
-    mcus = 0
-    # libjpeg's first error (a malformed table or segment), reported once the walk reaches the scan: the sidecar's
-    # header check goes on to its own rules (a truncation after it is refused as such) and leaves it to libjpeg
+    # libjpeg's first error (a malformed table or segment) before the first scan, reported once the walk reaches it:
+    # the sidecar's header check goes on to its own rules (a truncation after it is refused as such) and leaves it to
+    # libjpeg
     libjpeg: Optional[str] = None
+    scans: Optional[_Markers] = None  # the markers from the first scan's data on, once the walk reaches it
+    first_scan = 0  # where the first scan's marker starts
+    multi_scan = False
+    empty = 0  # the Huffman slots 0 and 1 still empty at the first scan (bit t: DC table t, 4 + t: AC table t)
+    standard = False  # a scan relies on the standard tables of those slots
     while True:
         if i >= n:
+            if scans is not None:
+                return _no_end_marker(n)
             return f"truncated JPEG: the file ends at byte {n}, inside its header" + \
-                (" (no frame header yet)" if sof < 0 else " (no scan yet)")
+                (" (no frame header yet)" if frame is None else " (no scan yet)")
         if b[i] != 0xFF:
             return f"corrupt JPEG: byte {i} should start a marker (0xFF), it is 0x{b[i]:02X}"
         while i < n and b[i] == 0xFF:
@@ -124,9 +174,13 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
         i += 1
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:
             continue  # TEM, RSTn: no length
+        if scans is not None and marker == 0xD9:
+            return JpegCheck(None, empty, first_scan) if standard else None
+        if scans is not None and not _follows_scan(marker):
+            return f"corrupt JPEG: marker 0xFF{marker:02X} at byte {i - 2} between scans"
         if marker in (0xD8, 0xD9, 0x00):
             return f"corrupt JPEG: marker 0xFF{marker:02X} at byte {i - 2}" + \
-                (" before the frame header" if sof < 0 else " before the first scan")
+                (" before the frame header" if frame is None else " before the first scan")
         if i + 2 > n:
             return f"truncated JPEG: the file ends at byte {n}, inside the length of marker 0xFF{marker:02X}"
         length = b[i] << 8 | b[i + 1]
@@ -137,57 +191,66 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
             return f"truncated JPEG: the 0xFF{marker:02X} segment at byte {i - 2} needs {length} bytes, the file " \
                 f"ends at byte {n}"
         if _sof(marker):
-            if sof >= 0:
+            if frame is not None:
                 return f"corrupt JPEG: a second frame header (0xFF{marker:02X}) at byte {i - 2}"
-            if length < 8:
-                return f"corrupt JPEG: a frame header of {length} bytes"
-            sof = marker
-            height, width, count = b[i + 3] << 8 | b[i + 4], b[i + 5] << 8 | b[i + 6], b[i + 7]
-            if width == 0 or height == 0:
-                return f"unsupported JPEG: the frame header declares {width}x{height} pixels (a height of 0 defers " \
-                    "it to a DNL marker, which the decoder does not support)"
-            if count not in (1, 3, 4):
-                return f"unsupported JPEG: {count} color components (1, 3 or 4 expected)"
-            if length != 8 + 3 * count:
+            read = _frame(b, marker, i, end)
+            if isinstance(read, str):
+                return read
+            frame = read
+            if length != 8 + 3 * frame.declared:
                 libjpeg = libjpeg or "libjpeg: Bogus marker length"
-            inside = [c for c in range(count) if i + 10 + 3 * c < end]  # a segment too short: the entries it holds
-            components = {b[i + 8 + 3 * c]: b[i + 10 + 3 * c] for c in inside}
-            h_max = max([b[i + 9 + 3 * c] >> 4 for c in inside] + [1])
-            v_max = max([b[i + 9 + 3 * c] & 0x0F for c in inside] + [1])
-            # MCUs of the scan that holds every component (one block each when there is one component)
-            mcus = (-(-width // (8 * (h_max if count > 1 else 1)))) * (-(-height // (8 * (v_max if count > 1 else 1))))
         elif marker in (0xC4, 0xDB):
-            libjpeg = libjpeg or _tables(b, marker, i + 2, end, quant, huff)
+            why = _tables(b, marker, i + 2, end, quant, huff)
+            if why is not None and scans is not None:
+                return why  # libjpeg refuses it after the scans before it
+            libjpeg = libjpeg or why
         elif marker == 0xDA:
-            if sof < 0:
+            if frame is None:
                 return f"corrupt JPEG: a scan (0xFFDA) at byte {i - 2} before any frame header"
-            scan = _scan_tables(b, i + 2, end, sof, components, quant, huff) if libjpeg is None else 0
-            if isinstance(scan, str) and not scan.startswith("libjpeg: "):
-                return scan
-            libjpeg = libjpeg or (scan if isinstance(scan, str) else None)
-            # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
-            if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
-                return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
-            if libjpeg is not None or isinstance(scan, str):
+            name = "the first scan" if scans is None else f"the scan at byte {i - 2}"
+            tables = _scan_tables(b, i + 2, end, frame, quant, huff, name) if libjpeg is None else False
+            if isinstance(tables, str) and not tables.startswith("libjpeg: "):
+                return tables
+            libjpeg = libjpeg or (tables if isinstance(tables, str) else None)
+            if scans is None:
+                # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing
+                # padding.
+                if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
+                    return _no_end_marker(n)
+                if libjpeg is not None:
+                    return libjpeg
+                scans, first_scan = _Markers(b, end), i - 2
+                empty = sum(1 << (4 * kind + index) for kind in (0, 1) for index in (0, 1) if (kind, index) not in huff)
+                multi_scan = frame.sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < frame.declared
+            elif libjpeg is not None:
                 return libjpeg
-            multi_scan = sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < len(components)
-            why = None if multi_scan else _marker_in_scan(b, end, -(-mcus // interval) if interval else 0)
-            return JpegCheck(None, scan, i - 2) if why is None and scan else why
+            standard = standard or tables is True
+            mcus = frame.mcus(b, i + 2)
+            at = scans.scan_end(end, -(-mcus // interval) if interval else 0, multi_scan)
+            if isinstance(at, str):
+                return at
+            i = at
+            continue
         elif marker == 0xDD and length >= 4:
             interval = b[i + 2] << 8 | b[i + 3]
         i = end
 
 
-def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, int], quant: set[int],
-                 huff: set[tuple[int, int]]) -> str | int:
-    """The first scan's components (libjpeg's checks of the scan header), and the sidecar's rule on their tables:
-    each component's quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan
-    and the AC table of an AC or sequential scan, defined before the scan. A decoder that keeps its tables from one
-    image to the next would otherwise decode with the last image's, and decoders differ on a missing Huffman table.
-    But a Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a fresh decompressor's
-    empty slots 0 and 1 with the standard tables, so the answer is those slots (bit t: DC table t, 4 + t: AC table
-    t), whose standard tables both sides insert; 0 when the scan's tables are defined. A string: why it is
-    refused."""
+def _no_end_marker(n: int) -> str:
+    return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
+
+
+def _scan_tables(b: Any, start: int, end: int, frame: _Frame, quant: set[int], huff: set[tuple[int, int]],
+                 scan: str) -> str | bool:
+    """A scan's components (libjpeg's checks of the scan header), and the sidecar's rule on their tables: each
+    component's quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the
+    AC table of an AC or sequential scan, defined before the scan. A decoder that keeps its tables from one image to
+    the next would otherwise decode with the last image's, and decoders differ on a missing Huffman table. But a
+    sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a
+    fresh decompressor's slots 0 and 1 still empty at the first scan with the standard tables (its progressive and
+    lossless decoders fill none), so the answer is True when the scan relies on them, whose standard tables both
+    sides insert before the first scan; False when the scan's tables are defined. ``scan`` names the scan in the
+    refusals. A string: why it is refused."""
     count = b[start] if start < end else 0
     if end - start != 2 * count + 4 or not 1 <= count <= 4:
         return "libjpeg: Bogus marker length"
@@ -195,47 +258,76 @@ def _scan_tables(b: Any, start: int, end: int, sof: int, components: dict[int, i
     standard = False
     for c in range(count):
         cid, sel = b[start + 1 + 2 * c], b[start + 2 + 2 * c]
-        if cid not in components:
+        if cid not in frame.components:
             return f"libjpeg: Invalid component ID {cid} in SOS"
-        if components[cid] not in quant:
-            return f"corrupt JPEG: the first scan's component {cid} uses quantization table {components[cid]}, " \
-                "which no DQT segment before it defines"
+        q = frame.components[cid][0]
+        if q not in quant:
+            return f"corrupt JPEG: {scan}'s component {cid} uses quantization table {q}, which no DQT segment " \
+                "before it defines"
         needed = [("DC", 0, sel >> 4)] * (ss == 0 and ah == 0) + [("AC", 1, sel & 0x0F)] * (se > 0)
-        for name, kind, index in needed if sof < 0xC9 else ():
+        for name, kind, index in needed if frame.sof < 0xC9 else ():
             if (kind, index) in huff:
                 continue
-            if index > 1:
-                return f"unsupported JPEG: the first scan's component {cid} uses Huffman {name} table {index}, " \
-                    "which no DHT segment before it defines (only tables 0 and 1 have standard ones)"
+            if index > 1 or frame.sof > 0xC1:
+                which = "tables 0 and 1 have" if index > 1 else "a sequential frame's tables 0 and 1 have"
+                return f"unsupported JPEG: {scan}'s component {cid} uses Huffman {name} table {index}, which no DHT " \
+                    f"segment before it defines (only {which} standard ones)"
             standard = True
-    return sum(1 << (4 * kind + index) for kind in (0, 1) for index in (0, 1) if (kind, index) not in huff) \
-        if standard else 0
+    return standard
 
 
-def _marker_in_scan(b: Any, start: int, intervals: int) -> Optional[str]:
-    """A single-scan JPEG's scan data (from ``start`` up to its end-of-image marker) holds no marker but its
-    ``intervals`` - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo stops at any other
-    marker, at the end of data short of its restart intervals, or at one restart marker too many (it cuts an
-    interval's data, unless only the end-of-image marker follows it), and fills the rest of the image with gray; other
-    decoders (nvJPEG) are not checked there. The sidecar applies the same rule in its header check
-    (``ImageHeader.markerInScan``), so both sides refuse such bytes whatever the crop, cache form or decoder.
-    ``b``: the whole JPEG."""
-    data = np.frombuffer(b, dtype=np.uint8)
-    at = start + np.flatnonzero(data[start:-1] == 0xFF)
-    after = data[at + 1]
-    rst = (after & 0xF8) == 0xD0
-    bad = (after != 0x00) & (after != 0xFF) & (~rst if intervals else True)
-    k = int(np.argmax(bad))  # the caller found an end-of-image marker: some byte pair is bad
-    restarts = np.flatnonzero(rst[:k])
-    if intervals and len(restarts) >= intervals:  # one too many: it splits an interval, unless the end follows it
-        extra = int(at[restarts[intervals - 1]])
-        if bytes(data[extra + 2:extra + 4]) != b"\xff\xd9":
-            return f"corrupt JPEG: marker 0xFF{int(data[extra + 1]):02X} at byte {extra} cuts the scan data (its " \
-                f"{intervals} restart intervals need {intervals - 1} restart markers)"
-    if after[k] != 0xD9:
-        return f"corrupt JPEG: marker 0xFF{int(after[k]):02X} at byte {int(at[k])} cuts the scan data" + \
-            (" (no restart interval is declared)" if rst[k] else "")
-    found = int(rst[:k].sum())
-    if intervals and found < intervals - 1:
-        return f"truncated JPEG: the scan data ends after {found + 1} of its {intervals} restart intervals"
-    return None
+def _follows_scan(m: int) -> bool:
+    """The markers libjpeg reads between scans: DHT, DAC, SOS, EOI, DQT, DNL (which it skips: the frame header
+    declared the height), DRI, APPn and COM; not SOI, SOFn or the reserved ones, which it refuses there."""
+    return m in (0xC4, 0xCC, 0xFE) or 0xD9 <= m <= 0xDD or 0xE0 <= m <= 0xEF
+
+
+def _ends_scan(m: int, multi_scan: bool) -> bool:
+    """Whether marker ``m`` may end a scan's data: EOI, and between the scans of a multi-scan JPEG others too."""
+    return m == 0xD9 or multi_scan and _follows_scan(m)
+
+
+class _Markers:
+    """The markers of a JPEG from its first scan's data on (``b``: the whole JPEG), found at once (numpy): each 0xFF
+    byte followed by neither a stuffed 0x00 nor fill, by where it is, the restart markers apart."""
+
+    def __init__(self, b: Any, start: int) -> None:
+        self.data = np.frombuffer(b, dtype=np.uint8)
+        at = start + np.flatnonzero(self.data[start:-1] == 0xFF)
+        after = self.data[at + 1]
+        at, after = at[(after != 0x00) & (after != 0xFF)], after[(after != 0x00) & (after != 0xFF)]
+        rst = (after & 0xF8) == 0xD0
+        self.restarts: list[int] = at[rst].tolist()
+        self.others: list[int] = at[~rst].tolist()
+
+    def scan_end(self, start: int, intervals: int, multi_scan: bool) -> int | str:
+        """Where the data of the scan from ``start`` ends (its next marker but the restart markers of its
+        ``intervals`` restart intervals; 0: no restart interval declared, none), which must come after some data and
+        be one that may follow a scan: the end-of-image marker after a single scan, and after each scan of a
+        multi-scan JPEG also a table, restart interval, DNL, APPn or comment segment or the next scan
+        (``_follows_scan``); where that marker's last 0xFF byte is, or why the scan is refused. libjpeg-turbo stops at
+        any other marker, at the end of data short of its restart intervals, or at one restart marker too many (it
+        cuts an interval's data, unless the scan's data ends right after it), and fills the rest of the image with
+        gray; other decoders (nvJPEG) are not checked there. The sidecar applies the same rule in its header check
+        (``ImageHeader.scanEnd``), so both sides refuse such bytes whatever the crop, cache form or decoder."""
+        data, n = self.data, len(self.data)
+        k = bisect_left(self.others, start)
+        end = self.others[k] if k < len(self.others) else n
+        first, last = bisect_left(self.restarts, start), bisect_left(self.restarts, end)
+        found = last - first
+        if found and not intervals:
+            at = self.restarts[first]
+            return f"corrupt JPEG: marker 0xFF{int(data[at + 1]):02X} at byte {at} cuts the scan data (no restart " \
+                "interval is declared)"
+        if intervals and found >= intervals:  # one too many: it cuts an interval, unless the scan's data ends there
+            extra = self.restarts[first + intervals - 1]
+            if not (extra + 3 < n and data[extra + 2] == 0xFF and _ends_scan(int(data[extra + 3]), multi_scan)):
+                return f"corrupt JPEG: marker 0xFF{int(data[extra + 1]):02X} at byte {extra} cuts the scan data " \
+                    f"(its {intervals} restart intervals need {intervals - 1} restart markers)"
+        if end == n:
+            return _no_end_marker(n)
+        if not _ends_scan(int(data[end + 1]), multi_scan) or end == start:  # a scan codes at least one symbol
+            return f"corrupt JPEG: marker 0xFF{int(data[end + 1]):02X} at byte {end} cuts the scan data"
+        if intervals and found < intervals - 1:
+            return f"truncated JPEG: the scan data ends after {found + 1} of its {intervals} restart intervals"
+        return end

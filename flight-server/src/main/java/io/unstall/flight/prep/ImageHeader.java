@@ -12,14 +12,15 @@ import java.util.Locale;
  * components, read from the JPEG frame header (SOF), the PNG IHDR chunk or the WebP VP8/VP8L/VP8X header. The
  * sidecar checks these against the pipeline's formats and caps, and reserves the decode memory they imply, before
  * it hands the bytes to the native decoder. A header that is cut short, malformed, or followed by no end marker
- * (a truncated file, which libjpeg would otherwise decode with a gray bottom), or a single-scan JPEG whose scan data
- * a marker cuts, is a {@link BadImageException}.
+ * (a truncated file, which libjpeg would otherwise decode with a gray bottom), a JPEG whose scan data a marker cuts,
+ * or one of whose scans (each scan of a multi-scan JPEG, up to its end-of-image marker) uses a table that no segment
+ * before it defines, is a {@link BadImageException}.
  *
  * @param exif the file carries EXIF metadata, so the decoder may rotate the image (one more copy of it)
  * @param multiScan a progressive, lossless or non-interleaved JPEG: libjpeg keeps every coefficient of the image
- * @param standardTables a JPEG whose first scan uses a Huffman table 0 or 1 that no DHT segment before it defines
- *     (a Motion-JPEG frame): the slots still empty there, which libjpeg-turbo fills with the standard tables, bit t
- *     for DC table t and 4 + t for AC table t ({@link StandardHuffmanTables}); 0: none
+ * @param standardTables a sequential JPEG a scan of which uses a Huffman table 0 or 1 that no DHT segment before it
+ *     defines (a Motion-JPEG frame): the slots still empty at its first scan, which libjpeg-turbo fills with the
+ *     standard tables, bit t for DC table t and 4 + t for AC table t ({@link StandardHuffmanTables}); 0: none
  * @param firstScan where the first scan's marker (FF DA) starts, when {@code standardTables} is not 0
  */
 public record ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan,
@@ -165,22 +166,23 @@ public record ImageHeader(Format format, int width, int height, int components, 
 
   private static ImageHeader jpeg(Bytes in) throws BadImageException {
     int i = 2;
-    int width = -1;
-    int height = -1;
-    int components = 0;
-    int sof = -1;
+    Frame frame = null;
     boolean exif = false;
-    int[] quantOf = new int[256]; // by component id: its quantization table (-1: not in the frame)
-    Arrays.fill(quantOf, -1);
     int quant = 0; // bit t: quantization table t defined
     int huff = 0; // bit t: Huffman DC table t defined; bit 4 + t: AC table t
     boolean libjpegRefuses = false; // a malformed table or segment, which libjpeg refuses in its words
-    int mcus = 0; // of the scan that holds every component (one block each when there is one component)
     int interval = 0; // MCUs per restart interval (DRI); 0: none
+    int firstScan = -1; // where the first scan's marker starts; -1: no scan yet
+    boolean multiScan = false;
+    int empty = 0; // the Huffman slots 0 and 1 still empty at the first scan (bits as huff's)
+    boolean standard = false; // a scan relies on the standard tables of those slots
     while (true) {
       if (i >= in.n) {
+        if (firstScan >= 0) {
+          throw noEndMarker(in);
+        }
         throw new BadImageException("truncated JPEG: the file ends at byte " + in.n + ", inside its header"
-            + (sof < 0 ? " (no frame header yet)" : " (no scan yet)"));
+            + (frame == null ? " (no frame header yet)" : " (no scan yet)"));
       }
       if (in.u8(i) != 0xFF) {
         throw new BadImageException("corrupt JPEG: byte " + i + " should start a marker (0xFF), it is 0x"
@@ -196,9 +198,16 @@ public record ImageHeader(Format format, int width, int height, int components, 
       if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {
         continue; // TEM, RSTn: no length
       }
+      if (firstScan >= 0 && marker == 0xD9) {
+        break; // the end of the image
+      }
+      if (firstScan >= 0 && !followsScan(marker)) {
+        throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(marker) + " at byte " + (i - 2)
+            + " between scans");
+      }
       if (marker == 0xD8 || marker == 0xD9 || marker == 0x00) {
         throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(marker) + " at byte " + (i - 2)
-            + (sof < 0 ? " before the frame header" : " before the first scan"));
+            + (frame == null ? " before the frame header" : " before the first scan"));
       }
       if (i + 2 > in.n) {
         throw new BadImageException("truncated JPEG: the file ends at byte " + in.n + ", inside the length of"
@@ -215,37 +224,17 @@ public record ImageHeader(Format format, int width, int height, int components, 
             + " needs " + len + " bytes, the file ends at byte " + in.n);
       }
       if (isSof(marker)) {
-        if (sof >= 0) {
+        if (frame != null) {
           throw new BadImageException("corrupt JPEG: a second frame header (0xFF" + hex2(marker) + ") at byte "
               + (i - 2));
         }
-        if (len < 8) {
-          throw new BadImageException("corrupt JPEG: a frame header of " + len + " bytes");
-        }
-        sof = marker;
-        height = in.u16be(i + 3);
-        width = in.u16be(i + 5);
-        components = in.u8(i + 7);
-        if (width == 0 || height == 0) {
-          throw new BadImageException("unsupported JPEG: the frame header declares " + width + "x" + height
-              + " pixels (a height of 0 defers it to a DNL marker, which the decoder does not support)");
-        }
-        if (components != 1 && components != 3 && components != 4) {
-          throw new BadImageException("unsupported JPEG: " + components + " color components (1, 3 or 4 expected)");
-        }
-        libjpegRefuses |= len != 8 + 3 * components;
-        int hMax = 1;
-        int vMax = 1;
-        for (int c = 0; c < components && i + 10 + 3 * c < end; c++) {
-          quantOf[in.u8(i + 8 + 3 * c)] = in.u8(i + 10 + 3 * c);
-          hMax = Math.max(hMax, in.u8(i + 9 + 3 * c) >> 4);
-          vMax = Math.max(vMax, in.u8(i + 9 + 3 * c) & 0x0F);
-        }
-        int mcuW = 8 * (components > 1 ? hMax : 1);
-        int mcuH = 8 * (components > 1 ? vMax : 1);
-        mcus = ((width + mcuW - 1) / mcuW) * ((height + mcuH - 1) / mcuH);
+        frame = Frame.read(in, marker, i, end);
+        libjpegRefuses |= len != 8 + 3 * frame.components;
       } else if (marker == 0xDB || marker == 0xC4) {
         int t = marker == 0xDB ? quantTables(in, i + 2, end) : huffmanTables(in, i + 2, end);
+        if (t < 0 && firstScan >= 0) {
+          break; // libjpeg refuses it after the scans before it, in its words
+        }
         libjpegRefuses |= t < 0;
         quant |= marker == 0xDB && t > 0 ? t : 0;
         huff |= marker == 0xC4 && t > 0 ? t : 0;
@@ -254,25 +243,103 @@ public record ImageHeader(Format format, int width, int height, int components, 
       } else if (marker == 0xDD && len >= 4) {
         interval = in.u16be(i + 2);
       } else if (marker == 0xDA) {
-        if (sof < 0) {
+        if (frame == null) {
           throw new BadImageException("corrupt JPEG: a scan (0xFFDA) at byte " + (i - 2) + " before any frame header");
         }
-        int inScan = len >= 3 ? in.u8(i + 2) : 0;
-        boolean multiScan = sof != 0xC0 && sof != 0xC1 && sof != 0xC9 || inScan < components;
-        int standard = libjpegRefuses ? 0 : undefinedTable(in, i + 2, end, sof, quantOf, quant, huff);
-        libjpegRefuses |= standard < 0;
-        // The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
-        if (!in.hasFromEnd(end, 0xFF, 0xD9)) {
-          throw new BadImageException("truncated JPEG: no end-of-image marker (FF D9) after the scan data, "
-              + in.n + " bytes in all");
+        String scan = firstScan < 0 ? "the first scan" : "the scan at byte " + (i - 2);
+        int tables = libjpegRefuses ? 0 : scanTables(in, i + 2, end, frame, quant, huff, scan);
+        libjpegRefuses |= tables < 0;
+        if (firstScan < 0) {
+          firstScan = i - 2;
+          empty = ~huff & 0x33;
+          int inScan = len >= 3 ? in.u8(i + 2) : 0;
+          multiScan = frame.sof != 0xC0 && frame.sof != 0xC1 && frame.sof != 0xC9 || inScan < frame.components;
+          // The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing padding.
+          if (!in.hasFromEnd(end, 0xFF, 0xD9)) {
+            throw noEndMarker(in);
+          }
         }
-        if (!multiScan && !libjpegRefuses) {
-          markerInScan(in, end, interval > 0 ? (mcus + interval - 1) / interval : 0);
+        if (libjpegRefuses) {
+          break;
         }
-        return new ImageHeader(Format.JPEG, width, height, components, exif, multiScan, Math.max(standard, 0),
-            standard > 0 ? i - 2 : 0);
+        standard |= tables > 0;
+        long mcus = frame.mcus(in, i + 2);
+        i = scanEnd(in, end, interval > 0 ? (mcus + interval - 1) / interval : 0, multiScan);
+        continue;
       }
       i = end;
+    }
+    return new ImageHeader(Format.JPEG, frame.width, frame.height, frame.components, exif, multiScan,
+        standard ? empty : 0, standard ? firstScan : 0);
+  }
+
+  private static BadImageException noEndMarker(Bytes in) {
+    return new BadImageException("truncated JPEG: no end-of-image marker (FF D9) after the scan data, " + in.n
+        + " bytes in all");
+  }
+
+  /**
+   * A JPEG's frame header (SOF): its coding process (the SOF marker), size, and by component id its quantization
+   * table (-1: not in the frame) and sampling factors (h << 4 | v).
+   */
+  private static final class Frame {
+    final int sof;
+    final int width;
+    final int height;
+    final int components;
+    final int[] quantOf = new int[256];
+    final int[] samplingOf = new int[256];
+    int hMax = 1;
+    int vMax = 1;
+
+    private Frame(int sof, int width, int height, int components) {
+      this.sof = sof;
+      this.width = width;
+      this.height = height;
+      this.components = components;
+      Arrays.fill(quantOf, -1);
+    }
+
+    /** The frame header {@code marker} whose length starts at {@code i} (the segment ends at {@code end}). */
+    static Frame read(Bytes in, int marker, int i, int end) throws BadImageException {
+      int len = end - i;
+      if (len < 8) {
+        throw new BadImageException("corrupt JPEG: a frame header of " + len + " bytes");
+      }
+      Frame f = new Frame(marker, in.u16be(i + 5), in.u16be(i + 3), in.u8(i + 7));
+      if (f.width == 0 || f.height == 0) {
+        throw new BadImageException("unsupported JPEG: the frame header declares " + f.width + "x" + f.height
+            + " pixels (a height of 0 defers it to a DNL marker, which the decoder does not support)");
+      }
+      if (f.components != 1 && f.components != 3 && f.components != 4) {
+        throw new BadImageException("unsupported JPEG: " + f.components + " color components (1, 3 or 4 expected)");
+      }
+      for (int c = 0; c < f.components && i + 10 + 3 * c < end; c++) { // a segment too short: the entries it holds
+        int id = in.u8(i + 8 + 3 * c);
+        f.samplingOf[id] = in.u8(i + 9 + 3 * c);
+        f.quantOf[id] = in.u8(i + 10 + 3 * c);
+        f.hMax = Math.max(f.hMax, f.samplingOf[id] >> 4);
+        f.vMax = Math.max(f.vMax, f.samplingOf[id] & 0x0F);
+      }
+      return f;
+    }
+
+    /**
+     * The MCUs of the scan whose header's data starts at {@code from} (its component count, then their ids and
+     * tables): a scan of one component has one block an MCU, a scan of several the frame's interleaved MCUs. A
+     * lossless frame's blocks are samples.
+     */
+    long mcus(Bytes in, int from) {
+      int unit = (sof & 0x03) == 0x03 ? 1 : 8; // SOF3, SOF7, SOF11, SOF15: lossless
+      if (in.u8(from) > 1) {
+        return ceilDiv(width, unit * hMax) * ceilDiv(height, unit * vMax);
+      }
+      int s = samplingOf[in.u8(from + 1)];
+      return ceilDiv((long) width * (s >> 4), unit * hMax) * ceilDiv((long) height * (s & 0x0F), unit * vMax);
+    }
+
+    private static long ceilDiv(long a, long b) {
+      return (a + b - 1) / b;
     }
   }
 
@@ -319,17 +386,18 @@ public record ImageHeader(Format format, int width, int height, int components, 
   }
 
   /**
-   * The first scan's components (the scan header from..end) must have their tables defined before it: the
-   * quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the AC table of
-   * an AC or sequential scan. The native decoder keeps its tables from one image to the next (libjpeg's abbreviated
-   * streams), so it would otherwise decode with the thread's last image's, and decoders differ on a missing Huffman
-   * table. But a Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a fresh
-   * decompressor's empty slots 0 and 1 with the standard tables, so the answer is those slots (bits as
-   * {@code huff}'s), whose standard tables the sidecar inserts ({@link StandardHuffmanTables}); 0 when the scan's
-   * tables are defined. python-shim's jpeg_rules applies the same rule. -1 when libjpeg refuses the scan header
-   * itself (in its words).
+   * A scan's components (its header from..end) must have their tables defined before it: the quantization table,
+   * and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the AC table of an AC or sequential
+   * scan. The native decoder keeps its tables from one image to the next (libjpeg's abbreviated streams), so it
+   * would otherwise decode with the thread's last image's, and decoders differ on a missing Huffman table. But a
+   * sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a
+   * fresh decompressor's slots 0 and 1 still empty at the first scan with the standard tables (jdhuff.c; its
+   * progressive and lossless decoders fill none), so the answer is 1 when the scan relies on them, whose standard
+   * tables the sidecar inserts before the first scan ({@link StandardHuffmanTables}); 0 when the scan's tables are
+   * defined. {@code scan} names the scan in the refusals. python-shim's jpeg_rules applies the same rule. -1 when
+   * libjpeg refuses the scan header itself (in its words).
    */
-  private static int undefinedTable(Bytes in, int from, int end, int sof, int[] quantOf, int quant, int huff)
+  private static int scanTables(Bytes in, int from, int end, Frame frame, int quant, int huff, String scan)
       throws BadImageException {
     int count = from < end ? in.u8(from) : 0;
     if (end - from != 2 * count + 4 || count < 1 || count > 4) {
@@ -342,66 +410,77 @@ public record ImageHeader(Format format, int width, int height, int components, 
     for (int c = 0; c < count; c++) {
       int id = in.u8(from + 1 + 2 * c);
       int sel = in.u8(from + 2 + 2 * c);
-      if (quantOf[id] < 0) {
+      int q = frame.quantOf[id];
+      if (q < 0) {
         return -1; // libjpeg: Invalid component ID in SOS
       }
-      if (quantOf[id] > 3 || (quant & 1 << quantOf[id]) == 0) {
-        throw new BadImageException("corrupt JPEG: the first scan's component " + id + " uses quantization table "
-            + quantOf[id] + ", which no DQT segment before it defines");
+      if (q > 3 || (quant & 1 << q) == 0) {
+        throw new BadImageException("corrupt JPEG: " + scan + "'s component " + id + " uses quantization table " + q
+            + ", which no DQT segment before it defines");
       }
-      if (sof >= 0xC9) {
+      if (frame.sof >= 0xC9) {
         continue; // arithmetic coding: no Huffman tables
       }
       if (ss == 0 && ah == 0) {
-        standard |= undefinedHuffman(id, "DC", sel >> 4, huff);
+        standard |= undefinedHuffman(scan, id, "DC", sel >> 4, huff, frame.sof);
       }
       if (se > 0) {
-        standard |= undefinedHuffman(id, "AC", sel & 0x0F, huff >> 4);
+        standard |= undefinedHuffman(scan, id, "AC", sel & 0x0F, huff >> 4, frame.sof);
       }
     }
-    return standard ? ~huff & 0x33 : 0;
+    return standard ? 1 : 0;
   }
 
   /**
-   * Whether component {@code id}'s Huffman {@code kind} table {@code index} is missing from {@code defined} (bit t:
-   * table t of that kind) and has a standard table; a missing table 2 or 3 has none and is refused.
+   * Whether {@code scan}'s component {@code id}'s Huffman {@code kind} table {@code index} is missing from
+   * {@code defined} (bit t: table t of that kind) and has a standard table; a missing table 2 or 3, or any missing
+   * table of a progressive or lossless frame, has none and is refused.
    */
-  private static boolean undefinedHuffman(int id, String kind, int index, int defined) throws BadImageException {
+  private static boolean undefinedHuffman(String scan, int id, String kind, int index, int defined, int sof)
+      throws BadImageException {
     if (index <= 3 && (defined & 1 << index) != 0) {
       return false;
     }
-    if (index > 1) {
-      throw new BadImageException("unsupported JPEG: the first scan's component " + id + " uses Huffman " + kind
-          + " table " + index + ", which no DHT segment before it defines (only tables 0 and 1 have standard ones)");
+    if (index > 1 || sof > 0xC1) {
+      throw new BadImageException("unsupported JPEG: " + scan + "'s component " + id + " uses Huffman " + kind
+          + " table " + index + ", which no DHT segment before it defines (only "
+          + (index > 1 ? "tables 0 and 1 have" : "a sequential frame's tables 0 and 1 have") + " standard ones)");
     }
     return true;
   }
 
   /**
-   * A single-scan JPEG's scan data (from {@code from} up to its end-of-image marker) must hold no marker but its
-   * {@code intervals} - 1 restart markers (0: no restart interval declared, none). libjpeg-turbo stops at any other
-   * marker, at the end of data short of its restart intervals, or at one restart marker too many (it cuts an
-   * interval's data, unless only the end-of-image marker follows it), and fills the rest of the image with gray: the
-   * native decoder refuses that only when the rows it decodes reach it, so the answer would depend on the crop and
-   * on whether the image is kept in a cache form (every row decoded). The rule decides it from the bytes, whatever
-   * the crop, and python-shim's jpeg_rules applies it (the same words) to the device's share of a batch.
+   * Where the data of a scan (from {@code from}) ends: its first marker but a stuffed 0xFF, fill and the restart
+   * markers of its {@code intervals} restart intervals (0: no restart interval declared, none), which must come after
+   * some data (every scan codes at least one Huffman symbol) and be one that may follow a scan: the end-of-image
+   * marker after a single scan, and after each scan of a multi-scan JPEG also a table, restart interval, DNL, APPn or
+   * comment segment or the next scan ({@link #followsScan}). Returns where that marker's last 0xFF byte is.
+   * libjpeg-turbo stops at any other marker, at the end of data short of its restart intervals, or at one restart
+   * marker too many (it cuts an interval's data, unless the scan's data ends right after it), and fills the rest of
+   * the image with gray: the native decoder refuses that only when the rows it decodes reach it (every row of a
+   * multi-scan JPEG, whose scans it reads first), so the answer would depend on the crop and on whether the image is
+   * kept in a cache form (every row decoded). The rule decides it from the bytes, whatever the crop, and python-shim's
+   * jpeg_rules applies it (the same words) to the device's share of a batch.
    */
-  private static void markerInScan(Bytes in, int from, int intervals) throws BadImageException {
+  private static int scanEnd(Bytes in, int from, long intervals, boolean multiScan) throws BadImageException {
     int last = in.n - 1; // a marker's first byte
-    int restarts = 0;
+    long restarts = 0;
     for (int at = in.indexOfFf(from, last); at < last; at = in.indexOfFf(at + 1, last)) {
       int next = in.u8(at + 1);
-      boolean rst = (next & 0xF8) == 0xD0;
-      if (rst && intervals > 0 && restarts == intervals - 1 && !in.at(at + 2, 0xFF, 0xD9)) {
-        // one restart marker too many cuts an interval's data short, unless only the end-of-image marker follows
-        throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(next) + " at byte " + at + " cuts the scan data"
-            + " (its " + intervals + " restart intervals need " + (intervals - 1) + " restart markers)");
+      if (next == 0x00 || next == 0xFF) {
+        continue; // a stuffed 0xFF, fill
       }
-      if (next == 0x00 || next == 0xFF || rst && intervals > 0) { // a stuffed 0xFF, fill, a restart marker
-        restarts += rst ? 1 : 0;
+      boolean rst = (next & 0xF8) == 0xD0;
+      if (rst && intervals > 0) {
+        if (restarts == intervals - 1 && !(in.at(at + 2, 0xFF) && at + 3 < in.n
+            && endsScan(in.u8(at + 3), multiScan))) {
+          throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(next) + " at byte " + at + " cuts the scan"
+              + " data (its " + intervals + " restart intervals need " + (intervals - 1) + " restart markers)");
+        }
+        restarts++;
         continue;
       }
-      if (next != 0xD9) {
+      if (rst || !endsScan(next, multiScan) || at == from) { // a scan has data: at least one Huffman code
         throw new BadImageException("corrupt JPEG: marker 0xFF" + hex2(next) + " at byte " + at + " cuts the scan data"
             + (rst ? " (no restart interval is declared)" : ""));
       }
@@ -409,8 +488,22 @@ public record ImageHeader(Format format, int width, int height, int components, 
         throw new BadImageException("truncated JPEG: the scan data ends after " + (restarts + 1) + " of its "
             + intervals + " restart intervals");
       }
-      return;
+      return at;
     }
+    throw noEndMarker(in);
+  }
+
+  /** Whether marker {@code m} may end a scan's data: EOI, and between the scans of a multi-scan JPEG others too. */
+  private static boolean endsScan(int m, boolean multiScan) {
+    return m == 0xD9 || multiScan && followsScan(m);
+  }
+
+  /**
+   * The markers libjpeg reads between scans: DHT, DAC, SOS, EOI, DQT, DNL (which it skips: the frame header declared
+   * the height), DRI, APPn and COM; not SOI, SOFn or the reserved ones, which it refuses there.
+   */
+  private static boolean followsScan(int m) {
+    return m == 0xC4 || m == 0xCC || m >= 0xD9 && m <= 0xDD || m >= 0xE0 && m <= 0xEF || m == 0xFE;
   }
 
   /** SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC). */

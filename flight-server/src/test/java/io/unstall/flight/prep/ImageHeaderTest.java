@@ -6,13 +6,17 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import io.unstall.flight.prep.ImageHeader.Format;
+import io.unstall.flight.protocol.ProtocolFixturesTest;
 import java.awt.Color;
 import java.awt.Graphics2D;
 import java.awt.image.BufferedImage;
 import java.io.ByteArrayOutputStream;
 import java.nio.ByteBuffer;
 import java.util.Arrays;
+import java.util.HexFormat;
 import java.util.Random;
 import javax.imageio.IIOImage;
 import javax.imageio.ImageIO;
@@ -351,11 +355,45 @@ class ImageHeaderTest {
   }
 
   @Test
-  void aProgressiveJpegIsNotHeldToTheSingleScanRule() throws Exception {
+  void everyScanOfAProgressiveJpegIsWalkedRestartIntervalsIncluded() throws Exception {
+    for (boolean gray : new boolean[] {false, true}) {
+      for (int interval : new int[] {0, 1, 5}) {
+        byte[] prog = jpeg(128, 96, gray, interval, true);
+        ImageHeader h = prep(PIPELINE).check(direct(prog));
+        assertTrue(h.multiScan(), "progressive");
+        assertEquals(96, h.height());
+        assertEquals(0, h.standardTables());
+      }
+    }
     byte[] prog = jpeg(128, 96, false, 0, true);
-    ImageHeader h = prep(PIPELINE).check(direct(prog));
-    assertTrue(h.multiScan(), "progressive");
-    assertEquals(96, h.height());
+    int third = StandardHuffmanTablesTest.segments(prog).stream()
+        .filter(i -> StandardHuffmanTablesTest.marker(prog, i) == 0xFFDA).skip(2).findFirst().orElseThrow();
+    int mid = third + 2 + ((prog[third + 2] & 0xFF) << 8 | prog[third + 3] & 0xFF) + 5; // in the third scan's data
+    assertNotEquals(0xFF, prog[mid - 1] & 0xFF, "not after an 0xFF");
+    assertEquals("corrupt JPEG: marker 0xFFC0 at byte " + mid + " cuts the scan data",
+        refusal(prep(PIPELINE), inserted(prog, mid, 0xFF, 0xC0)));
+    assertEquals("corrupt JPEG: marker 0xFFD5 at byte " + mid + " cuts the scan data (no restart interval is declared)",
+        refusal(prep(PIPELINE), inserted(prog, mid, 0xFF, 0xD5)));
+  }
+
+  /** The golden pair of the rules on every scan: python-shim's jpeg_rules gives the same verdicts on these bytes. */
+  @Test
+  void theRulesOnEveryScanGiveTheGoldenVerdicts() throws Exception {
+    JsonNode cases = new ObjectMapper().readTree(ProtocolFixturesTest.FIXTURES.resolve("jpeg-scans-v1.json").toFile())
+        .get("cases");
+    assertEquals(16, cases.size());
+    for (JsonNode c : cases) {
+      byte[] b = HexFormat.of().parseHex(c.get("hex").asText());
+      String name = c.get("name").asText();
+      if (c.get("reason").isNull() || c.get("reason").asText().startsWith("libjpeg: ")) {
+        ImageHeader h = ImageHeader.read(direct(b)); // a libjpeg reason: left to libjpeg, which refuses it so
+        assertEquals(c.get("standard_tables").asInt(), h.standardTables(), name);
+        assertEquals(c.get("first_scan").asInt(), h.firstScan(), name);
+      } else {
+        assertEquals(c.get("reason").asText(),
+            assertThrows(BadImageException.class, () -> ImageHeader.read(direct(b)), name).getMessage(), name);
+      }
+    }
   }
 
   @Test
