@@ -9,9 +9,10 @@
 # and writes each table (.md), its JSON and the log to OUT_DIR. GPU_NODE_PYTEST="PATH ..." runs those tests first
 # (their CUDA cases run there; at most GPU_NODE_PYTEST_TIMEOUT seconds, 900), the log to OUT_DIR/pytest.log.
 # GPU_NODE_SHARE="bench_decode_share.py options" runs that benchmark (--device cuda) before the models, and
-# GPU_NODE_MIXED="bench_mixed_backends.py options" that one (the device decode alone, e.g. --variants whole,hw0,hw100).
+# GPU_NODE_MIXED="bench_mixed_backends.py options" that one (the device decode alone, e.g. --variants whole,hw0,hw100),
+# GPU_NODE_HYBRID="bench_hybrid.py options" that one (one job: the sidecar alone, the device alone, the split).
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 bundle=$1 out=$2 models=${3:-resnet18,resnet50}
 shift $(( $# >= 3 ? 3 : 2 ))
 here=$(cd "$(dirname "$0")" && pwd)
@@ -54,6 +55,13 @@ if [ -n "${GPU_NODE_MIXED+x}" ]; then  # the device decode alone: its backends a
   stamp=$(date -u +%Y-%m-%dT%H%M)
   "$python" "$here/bench_mixed_backends.py" --device cuda --json "$out/mixed-$stamp.json" "${mixed_args[@]}" \
     2> >(tee "$out/mixed-$stamp.log" >&2) | tee "$out/mixed-$stamp.md" || true
+fi
+
+if [ -n "${GPU_NODE_HYBRID+x}" ]; then  # one job: the sidecar's cores, the device, and the split between them
+  read -r -a hybrid_args <<< "${GPU_NODE_HYBRID}"
+  stamp=$(date -u +%Y-%m-%dT%H%M)
+  "$python" "$here/bench_hybrid.py" --device cuda --json "$out/hybrid-$stamp.json" "${hybrid_args[@]}" \
+    2> >(tee "$out/hybrid-$stamp.log" >&2) | tee "$out/hybrid-$stamp.md" || true
 fi
 
 IFS=, read -r -a model_list <<< "$models"

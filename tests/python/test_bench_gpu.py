@@ -99,6 +99,28 @@ def test_decode_share_bench_toy_run_counts_one_decode_per_batch_when_shared(side
     assert f"device_share / without: **{doc['ratio']:.2f}x** images/s" in run.stdout
 
 
+@pytest.mark.slow
+def test_hybrid_bench_toy_run_reports_each_mode_and_the_split(sidecar_jar: Path, tmp_path: Path) -> None:
+    """benchmarks/bench_hybrid.py at toy size on the CPU, the sidecar and the job each on a core: each mode runs twice
+    in rotation, and the hybrid rows report the sidecar's share of each batch from the group's stats. No threshold on
+    the rates."""
+    out = tmp_path / "hybrid.json"
+    env = dict(os.environ, UNSTALL_SIDECAR_JAR=str(sidecar_jar), UNSTALL_HOME=str(tmp_path / "home"))
+    cpus = ["--sidecar-cpus", "1", "--trainer-cpus", "1"] if (os.cpu_count() or 1) >= 2 else []
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_hybrid.py"), "--toy", "--device", "cpu",
+                          *cpus, "--cache-dir", str(tmp_path / "data"), "--json", str(out)], capture_output=True,
+                         text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)  # a bound on a hang, not the speed
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["sidecar", "device", "hybrid"] and all(len(r["runs"]) == 2 for r in rows.values())
+    assert all(r["images_per_s"] > 0 for r in rows.values())
+    assert rows["sidecar"]["hybrid"] == rows["device"]["hybrid"] == [] and len(rows["hybrid"]["hybrid"]) == 2
+    for split in rows["hybrid"]["hybrid"]:
+        assert 0 <= split["cpu_rows"] <= split["batch_size"] == 8 and split["auto"] is True
+        assert split["samples_prepared"] + split["samples_encoded"] > 0
+    assert "hybrid / the faster of the two: **" in run.stdout
+
+
 @NEEDS_NVIMGCODEC
 def test_mixed_backends_bench_runs_its_variants_in_one_rotation(tmp_path: Path) -> None:
     """benchmarks/bench_mixed_backends.py at toy size on the CPU with ``--variants``: a row per decoder (the two

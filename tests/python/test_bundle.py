@@ -147,12 +147,13 @@ def test_gpu_node_runs_every_part_of_the_prepared_gpu_run_on_the_cpu(bundle: Pat
     """benchmarks/gpu_node.sh, the one script a GPU session runs with the bundle, end to end at toy size on the CPU:
     it installs the bundle's wheels into a private directory, starts the sidecar on the bundle's Java runtime, runs
     the tests it is given (GPU_NODE_PYTEST), bench_decode_share (GPU_NODE_SHARE), bench_mixed_backends
-    (GPU_NODE_MIXED) and bench_gpu, and writes every file it promises; no row fails (exit 0). No figure here is a GPU
+    (GPU_NODE_MIXED), bench_hybrid (GPU_NODE_HYBRID) and bench_gpu, and writes every file it promises; no row fails (exit 0). No figure here is a GPU
     figure: this guards the script, so that a GPU session's minutes go to measuring."""
     out = tmp_path / "out"
     env = clean_env(PYTHON=sys.executable, GPU_NODE_PYTEST="python-shim/tests/test_draws.py", GPU_NODE_PYTEST_TIMEOUT="300",
                     GPU_NODE_SHARE="--toy",
-                    GPU_NODE_MIXED="--images 8 --size 64x48 --batch 4 --batches 2 --crop 32 --repeats 2 --variants whole")
+                    GPU_NODE_MIXED="--images 8 --size 64x48 --batch 4 --batches 2 --crop 32 --repeats 2 --variants whole",
+                    GPU_NODE_HYBRID="--toy --device cpu")
     run = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(bundle), str(out), "resnet18", "--toy",
                           "--device", "cpu"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          stdin=subprocess.DEVNULL, timeout=1200)  # a bound on a hang, not on the speed
@@ -161,9 +162,10 @@ def test_gpu_node_runs_every_part_of_the_prepared_gpu_run_on_the_cpu(bundle: Pat
     shim = Path(started.split(" from ")[1].split(";")[0])
     assert "/_jre/" in started and shim.parent.parent.name == "site" and not shim.is_relative_to(REPO), started
     files = sorted(p.name for p in out.iterdir())
-    for prefix in ("gpu-resnet18-", "mixed-", "share-"):
+    for prefix in ("gpu-resnet18-", "mixed-", "share-", "hybrid-"):
         assert {f.rsplit(".", 1)[1] for f in files if f.startswith(prefix)} >= {"md", "log"}, (prefix, files)
     assert any(f.startswith("gpu-resnet18-") and f.endswith(".json") for f in files), files
+    assert len(json.loads(next(out.glob("hybrid-*.json")).read_text())["rows"]) == 3, files
     assert " passed" in (out / "pytest.log").read_text()
     rows = json.loads(next(out.glob("gpu-resnet18-*.json")).read_text())["rows"]
     assert len(rows) > 10 and all(r["error"] is None and r["images_per_s"] > 0 for r in rows), rows
