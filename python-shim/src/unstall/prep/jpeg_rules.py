@@ -63,12 +63,22 @@ def with_standard_tables(data: Any, check: JpegCheck) -> bytearray:
     return out
 
 
-def _sof(m: int) -> bool:
-    """SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC)."""
-    return 0xC0 <= m <= 0xCF and m not in (0xC4, 0xC8, 0xCC)
+# The markers by what the walk does with them, looked up once a segment.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC)
+_NO_LENGTH = frozenset((0x01, *range(0xD0, 0xD8)))  # TEM, RSTn: no length
+# The markers libjpeg reads between scans: DHT, DAC, SOS, EOI, DQT, DNL (which it skips: the frame header declared the
+# height), DRI, APPn and COM; not SOI, SOFn or the reserved ones, which it refuses there.
+_FOLLOWS_SCAN = frozenset((0xC4, 0xCC, 0xFE, *range(0xD9, 0xDE), *range(0xE0, 0xF0)))
+_EOI = frozenset((0xD9,))
+# What a 0xFF byte in scan data starts, by the byte after it: 0 no marker (a stuffed 0x00, or fill: the marker's
+# last 0xFF byte is a later one), 1 a restart marker, 2 another marker.
+_AFTER_FF = np.full(256, 2, dtype=np.uint8)
+_AFTER_FF[[0x00, 0xFF]] = 0
+_AFTER_FF[0xD0:0xD8] = 1
 
 
-def _tables(b: Any, marker: int, start: int, end: int, quant: set[int], huff: set[tuple[int, int]]) -> Optional[str]:
+def _tables(b: bytes, marker: int, start: int, end: int, quant: set[int], huff: set[tuple[int, int]]
+            ) -> Optional[str]:
     """Reads a DQT or DHT segment's tables (its data: ``start..end``) into ``quant`` / ``huff``: libjpeg's error for
     a malformed one (its words, as the sidecar's decoder reports them), else None."""
     at = start
@@ -84,7 +94,7 @@ def _tables(b: Any, marker: int, start: int, end: int, quant: set[int], huff: se
         index -= 0x10 * kind
         if index > 3:
             return f"libjpeg: Bogus DHT index {index}"
-        count = sum(b[at + 1:min(at + 17, end)])
+        count = sum(b[at + 1:at + 17])  # past ``end`` (a table cut short): refused all the same
         if count > 256 or at + 17 + count > end:
             return "libjpeg: Bogus Huffman table definition"
         at += 17 + count
@@ -111,7 +121,7 @@ class _Frame(NamedTuple):
     h_max: int
     v_max: int
 
-    def mcus(self, b: Any, start: int) -> int:
+    def mcus(self, b: bytes, start: int) -> int:
         """The MCUs of the scan whose header's data starts at ``start`` (its component count, then their ids and
         tables): a scan of one component has one block an MCU, a scan of several the frame's interleaved MCUs. A
         lossless frame's blocks are samples."""
@@ -122,7 +132,7 @@ class _Frame(NamedTuple):
         return -(-self.width * h // (unit * self.h_max)) * -(-self.height * v // (unit * self.v_max))
 
 
-def _frame(b: Any, marker: int, start: int, end: int) -> _Frame | str:
+def _frame(b: bytes, marker: int, start: int, end: int) -> _Frame | str:
     """The frame header ``marker`` whose length starts at ``start`` (the segment ends at ``end``), or why it is
     refused."""
     length = end - start
@@ -134,15 +144,23 @@ def _frame(b: Any, marker: int, start: int, end: int) -> _Frame | str:
             "DNL marker, which the decoder does not support)"
     if count not in (1, 3, 4):
         return f"unsupported JPEG: {count} color components (1, 3 or 4 expected)"
-    at = [start + 8 + 3 * c for c in range(count) if start + 10 + 3 * c < end]  # a segment too short: its entries
-    components = {b[a]: (b[a + 2], b[a + 1] >> 4, b[a + 1] & 0x0F) for a in at}
-    return _Frame(marker, width, height, count, components, max([b[a + 1] >> 4 for a in at] + [1]),
-                  max([b[a + 1] & 0x0F for a in at] + [1]))
+    components: dict[int, tuple[int, int, int]] = {}
+    h_max = v_max = 1
+    for at in range(start + 8, min(start + 8 + 3 * count, end - 2), 3):  # a segment too short: the entries in it
+        h, v = b[at + 1] >> 4, b[at + 1] & 0x0F
+        components[b[at]] = (b[at + 2], h, v)
+        h_max, v_max = max(h_max, h), max(v_max, v)
+    return _Frame(marker, width, height, count, components, h_max, v_max)
+
+
+def _bytes(data: Any) -> bytes:
+    """``data`` (bytes-like) as bytes, which the walk indexes and searches fastest: itself, or one copy."""
+    return data if type(data) is bytes else memoryview(data).cast("B").tobytes()
 
 
 def _jpeg(data: Any) -> Optional[str] | JpegCheck:
     """``jpeg_check``'s walk of the markers: why the JPEG is refused, None, or the standard tables it relies on."""
-    b = memoryview(data).cast("B")
+    b = _bytes(data)
     n = len(b)
     i = 2
     frame: Optional[_Frame] = None
@@ -155,7 +173,6 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
     libjpeg: Optional[str] = None
     scans: Optional[_Markers] = None  # the markers from the first scan's data on, once the walk reaches it
     first_scan = 0  # where the first scan's marker starts
-    multi_scan = False
     empty = 0  # the Huffman slots 0 and 1 still empty at the first scan (bit t: DC table t, 4 + t: AC table t)
     standard = False  # a scan relies on the standard tables of those slots
     while True:
@@ -166,19 +183,21 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
                 (" (no frame header yet)" if frame is None else " (no scan yet)")
         if b[i] != 0xFF:
             return f"corrupt JPEG: byte {i} should start a marker (0xFF), it is 0x{b[i]:02X}"
+        i += 1
         while i < n and b[i] == 0xFF:
             i += 1  # fill bytes
         if i >= n:
             continue  # truncated, reported above
         marker = b[i]
         i += 1
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
-            continue  # TEM, RSTn: no length
-        if scans is not None and marker == 0xD9:
-            return JpegCheck(None, empty, first_scan) if standard else None
-        if scans is not None and not _follows_scan(marker):
-            return f"corrupt JPEG: marker 0xFF{marker:02X} at byte {i - 2} between scans"
-        if marker in (0xD8, 0xD9, 0x00):
+        if marker in _NO_LENGTH:
+            continue
+        if scans is not None:
+            if marker == 0xD9:
+                return JpegCheck(None, empty, first_scan) if standard else None
+            if marker not in _FOLLOWS_SCAN:
+                return f"corrupt JPEG: marker 0xFF{marker:02X} at byte {i - 2} between scans"
+        elif marker in (0xD8, 0xD9, 0x00):
             return f"corrupt JPEG: marker 0xFF{marker:02X} at byte {i - 2}" + \
                 (" before the frame header" if frame is None else " before the first scan")
         if i + 2 > n:
@@ -190,7 +209,7 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
         if end > n:
             return f"truncated JPEG: the 0xFF{marker:02X} segment at byte {i - 2} needs {length} bytes, the file " \
                 f"ends at byte {n}"
-        if _sof(marker):
+        if marker in _SOF:
             if frame is not None:
                 return f"corrupt JPEG: a second frame header (0xFF{marker:02X}) at byte {i - 2}"
             read = _frame(b, marker, i, end)
@@ -207,26 +226,26 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
         elif marker == 0xDA:
             if frame is None:
                 return f"corrupt JPEG: a scan (0xFFDA) at byte {i - 2} before any frame header"
-            name = "the first scan" if scans is None else f"the scan at byte {i - 2}"
-            tables = _scan_tables(b, i + 2, end, frame, quant, huff, name) if libjpeg is None else False
-            if isinstance(tables, str) and not tables.startswith("libjpeg: "):
-                return tables
-            libjpeg = libjpeg or (tables if isinstance(tables, str) else None)
+            tables = _scan_tables(b, i + 2, end, frame, quant, huff, None if scans is None else i - 2) \
+                if libjpeg is None else False
+            if isinstance(tables, str):
+                if not tables.startswith("libjpeg: "):
+                    return tables
+                libjpeg = tables
             if scans is None:
                 # The entropy-coded data never holds FF D9: it is the end-of-image marker, last but for trailing
                 # padding.
-                if bytes(b[end:]).rfind(b"\xff\xd9") < 0:
+                if b.rfind(b"\xff\xd9", end) < 0:
                     return _no_end_marker(n)
                 if libjpeg is not None:
                     return libjpeg
-                scans, first_scan = _Markers(b, end), i - 2
-                empty = sum(1 << (4 * kind + index) for kind in (0, 1) for index in (0, 1) if (kind, index) not in huff)
                 multi_scan = frame.sof not in (0xC0, 0xC1, 0xC9) or b[i + 2] < frame.declared
+                scans, first_scan = _Markers(b, end, multi_scan), i - 2
+                empty = sum(1 << (4 * kind + index) for kind in (0, 1) for index in (0, 1) if (kind, index) not in huff)
             elif libjpeg is not None:
                 return libjpeg
             standard = standard or tables is True
-            mcus = frame.mcus(b, i + 2)
-            at = scans.scan_end(end, -(-mcus // interval) if interval else 0, multi_scan)
+            at = scans.scan_end(end, -(-frame.mcus(b, i + 2) // interval) if interval else 0)
             if isinstance(at, str):
                 return at
             i = at
@@ -240,8 +259,8 @@ def _no_end_marker(n: int) -> str:
     return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
 
 
-def _scan_tables(b: Any, start: int, end: int, frame: _Frame, quant: set[int], huff: set[tuple[int, int]],
-                 scan: str) -> str | bool:
+def _scan_tables(b: bytes, start: int, end: int, frame: _Frame, quant: set[int], huff: set[tuple[int, int]],
+                 scan: Optional[int]) -> str | bool:
     """A scan's components (libjpeg's checks of the scan header), and the sidecar's rule on their tables: each
     component's quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the
     AC table of an AC or sequential scan, defined before the scan. A decoder that keeps its tables from one image to
@@ -249,63 +268,63 @@ def _scan_tables(b: Any, start: int, end: int, frame: _Frame, quant: set[int], h
     sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a
     fresh decompressor's slots 0 and 1 still empty at the first scan with the standard tables (its progressive and
     lossless decoders fill none), so the answer is True when the scan relies on them, whose standard tables both
-    sides insert before the first scan; False when the scan's tables are defined. ``scan`` names the scan in the
-    refusals. A string: why it is refused."""
+    sides insert before the first scan; False when the scan's tables are defined. ``scan``: where the scan's marker
+    starts, None for the first scan, as the refusals name it. A string: why it is refused."""
     count = b[start] if start < end else 0
     if end - start != 2 * count + 4 or not 1 <= count <= 4:
         return "libjpeg: Bogus marker length"
     ss, se, ah = b[start + 1 + 2 * count], b[start + 2 + 2 * count], b[start + 3 + 2 * count] >> 4
+    # The Huffman tables of each component that the scan uses (0: its DC table, 1: its AC table); none when
+    # arithmetic coded
+    kinds = () if frame.sof >= 0xC9 else (0,) * (ss == 0 and ah == 0) + (1,) * (se > 0)
     standard = False
     for c in range(count):
         cid, sel = b[start + 1 + 2 * c], b[start + 2 + 2 * c]
-        if cid not in frame.components:
+        component = frame.components.get(cid)
+        if component is None:
             return f"libjpeg: Invalid component ID {cid} in SOS"
-        q = frame.components[cid][0]
-        if q not in quant:
-            return f"corrupt JPEG: {scan}'s component {cid} uses quantization table {q}, which no DQT segment " \
-                "before it defines"
-        needed = [("DC", 0, sel >> 4)] * (ss == 0 and ah == 0) + [("AC", 1, sel & 0x0F)] * (se > 0)
-        for name, kind, index in needed if frame.sof < 0xC9 else ():
+        if component[0] not in quant:
+            return f"corrupt JPEG: {_scan_name(scan)}'s component {cid} uses quantization table {component[0]}, " \
+                "which no DQT segment before it defines"
+        for kind in kinds:
+            index = sel & 0x0F if kind else sel >> 4
             if (kind, index) in huff:
                 continue
             if index > 1 or frame.sof > 0xC1:
                 which = "tables 0 and 1 have" if index > 1 else "a sequential frame's tables 0 and 1 have"
-                return f"unsupported JPEG: {scan}'s component {cid} uses Huffman {name} table {index}, which no DHT " \
-                    f"segment before it defines (only {which} standard ones)"
+                return f"unsupported JPEG: {_scan_name(scan)}'s component {cid} uses Huffman {'AC' if kind else 'DC'} " \
+                    f"table {index}, which no DHT segment before it defines (only {which} standard ones)"
             standard = True
     return standard
 
 
-def _follows_scan(m: int) -> bool:
-    """The markers libjpeg reads between scans: DHT, DAC, SOS, EOI, DQT, DNL (which it skips: the frame header
-    declared the height), DRI, APPn and COM; not SOI, SOFn or the reserved ones, which it refuses there."""
-    return m in (0xC4, 0xCC, 0xFE) or 0xD9 <= m <= 0xDD or 0xE0 <= m <= 0xEF
-
-
-def _ends_scan(m: int, multi_scan: bool) -> bool:
-    """Whether marker ``m`` may end a scan's data: EOI, and between the scans of a multi-scan JPEG others too."""
-    return m == 0xD9 or multi_scan and _follows_scan(m)
+def _scan_name(scan: Optional[int]) -> str:
+    """How a refusal names the scan whose marker starts at ``scan`` (None: the first scan)."""
+    return "the first scan" if scan is None else f"the scan at byte {scan}"
 
 
 class _Markers:
     """The markers of a JPEG from its first scan's data on (``b``: the whole JPEG), found at once (numpy): each 0xFF
-    byte followed by neither a stuffed 0x00 nor fill, by where it is, the restart markers apart."""
+    byte followed by neither a stuffed 0x00 nor fill, by where it is, the restart markers apart; and those that may
+    end a scan's data: the end-of-image marker, and between the scans of a multi-scan JPEG (``multi_scan``) the
+    others that may follow a scan too."""
 
-    def __init__(self, b: Any, start: int) -> None:
-        self.data = np.frombuffer(b, dtype=np.uint8)
-        at = start + np.flatnonzero(self.data[start:-1] == 0xFF)
-        after = self.data[at + 1]
-        at, after = at[(after != 0x00) & (after != 0xFF)], after[(after != 0x00) & (after != 0xFF)]
-        rst = (after & 0xF8) == 0xD0
-        self.restarts: list[int] = at[rst].tolist()
-        self.others: list[int] = at[~rst].tolist()
+    def __init__(self, b: bytes, start: int, multi_scan: bool) -> None:
+        self.data = b
+        self.ends = _FOLLOWS_SCAN if multi_scan else _EOI
+        data = np.frombuffer(b, dtype=np.uint8)
+        ff = (data[start:-1] == 0xFF).nonzero()[0]  # from ``start``
+        after = _AFTER_FF[data[start + 1:][ff]]
+        at = start + ff
+        self.restarts: list[int] = at[after == 1].tolist()
+        self.others: list[int] = at[after == 2].tolist()
 
-    def scan_end(self, start: int, intervals: int, multi_scan: bool) -> int | str:
+    def scan_end(self, start: int, intervals: int) -> int | str:
         """Where the data of the scan from ``start`` ends (its next marker but the restart markers of its
         ``intervals`` restart intervals; 0: no restart interval declared, none), which must come after some data and
         be one that may follow a scan: the end-of-image marker after a single scan, and after each scan of a
         multi-scan JPEG also a table, restart interval, DNL, APPn or comment segment or the next scan
-        (``_follows_scan``); where that marker's last 0xFF byte is, or why the scan is refused. libjpeg-turbo stops at
+        (``_FOLLOWS_SCAN``); where that marker's last 0xFF byte is, or why the scan is refused. libjpeg-turbo stops at
         any other marker, at the end of data short of its restart intervals, or at one restart marker too many (it
         cuts an interval's data, unless the scan's data ends right after it), and fills the rest of the image with
         gray; other decoders (nvJPEG) are not checked there. The sidecar applies the same rule in its header check
@@ -317,17 +336,17 @@ class _Markers:
         found = last - first
         if found and not intervals:
             at = self.restarts[first]
-            return f"corrupt JPEG: marker 0xFF{int(data[at + 1]):02X} at byte {at} cuts the scan data (no restart " \
+            return f"corrupt JPEG: marker 0xFF{data[at + 1]:02X} at byte {at} cuts the scan data (no restart " \
                 "interval is declared)"
         if intervals and found >= intervals:  # one too many: it cuts an interval, unless the scan's data ends there
             extra = self.restarts[first + intervals - 1]
-            if not (extra + 3 < n and data[extra + 2] == 0xFF and _ends_scan(int(data[extra + 3]), multi_scan)):
-                return f"corrupt JPEG: marker 0xFF{int(data[extra + 1]):02X} at byte {extra} cuts the scan data " \
+            if not (extra + 3 < n and data[extra + 2] == 0xFF and data[extra + 3] in self.ends):
+                return f"corrupt JPEG: marker 0xFF{data[extra + 1]:02X} at byte {extra} cuts the scan data " \
                     f"(its {intervals} restart intervals need {intervals - 1} restart markers)"
         if end == n:
             return _no_end_marker(n)
-        if not _ends_scan(int(data[end + 1]), multi_scan) or end == start:  # a scan codes at least one symbol
-            return f"corrupt JPEG: marker 0xFF{int(data[end + 1]):02X} at byte {end} cuts the scan data"
+        if data[end + 1] not in self.ends or end == start:  # a scan codes at least one symbol
+            return f"corrupt JPEG: marker 0xFF{data[end + 1]:02X} at byte {end} cuts the scan data"
         if intervals and found < intervals - 1:
             return f"truncated JPEG: the scan data ends after {found + 1} of its {intervals} restart intervals"
         return end

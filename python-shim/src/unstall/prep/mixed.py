@@ -32,6 +32,11 @@ _MAX_ASPECT_RATIO = 100.0
 _DEVICE_ONLY = ("device", "cpu_load", "backend", "roi", "hw_decoder_load")  # decode keys the sidecar never sees
 
 
+def _refused(sample_id: int, key: str, why: str) -> ValueError:
+    """The error of a sample the device path refuses before any decoder sees it, naming it."""
+    return ValueError(f"decode(device='mixed'): sample {sample_id} ({key}): {why}")
+
+
 def decode_device(spec: Any) -> str:
     """Where a pipeline (``Pipeline`` or its JSON) decodes: ``"cpu"`` (the sidecar) or ``"mixed"`` (the device)."""
     doc = spec.to_json() if hasattr(spec, "to_json") else spec
@@ -222,32 +227,32 @@ class MixedDecode:
         decodes too, whichever decoder runs."""
         op = self.ops[0]
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
-        kind, w, h = image_header(data.numpy())
-        where = f"decode(device='mixed'): sample {sample_id} ({key})"
+        view = data.numpy()
+        kind, w, h = image_header(view)
         if kind is None or kind not in formats:  # ImagePrep.check's words
-            what = describe_image(data.numpy())
+            what = describe_image(view)
             names = ", ".join(f for f in ("jpeg", "png", "webp") if f in formats)
-            raise ValueError(f"{where}: {not_an_image(data.numpy())}" if what is None else
-                             f"{where}: {what}, not one of the formats the pipeline decodes: {names} (decode \"formats\")")
-        check = jpeg_check(data.numpy()) if kind == "jpeg" else None
-        problem = check.problem if check is not None else png_check(data.numpy()) if kind == "png" else None
+            raise _refused(sample_id, key, not_an_image(view) if what is None else
+                           f"{what}, not one of the formats the pipeline decodes: {names} (decode \"formats\")")
+        check = jpeg_check(view) if kind == "jpeg" else None
+        problem = check.problem if check is not None else png_check(view) if kind == "png" else None
         if problem is not None:
-            raise ValueError(f"{where}: {problem}")
+            raise _refused(sample_id, key, problem)
         cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
         if w * h > cap:
-            raise ValueError(f"{where}: decompression bomb? the {kind} header declares {w}x{h} pixels ({w * h}), above "
-                             f"the cap of {cap} (--max-decode-pixels / decode max_pixels)")
+            raise _refused(sample_id, key, f"decompression bomb? the {kind} header declares {w}x{h} pixels ({w * h}), "
+                           f"above the cap of {cap} (--max-decode-pixels / decode max_pixels)")
         if min(w, h) > 0 and max(w, h) / min(w, h) > ratio:
-            raise ValueError(f"{where}: the {kind} header declares {w}x{h} pixels, an aspect ratio of "
-                             f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} "
-                             "(--max-decode-aspect-ratio / decode max_aspect_ratio)")
-        problem = png_data_check(data.numpy()) if kind == "png" else None
+            raise _refused(sample_id, key, f"the {kind} header declares {w}x{h} pixels, an aspect ratio of "
+                           f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} "
+                           "(--max-decode-aspect-ratio / decode max_aspect_ratio)")
+        problem = png_data_check(view) if kind == "png" else None
         if problem is not None:
-            raise ValueError(f"{where}: {problem}")
+            raise _refused(sample_id, key, problem)
         if check is not None and check.standard_tables:
             import torch
 
-            data = torch.frombuffer(with_standard_tables(data.numpy(), check), dtype=torch.uint8)
+            data = torch.frombuffer(with_standard_tables(view, check), dtype=torch.uint8)
         return kind, (h, w), data
 
     def _host_decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
