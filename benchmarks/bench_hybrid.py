@@ -57,11 +57,18 @@ def measure(mode: str, args: argparse.Namespace, sidecar: Any, dev: Any, seed: i
             next(batches)
         sync(dev)
         wall, cpu = time.perf_counter() - t0, self_cpu() - c0
-        split = loader.membership.group_stats().get("hybrid") if mode == "hybrid" else None
+        stats = loader.membership.group_stats()
+        split = dict(stats["hybrid"], why=_last_split(stats)) if mode == "hybrid" else None
     finally:
         batches.close()  # type: ignore[attr-defined]
         loader.close()
     return {"images_per_s": args.batches * args.batch / wall, "wall_s": wall, "job_cpu_s": cpu, "hybrid": split}
+
+
+def _last_split(stats: dict[str, Any]) -> str:
+    """The autotuner's last decision on the split (its rates and target), from a group's stats; "" if none."""
+    decisions = [d for d in stats.get("autotune", {}).get("decisions", []) if d.get("what") == "cpu_rows"]
+    return f"{decisions[-1]['from']} -> {decisions[-1]['to']}: {decisions[-1]['why']}" if decisions else ""
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -127,7 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         lines.append(f"| {r['row']} | {r['images_per_s']:,.0f} | {', '.join(f'{v:,.0f}' for v in r['runs'])} | "
                      f"{r['job_cpu_ms_per_image']:.2f} | {share} |")
     lines += ["", f"hybrid / the faster of the two: **{rate['hybrid'] / best:.2f}x**; hybrid / their sum: "
-              f"{rate['hybrid'] / both:.2f}"]
+              f"{rate['hybrid'] / both:.2f}", "", "The sidecar's last decision on the split in each hybrid run:", "",
+              *(f"- {h['why'] or 'none'}" for h in rows[2]["hybrid"])]
     print("\n".join(lines), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps({"header": head, "rows": rows}, indent=1) + "\n")
