@@ -147,8 +147,9 @@ def test_gpu_node_runs_every_part_of_the_prepared_gpu_run_on_the_cpu(bundle: Pat
     """benchmarks/gpu_node.sh, the one script a GPU session runs with the bundle, end to end at toy size on the CPU:
     it installs the bundle's wheels into a private directory, starts the sidecar on the bundle's Java runtime, runs
     the tests it is given (GPU_NODE_PYTEST), bench_decode_share (GPU_NODE_SHARE), bench_mixed_backends
-    (GPU_NODE_MIXED), bench_hybrid (GPU_NODE_HYBRID) and bench_gpu, and writes every file it promises; no row fails (exit 0). No figure here is a GPU
-    figure: this guards the script, so that a GPU session's minutes go to measuring."""
+    (GPU_NODE_MIXED), bench_hybrid (GPU_NODE_HYBRID) and bench_gpu, and writes every file it promises; no row fails
+    (exit 0). No figure here is a GPU figure: this guards the script, so that a GPU session's minutes go to
+    measuring."""
     out = tmp_path / "out"
     env = clean_env(PYTHON=sys.executable, GPU_NODE_PYTEST="python-shim/tests/test_draws.py", GPU_NODE_PYTEST_TIMEOUT="300",
                     GPU_NODE_SHARE="--toy",

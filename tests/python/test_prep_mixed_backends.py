@@ -473,3 +473,32 @@ def test_import_unstall_imports_neither_nvimgcodec_nor_torch() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(REPO / "python-shim" / "src"), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0 and run.stdout.strip() == "[]", (run.stdout, run.stderr)
+
+
+def test_the_hybrids_timing_covers_only_the_encoded_samples_work(jpegs: list[Path]) -> None:
+    """``MixedDecode(..., timing=)``, what a hybrid member times for the sidecar's split: called once per batch with
+    the count of encoded samples, around their decode, resampling and flips only, so that the per-batch work (the
+    output, the prepared samples' copy, the normalization) is not counted to them and the device's seconds per sample
+    do not grow as its share shrinks; the batch is the same as untimed. A batch the sidecar prepared whole is not
+    timed."""
+    import torch
+
+    mixed = _mixed("torchvision")
+    paths = jpegs[:6]
+    payloads, ids = _payloads(paths), list(range(len(paths)))
+    untimed = mixed(payloads, ids, 0, 3)
+    prepared = [k % 3 == 0 for k in range(len(paths))]  # the sidecar's rows: its uint8 HWC pixels, here the device's
+    rows = [untimed[k].contiguous().view(-1) if prepared[k] else payloads[k] for k in range(len(paths))]
+    calls: list[int] = []
+
+    def timing(n: int, work: Any) -> Any:
+        calls.append(n)
+        out, boxes = work()
+        assert len(boxes) == n and out.shape[0] == len(paths), "the work is the encoded samples' only"
+        return out, boxes
+
+    timed = mixed(rows, ids, 0, 3, None, prepared, timing)
+    assert calls == [len(paths) - sum(prepared)] and torch.equal(timed, untimed)
+    calls.clear()
+    assert torch.equal(mixed([untimed[k].contiguous().view(-1) for k in range(len(paths))], ids, 0, 3, None,
+                             [True] * len(paths), timing), untimed) and calls == []

@@ -258,18 +258,17 @@ class PrepLoader(GroupLoader):
 
         prepared = None if p.prepared is None else p.prepared.tolist()
         rates = self._rates
+        # hybrid: the device's time on the samples it decodes, for the sidecar's split
+        timing = None if rates is None else (lambda n, work: rates.timed(mixed.device, n, work))
 
         def decode() -> Any:
-            return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys, prepared)
-
-        def timed() -> Any:  # hybrid: the device's time on the samples it decodes, for the sidecar's split
-            return decode() if rates is None else rates.timed(mixed.device, len(ids) - sum(prepared or ()), decode)
+            return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys, prepared, timing)
 
         if not self._device_share:
-            images = timed()
+            images = decode()
         else:
             share, scope = self._share_for(mixed, seed)
-            images = share.batch(scope, batch.epoch, batch.position, ids, timed)
+            images = share.batch(scope, batch.epoch, batch.position, ids, decode)
         return (images, batch.labels, batch.ids) if self.with_ids else (images, batch.labels)
 
     def _share_for(self, mixed: MixedDecode, seed: int) -> Tuple[DecodeShare, bytes]:

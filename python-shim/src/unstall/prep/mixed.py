@@ -12,7 +12,7 @@ path's uint8 intermediate is, then flipped, normalized and cast on the device.""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,6 +30,8 @@ MIXED = "mixed"
 _MAX_PIXELS = 89_478_485
 _MAX_ASPECT_RATIO = 100.0
 _DEVICE_ONLY = ("device", "cpu_load", "backend", "roi", "hw_decoder_load")  # decode keys the sidecar never sees
+# timing(n, work): runs work(), the device's part of a batch that grows with its n encoded samples, and times it
+Timing = Callable[[int, Callable[[], Any]], Any]
 
 
 def _refused(sample_id: int, key: str, why: str) -> ValueError:
@@ -144,7 +146,13 @@ class MixedDecode:
         return [sample_box(self.ops, h, w, sample_rng(seed, epoch, int(i))) for (h, w), i in zip(sizes, ids)]
 
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], epoch: int, seed: int,
-                 keys: Optional[Sequence[str]] = None, prepared: Optional[Sequence[bool]] = None) -> Any:
+                 keys: Optional[Sequence[str]] = None, prepared: Optional[Sequence[bool]] = None,
+                 timing: Optional[Timing] = None) -> Any:
+        """The batch on the device: its encoded samples decoded, cropped, resized and flipped here, the samples the
+        sidecar ``prepared`` (uint8 HWC) copied in, then all normalized. ``timing(n, work)`` runs ``work``, the part
+        that grows with the ``n`` encoded samples (checks, decode, resampling, flips), and times it for the hybrid's
+        split (``MemberRates.timed``): what the batch costs whatever its split (the output, the copies, the
+        normalization) is not counted to the device's samples."""
         import torch
 
         data = list(payloads)
@@ -157,19 +165,25 @@ class MixedDecode:
             # blocks the caching allocator hands out as soon as they are freed on that stream
             # (pytorch/vision#9606, meta-pytorch/torchcodec#1634): that work is done first.
             torch.cuda.current_stream(self.device).synchronize()
-        groups, boxes = self._decode([data[k] for k in encoded], [ids[k] for k in encoded],
-                                     [names[k] for k in encoded], epoch, seed) if encoded else ([], [])
-        oh, ow = self.out_size(boxes)
-        out = torch.empty((n, 3, oh, ow), dtype=torch.float32, device=self.device)
+
+        def encoded_part() -> Tuple[Any, List[Box]]:
+            groups, boxes = self._decode([data[k] for k in encoded], [ids[k] for k in encoded],
+                                         [names[k] for k in encoded], epoch, seed) if encoded else ([], [])
+            oh, ow = self.out_size(boxes)
+            out = torch.empty((n, 3, oh, ow), dtype=torch.float32, device=self.device)
+            for stack, rois, members in groups:
+                out[[encoded[j] for j in members]] = self._resample(stack, rois, oh, ow)
+            flips = [encoded[j] for j, b in enumerate(boxes) if b.flip]
+            if flips:
+                idx = to_device(torch.tensor(flips), self.device)
+                out[idx] = out[idx].flip(-1)
+            return out, boxes
+
+        out, boxes = timing(len(encoded), encoded_part) if timing is not None and encoded else encoded_part()
         if on_cpu:
+            oh, ow = out.shape[2], out.shape[3]
             px = torch.stack([data[k] for k in on_cpu]).view(len(on_cpu), oh, ow, 3)
             out[on_cpu] = to_device(px, self.device).permute(0, 3, 1, 2).float()
-        for stack, rois, members in groups:
-            out[[encoded[j] for j in members]] = self._resample(stack, rois, oh, ow)
-        flips = [encoded[j] for j, b in enumerate(boxes) if b.flip]
-        if flips:
-            idx = to_device(torch.tensor(flips), self.device)
-            out[idx] = out[idx].flip(-1)
         if self.dtype == "uint8":
             result = out.to(torch.uint8)
         else:
