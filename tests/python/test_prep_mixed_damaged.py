@@ -121,43 +121,54 @@ KEYS = [f"c0/{k:02d}_{name}.jpg" for k, name in enumerate(CASES)]  # the dataset
 PIPELINE = prep.imagenet_train(48, dtype="uint8", layout="NHWC")
 
 
-@pytest.fixture(scope="module")
-def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
-    """A sidecar serving ``damaged``: every case of CASES, sample id k the k-th."""
-    tmp = tmp_path_factory.mktemp("prep-damaged")
+def serve_cases(tmp: Path, cases: dict[str, bytes], keys: list[str]) -> Iterator[PrepEnv]:
+    """A sidecar (one prep thread) serving the dataset ``damaged``: ``cases``' bytes under ``keys``, sample id k the
+    k-th."""
     for e in start_env(tmp, extra_args=("--prep-threads", "1")):
-        for key, data in zip(KEYS, CASES.values()):
+        for key, data in zip(keys, cases.values()):
             (tmp / "damaged" / key).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "damaged" / key).write_bytes(data)
         e.sidecar.register_dataset("damaged", tmp / "damaged")
         yield e
 
 
-@pytest.fixture(scope="module")
-def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str]]:
-    """The sidecar's CPU path over every case (``on_error="skip"``: one pass): its crop by sample id, and its reason
-    by the id of each sample it refused."""
+def sidecar_verdicts(env: PrepEnv, keys: list[str]) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+    """The sidecar's CPU path over every case of ``damaged`` (``on_error="skip"``: one pass): its crop by sample id,
+    and its reason by the id of each sample it refused."""
     pixels: dict[int, np.ndarray] = {}
-    with damaged.client() as client, prep.PrepLoader("damaged", PIPELINE, batch_size=1, seed=7, shuffle=False,
-                                                      epochs=1, client=client, with_ids=True,
-                                                      on_error="skip") as loader:
+    with env.client() as client, prep.PrepLoader("damaged", PIPELINE, batch_size=1, seed=7, shuffle=False, epochs=1,
+                                                 client=client, with_ids=True, on_error="skip") as loader:
         for images, _, ids in loader:
             pixels[int(ids[0])] = images[0].numpy()
         skipped = list(loader.skipped)
-    assert all(s["key"] == KEYS[s["id"]] for s in skipped), skipped
+    assert all(s["key"] == keys[s["id"]] for s in skipped), skipped
     return pixels, {int(s["id"]): str(s["reason"]) for s in skipped}
 
 
-def _device(backend: str, k: int, device: str = "cpu") -> Any:
-    """The device path's crop of case ``k`` (``MixedDecode`` on ``device``, the group's seed and epoch 0), or its
+def device_verdict(backend: str, data: bytes, k: int, key: str, device: str = "cpu") -> Any:
+    """The device path's crop of sample ``k`` (``MixedDecode`` on ``device``, the group's seed and epoch 0), or its
     error's message."""
     import torch
 
-    data = torch.frombuffer(bytearray(list(CASES.values())[k]), dtype=torch.uint8)
     try:
-        return _mixed(backend, device=device)([data], [k], 0, 7, [KEYS[k]]).cpu().numpy()[0]
+        return _mixed(backend, device=device)([torch.frombuffer(bytearray(data), dtype=torch.uint8)], [k], 0, 7,
+                                              [key]).cpu().numpy()[0]
     except ValueError as e:
         return str(e)
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
+    yield from serve_cases(tmp_path_factory.mktemp("prep-damaged"), CASES, KEYS)
+
+
+@pytest.fixture(scope="module")
+def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+    return sidecar_verdicts(damaged, KEYS)
+
+
+def _device(backend: str, k: int, device: str = "cpu") -> Any:
+    return device_verdict(backend, list(CASES.values())[k], k, KEYS[k], device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

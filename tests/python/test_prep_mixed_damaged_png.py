@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 
 from test_prep_mixed import BACKENDS, DEVICES, MAX_MEAN_DIFF, MAX_P99_DIFF
-from test_prep_mixed_backends import _mixed
-from test_prep_mixed_damaged import _picture
-from test_prep_support import PrepEnv, start_env
+from test_prep_mixed_damaged import _picture, device_verdict, serve_cases, sidecar_verdicts
+from test_prep_support import PrepEnv
 
 from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
 
@@ -143,48 +142,20 @@ def _cases() -> dict[str, bytes]:
 
 CASES = _cases()
 KEYS = [f"c0/{k:02d}_{name}.png" for k, name in enumerate(CASES)]  # the dataset's keys, by sample id
-PIPELINE = prep.imagenet_train(48, dtype="uint8", layout="NHWC")
 
 
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
-    """A sidecar serving ``damaged``: every case of CASES, sample id k the k-th."""
-    tmp = tmp_path_factory.mktemp("prep-damaged-png")
-    for e in start_env(tmp, extra_args=("--prep-threads", "1")):
-        for key, data in zip(KEYS, CASES.values()):
-            (tmp / "damaged" / key).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / "damaged" / key).write_bytes(data)
-        e.sidecar.register_dataset("damaged", tmp / "damaged")
-        yield e
+    yield from serve_cases(tmp_path_factory.mktemp("prep-damaged-png"), CASES, KEYS)
 
 
 @pytest.fixture(scope="module")
 def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str]]:
-    """The sidecar's CPU path over every case (``on_error="skip"``: one pass): its crop by sample id, and its reason
-    by the id of each sample it refused."""
-    pixels: dict[int, np.ndarray] = {}
-    with damaged.client() as client, prep.PrepLoader("damaged", PIPELINE, batch_size=1, seed=7, shuffle=False,
-                                                      epochs=1, client=client, with_ids=True,
-                                                      on_error="skip") as loader:
-        for images, _, ids in loader:
-            pixels[int(ids[0])] = images[0].numpy()
-        skipped = list(loader.skipped)
-    assert all(s["key"] == KEYS[s["id"]] for s in skipped), skipped
-    return pixels, {int(s["id"]): str(s["reason"]) for s in skipped}
+    return sidecar_verdicts(damaged, KEYS)
 
 
 def _device(backend: str, k: int, device: str = "cpu") -> Any:
-    """The device path's crop of case ``k`` (``MixedDecode`` on ``device``, the group's seed and epoch 0), or its
-    error's message."""
-    import torch
-
-    data = torch.frombuffer(bytearray(list(CASES.values())[k]), dtype=torch.uint8)
-    try:
-        return _mixed(backend, device=device)([data], [k], 0, 7, [KEYS[k]]).cpu().numpy()[0]
-    except ValueError as e:
-        return str(e)
-
-
+    return device_verdict(backend, list(CASES.values())[k], k, KEYS[k], device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
