@@ -58,7 +58,9 @@ def measure(mode: str, args: argparse.Namespace, sidecar: Any, dev: Any, seed: i
         sync(dev)
         wall, cpu = time.perf_counter() - t0, self_cpu() - c0
         stats = loader.membership.group_stats()
-        split = dict(stats["hybrid"], why=_last_split(stats)) if mode == "hybrid" else None
+        tuned = stats.get("autotune", {})
+        split = dict(stats["hybrid"], why=_last_split(stats), cpu_s_per_batch=tuned.get("cpu_seconds_per_batch"),
+                     threads=tuned.get("threads")) if mode == "hybrid" else None
     finally:
         batches.close()  # type: ignore[attr-defined]
         loader.close()
@@ -69,6 +71,16 @@ def _last_split(stats: dict[str, Any]) -> str:
     """The autotuner's last decision on the split (its rates and target), from a group's stats; "" if none."""
     decisions = [d for d in stats.get("autotune", {}).get("decisions", []) if d.get("what") == "cpu_rows"]
     return f"{decisions[-1]['from']} -> {decisions[-1]['to']}: {decisions[-1]['why']}" if decisions else ""
+
+
+def _sidecar_rates(h: dict[str, Any]) -> str:
+    """A hybrid run's view of the sidecar: the split model's ``a`` (its producers' wall seconds per sample), its CPU
+    per sample it prepared (``cpu_seconds_per_batch`` over the batch's ``cpu_rows``) and its decode threads: where
+    ``a`` is well below the CPU per sample over the threads, the model credits the sidecar with more than it
+    sustains."""
+    a, cpu, rows = h.get("sidecar_s_per_sample"), h.get("cpu_s_per_batch"), h.get("cpu_rows")
+    per_sample = f"{1e3 * cpu / rows:.2f}" if cpu and rows else "-"
+    return f"{1e3 * a:.2f} / {per_sample} / {h.get('threads')}" if a else f"- / {per_sample} / {h.get('threads')}"
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -127,12 +139,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        + (f"; {pins}" if pins else "")]
     lines = ["# the hybrid split, one job", "", *head, "",
              "| row | images/s | each run | the job's CPU ms per image | the sidecar's share of each batch (cpu_rows / "
-             "batch), samples it prepared / left encoded |", "|---|---|---|---|---|"]
+             "batch), samples it prepared / left encoded | the split's a, ms per sample / the sidecar's CPU ms per "
+             "sample it prepared / its decode threads |", "|---|---|---|---|---|---|"]
     for r in rows:
         share = "; ".join(f"{h['cpu_rows']} / {h['batch_size']}, {h['samples_prepared']:,} / "
                           f"{h['samples_encoded']:,}" for h in r["hybrid"]) or "-"
+        rates = "; ".join(_sidecar_rates(h) for h in r["hybrid"]) or "-"
         lines.append(f"| {r['row']} | {r['images_per_s']:,.0f} | {', '.join(f'{v:,.0f}' for v in r['runs'])} | "
-                     f"{r['job_cpu_ms_per_image']:.2f} | {share} |")
+                     f"{r['job_cpu_ms_per_image']:.2f} | {share} | {rates} |")
     lines += ["", f"hybrid / the faster of the two: **{rate['hybrid'] / best:.2f}x**; hybrid / their sum: "
               f"{rate['hybrid'] / both:.2f}", "", "The sidecar's last decision on the split in each hybrid run:", "",
               *(f"- {h['why'] or 'none'}" for h in rows[2]["hybrid"])]
