@@ -388,8 +388,9 @@ public record ImageHeader(Format format, int width, int height, int components, 
   /**
    * A scan's components (its header from..end) must have their tables defined before it: the quantization table,
    * and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the AC table of an AC or sequential
-   * scan. The native decoder keeps its tables from one image to the next (libjpeg's abbreviated streams), so it
-   * would otherwise decode with the thread's last image's, and decoders differ on a missing Huffman table. But a
+   * scan. A decoder that keeps its tables from one image to the next (libjpeg's abbreviated streams) would otherwise
+   * decode with the last image's (the native decoder makes a fresh decompressor per image; the device's decoders
+   * are not held to that), and decoders differ on a missing Huffman table. But a
    * sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a
    * fresh decompressor's slots 0 and 1 still empty at the first scan with the standard tables (jdhuff.c; its
    * progressive and lossless decoders fill none), so the answer is 1 when the scan relies on them, whose standard
