@@ -26,8 +26,8 @@ from typing import Any, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import (DATASET, REPO, dataset_dir, decode_counts, git_commit, gpu_name, parse_job_args,  # noqa: E402
-                       prep_loader, sync)
+from bench_gpu import (DATASET, REPO, add_photo_options, dataset_dir, decode_counts, git_commit, gpu_name,  # noqa: E402
+                       parse_job_args, prep_loader, sync)
 from bench_prep import await_go, run_jobs, summarize  # noqa: E402
 from _cpu import self_cpu  # noqa: E402
 from _report import header  # noqa: E402
@@ -68,11 +68,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, help="measured batches per job (full 60, toy 12)")
     ap.add_argument("--warmup", type=int, help="batches per job before GO (full 5, toy 2)")
     ap.add_argument("--crop", type=int, help="RandomResizedCrop's size (full 224, toy 64)")
-    ap.add_argument("--images", type=int, help="generated JPEGs (full 9600, toy 48)")
-    ap.add_argument("--size", help="generated JPEGs' WIDTHxHEIGHT (full 500x375, toy 64x48)")
-    ap.add_argument("--jpeg", default="q75", help="generated JPEGs, as bench_gpu.py's --jpeg")
-    ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu")
+    add_photo_options(ap, "full 9600, toy 48", "full 500x375, toy 64x48")
     ap.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each mode, in ABBA order (default 2)")
     ap.add_argument("--json", type=Path, help="also write the rows and the run's header as JSON")

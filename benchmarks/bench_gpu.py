@@ -492,15 +492,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, help="DataLoader workers of the single-job rows, split among the jobs "
                                                 "of the HP search (full: CPUs - 1, toy 2)")
     ap.add_argument("--jobs", type=int, help="k, the HP search's concurrent jobs (full 4, toy 2)")
-    ap.add_argument("--images", type=int, help="generated JPEGs (full 9600, toy 48)")
-    ap.add_argument("--size", help="generated JPEGs' WIDTHxHEIGHT (full 500x375, toy 64x48)")
-    ap.add_argument("--jpeg", choices=("q93", *VARIANTS), default="q75",
-                    help="generated JPEGs: q93 as bench_prep makes them (about 110 KB at 500x375), or re-encoded as "
-                         "benchmarks/jpeg_variants.py does (q75, the default: blurred, about 29 KB, photographs' bits "
-                         "per pixel; prog: progressive q85)")
-    ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu",
-                    help="where generated JPEGs are kept between runs")
+    add_photo_options(ap, "full 9600, toy 48", "full 500x375, toy 64x48")
     ap.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
@@ -546,6 +538,21 @@ def parse_job_args(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]], k
         if getattr(args, key) < 1:
             ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
     return args
+
+
+def add_photo_options(ap: argparse.ArgumentParser, images: str, size: str, images_default: Optional[int] = None,
+                      size_default: Optional[str] = None) -> None:
+    """The options ``dataset_dir`` reads (``--images``, ``--size``, ``--jpeg``, ``--data``, ``--cache-dir``), for
+    every benchmark that runs on this script's generated photos; ``images`` and ``size`` say their defaults."""
+    ap.add_argument("--images", type=int, default=images_default, help=f"generated JPEGs ({images})")
+    ap.add_argument("--size", default=size_default, help=f"generated JPEGs' WIDTHxHEIGHT ({size})")
+    ap.add_argument("--jpeg", choices=("q93", *VARIANTS), default="q75",
+                    help="generated JPEGs: q93 as bench_prep makes them (about 110 KB at 500x375), or re-encoded as "
+                         "benchmarks/jpeg_variants.py does (q75, the default: blurred, about 29 KB, photographs' bits "
+                         "per pixel; prog: progressive q85)")
+    ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
+    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu",
+                    help="where generated JPEGs are kept between runs")
 
 
 def dataset_dir(args: argparse.Namespace) -> Path:

@@ -31,8 +31,8 @@ from typing import Any, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import (DATASET, dataset_dir, git_commit, gpu_name, parse_job_args, pin_trainer,  # noqa: E402
-                       prep_loader, sidecar_java, sync)
+from bench_gpu import (DATASET, add_photo_options, dataset_dir, git_commit, gpu_name, parse_job_args,  # noqa: E402
+                       pin_trainer, prep_loader, sidecar_java, sync)
 from _cpu import self_cpu  # noqa: E402
 from _report import header  # noqa: E402
 
@@ -90,11 +90,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, help="measured batches per run (full 40, toy 6)")
     ap.add_argument("--warmup", type=int, help="batches per run before timing (full 8, toy 3): the split settles")
     ap.add_argument("--crop", type=int, help="RandomResizedCrop's size (full 224, toy 64)")
-    ap.add_argument("--images", type=int, help="generated JPEGs (full 1280, toy 48)")
-    ap.add_argument("--size", help="generated JPEGs' WIDTHxHEIGHT (full 500x375, toy 64x48)")
-    ap.add_argument("--jpeg", default="q75", help="generated JPEGs, as bench_gpu.py's --jpeg")
-    ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu")
+    add_photo_options(ap, "full 1280, toy 48", "full 500x375, toy 64x48")
     ap.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset)")
     ap.add_argument("--trainer-cpus", type=int, help="this process on the N cores after the sidecar's")

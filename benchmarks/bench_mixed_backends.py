@@ -32,7 +32,7 @@ from typing import Any, Callable, List, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import dataset_dir, git_commit, gpu_name, sync  # noqa: E402
+from bench_gpu import add_photo_options, dataset_dir, git_commit, gpu_name, sync  # noqa: E402
 from _report import header  # noqa: E402
 
 BACKENDS = ("torchvision", "nvimgcodec")
@@ -45,11 +45,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, default=8, help="batches per pass (default 8)")
     ap.add_argument("--crop", type=int, default=224, help="RandomResizedCrop's size (default 224)")
     ap.add_argument("--repeats", type=int, default=4, help="passes of each backend, in ABBA order (default 4)")
-    ap.add_argument("--images", type=int, default=512, help="generated JPEGs (default 512)")
-    ap.add_argument("--size", default="500x375", help="generated JPEGs' WIDTHxHEIGHT (default 500x375)")
-    ap.add_argument("--jpeg", default="q75", help="generated JPEGs, as bench_gpu.py's --jpeg (default q75)")
-    ap.add_argument("--data", type=Path, help="an image folder (class subfolders) instead of generated JPEGs")
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "unstall" / "bench-gpu")
+    add_photo_options(ap, "default 512", "default 500x375", 512, "500x375")
     ap.add_argument("--variants", default="", help="comma-separated nvImageCodec variants to add: whole (roi=False), "
                     "hwN (hw_decoder_load=N/100), e.g. whole,hw0,hw65,hw100")
     ap.add_argument("--json", type=Path, help="also write the rows and the run's header as JSON")
