@@ -74,10 +74,10 @@ def _last_split(stats: dict[str, Any]) -> str:
 
 
 def _sidecar_rates(h: dict[str, Any]) -> str:
-    """A hybrid run's view of the sidecar: the split model's ``a`` (its producers' wall seconds per sample), its CPU
-    per sample it prepared (``cpu_seconds_per_batch`` over the batch's ``cpu_rows``) and its decode threads: where
-    ``a`` is well below the CPU per sample over the threads, the model credits the sidecar with more than it
-    sustains."""
+    """A hybrid run's view of the sidecar: the split model's ``a`` (the time any of its producers was preparing, per
+    sample prepared), its CPU per sample it prepared (``cpu_seconds_per_batch`` over the batch's ``cpu_rows``) and
+    its decode threads: ``a`` well below the CPU per sample over the threads would credit the sidecar with more than
+    it sustains."""
     a, cpu, rows = h.get("sidecar_s_per_sample"), h.get("cpu_s_per_batch"), h.get("cpu_rows")
     per_sample = f"{1e3 * cpu / rows:.2f}" if cpu and rows else "-"
     return f"{1e3 * a:.2f} / {per_sample} / {h.get('threads')}" if a else f"- / {per_sample} / {h.get('threads')}"

@@ -24,7 +24,8 @@ import java.util.function.IntSupplier;
  *       {@link #GAIN}; gives one back when production outpaces consumption by {@link #SLACK} with nobody waiting.
  *       Never more than the pool's {@code --prep-threads}.
  *   <li>Split (a hybrid source with {@code cpu_load="auto"}): from the members' reports of their device's decode
- *       seconds per sample and their training step ({@link #report}) and the sidecar's own seconds per sample,
+ *       seconds per sample and their training step ({@link #report}) and the sidecar's own seconds per sample
+ *       (the time any of its producers was preparing, over the samples they prepared),
  *       toward {@link SplitModel}'s target, at most a quarter of a batch a period; without fresh reports, by who
  *       waited (fewer samples for the sidecar when members waited, more when its producers idle).
  * </ul>
@@ -69,7 +70,8 @@ final class Autotuner {
   private double cpuPerBatch;
   private double wallPerBatch;
   private long cpuSamplesAt;
-  private double sidecarPerSample; // a: the sidecar's wall seconds per sample it prepares, the last measured
+  private long busyAt;
+  private double sidecarPerSample; // a: the sidecar's seconds per sample it prepares, the last measured
   private final Map<Long, Report> reports = new HashMap<>(); // member -> its latest rates
   private double devicePerSample; // d, S and the target of the last period with fresh reports
   private double step;
@@ -150,8 +152,9 @@ final class Autotuner {
       wallPerBatch = (counts.prepNanos - wallAt) / 1e9 / prepared;
     }
     long cpuSamples = source.cpuSamples() - cpuSamplesAt;
-    if (cpuSamples > 0) { // the producers' batch time, spread over the samples they prepared
-      sidecarPerSample = (counts.prepNanos - wallAt) / 1e9 / cpuSamples / Production.PRODUCERS;
+    long busy = counts.busyNanos(now);
+    if (cpuSamples > 0) { // the time the producers were preparing (any of them), spread over the samples they prepared
+      sidecarPerSample = (busy - busyAt) / 1e9 / cpuSamples;
     }
     boolean active = prepared > 0 || served > 0 || stalls > 0;
     if (active) {
@@ -172,6 +175,7 @@ final class Autotuner {
     cpuAt = counts.prepCpuNanos.get();
     wallAt = counts.prepNanos;
     cpuSamplesAt = source.cpuSamples();
+    busyAt = busy;
     lastStalls = stalls;
     stalls = 0;
   }

@@ -16,6 +16,8 @@ final class PrepCounts {
   long samplesPrepared;
   long batchesServed;
   long prepNanos;
+  private long busyNanos; // time in which at least one producer was preparing a batch, up to busySince
+  private long busySince = -1; // when the producers' current busy span began; -1: none preparing
   final AtomicLong fetchNanos = new AtomicLong();
   final AtomicLong prepCpuNanos = new AtomicLong();
   private final TreeMap<Long, Long> perEpoch = new TreeMap<>();
@@ -33,6 +35,24 @@ final class PrepCounts {
     while (perEpoch.size() > statsEpochs) {
       perEpoch.pollFirstEntry();
     }
+  }
+
+  /**
+   * A producer started ({@code active} producers now preparing, itself included) or ended ({@code active} left) a
+   * batch at {@code now}: tracks the time in which at least one was preparing. Caller holds the lock.
+   */
+  void producers(int active, long now) {
+    if (active > 0 && busySince < 0) {
+      busySince = now;
+    } else if (active == 0 && busySince >= 0) {
+      busyNanos += now - busySince;
+      busySince = -1;
+    }
+  }
+
+  /** The time up to {@code now} in which at least one producer was preparing a batch. Caller holds the lock. */
+  long busyNanos(long now) {
+    return busyNanos + (busySince >= 0 ? now - busySince : 0);
   }
 
   void statsCounts(ObjectNode o) {

@@ -146,6 +146,7 @@ final class Production {
             lock.await(10); // sends release memory without telling us: look again soon
           }
           preparing++;
+          counts.producers(preparing, clock.getAsLong());
         }
         long t0 = clock.getAsLong();
         VectorSchemaRoot root = null;
@@ -162,6 +163,7 @@ final class Production {
         }
         synchronized (lock) {
           preparing--;
+          counts.producers(preparing, clock.getAsLong());
           if (failure != null) {
             LOG.warn("prep group {}: batch {} of epoch {} failed: {}", order.group, pos % order.numBatches,
                 pos / order.numBatches, failure.getMessage());

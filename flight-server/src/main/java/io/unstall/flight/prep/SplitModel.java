@@ -2,12 +2,14 @@ package io.unstall.flight.prep;
 
 /**
  * A hybrid batch's split between the sidecar's CPUs and the members' device, from measured rates: {@code b} samples
- * a batch, {@code a} the sidecar's wall seconds per sample it prepares (across its producer threads), {@code d} the
- * device's decode seconds per sample (the slowest member's) and {@code s} the training step (the fastest member's,
- * which must be fed). With {@code c} samples on the CPU, the device's share must stay hidden under the step,
- * {@code (b - c) d <= HEADROOM s}, and the CPU must keep up, {@code c a <= s}. When both hold for some {@code c} it
- * picks the most the CPU sustains ({@link #MARGIN} of the step), which frees the device for training; when none
- * does (input-bound) it picks {@code c = b d / (a + d)}, where both take as long and the slower of them is fastest.
+ * a batch, {@code a} the sidecar's seconds per sample it prepares (the time in which any of its producer threads was
+ * preparing a batch, over the samples they prepared: exact while they are kept busy, and no less than the truth when
+ * they idle, since a batch alone may leave decode threads free), {@code d} the device's decode seconds per sample
+ * (the slowest member's) and {@code s} the training step (the fastest member's, which must be fed). With {@code c}
+ * samples on the CPU, the device's share must stay hidden under the step, {@code (b - c) d <= HEADROOM s}, and the
+ * CPU must keep up, {@code c a <= s}. When both hold for some {@code c} it picks the most the CPU sustains
+ * ({@link #MARGIN} of the step), which frees the device for training; when none does (input-bound) it picks
+ * {@code c = b d / (a + d)}, where both take as long and the slower of them is fastest.
  */
 final class SplitModel {
   /** The share of a step the device's decode may take: it runs beside the training step on the same device. */

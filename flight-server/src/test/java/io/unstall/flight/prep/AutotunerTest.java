@@ -217,11 +217,52 @@ class AutotunerTest {
     }
   }
 
-  /** A period in which the sidecar prepared 4 batches of the split, at {@code a} wall seconds per sample. */
+  /**
+   * A period in which the sidecar prepared 4 batches of the split, at {@code a} seconds per sample: both producers
+   * busy together for that long.
+   */
   void splitPeriod(Autotuner t, SplitSource split, double a) {
     split.samples += 4L * split.rows;
-    counts.prepNanos += (long) (a * 1e9 * 4 * split.rows * Production.PRODUCERS);
+    long busy = (long) (a * 1e9 * 4 * split.rows);
+    counts.prepNanos += busy * Production.PRODUCERS;
+    counts.producers(1, now);
+    counts.producers(2, now);
+    counts.producers(1, now + busy);
+    counts.producers(0, now + busy);
     period(t, 4, 4, 0);
+  }
+
+  @Test
+  void theSidecarsSecondsPerSampleCountTheTimeAnyProducerWasPreparing() {
+    SplitSource split = new SplitSource();
+    split.rows = 64;
+    source = split;
+    Autotuner t = tuner(false, false, 4);
+    long ms = 1_000_000L;
+    // one producer at a time: 4 batches of 64 samples, 40 ms each, idle between them (nobody waited)
+    for (int i = 0; i < 4; i++) {
+      counts.producers(1, now + i * 100 * ms);
+      counts.producers(0, now + i * 100 * ms + 40 * ms);
+    }
+    counts.prepNanos += 4 * 40 * ms;
+    split.samples += 4 * 64;
+    period(t, 4, 4, 0);
+    assertEquals(160e-3 / 256, stats(t, "hybrid").get("sidecar_s_per_sample").asDouble(), 1e-12,
+        "160 ms busy for 256 samples, not half of it (the producers' summed wall over both)");
+    // both at once, overlapping by half: batches [0, 100] and [50, 150] ms; a third starts at 400 ms, still
+    // running at the tick (500 ms): its 100 ms so far count, its samples next period
+    counts.producers(1, now);
+    counts.producers(2, now + 50 * ms);
+    counts.producers(1, now + 100 * ms);
+    counts.producers(0, now + 150 * ms);
+    counts.producers(1, now + 400 * ms);
+    split.samples += 2 * 64;
+    period(t, 2, 2, 0);
+    assertEquals(250e-3 / 128, stats(t, "hybrid").get("sidecar_s_per_sample").asDouble(), 1e-12);
+    counts.producers(0, now + 20 * ms); // the third batch ends 20 ms into the next period
+    split.samples += 64;
+    period(t, 1, 1, 0);
+    assertEquals(20e-3 / 64, stats(t, "hybrid").get("sidecar_s_per_sample").asDouble(), 1e-12);
   }
 
   @Test
