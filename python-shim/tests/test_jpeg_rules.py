@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,12 @@ from PIL import Image
 from unstall.prep.jpeg_rules import JpegCheck, jpeg_check, with_standard_tables
 
 
-def _jpeg(mode: str) -> bytes:
-    """A PIL JPEG with the standard Huffman tables (``optimize=False``, PIL's default)."""
+def _jpeg(mode: str, progressive: bool = False) -> bytes:
+    """A PIL JPEG with the standard Huffman tables (``optimize=False``, PIL's default), or a progressive one (its first
+    scan the DC scan of every component, its third an AC scan)."""
     px = np.random.default_rng(5).integers(0, 255, (40, 56, 3), dtype=np.uint8)
     buf = io.BytesIO()
-    Image.fromarray(px).convert(mode).save(buf, "JPEG", quality=90, optimize=False)
+    Image.fromarray(px).convert(mode).save(buf, "JPEG", quality=90, optimize=False, progressive=progressive)
     return buf.getvalue()
 
 
@@ -122,6 +124,51 @@ def test_a_malformed_table_is_libjpegs_to_report_after_the_sidecars_own_rules() 
     assert jpeg_check(long_sof).problem == "libjpeg: Bogus marker length"
 
 
+def _scan_parameters(data: bytes, scan: int) -> int:
+    """Where the ``scan``-th scan header's Ss, Se and Ah << 4 | Al bytes are (scan data holds no FF DA)."""
+    at = [m.start() for m in re.finditer(b"\xff\xda", data)][scan]
+    return at + 5 + 2 * data[at + 4]
+
+
+@pytest.mark.parametrize("scan, params", [(0, (0, 3, 0x01)), (0, (0, 0, 0x0E)), (2, (1, 64, 0x00)),
+                                          (2, (6, 5, 0x02)), (2, (1, 63, 0x31))])
+def test_libjpegs_invalid_progressive_parameters_are_refused_in_its_words(scan: int, params: tuple[int, int, int]
+                                                                         ) -> None:
+    """A progressive scan's Ss, Se, Ah and Al as libjpeg checks them (a DC scan codes no AC coefficient, an AC scan
+    coefficients within the 64, a refinement one bit, Al at most 13): the sidecar's decoder refuses them in these
+    words (flight-server's NativeJpegTest) after its header rules pass the file."""
+    data = _jpeg("RGB", progressive=True)
+    at = _scan_parameters(data, scan)
+    assert (data[at] == 0) == (params[0] == 0), "the same kind of scan"
+    bad = data[:at] + bytes(params) + data[at + 3:]
+    ss, se, ahal = params
+    assert jpeg_check(bad).problem == \
+        f"libjpeg: Invalid progressive parameters Ss={ss} Se={se} Ah={ahal >> 4} Al={ahal & 0x0F}"
+
+
+def test_a_sequential_scans_odd_parameters_pass_and_its_ac_table_is_still_checked() -> None:
+    """libjpeg only warns on a sequential scan's Ss, Se, Ah and Al (some writers leave them 0) and decodes it with its
+    DC and AC tables whatever they say."""
+    data = _jpeg("L")
+    at = _scan_parameters(data, 0)
+    zeros = data[:at] + bytes(3) + data[at + 3:]
+    assert jpeg_check(zeros) == JpegCheck(None) and np.array_equal(_pixels(zeros), _pixels(data))
+    frame = _without_dht(zeros)
+    assert jpeg_check(frame) == JpegCheck(None, 0x33, _first_scan(frame)), "the standard AC table too"
+    ac2 = zeros[:at - 1] + b"\x02" + zeros[at:]  # component 1's selectors: DC table 0, AC table 2
+    assert jpeg_check(ac2).problem == "unsupported JPEG: the first scan's component 1 uses Huffman AC table 2, " \
+        "which no DHT segment before it defines (only tables 0 and 1 have standard ones)"
+
+
+@pytest.mark.parametrize("sof", [0xC3, 0xC5, 0xC6, 0xC7, 0xCB, 0xCD, 0xCE, 0xCF])
+def test_a_coding_process_libjpeg_does_not_decode_is_refused_in_its_words(sof: int) -> None:
+    """Lossless and differential frames: libjpeg-turbo 2.1 refuses them at the frame header, before any table."""
+    data = _jpeg("RGB")
+    at = data.index(b"\xff\xc0") + 1
+    assert jpeg_check(data[:at] + bytes([sof]) + data[at + 1:]).problem == \
+        f"libjpeg: Unsupported JPEG process: SOF type 0x{sof:02x}"
+
+
 def test_one_restart_marker_too_many_cuts_an_interval_unless_the_end_follows_it() -> None:
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
@@ -138,7 +185,7 @@ def test_one_restart_marker_too_many_cuts_an_interval_unless_the_end_follows_it(
 def test_the_rules_on_every_scan_give_the_golden_verdicts(fixtures_dir: Path) -> None:
     """protocol/fixtures/jpeg-scans-v1.json, which flight-server's ImageHeaderTest holds the sidecar to."""
     doc = json.loads((fixtures_dir / "jpeg-scans-v1.json").read_text())
-    assert len(doc["cases"]) == 16
+    assert len(doc["cases"]) == 35
     for case in doc["cases"]:
         check = jpeg_check(bytes.fromhex(case["hex"]))
         assert check == JpegCheck(case["reason"], case["standard_tables"], case["first_scan"]), case["name"]

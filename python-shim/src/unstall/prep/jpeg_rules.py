@@ -1,11 +1,12 @@
 """The sidecar's JPEG structure rules (``ImageHeader.jpeg`` in flight-server), for ``decode(device="mixed")``: the
-markers up to the end-of-image marker, each segment's length, one frame header with a size and 1, 3 or 4 components,
-the tables it and each scan use defined (by the segments before that scan) and well formed (libjpeg's header errors,
-in libjpeg's words), an end-of-image marker after the scan data, no marker cutting a scan's data, and between the
-scans of a multi-scan (progressive) JPEG only the markers libjpeg reads there. ``MixedDecode._check`` applies them
-before any decoder sees the bytes, so a truncated or malformed JPEG is refused with the sidecar's reason whichever
-decoder (nvJPEG, libjpeg-turbo) would have decoded it: some decode a truncated file's top rows without complaint, or
-a later scan with a table its file never defines. A sequential Motion-JPEG frame (a scan uses Huffman tables 0 or 1
+markers up to the end-of-image marker, each segment's length, one frame header with a size and 1, 3 or 4 components
+and a coding process libjpeg decodes, the tables it and each scan use defined (by the segments before that scan) and
+well formed, each progressive scan's parameters valid (libjpeg's header and scan errors, in libjpeg's words), an
+end-of-image marker after the scan data, no marker cutting a scan's data, and between the scans of a multi-scan
+(progressive) JPEG only the markers libjpeg reads there. ``MixedDecode._check`` applies them before any decoder sees
+the bytes, so a truncated or malformed JPEG is refused with the sidecar's reason whichever decoder (nvJPEG,
+libjpeg-turbo) would have decoded it: some decode a truncated file's top rows without complaint, a later scan with a
+table its file never defines, or scans libjpeg refuses. A sequential Motion-JPEG frame (a scan uses Huffman tables 0 or 1
 that no DHT segment defines) is decoded from a copy with the standard tables inserted before its first scan, as the
 sidecar decodes it (``StandardHuffmanTables``)."""
 
@@ -65,6 +66,10 @@ def with_standard_tables(data: Any, check: JpegCheck) -> bytearray:
 
 # The markers by what the walk does with them, looked up once a segment.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC)
+# The coding processes libjpeg-turbo 2.1 refuses at their marker (lossless, differential, and the reserved JPG marker):
+# it decodes sequential and progressive frames only, Huffman (SOF0, SOF1, SOF2) or arithmetic coded (SOF9, SOF10)
+_UNSUPPORTED = frozenset((0xC3, 0xC5, 0xC6, 0xC7, 0xC8, 0xCB, 0xCD, 0xCE, 0xCF))
+_PROGRESSIVE = frozenset((0xC2, 0xCA))
 _NO_LENGTH = frozenset((0x01, *range(0xD0, 0xD8)))  # TEM, RSTn: no length
 # The markers libjpeg reads between scans: DHT, DAC, SOS, EOI, DQT, DNL (which it skips: the frame header declared the
 # height), DRI, APPn and COM; not SOI, SOFn or the reserved ones, which it refuses there.
@@ -123,13 +128,11 @@ class _Frame(NamedTuple):
 
     def mcus(self, b: bytes, start: int) -> int:
         """The MCUs of the scan whose header's data starts at ``start`` (its component count, then their ids and
-        tables): a scan of one component has one block an MCU, a scan of several the frame's interleaved MCUs. A
-        lossless frame's blocks are samples."""
-        unit = 1 if self.sof & 0x03 == 0x03 else 8  # SOF3, SOF7, SOF11, SOF15: lossless
+        tables): a scan of one component has one block an MCU, a scan of several the frame's interleaved MCUs."""
         if b[start] > 1:
-            return -(-self.width // (unit * self.h_max)) * -(-self.height // (unit * self.v_max))
+            return -(-self.width // (8 * self.h_max)) * -(-self.height // (8 * self.v_max))
         _, h, v = self.components[b[start + 1]]
-        return -(-self.width * h // (unit * self.h_max)) * -(-self.height * v // (unit * self.v_max))
+        return -(-self.width * h // (8 * self.h_max)) * -(-self.height * v // (8 * self.v_max))
 
 
 def _frame(b: bytes, marker: int, start: int, end: int) -> _Frame | str:
@@ -216,8 +219,12 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
             if isinstance(read, str):
                 return read
             frame = read
-            if length != 8 + 3 * frame.declared:
+            if marker in _UNSUPPORTED:
+                libjpeg = libjpeg or _unsupported(marker)
+            elif length != 8 + 3 * frame.declared:
                 libjpeg = libjpeg or "libjpeg: Bogus marker length"
+        elif marker == 0xC8:
+            libjpeg = libjpeg or _unsupported(marker)
         elif marker in (0xC4, 0xDB):
             why = _tables(b, marker, i + 2, end, quant, huff)
             if why is not None and scans is not None:
@@ -259,43 +266,66 @@ def _no_end_marker(n: int) -> str:
     return f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {n} bytes in all"
 
 
+def _unsupported(marker: int) -> str:
+    """libjpeg's refusal of a coding process it does not decode (``_UNSUPPORTED``), at its marker."""
+    return f"libjpeg: Unsupported JPEG process: SOF type 0x{marker:02x}"
+
+
 def _scan_tables(b: bytes, start: int, end: int, frame: _Frame, quant: set[int], huff: set[tuple[int, int]],
                  scan: Optional[int]) -> str | bool:
-    """A scan's components (libjpeg's checks of the scan header), and the sidecar's rule on their tables: each
-    component's quantization table, and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the
-    AC table of an AC or sequential scan, defined before the scan. A decoder that keeps its tables from one image to
-    the next would otherwise decode with the last image's, and decoders differ on a missing Huffman table. But a
-    sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a
-    fresh decompressor's slots 0 and 1 still empty at the first scan with the standard tables (its progressive and
-    lossless decoders fill none), so the answer is True when the scan relies on them, whose standard tables both
-    sides insert before the first scan; False when the scan's tables are defined. ``scan``: where the scan's marker
-    starts, None for the first scan, as the refusals name it. A string: why it is refused."""
+    """A scan's header as libjpeg checks it, in its order: its length and component ids (the scan marker), each
+    component's quantization table (the sidecar's rule, in its words), a progressive scan's parameters, then the
+    sidecar's rule on the Huffman tables (not for arithmetic coding): the tables the scan decodes with defined before
+    it, a sequential scan's DC and AC tables whatever its parameters (libjpeg only warns on a sequential scan's odd
+    ones, and decodes it), a progressive scan's DC table when it is a first DC scan, its AC table when it is an AC
+    scan. A decoder that keeps its tables from one image to the next would otherwise decode with the last image's,
+    and decoders differ on a missing Huffman table. But a sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be
+    missing (a Motion-JPEG frame): libjpeg-turbo fills a fresh decompressor's slots 0 and 1 still empty at the first
+    scan with the standard tables (its progressive decoder fills none), so the answer is True when the scan relies on
+    them, whose standard tables both sides insert before the first scan; False when the scan's tables are defined.
+    ``scan``: where the scan's marker starts, None for the first scan, as the refusals name it. A string: why it is
+    refused."""
     count = b[start] if start < end else 0
     if end - start != 2 * count + 4 or not 1 <= count <= 4:
         return "libjpeg: Bogus marker length"
-    ss, se, ah = b[start + 1 + 2 * count], b[start + 2 + 2 * count], b[start + 3 + 2 * count] >> 4
-    # The Huffman tables of each component that the scan uses (0: its DC table, 1: its AC table); none when
-    # arithmetic coded
-    kinds = () if frame.sof >= 0xC9 else (0,) * (ss == 0 and ah == 0) + (1,) * (se > 0)
-    standard = False
-    for c in range(count):
-        cid, sel = b[start + 1 + 2 * c], b[start + 2 + 2 * c]
-        component = frame.components.get(cid)
-        if component is None:
+    ss, se, ahal = b[start + 1 + 2 * count], b[start + 2 + 2 * count], b[start + 3 + 2 * count]
+    ah, al = ahal >> 4, ahal & 0x0F
+    components = [(b[start + 1 + 2 * c], b[start + 2 + 2 * c]) for c in range(count)]  # (id, DC << 4 | AC table)
+    for cid, _ in components:
+        if cid not in frame.components:
             return f"libjpeg: Invalid component ID {cid} in SOS"
-        if component[0] not in quant:
-            return f"corrupt JPEG: {_scan_name(scan)}'s component {cid} uses quantization table {component[0]}, " \
-                "which no DQT segment before it defines"
+    for cid, _ in components:
+        table = frame.components[cid][0]
+        if table not in quant:
+            return f"corrupt JPEG: {_scan_name(scan)}'s component {cid} uses quantization table {table}, which no " \
+                "DQT segment before it defines"
+    progressive = frame.sof in _PROGRESSIVE
+    if progressive and not _progression(ss, se, ah, al, count):
+        return f"libjpeg: Invalid progressive parameters Ss={ss} Se={se} Ah={ah} Al={al}"
+    # The Huffman tables each component of the scan decodes with (0: its DC table, 1: its AC table); none when
+    # arithmetic coded
+    kinds = () if frame.sof >= 0xC9 else (0, 1) if not progressive else (1,) if ss else (0,) if ah == 0 else ()
+    standard = False
+    for cid, sel in components:
         for kind in kinds:
             index = sel & 0x0F if kind else sel >> 4
             if (kind, index) in huff:
                 continue
-            if index > 1 or frame.sof > 0xC1:
+            if index > 1 or progressive:
                 which = "tables 0 and 1 have" if index > 1 else "a sequential frame's tables 0 and 1 have"
                 return f"unsupported JPEG: {_scan_name(scan)}'s component {cid} uses Huffman {'AC' if kind else 'DC'} " \
                     f"table {index}, which no DHT segment before it defines (only {which} standard ones)"
             standard = True
     return standard
+
+
+def _progression(ss: int, se: int, ah: int, al: int, count: int) -> bool:
+    """Whether libjpeg decodes a progressive scan of ``count`` components with these parameters (its
+    start_pass_phuff_decoder and arithmetic start_pass): a DC scan (Ss 0) codes no AC coefficient, an AC scan one
+    component's coefficients Ss..Se of the 64, a refinement scan (Ah not 0) one bit more (Al = Ah - 1), and the point
+    transform Al is at most 13."""
+    band = se == 0 if ss == 0 else ss <= se <= 63 and count == 1
+    return band and (ah == 0 or al == ah - 1) and al <= 13
 
 
 def _scan_name(scan: Optional[int]) -> str:

@@ -229,7 +229,9 @@ public record ImageHeader(Format format, int width, int height, int components, 
               + (i - 2));
         }
         frame = Frame.read(in, marker, i, end);
-        libjpegRefuses |= len != 8 + 3 * frame.components;
+        libjpegRefuses |= unsupported(marker) || len != 8 + 3 * frame.components;
+      } else if (marker == 0xC8) {
+        libjpegRefuses = true; // libjpeg: Unsupported JPEG process: SOF type 0xc8
       } else if (marker == 0xDB || marker == 0xC4) {
         int t = marker == 0xDB ? quantTables(in, i + 2, end) : huffmanTables(in, i + 2, end);
         if (t < 0 && firstScan >= 0) {
@@ -326,16 +328,14 @@ public record ImageHeader(Format format, int width, int height, int components, 
 
     /**
      * The MCUs of the scan whose header's data starts at {@code from} (its component count, then their ids and
-     * tables): a scan of one component has one block an MCU, a scan of several the frame's interleaved MCUs. A
-     * lossless frame's blocks are samples.
+     * tables): a scan of one component has one block an MCU, a scan of several the frame's interleaved MCUs.
      */
     long mcus(Bytes in, int from) {
-      int unit = (sof & 0x03) == 0x03 ? 1 : 8; // SOF3, SOF7, SOF11, SOF15: lossless
       if (in.u8(from) > 1) {
-        return ceilDiv(width, unit * hMax) * ceilDiv(height, unit * vMax);
+        return ceilDiv(width, 8 * hMax) * ceilDiv(height, 8 * vMax);
       }
       int s = samplingOf[in.u8(from + 1)];
-      return ceilDiv((long) width * (s >> 4), unit * hMax) * ceilDiv((long) height * (s & 0x0F), unit * vMax);
+      return ceilDiv((long) width * (s >> 4), 8 * hMax) * ceilDiv((long) height * (s & 0x0F), 8 * vMax);
     }
 
     private static long ceilDiv(long a, long b) {
@@ -386,16 +386,19 @@ public record ImageHeader(Format format, int width, int height, int components, 
   }
 
   /**
-   * A scan's components (its header from..end) must have their tables defined before it: the quantization table,
-   * and with Huffman coding (not SOF9..SOF15) the DC table of a first DC scan and the AC table of an AC or sequential
-   * scan. A decoder that keeps its tables from one image to the next (libjpeg's abbreviated streams) would otherwise
-   * decode with the last image's (the native decoder makes a fresh decompressor per image; the device's decoders
-   * are not held to that), and decoders differ on a missing Huffman table. But a
-   * sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be missing (a Motion-JPEG frame): libjpeg-turbo fills a
-   * fresh decompressor's slots 0 and 1 still empty at the first scan with the standard tables (jdhuff.c; its
-   * progressive and lossless decoders fill none), so the answer is 1 when the scan relies on them, whose standard
+   * A scan's header (from..end) as libjpeg checks it, in its order: its length and component ids (the scan marker),
+   * each component's quantization table (the sidecar's rule, in its words), a progressive scan's parameters
+   * ({@link #progression}), then the sidecar's rule on the Huffman tables (not for arithmetic coding, SOF9 and
+   * SOF10): the tables the scan decodes with defined before it, a sequential scan's DC and AC tables whatever its
+   * parameters (libjpeg only warns on a sequential scan's odd ones, and decodes it), a progressive scan's DC table
+   * when it is a first DC scan, its AC table when it is an AC scan. A decoder that keeps its tables from one image to
+   * the next (libjpeg's abbreviated streams) would otherwise decode with the last image's (the native decoder makes
+   * a fresh decompressor per image; the device's decoders are not held to that), and decoders differ on a missing
+   * Huffman table. But a sequential frame's (SOF0, SOF1) Huffman table 0 or 1 may be missing (a Motion-JPEG frame):
+   * libjpeg-turbo fills a fresh decompressor's slots 0 and 1 still empty at the first scan with the standard tables
+   * (jdhuff.c; its progressive decoder fills none), so the answer is 1 when the scan relies on them, whose standard
    * tables the sidecar inserts before the first scan ({@link StandardHuffmanTables}); 0 when the scan's tables are
-   * defined. {@code scan} names the scan in the refusals. python-shim's jpeg_rules applies the same rule. -1 when
+   * defined. {@code scan} names the scan in the refusals. python-shim's jpeg_rules applies the same rules. -1 when
    * libjpeg refuses the scan header itself (in its words).
    */
   private static int scanTables(Bytes in, int from, int end, Frame frame, int quant, int huff, String scan)
@@ -404,45 +407,63 @@ public record ImageHeader(Format format, int width, int height, int components, 
     if (end - from != 2 * count + 4 || count < 1 || count > 4) {
       return -1; // libjpeg: Bogus marker length
     }
-    int ss = in.u8(from + 1 + 2 * count);
-    int se = in.u8(from + 2 + 2 * count);
-    int ah = in.u8(from + 3 + 2 * count) >> 4;
-    boolean standard = false;
     for (int c = 0; c < count; c++) {
-      int id = in.u8(from + 1 + 2 * c);
-      int sel = in.u8(from + 2 + 2 * c);
-      int q = frame.quantOf[id];
-      if (q < 0) {
+      if (frame.quantOf[in.u8(from + 1 + 2 * c)] < 0) {
         return -1; // libjpeg: Invalid component ID in SOS
       }
+    }
+    for (int c = 0; c < count; c++) {
+      int id = in.u8(from + 1 + 2 * c);
+      int q = frame.quantOf[id];
       if (q > 3 || (quant & 1 << q) == 0) {
         throw new BadImageException("corrupt JPEG: " + scan + "'s component " + id + " uses quantization table " + q
             + ", which no DQT segment before it defines");
       }
-      if (frame.sof >= 0xC9) {
-        continue; // arithmetic coding: no Huffman tables
+    }
+    int ss = in.u8(from + 1 + 2 * count);
+    int se = in.u8(from + 2 + 2 * count);
+    int ah = in.u8(from + 3 + 2 * count) >> 4;
+    int al = in.u8(from + 3 + 2 * count) & 0x0F;
+    boolean progressive = frame.sof == 0xC2 || frame.sof == 0xCA;
+    if (progressive && !progression(ss, se, ah, al, count)) {
+      return -1; // libjpeg: Invalid progressive parameters Ss=%d Se=%d Ah=%d Al=%d
+    }
+    boolean standard = false;
+    for (int c = 0; c < count && frame.sof < 0xC9; c++) { // arithmetic coding: no Huffman tables
+      int id = in.u8(from + 1 + 2 * c);
+      int sel = in.u8(from + 2 + 2 * c);
+      if (!progressive || ss == 0 && ah == 0) {
+        standard |= undefinedHuffman(scan, id, "DC", sel >> 4, huff, progressive);
       }
-      if (ss == 0 && ah == 0) {
-        standard |= undefinedHuffman(scan, id, "DC", sel >> 4, huff, frame.sof);
-      }
-      if (se > 0) {
-        standard |= undefinedHuffman(scan, id, "AC", sel & 0x0F, huff >> 4, frame.sof);
+      if (!progressive || ss > 0) {
+        standard |= undefinedHuffman(scan, id, "AC", sel & 0x0F, huff >> 4, progressive);
       }
     }
     return standard ? 1 : 0;
   }
 
   /**
+   * Whether libjpeg decodes a progressive scan of {@code count} components with these parameters (jdphuff.c's
+   * start_pass_phuff_decoder, jdarith.c's start_pass): a DC scan (Ss 0) codes no AC coefficient, an AC scan one
+   * component's coefficients Ss..Se of the 64, a refinement scan (Ah not 0) one bit more (Al = Ah - 1), and the point
+   * transform Al is at most 13.
+   */
+  private static boolean progression(int ss, int se, int ah, int al, int count) {
+    boolean band = ss == 0 ? se == 0 : ss <= se && se <= 63 && count == 1;
+    return band && (ah == 0 || al == ah - 1) && al <= 13;
+  }
+
+  /**
    * Whether {@code scan}'s component {@code id}'s Huffman {@code kind} table {@code index} is missing from
    * {@code defined} (bit t: table t of that kind) and has a standard table; a missing table 2 or 3, or any missing
-   * table of a progressive or lossless frame, has none and is refused.
+   * table of a progressive frame, has none and is refused.
    */
-  private static boolean undefinedHuffman(String scan, int id, String kind, int index, int defined, int sof)
-      throws BadImageException {
+  private static boolean undefinedHuffman(String scan, int id, String kind, int index, int defined,
+      boolean progressive) throws BadImageException {
     if (index <= 3 && (defined & 1 << index) != 0) {
       return false;
     }
-    if (index > 1 || sof > 0xC1) {
+    if (index > 1 || progressive) {
       throw new BadImageException("unsupported JPEG: " + scan + "'s component " + id + " uses Huffman " + kind
           + " table " + index + ", which no DHT segment before it defines (only "
           + (index > 1 ? "tables 0 and 1 have" : "a sequential frame's tables 0 and 1 have") + " standard ones)");
@@ -510,6 +531,15 @@ public record ImageHeader(Format format, int width, int height, int components, 
   /** SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC). */
   private static boolean isSof(int m) {
     return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+  }
+
+  /**
+   * The coding processes libjpeg-turbo 2.1 refuses at their frame header ("Unsupported JPEG process: SOF type
+   * 0xc3"): lossless and differential ones. It decodes sequential and progressive frames only, Huffman (SOF0, SOF1,
+   * SOF2) or arithmetic coded (SOF9, SOF10).
+   */
+  private static boolean unsupported(int sof) {
+    return sof == 0xC3 || sof >= 0xC5 && sof <= 0xC7 || sof == 0xCB || sof >= 0xCD;
   }
 
   // -- PNG -----------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import io.unstall.flight.prep.ImagePrep.Decoder;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
 import java.util.concurrent.ExecutorService;
@@ -394,6 +395,44 @@ class NativeJpegTest {
     } finally {
       pool.shutdownNow();
     }
+  }
+
+  /**
+   * The header rules leave libjpeg's refusals of a scan's parameters and of a coding process to it (python-shim's
+   * jpeg_rules names them in these words, protocol/fixtures/jpeg-scans-v1.json): a progressive scan's invalid Ss, Se,
+   * Ah or Al, and a lossless frame; a sequential scan's odd parameters only make libjpeg warn, and it decodes them.
+   */
+  @Test
+  void libjpegRefusesInvalidProgressiveParametersAndALosslessFrameInTheWordsTheRulesUse() throws Exception {
+    String pl = rrc(64, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW");
+    ImagePrep p = prep(pl, Decoder.NATIVE);
+    byte[] prog = StandardHuffmanTablesTest.bytes(jpeg(128, 96, Sampling.PROGRESSIVE, 4));
+    int third = scans(prog).get(2);
+    int params = third + 5 + 2 * prog[third + 4]; // Ss, Se, Ah << 4 | Al
+    assertTrue(prog[params] > 0, "an AC scan");
+    byte[] bad = prog.clone();
+    bad[params + 1] = 64;
+    ImageHeader.read(direct(bad)); // the header rules pass it to libjpeg
+    assertEquals("libjpeg: Invalid progressive parameters Ss=" + prog[params] + " Se=64 Ah=" + (prog[params + 2] >> 4)
+        + " Al=" + (prog[params + 2] & 0x0F), assertThrows(BadImageException.class, () -> run(p, direct(bad), 0))
+        .getMessage());
+    byte[] seq = StandardHuffmanTablesTest.bytes(jpeg(128, 96, Sampling.S420, 4));
+    int sos = scans(seq).get(0);
+    byte[] zeros = seq.clone();
+    Arrays.fill(zeros, sos + 5 + 2 * seq[sos + 4], sos + 8 + 2 * seq[sos + 4], (byte) 0);
+    assertArrayEquals(run(p, direct(seq), 1), run(p, direct(zeros), 1), "Ss=Se=Ah=Al=0: decoded as the original");
+    byte[] lossless = seq.clone();
+    lossless[StandardHuffmanTablesTest.segments(seq).stream()
+        .filter(i -> StandardHuffmanTablesTest.marker(seq, i) == 0xFFC0).findFirst().orElseThrow() + 1] = (byte) 0xC3;
+    ImageHeader.read(direct(lossless));
+    assertEquals("libjpeg: Unsupported JPEG process: SOF type 0xc3",
+        assertThrows(BadImageException.class, () -> run(p, direct(lossless), 0)).getMessage());
+  }
+
+  /** Where each of {@code jpeg}'s scan markers (FF DA) starts. */
+  static List<Integer> scans(byte[] jpeg) {
+    return StandardHuffmanTablesTest.segments(jpeg).stream()
+        .filter(i -> StandardHuffmanTablesTest.marker(jpeg, i) == 0xFFDA).toList();
   }
 
   @Test
