@@ -169,6 +169,67 @@ def test_a_coding_process_libjpeg_does_not_decode_is_refused_in_its_words(sof: i
         f"libjpeg: Unsupported JPEG process: SOF type 0x{sof:02x}"
 
 
+def _scan_ids(data: bytes, scan: int, ids: tuple[int, ...]) -> bytes:
+    """``data`` with the ``scan``-th scan header's component ids replaced by ``ids`` (their tables kept)."""
+    at = [m.start() for m in re.finditer(b"\xff\xda", data)][scan] + 5
+    out = bytearray(data)
+    out[at:at + 2 * len(ids):2] = bytes(ids)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("ids, refused", [((1, 1, 3), 1), ((2, 1, 3), 1), ((3, 2, 1), 1), ((1, 3, 2), 2),
+                                          ((1, 3, 3), 3), ((1, 2, 4), 4), ((1, 2, 3), None)])
+def test_a_scans_repeated_or_misplaced_component_is_refused_in_libjpegs_words(ids: tuple[int, ...],
+                                                                             refused: int | None) -> None:
+    """libjpeg takes a scan's i-th component as the frame's first one from the i-th on with its id, and refuses one
+    that repeats a component before it (jdmarker.c's get_sos), so a scan out of the frame's order is refused by where
+    the frame lists its components; a progressive DC scan of components 3 and 2 (of 1, 2, 3) is taken."""
+    data = _jpeg("RGB")
+    assert jpeg_check(_scan_ids(data, 0, ids)).problem == \
+        (None if refused is None else f"libjpeg: Invalid component ID {refused} in SOS")
+    prog = _jpeg("RGB", progressive=True)
+    dc = [m.start() for m in re.finditer(b"\xff\xda", prog)][0]
+    two = prog[:dc] + bytes([0xFF, 0xDA, 0, 10, 2, 3, 0, 2, 0]) + prog[dc + 11:]  # components 3 and 2 of the 3
+    assert prog[dc + 4] == 3 and jpeg_check(two).problem is None
+    assert jpeg_check(_scan_ids(two, 0, (2, 1))).problem == "libjpeg: Invalid component ID 1 in SOS"
+
+
+@pytest.mark.parametrize("marker", [0x02, 0x7F, 0xBF, 0xDE, 0xDF, 0xF0, 0xFD])
+def test_a_marker_libjpeg_reads_no_segment_of_is_refused_in_its_words_before_the_first_scan(marker: int) -> None:
+    """Reserved markers, DHP, EXP and JPGn: libjpeg refuses them where it meets them, once the sidecar's own rules
+    pass the file (a truncation after it is refused as such); a DNL segment is skipped."""
+    data = _jpeg("RGB")
+    for at in (2, _first_scan(data)):
+        bad = data[:at] + bytes([0xFF, marker, 0, 2]) + data[at:]
+        assert jpeg_check(bad).problem == f"libjpeg: Unsupported marker type 0x{marker:02x}"
+        assert jpeg_check(bad[:-2]).problem == \
+            f"truncated JPEG: no end-of-image marker (FF D9) after the scan data, {len(bad) - 2} bytes in all"
+    scan = _first_scan(data)
+    assert jpeg_check(data[:scan] + bytes([0xFF, 0xDC, 0, 4, 0, 40]) + data[scan:]).problem is None
+
+
+@pytest.mark.parametrize("sampling, refused", [(0x00, "Bogus sampling factors"), (0x52, "Bogus sampling factors"),
+                                               (0x25, "Bogus sampling factors"), (0x42, None), (0x32, None),
+                                               (0x44, "Sampling factors too large for interleaved scan"),
+                                               (0x33, "Sampling factors too large for interleaved scan")])
+def test_libjpegs_sampling_factor_refusals_are_in_its_words_and_order(sampling: int, refused: str | None) -> None:
+    """Each sampling factor 1..4 (jdinput.c's initial_setup, at the first scan after its component ids, with the
+    frame's size and precision), and at most 10 blocks an MCU in an interleaved scan (per_scan_setup, before the
+    scan's quantization tables)."""
+    data = _jpeg("RGB")  # 4:2:0: the luma component's factors 2x2
+    sof = data.index(b"\xff\xc0")
+    assert data[sof + 11] == 0x22
+    bad = data[:sof + 11] + bytes([sampling]) + data[sof + 12:]
+    assert jpeg_check(bad).problem == (None if refused is None else f"libjpeg: {refused}")
+    if refused is not None:  # a scan's component ids, then the frame, then the MCU, then the quantization table
+        assert jpeg_check(_scan_ids(bad, 0, (2, 1, 3))).problem == "libjpeg: Invalid component ID 1 in SOS"
+        no_table = bad[:sof + 12] + b"\x03" + bad[sof + 13:]
+        assert jpeg_check(no_table).problem == f"libjpeg: {refused}"
+    twelve = data[:sof + 4] + b"\x0c" + data[sof + 5:]
+    assert jpeg_check(twelve[:sof + 11] + b"\x00" + twelve[sof + 12:]).problem == \
+        "libjpeg: Unsupported JPEG data precision 12"
+
+
 def test_one_restart_marker_too_many_cuts_an_interval_unless_the_end_follows_it() -> None:
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
@@ -185,7 +246,7 @@ def test_one_restart_marker_too_many_cuts_an_interval_unless_the_end_follows_it(
 def test_the_rules_on_every_scan_give_the_golden_verdicts(fixtures_dir: Path) -> None:
     """protocol/fixtures/jpeg-scans-v1.json, which flight-server's ImageHeaderTest holds the sidecar to."""
     doc = json.loads((fixtures_dir / "jpeg-scans-v1.json").read_text())
-    assert len(doc["cases"]) == 35
+    assert len(doc["cases"]) == 62
     for case in doc["cases"]:
         check = jpeg_check(bytes.fromhex(case["hex"]))
         assert check == JpegCheck(case["reason"], case["standard_tables"], case["first_scan"]), case["name"]

@@ -71,6 +71,9 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15 except D
 _UNSUPPORTED = frozenset((0xC3, 0xC5, 0xC6, 0xC7, 0xC8, 0xCB, 0xCD, 0xCE, 0xCF))
 _PROGRESSIVE = frozenset((0xC2, 0xCA))
 _NO_LENGTH = frozenset((0x01, *range(0xD0, 0xD8)))  # TEM, RSTn: no length
+# The markers libjpeg-turbo 2.1 reads no segment of, which it refuses wherever it meets them ("Unsupported marker
+# type"): the reserved ones (0x02..0xBF), DHP, EXP and JPG0..JPG13 (hierarchical coding and extensions)
+_UNKNOWN = frozenset((*range(0x02, 0xC0), 0xDE, 0xDF, *range(0xF0, 0xFE)))
 # The markers libjpeg reads between scans: DHT, DAC, SOS, EOI, DQT, DNL (which it skips: the frame header declared the
 # height), DRI, APPn and COM; not SOI, SOFn or the reserved ones, which it refuses there.
 _FOLLOWS_SCAN = frozenset((0xC4, 0xCC, 0xFE, *range(0xD9, 0xDE), *range(0xE0, 0xF0)))
@@ -115,8 +118,8 @@ def jpeg_check(data: Any) -> JpegCheck:
 
 
 class _Frame(NamedTuple):
-    """A JPEG's frame header (SOF): its coding process (the SOF marker), size, and by component id its quantization
-    table and sampling factors."""
+    """A JPEG's frame header (SOF): its coding process (the SOF marker), size, by component id its quantization
+    table and sampling factors, its component ids in order, and libjpeg's refusal of the frame at the first scan."""
 
     sof: int
     width: int
@@ -125,6 +128,9 @@ class _Frame(NamedTuple):
     components: dict[int, tuple[int, int, int]]  # id -> (quantization table, h, v)
     h_max: int
     v_max: int
+    ids: bytes  # the components' ids, in the frame's order
+    blocks: int  # the components' blocks an MCU (h * v), all of them together
+    setup: Optional[str]  # libjpeg's refusal of the frame once it reaches the first scan (_setup); None: none
 
     def mcus(self, b: bytes, start: int) -> int:
         """The MCUs of the scan whose header's data starts at ``start`` (its component count, then their ids and
@@ -149,11 +155,29 @@ def _frame(b: bytes, marker: int, start: int, end: int) -> _Frame | str:
         return f"unsupported JPEG: {count} color components (1, 3 or 4 expected)"
     components: dict[int, tuple[int, int, int]] = {}
     h_max = v_max = 1
-    for at in range(start + 8, min(start + 8 + 3 * count, end - 2), 3):  # a segment too short: the entries in it
+    blocks = 0
+    entries = range(start + 8, min(start + 8 + 3 * count, end - 2), 3)  # a segment too short: the entries in it
+    for at in entries:
         h, v = b[at + 1] >> 4, b[at + 1] & 0x0F
         components[b[at]] = (b[at + 2], h, v)
         h_max, v_max = max(h_max, h), max(v_max, v)
-    return _Frame(marker, width, height, count, components, h_max, v_max)
+        blocks += h * v
+    return _Frame(marker, width, height, count, components, h_max, v_max, b[start + 8:entries.stop:3], blocks,
+                  _setup(b, start, entries))
+
+
+def _setup(b: bytes, start: int, entries: range) -> Optional[str]:
+    """What libjpeg-turbo 2.1 refuses in the frame header whose length starts at ``start`` (components at
+    ``entries``) once it reaches the first scan, after that scan's component ids (jdinput.c's initial_setup, in its
+    order): a width or height above 65500, a precision other than 8 bits, a component's sampling factor outside
+    1..4."""
+    if b[start + 3] << 8 | b[start + 4] > 65500 or b[start + 5] << 8 | b[start + 6] > 65500:
+        return "libjpeg: Maximum supported image dimension is 65500 pixels"
+    if b[start + 2] != 8:
+        return f"libjpeg: Unsupported JPEG data precision {b[start + 2]}"
+    if any(not (0x10 <= b[at + 1] < 0x50 and 0 < b[at + 1] & 0x0F <= 4) for at in entries):  # h, v: 1..4
+        return "libjpeg: Bogus sampling factors"
+    return None
 
 
 def _bytes(data: Any) -> bytes:
@@ -259,6 +283,8 @@ def _jpeg(data: Any) -> Optional[str] | JpegCheck:
             continue
         elif marker == 0xDD and length >= 4:
             interval = b[i + 2] << 8 | b[i + 3]
+        elif marker in _UNKNOWN:
+            libjpeg = libjpeg or f"libjpeg: Unsupported marker type 0x{marker:02x}"
         i = end
 
 
@@ -273,8 +299,9 @@ def _unsupported(marker: int) -> str:
 
 def _scan_tables(b: bytes, start: int, end: int, frame: _Frame, quant: set[int], huff: set[tuple[int, int]],
                  scan: Optional[int]) -> str | bool:
-    """A scan's header as libjpeg checks it, in its order: its length and component ids (the scan marker), each
-    component's quantization table (the sidecar's rule, in its words), a progressive scan's parameters, then the
+    """A scan's header as libjpeg checks it, in its order: its length and component ids (the scan marker), at the
+    first scan the frame (``_Frame.setup``), an interleaved scan's blocks an MCU (at most 10), each component's
+    quantization table (the sidecar's rule, in its words), a progressive scan's parameters, then the
     sidecar's rule on the Huffman tables (not for arithmetic coding): the tables the scan decodes with defined before
     it, a sequential scan's DC and AC tables whatever its parameters (libjpeg only warns on a sequential scan's odd
     ones, and decodes it), a progressive scan's DC table when it is a first DC scan, its AC table when it is an AC
@@ -291,9 +318,16 @@ def _scan_tables(b: bytes, start: int, end: int, frame: _Frame, quant: set[int],
     ss, se, ahal = b[start + 1 + 2 * count], b[start + 2 + 2 * count], b[start + 3 + 2 * count]
     ah, al = ahal >> 4, ahal & 0x0F
     components = [(b[start + 1 + 2 * c], b[start + 2 + 2 * c]) for c in range(count)]  # (id, DC << 4 | AC table)
-    for cid, _ in components:
-        if cid not in frame.components:
-            return f"libjpeg: Invalid component ID {cid} in SOS"
+    ids = b[start + 1:start + 1 + 2 * count:2]
+    if ids != frame.ids[:count] and (count > 1 or ids[0] not in frame.components):  # else taken, as in frame order
+        why = _scan_components(ids, frame.ids)
+        if why is not None:
+            return why
+    if scan is None and frame.setup is not None:
+        return frame.setup
+    if count > 1 and frame.blocks > 10 and \
+            sum(frame.components[cid][1] * frame.components[cid][2] for cid, _ in components) > 10:
+        return "libjpeg: Sampling factors too large for interleaved scan"
     for cid, _ in components:
         table = frame.components[cid][0]
         if table not in quant:
@@ -317,6 +351,23 @@ def _scan_tables(b: bytes, start: int, end: int, frame: _Frame, quant: set[int],
                     f"table {index}, which no DHT segment before it defines (only {which} standard ones)"
             standard = True
     return standard
+
+
+def _scan_components(scan: bytes, ids: bytes) -> Optional[str]:
+    """libjpeg-turbo 2.1's refusal of a scan's component ids (jdmarker.c's get_sos), None when it takes them: the
+    scan's i-th component is the frame's first one from the i-th on with its id, and no scan component repeats one
+    before it; so a component out of the frame's order is refused when the frame lists it before its place in the
+    scan (a scan of components 3 and 2 of 1, 2, 3 is taken, one of 2 and 1 is not)."""
+    picked: list[int] = []
+    for i, cid in enumerate(scan):
+        try:
+            at = ids.index(cid, i)
+        except ValueError:
+            return f"libjpeg: Invalid component ID {cid} in SOS"
+        if at in picked:
+            return f"libjpeg: Invalid component ID {cid} in SOS"
+        picked.append(at)
+    return None
 
 
 def _progression(ss: int, se: int, ah: int, al: int, count: int) -> bool:

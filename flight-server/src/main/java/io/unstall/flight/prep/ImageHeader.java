@@ -244,12 +244,14 @@ public record ImageHeader(Format format, int width, int height, int components, 
         exif = true;
       } else if (marker == 0xDD && len >= 4) {
         interval = in.u16be(i + 2);
+      } else if (unknown(marker)) {
+        libjpegRefuses = true; // libjpeg: Unsupported marker type 0x%02x
       } else if (marker == 0xDA) {
         if (frame == null) {
           throw new BadImageException("corrupt JPEG: a scan (0xFFDA) at byte " + (i - 2) + " before any frame header");
         }
         String scan = firstScan < 0 ? "the first scan" : "the scan at byte " + (i - 2);
-        int tables = libjpegRefuses ? 0 : scanTables(in, i + 2, end, frame, quant, huff, scan);
+        int tables = libjpegRefuses ? 0 : scanTables(in, i + 2, end, frame, quant, huff, scan, firstScan < 0);
         libjpegRefuses |= tables < 0;
         if (firstScan < 0) {
           firstScan = i - 2;
@@ -281,24 +283,29 @@ public record ImageHeader(Format format, int width, int height, int components, 
   }
 
   /**
-   * A JPEG's frame header (SOF): its coding process (the SOF marker), size, and by component id its quantization
-   * table (-1: not in the frame) and sampling factors (h << 4 | v).
+   * A JPEG's frame header (SOF): its coding process (the SOF marker), sample precision, size, by component id its
+   * quantization table (-1: not in the frame) and sampling factors (h << 4 | v), and its component ids in order.
    */
   private static final class Frame {
     final int sof;
+    final int precision;
     final int width;
     final int height;
     final int components;
     final int[] quantOf = new int[256];
     final int[] samplingOf = new int[256];
+    final int[] ids;
     int hMax = 1;
     int vMax = 1;
+    boolean bogusSampling; // a component's sampling factor outside 1..4
 
-    private Frame(int sof, int width, int height, int components) {
+    private Frame(int sof, int precision, int width, int height, int components, int entries) {
       this.sof = sof;
+      this.precision = precision;
       this.width = width;
       this.height = height;
       this.components = components;
+      this.ids = new int[entries];
       Arrays.fill(quantOf, -1);
     }
 
@@ -308,7 +315,9 @@ public record ImageHeader(Format format, int width, int height, int components, 
       if (len < 8) {
         throw new BadImageException("corrupt JPEG: a frame header of " + len + " bytes");
       }
-      Frame f = new Frame(marker, in.u16be(i + 5), in.u16be(i + 3), in.u8(i + 7));
+      int count = in.u8(i + 7);
+      int entries = Math.max(0, Math.min(count, (end - i - 8) / 3)); // a segment too short: the entries it holds
+      Frame f = new Frame(marker, in.u8(i + 2), in.u16be(i + 5), in.u16be(i + 3), count, entries);
       if (f.width == 0 || f.height == 0) {
         throw new BadImageException("unsupported JPEG: the frame header declares " + f.width + "x" + f.height
             + " pixels (a height of 0 defers it to a DNL marker, which the decoder does not support)");
@@ -316,14 +325,27 @@ public record ImageHeader(Format format, int width, int height, int components, 
       if (f.components != 1 && f.components != 3 && f.components != 4) {
         throw new BadImageException("unsupported JPEG: " + f.components + " color components (1, 3 or 4 expected)");
       }
-      for (int c = 0; c < f.components && i + 10 + 3 * c < end; c++) { // a segment too short: the entries it holds
+      for (int c = 0; c < entries; c++) {
         int id = in.u8(i + 8 + 3 * c);
+        int h = in.u8(i + 9 + 3 * c) >> 4;
+        int v = in.u8(i + 9 + 3 * c) & 0x0F;
+        f.ids[c] = id;
         f.samplingOf[id] = in.u8(i + 9 + 3 * c);
         f.quantOf[id] = in.u8(i + 10 + 3 * c);
-        f.hMax = Math.max(f.hMax, f.samplingOf[id] >> 4);
-        f.vMax = Math.max(f.vMax, f.samplingOf[id] & 0x0F);
+        f.hMax = Math.max(f.hMax, h);
+        f.vMax = Math.max(f.vMax, v);
+        f.bogusSampling |= h < 1 || h > 4 || v < 1 || v > 4;
       }
       return f;
+    }
+
+    /**
+     * Whether libjpeg-turbo 2.1 refuses the frame once it reaches the first scan, after that scan's component ids
+     * (jdinput.c's initial_setup, in its order): "Maximum supported image dimension is 65500 pixels", "Unsupported
+     * JPEG data precision %d" (8 bits only), "Bogus sampling factors" (each factor 1..4).
+     */
+    boolean libjpegRefuses() {
+      return width > 65500 || height > 65500 || precision != 8 || bogusSampling;
     }
 
     /**
@@ -386,8 +408,10 @@ public record ImageHeader(Format format, int width, int height, int components, 
   }
 
   /**
-   * A scan's header (from..end) as libjpeg checks it, in its order: its length and component ids (the scan marker),
-   * each component's quantization table (the sidecar's rule, in its words), a progressive scan's parameters
+   * A scan's header (from..end) as libjpeg checks it, in its order: its length and component ids (the scan marker,
+   * {@link #scanComponents}), at the {@code first} scan the frame ({@link Frame#libjpegRefuses}), an interleaved
+   * scan's blocks an MCU (at most 10: "Sampling factors too large for interleaved scan"), each component's
+   * quantization table (the sidecar's rule, in its words), a progressive scan's parameters
    * ({@link #progression}), then the sidecar's rule on the Huffman tables (not for arithmetic coding, SOF9 and
    * SOF10): the tables the scan decodes with defined before it, a sequential scan's DC and AC tables whatever its
    * parameters (libjpeg only warns on a sequential scan's odd ones, and decodes it), a progressive scan's DC table
@@ -401,16 +425,22 @@ public record ImageHeader(Format format, int width, int height, int components, 
    * defined. {@code scan} names the scan in the refusals. python-shim's jpeg_rules applies the same rules. -1 when
    * libjpeg refuses the scan header itself (in its words).
    */
-  private static int scanTables(Bytes in, int from, int end, Frame frame, int quant, int huff, String scan)
-      throws BadImageException {
+  private static int scanTables(Bytes in, int from, int end, Frame frame, int quant, int huff, String scan,
+      boolean first) throws BadImageException {
     int count = from < end ? in.u8(from) : 0;
     if (end - from != 2 * count + 4 || count < 1 || count > 4) {
       return -1; // libjpeg: Bogus marker length
     }
-    for (int c = 0; c < count; c++) {
-      if (frame.quantOf[in.u8(from + 1 + 2 * c)] < 0) {
-        return -1; // libjpeg: Invalid component ID in SOS
-      }
+    if (!scanComponents(in, from, count, frame.ids) || first && frame.libjpegRefuses()) {
+      return -1; // libjpeg: Invalid component ID %d in SOS; the frame's refusal
+    }
+    int blocks = 0; // an interleaved scan's blocks an MCU
+    for (int c = 0; c < count && count > 1; c++) {
+      int s = frame.samplingOf[in.u8(from + 1 + 2 * c)];
+      blocks += (s >> 4) * (s & 0x0F);
+    }
+    if (blocks > 10) {
+      return -1; // libjpeg: Sampling factors too large for interleaved scan
     }
     for (int c = 0; c < count; c++) {
       int id = in.u8(from + 1 + 2 * c);
@@ -440,6 +470,29 @@ public record ImageHeader(Format format, int width, int height, int components, 
       }
     }
     return standard ? 1 : 0;
+  }
+
+  /**
+   * Whether libjpeg-turbo 2.1 takes the component ids of the scan whose header's data starts at {@code from}
+   * (jdmarker.c's get_sos; "Invalid component ID %d in SOS" when not): the scan's c-th component is the frame's
+   * ({@code ids}) first one from the c-th on with its id, and no scan component repeats one before it; so a component
+   * out of the frame's order is refused when the frame lists it before its place in the scan (a scan of components
+   * 3 and 2 of 1, 2, 3 is taken, one of 2 and 1 is not).
+   */
+  private static boolean scanComponents(Bytes in, int from, int count, int[] ids) {
+    int picked = 0; // bit k: the frame's k-th component
+    for (int c = 0; c < count; c++) {
+      int id = in.u8(from + 1 + 2 * c);
+      int k = c;
+      while (k < ids.length && ids[k] != id) {
+        k++;
+      }
+      if (k == ids.length || (picked & 1 << k) != 0) {
+        return false;
+      }
+      picked |= 1 << k;
+    }
+    return true;
   }
 
   /**
@@ -526,6 +579,14 @@ public record ImageHeader(Format format, int width, int height, int components, 
    */
   private static boolean followsScan(int m) {
     return m == 0xC4 || m == 0xCC || m >= 0xD9 && m <= 0xDD || m >= 0xE0 && m <= 0xEF || m == 0xFE;
+  }
+
+  /**
+   * The markers libjpeg-turbo 2.1 reads no segment of, which it refuses wherever it meets them ("Unsupported marker
+   * type 0x%02x"): the reserved ones (0x02..0xBF), DHP, EXP and JPG0..JPG13 (hierarchical coding and extensions).
+   */
+  private static boolean unknown(int m) {
+    return m >= 0x02 && m <= 0xBF || m == 0xDE || m == 0xDF || m >= 0xF0 && m <= 0xFD;
   }
 
   /** SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC). */

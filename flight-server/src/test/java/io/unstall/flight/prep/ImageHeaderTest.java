@@ -381,7 +381,7 @@ class ImageHeaderTest {
   void theRulesOnEveryScanGiveTheGoldenVerdicts() throws Exception {
     JsonNode cases = new ObjectMapper().readTree(ProtocolFixturesTest.FIXTURES.resolve("jpeg-scans-v1.json").toFile())
         .get("cases");
-    assertEquals(35, cases.size());
+    assertEquals(62, cases.size());
     for (JsonNode c : cases) {
       byte[] b = HexFormat.of().parseHex(c.get("hex").asText());
       String name = c.get("name").asText();

@@ -404,8 +404,7 @@ class NativeJpegTest {
    */
   @Test
   void libjpegRefusesInvalidProgressiveParametersAndALosslessFrameInTheWordsTheRulesUse() throws Exception {
-    String pl = rrc(64, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW");
-    ImagePrep p = prep(pl, Decoder.NATIVE);
+    ImagePrep p = nativeCrops();
     byte[] prog = StandardHuffmanTablesTest.bytes(jpeg(128, 96, Sampling.PROGRESSIVE, 4));
     int third = scans(prog).get(2);
     int params = third + 5 + 2 * prog[third + 4]; // Ss, Se, Ah << 4 | Al
@@ -427,6 +426,58 @@ class NativeJpegTest {
     ImageHeader.read(direct(lossless));
     assertEquals("libjpeg: Unsupported JPEG process: SOF type 0xc3",
         assertThrows(BadImageException.class, () -> run(p, direct(lossless), 0)).getMessage());
+  }
+
+  /**
+   * The header rules leave libjpeg's refusals of a scan's component ids, of a marker it reads no segment of and of
+   * the frame's sampling factors to it (python-shim's jpeg_rules names them in these words,
+   * protocol/fixtures/jpeg-scans-v1.json): a 4:2:0 file's scan of components 2, 1, 3 (the frame lists component 1
+   * before the scan's second place), a JPG0 marker before the scan, a luma sampling factor of 0, and a luma 4x4
+   * (18 blocks an interleaved MCU, above libjpeg's 10); a progressive DC scan of components 3 and 2 of 1, 2, 3 is
+   * decoded.
+   */
+  @Test
+  void libjpegRefusesAScansComponentsAMarkerAndSamplingFactorsInTheWordsTheRulesUse() throws Exception {
+    ImagePrep p = nativeCrops();
+    byte[] seq = StandardHuffmanTablesTest.bytes(jpeg(128, 96, Sampling.S420, 4));
+    int sos = scans(seq).get(0);
+    int sof = StandardHuffmanTablesTest.segments(seq).stream()
+        .filter(i -> StandardHuffmanTablesTest.marker(seq, i) == 0xFFC0).findFirst().orElseThrow();
+    assertEquals(0x22, seq[sof + 11], "4:2:0");
+    byte[] swapped = seq.clone();
+    swapped[sos + 5] = seq[sos + 7];
+    swapped[sos + 7] = seq[sos + 5];
+    byte[] marker = new byte[seq.length + 4];
+    System.arraycopy(seq, 0, marker, 0, sos);
+    System.arraycopy(new byte[] {(byte) 0xFF, (byte) 0xF0, 0, 2}, 0, marker, sos, 4);
+    System.arraycopy(seq, sos, marker, sos + 4, seq.length - sos);
+    byte[] zero = seq.clone();
+    zero[sof + 11] = 0x20;
+    byte[] large = seq.clone();
+    large[sof + 11] = 0x44;
+    for (Object[] c : new Object[][] {{swapped, "Invalid component ID " + seq[sos + 5] + " in SOS"},
+        {marker, "Unsupported marker type 0xf0"}, {zero, "Bogus sampling factors"},
+        {large, "Sampling factors too large for interleaved scan"}}) {
+      byte[] bad = (byte[]) c[0];
+      ImageHeader.read(direct(bad)); // the header rules pass it to libjpeg
+      assertEquals("libjpeg: " + c[1], assertThrows(BadImageException.class, () -> run(p, direct(bad), 0))
+          .getMessage());
+    }
+    byte[] prog = StandardHuffmanTablesTest.bytes(jpeg(128, 96, Sampling.PROGRESSIVE, 4));
+    int dc = scans(prog).get(0);
+    assertEquals(3, prog[dc + 4], "a DC scan of the three components");
+    byte[] two = new byte[prog.length - 2];
+    System.arraycopy(prog, 0, two, 0, dc);
+    byte[] header = {(byte) 0xFF, (byte) 0xDA, 0, 10, 2, prog[dc + 9], prog[dc + 10], prog[dc + 7], prog[dc + 8]};
+    System.arraycopy(header, 0, two, dc, header.length);
+    System.arraycopy(prog, dc + 11, two, dc + 9, prog.length - dc - 11);
+    ImageHeader.read(direct(two));
+    run(p, direct(two), 0); // components 3 and 2: libjpeg takes them, and decodes through the data they do not match
+  }
+
+  /** The native decoder under a 64-pixel RandomResizedCrop (torchvision's scale and ratio), uint8 NCHW. */
+  private static ImagePrep nativeCrops() {
+    return prep(rrc(64, "[0.08,1.0]", "[0.75,1.3333333333333333]", "uint8", "NCHW"), Decoder.NATIVE);
   }
 
   /** Where each of {@code jpeg}'s scan markers (FF DA) starts. */
