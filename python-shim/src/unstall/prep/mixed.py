@@ -233,7 +233,8 @@ class MixedDecode:
     def _check(self, data: Any, sample_id: int, key: str) -> Tuple[str, Tuple[int, int], Any]:
         """A sample's format, ``(height, width)`` and the bytes to decode, once its header passed the pipeline's rules
         as the sidecar's ``ImagePrep.check`` applies them (``formats``; a JPEG's structure, ``jpeg_rules``, a PNG's,
-        ``png_rules``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's), with its messages: a
+        ``png_rules``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's; then what libjpeg refuses
+        in a JPEG's header, which the sidecar's decoder reports after the caps), with its messages: a
         decompression bomb is refused before any decoder allocates for it, a truncated JPEG whichever decoder would
         have decoded its top rows, a truncated PNG in the sidecar's words, not the host decoder's, and a PNG whose
         image data libpng refuses (``png_data_check``) before the host decoder ends the process on it. The bytes are
@@ -250,7 +251,8 @@ class MixedDecode:
                            f"{what}, not one of the formats the pipeline decodes: {names} (decode \"formats\")")
         check = jpeg_check(view) if kind == "jpeg" else None
         problem = check.problem if check is not None else png_check(view) if kind == "png" else None
-        if problem is not None:
+        # libjpeg's refusals come after the caps, as the sidecar's decoder meets them after its header check
+        if problem is not None and not problem.startswith("libjpeg: "):
             raise _refused(sample_id, key, problem)
         cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
         if w * h > cap:
@@ -260,7 +262,7 @@ class MixedDecode:
             raise _refused(sample_id, key, f"the {kind} header declares {w}x{h} pixels, an aspect ratio of "
                            f"{max(w, h) / min(w, h):.1f}, above the cap of {ratio:g} "
                            "(--max-decode-aspect-ratio / decode max_aspect_ratio)")
-        problem = png_data_check(view) if kind == "png" else None
+        problem = png_data_check(view) if kind == "png" else problem
         if problem is not None:
             raise _refused(sample_id, key, problem)
         if check is not None and check.standard_tables:
