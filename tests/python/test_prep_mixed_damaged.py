@@ -25,8 +25,9 @@ NO_EOI = r"truncated JPEG: no end-of-image marker \(FF D9\) after the scan data,
 MARKER_CUTS = "libjpeg: truncated JPEG data (a marker cuts the entropy-coded data within the decoded rows)"
 
 # Both sides refuse these, the device with the sidecar's words: its header rules (ImageHeader.jpeg, ported in
-# unstall.prep.jpeg_rules) or libjpeg's error for a malformed table, a progressive scan's invalid parameters or a
-# coding process it does not decode.
+# unstall.prep.jpeg_rules) or libjpeg's error for a malformed table, a progressive scan's invalid parameters, a
+# coding process it does not decode, a scan's misplaced component, a marker it reads no segment of or the frame's
+# sampling factors; libjpeg's after the pixel and aspect-ratio caps.
 REFUSED = {
     "cut_50": NO_EOI, "cut_90": NO_EOI, "cut_before_eoi": NO_EOI, "no_eoi": NO_EOI, "progressive_cut_50": NO_EOI,
     "cut_in_header": r"truncated JPEG: the 0xFF[0-9A-F]{2} segment at byte \d+ needs \d+ bytes, the file ends at "
@@ -37,6 +38,18 @@ REFUSED = {
     "bad_dqt": "libjpeg: Bogus DQT index 7",
     "progressive_past_coefficient_63": r"libjpeg: Invalid progressive parameters Ss=1 Se=64 Ah=0 Al=\d+",
     "lossless": r"libjpeg: Unsupported JPEG process: SOF type 0xc3",
+    "scan_components_2_1_3": "libjpeg: Invalid component ID 1 in SOS",
+    "jpg0_marker": "libjpeg: Unsupported marker type 0xf0",
+    "sampling_factor_0": "libjpeg: Bogus sampling factors",
+    "sampling_too_large": "libjpeg: Sampling factors too large for interleaved scan",
+    # a header over the caps with a defect libjpeg refuses: the caps first, as the sidecar's header check applies
+    # them before its decoder reads the file
+    "over_the_pixel_cap_past_coefficient_63": r"decompression bomb\? the jpeg header declares 20000x20000 pixels "
+                                              r"\(400000000\), above the cap of 89478485 \(--max-decode-pixels / "
+                                              r"decode max_pixels\)",
+    "over_the_aspect_cap_sampling_factor_0": r"the jpeg header declares 12800x96 pixels, an aspect ratio of 133\.3, "
+                                             r"above the cap of 100 \(--max-decode-aspect-ratio / decode "
+                                             r"max_aspect_ratio\)",
 }
 # A marker inside a single scan's data, or too few restart intervals: both sides refuse them by a rule on the bytes
 # (ImageHeader.jpeg's scan rule, unstall.prep.jpeg_rules on the device), whatever the crop and the cache form.
@@ -108,6 +121,7 @@ def _cases() -> dict[str, bytes]:
     noise = np.random.default_rng(1).integers(0, 255, 64, dtype=np.uint8).tobytes()  # no 0xFF: no marker
     dht = next(s for m, s, _ in _segments(base) if m == 0xC4)
     dqt = next(s for m, s, _ in _segments(base) if m == 0xDB)
+    sof, ids = base.index(b"\xff\xc0"), _scan_parameters(base, 0) - 6  # the frame header; the scan's component ids
     return {
         "intact": base, "cut_50": base[:n // 2], "cut_90": base[:n * 9 // 10], "cut_before_eoi": base[:n - 10],
         "no_eoi": base[:n - 2], "cut_in_header": base[:300], "cut_50_eoi": base[:n // 2] + b"\xff\xd9",
@@ -123,6 +137,17 @@ def _cases() -> dict[str, bytes]:
         "progressive_past_coefficient_63": _patched(prog, _scan_parameters(prog, 2), b"\x01\x40"),
         "sequential_zero_scan_parameters": _patched(base, _scan_parameters(base, 0), bytes(3)),
         "lossless": _patched(base, base.index(b"\xff\xc0") + 1, b"\xc3"),
+        # the scan's components 2, 1, 3 (libjpeg takes the i-th from the frame's i-th on); a JPG0 marker before the
+        # scan; the luma sampling factors 2x0, then 4x4 (18 blocks an MCU, above libjpeg's 10)
+        "scan_components_2_1_3": _patched(base, ids, base[ids + 2:ids + 4] + base[ids:ids + 2]),
+        "jpg0_marker": base[:_segments(base)[-1][1]] + b"\xff\xf0\x00\x02" + base[_segments(base)[-1][1]:],
+        "sampling_factor_0": _patched(base, sof + 11, b"\x20"),
+        "sampling_too_large": _patched(base, sof + 11, b"\x44"),
+        "over_the_pixel_cap_past_coefficient_63": _patched(
+            _patched(prog, _scan_parameters(prog, 2), b"\x01\x40"), prog.index(b"\xff\xc2") + 5,
+            (20000).to_bytes(2, "big") * 2),
+        "over_the_aspect_cap_sampling_factor_0": _patched(_patched(base, sof + 11, b"\x20"), sof + 7,
+                                                          (12800).to_bytes(2, "big")),
         "progressive_cut_50_eoi": prog[:len(prog) // 2] + b"\xff\xd9",
         "restart": rst, "restart_cut_50_eoi": rst[:len(rst) // 2] + b"\xff\xd9",
         "restart_444": _jpeg(px, subsampling=0, restart_marker_rows=1),
