@@ -18,10 +18,7 @@ from unstall import protocol
 from unstall.local import LocalClient
 from unstall.torch import DataLoader, Dataset, EpochIndex, decode_image, tensor_loader
 from fake_local import TOKEN, FakeLocalSidecar
-
-
-def keep(batch):
-    return batch
+from shim_batches import keep
 
 
 @pytest.fixture

@@ -84,8 +84,8 @@ def image_bytes(rng: np.random.Generator, fmt: str, w: int = 32, h: int = 24) ->
 def make_image_folder(
     root: Path, classes: Sequence[str], per_class: int, *, seed: int = 0, equal_size: Optional[int] = None,
     extras: bool = True,
-) -> None:
-    """torchvision ImageFolder layout with real JPEG/PNG files.
+) -> Path:
+    """torchvision ImageFolder layout with real JPEG/PNG files, under ``root`` (returned).
 
     ``equal_size`` pads every file with trailing bytes to exactly that many bytes (decoders ignore
     data after the end of the image), for exact cache arithmetic. ``extras`` adds what ImageFolder
@@ -109,6 +109,7 @@ def make_image_folder(
             target.write_bytes(data)
         if extras:
             (d / "notes.txt").write_text("not an image")
+    return root
 
 
 # -- Parquet and HDF5, written by their reference writers (pyarrow.parquet, h5py) ---------------------

@@ -17,6 +17,8 @@ import numpy as np
 import unstall
 from unstall.torch import DataLoader, Dataset
 
+from batches import keep
+
 
 @dataclass
 class Case:
@@ -113,10 +115,6 @@ def csv_case(root: Path) -> Case:
 def _csv_item(x: tuple[dict[str, Any], Any]) -> Hashable:
     row, label = x
     return tuple(sorted((k, v) for k, v in row.items() if k != "y")), label
-
-
-def keep(batch: list[Any]) -> list[Any]:
-    return batch
 
 
 def assert_epochs(case: Case, name: str, sidecar: unstall.Sidecar, root: str, epochs: int = 2,

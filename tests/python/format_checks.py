@@ -13,9 +13,7 @@ import numpy as np
 
 from unstall.torch import DataLoader, Dataset
 
-
-def keep(batch: list[Any]) -> list[Any]:
-    return batch
+from batches import keep
 
 
 def frozen(row: dict[str, Any]) -> str:

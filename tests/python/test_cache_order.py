@@ -13,6 +13,7 @@ import pytest
 import torch.utils.data as tud
 from torchvision.datasets import ImageFolder
 
+from batches import keep
 from datagen import make_image_folder
 from unstall.cache_order import cache_first, decode_snapshot, encode_snapshot, snapshot_digest, window_positions
 from unstall.sampling import EpochSampler
@@ -26,10 +27,6 @@ K = 16  # samples the cache holds: the dataset is 3x the cache
 BATCH = 4
 W = 4 * BATCH  # the default window
 SEED = 5
-
-
-def keep(batch):
-    return batch
 
 
 def _dataset(tmp_path: Path) -> tuple[Path, dict[bytes, int]]:

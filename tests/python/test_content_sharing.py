@@ -19,13 +19,11 @@ import unstall
 from unstall.protocol import DatasetStats
 from unstall.torch import DataLoader, Dataset
 
+from batches import keep
+
 CLASSES = ("c0", "c1", "c2", "c3")
 PER_CLASS = 6  # 24 samples, as in the report
 N = len(CLASSES) * PER_CLASS
-
-
-def keep(batch: list) -> list:
-    return batch
 
 
 def write_folder(root: Path, seed: int, sizes: Sequence[int]) -> list[bytes]:

@@ -23,6 +23,7 @@ import pytest
 from torchvision.datasets import ImageFolder
 
 import unstall
+from batches import keep
 from datagen import make_image_folder, make_tfrecord_shards
 from unstall.local import LocalClient
 from unstall.sidecar import read_state
@@ -32,10 +33,6 @@ HERE = Path(__file__).parent
 SIZE = 16384  # every sample is exactly this many bytes: one LRU block, so both policies hold K samples
 N = 24  # samples per dataset
 K = 12  # cache slots: fewer than the samples, so later epochs have hits and misses
-
-
-def keep(batch):
-    return batch
 
 
 def sha(data: bytes) -> str:

@@ -8,15 +8,12 @@ from pathlib import Path
 import pytest
 from torchvision.datasets import ImageFolder
 
+from batches import keep
 from datagen import make_image_folder
 from unstall.torch import DataLoader, Dataset
 
 SIZE = 4096
 K = 4
-
-
-def keep(batch):
-    return batch
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -185,30 +185,70 @@ def sidecar_verdicts(env: PrepEnv, keys: list[str]) -> tuple[dict[int, np.ndarra
     return pixels, {int(s["id"]): str(s["reason"]) for s in skipped}
 
 
-def device_verdict(backend: str, data: bytes, k: int, key: str, device: str = "cpu") -> Any:
-    """The device path's crop of sample ``k`` (``MixedDecode`` on ``device``, the group's seed and epoch 0), or its
-    error's message."""
+def damaged_fixtures(tmp_name: str, cases: dict[str, bytes], keys: list[str]) -> tuple[Any, Any]:
+    """A module's fixtures ``damaged`` (``serve_cases`` of ``cases`` under ``keys``, in a temporary folder named
+    ``tmp_name``) and ``sidecar_side`` (``sidecar_verdicts`` of it), both module-scoped: bind them to those names."""
+
+    @pytest.fixture(scope="module")
+    def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
+        yield from serve_cases(tmp_path_factory.mktemp(tmp_name), cases, keys)
+
+    @pytest.fixture(scope="module")
+    def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+        return sidecar_verdicts(damaged, keys)
+
+    return damaged, sidecar_side
+
+
+def device_verdict(backend: str, cases: dict[str, bytes], keys: list[str], k: int, device: str = "cpu") -> Any:
+    """The device path's crop of sample ``k`` of ``cases`` (``MixedDecode`` on ``device``, the group's seed and
+    epoch 0), or its error's message."""
     import torch
 
+    data = list(cases.values())[k]
     try:
         return _mixed(backend, device=device)([torch.frombuffer(bytearray(data), dtype=torch.uint8)], [k], 0, 7,
-                                              [key]).cpu().numpy()[0]
+                                              [keys[k]]).cpu().numpy()[0]
     except ValueError as e:
         return str(e)
 
 
-@pytest.fixture(scope="module")
-def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
-    yield from serve_cases(tmp_path_factory.mktemp("prep-damaged"), CASES, KEYS)
+def assert_refused_alike(pattern: str, reasons: dict[int, str], device: Any, k: int, keys: list[str],
+                         name: str) -> None:
+    """The sidecar refused sample ``k`` with a reason matching ``pattern``, and the device path with the same reason,
+    naming the sample."""
+    assert re.fullmatch(pattern, reasons.get(k, "")), (name, reasons.get(k))
+    assert device == f"decode(device='mixed'): sample {k} ({keys[k]}): " + reasons[k], name
 
 
-@pytest.fixture(scope="module")
-def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str]]:
-    return sidecar_verdicts(damaged, KEYS)
+def assert_decoded_alike(diffs: list[np.ndarray], n: int) -> None:
+    """``n`` samples decoded on both sides, whose pixel differences (``diffs``) are within docs/PREP.md's bound."""
+    d = np.concatenate(diffs)
+    assert len(diffs) == n and d.mean() <= MAX_MEAN_DIFF and np.percentile(d, 99) <= MAX_P99_DIFF, \
+        (float(d.mean()), float(np.percentile(d, 99)))
 
 
-def _device(backend: str, k: int, device: str = "cpu") -> Any:
-    return device_verdict(backend, list(CASES.values())[k], k, KEYS[k], device)
+def assert_the_batch_fails_naming_the_sample(env: PrepEnv, root: Path, intact: bytes, broken: bytes, suffix: str,
+                                             cpu_load: float, reason: str) -> None:
+    """A dataset at ``root`` of an intact file and a damaged one (``c0/a<suffix>``, ``c0/b<suffix>``), in one batch:
+    the device (``cpu_load=0``) or the sidecar's CPUs (``cpu_load=1``) decode it, and either way the batch fails with
+    the damaged sample's id, key and ``reason`` (a pattern); never fed."""
+    (root / "c0").mkdir(parents=True)
+    (root / "c0" / f"a{suffix}").write_bytes(intact)
+    (root / "c0" / f"b{suffix}").write_bytes(broken)
+    env.sidecar.register_dataset(root.name, root)
+    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
+                         layout="NHWC", dtype="uint8")
+    key = re.escape(f"c0/b{suffix}")
+    where = rf"decode\(device='mixed'\): sample 1 \({key}\): " if cpu_load == 0 else \
+        rf"dataset '{root.name}' sample 1 \('{key}'\): "
+    with env.client() as client, prep.PrepLoader(root.name, pipe, batch_size=2, shuffle=False, epochs=1,
+                                                  device="cpu", client=client) as loader:
+        with pytest.raises(ValueError, match=where + reason):
+            list(loader)
+
+
+damaged, sidecar_side = damaged_fixtures("prep-damaged", CASES, KEYS)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -218,12 +258,10 @@ def test_a_damaged_jpeg_is_refused_by_both_sides_naming_it_or_decoded_alike(
     pixels, reasons = sidecar_side
     diffs = []
     for k, name in enumerate(CASES):
-        device = _device(backend, k, on)
-        where = f"decode(device='mixed'): sample {k} ({KEYS[k]}): "
+        device = device_verdict(backend, CASES, KEYS, k, on)
         refused = REFUSED.get(name) or REFUSED_BY_RULE.get(name)
         if refused is not None:
-            assert re.fullmatch(refused, reasons.get(k, "")), (name, reasons.get(k))
-            assert device == where + reasons[k], name
+            assert_refused_alike(refused, reasons, device, k, KEYS, name)
             if "cuts the scan data" in refused:  # the byte named is the one patched
                 assert f" at byte {_scan_middle(CASES['intact'])} " in reasons[k], (name, reasons[k])
         elif name in DECODED_THROUGH:
@@ -232,9 +270,7 @@ def test_a_damaged_jpeg_is_refused_by_both_sides_naming_it_or_decoded_alike(
         else:
             assert k in pixels and not isinstance(device, str), (name, reasons.get(k), device)
             diffs.append(np.abs(pixels[k].astype(np.int16) - device.astype(np.int16)).ravel())
-    d = np.concatenate(diffs)
-    assert len(diffs) == 11 and d.mean() <= MAX_MEAN_DIFF and np.percentile(d, 99) <= MAX_P99_DIFF, \
-        (float(d.mean()), float(np.percentile(d, 99)))
+    assert_decoded_alike(diffs, 11)
 
 
 @pytest.mark.parametrize("name", ["cut_90", "no_dqt", "bad_dht"])
@@ -244,19 +280,8 @@ def test_through_a_sidecar_the_batch_fails_naming_the_sample_on_whichever_side_d
     """A dataset of an intact JPEG and a damaged one, in one batch: the device (``cpu_load=0``) or the sidecar's
     CPUs (``cpu_load=1``) decode it, and either way the batch fails with the damaged sample's id, key and the same
     reason; never fed."""
-    root = tmp_path / f"damaged-{name}-{cpu_load}"
-    (root / "c0").mkdir(parents=True)
-    (root / "c0" / "a.jpg").write_bytes(CASES["intact"])
-    (root / "c0" / "b.jpg").write_bytes(CASES[name])
-    damaged.sidecar.register_dataset(root.name, root)
-    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
-                         layout="NHWC", dtype="uint8")
-    where = r"decode\(device='mixed'\): sample 1 \(c0/b\.jpg\): " if cpu_load == 0 else \
-        rf"dataset '{root.name}' sample 1 \('c0/b\.jpg'\): "
-    with damaged.client() as client, prep.PrepLoader(root.name, pipe, batch_size=2, shuffle=False, epochs=1,
-                                                      device="cpu", client=client) as loader:
-        with pytest.raises(ValueError, match=where + REFUSED[name]):
-            list(loader)
+    assert_the_batch_fails_naming_the_sample(damaged, tmp_path / f"damaged-{name}-{cpu_load}", CASES["intact"],
+                                             CASES[name], ".jpg", cpu_load, REFUSED[name])
 
 
 def _center(pixels: np.ndarray) -> np.ndarray:

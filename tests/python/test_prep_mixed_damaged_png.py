@@ -9,19 +9,18 @@ rechunked."""
 from __future__ import annotations
 
 import io
-import re
 import zlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
-from test_prep_mixed import BACKENDS, DEVICES, MAX_MEAN_DIFF, MAX_P99_DIFF
-from test_prep_mixed_damaged import _picture, device_verdict, serve_cases, sidecar_verdicts
+from test_prep_mixed import BACKENDS, DEVICES, MAX_MEAN_DIFF
+from test_prep_mixed_damaged import (_picture, assert_decoded_alike, assert_refused_alike,
+                                     assert_the_batch_fails_naming_the_sample, damaged_fixtures, device_verdict)
 from test_prep_support import PrepEnv
 
-from unstall import prep  # noqa: E402  (after test_prep_support put this checkout's shim first)
 
 NO_IEND = r"truncated PNG: no IEND chunk after the image data, \d+ bytes in all"
 NO_IDAT = r"truncated PNG: the file ends at byte \d+ before any image data \(IDAT\)"
@@ -144,18 +143,7 @@ CASES = _cases()
 KEYS = [f"c0/{k:02d}_{name}.png" for k, name in enumerate(CASES)]  # the dataset's keys, by sample id
 
 
-@pytest.fixture(scope="module")
-def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepEnv]:
-    yield from serve_cases(tmp_path_factory.mktemp("prep-damaged-png"), CASES, KEYS)
-
-
-@pytest.fixture(scope="module")
-def sidecar_side(damaged: PrepEnv) -> tuple[dict[int, np.ndarray], dict[int, str]]:
-    return sidecar_verdicts(damaged, KEYS)
-
-
-def _device(backend: str, k: int, device: str = "cpu") -> Any:
-    return device_verdict(backend, list(CASES.values())[k], k, KEYS[k], device)
+damaged, sidecar_side = damaged_fixtures("prep-damaged-png", CASES, KEYS)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -165,20 +153,16 @@ def test_a_damaged_png_is_refused_by_both_sides_naming_it_or_decoded_alike(
     pixels, reasons = sidecar_side
     diffs = []
     for k, name in enumerate(CASES):
-        device = _device(backend, k, on)
-        where = f"decode(device='mixed'): sample {k} ({KEYS[k]}): "
+        device = device_verdict(backend, CASES, KEYS, k, on)
         refused = REFUSED.get(name) or (REJECTED if name in REJECTED_BY_DECODER else None)
         if refused is not None:
-            assert re.fullmatch(refused, reasons.get(k, "")), (name, reasons.get(k))
-            assert device == where + reasons[k], name
+            assert_refused_alike(refused, reasons, device, k, KEYS, name)
         else:
             assert k in pixels and not isinstance(device, str), (name, reasons.get(k), device)
             diff = np.abs(pixels[k].astype(np.int16) - device.astype(np.int16))
             assert diff.mean() <= MAX_MEAN_DIFF, (name, float(diff.mean()))  # each alike: 16-bit samples too
             diffs.append(diff.ravel())
-    d = np.concatenate(diffs)
-    assert len(diffs) == 11 and d.mean() <= MAX_MEAN_DIFF and np.percentile(d, 99) <= MAX_P99_DIFF, \
-        (float(d.mean()), float(np.percentile(d, 99)))
+    assert_decoded_alike(diffs, 11)
 
 
 @pytest.mark.parametrize("name", ["cut_90", "color_type_9", "idat_flipped"])
@@ -188,16 +172,5 @@ def test_through_a_sidecar_the_batch_fails_naming_the_sample_on_whichever_side_d
     """A dataset of an intact PNG and a damaged one, in one batch: the device (``cpu_load=0``) or the sidecar's CPUs
     (``cpu_load=1``) decode it, and either way the batch fails with the damaged sample's id, key and the same
     reason; never fed."""
-    root = tmp_path / f"damaged-{name}-{cpu_load}"
-    (root / "c0").mkdir(parents=True)
-    (root / "c0" / "a.png").write_bytes(CASES["intact"])
-    (root / "c0" / "b.png").write_bytes(CASES[name])
-    damaged.sidecar.register_dataset(root.name, root)
-    pipe = prep.Pipeline((prep.decode(device="mixed", cpu_load=cpu_load), prep.random_resized_crop(48), prep.hflip()),
-                         layout="NHWC", dtype="uint8")
-    where = r"decode\(device='mixed'\): sample 1 \(c0/b\.png\): " if cpu_load == 0 else \
-        rf"dataset '{root.name}' sample 1 \('c0/b\.png'\): "
-    with damaged.client() as client, prep.PrepLoader(root.name, pipe, batch_size=2, shuffle=False, epochs=1,
-                                                      device="cpu", client=client) as loader:
-        with pytest.raises(ValueError, match=where + (REFUSED.get(name) or REJECTED)):
-            list(loader)
+    assert_the_batch_fails_naming_the_sample(damaged, tmp_path / f"damaged-{name}-{cpu_load}", CASES["intact"],
+                                             CASES[name], ".png", cpu_load, REFUSED.get(name) or REJECTED)

@@ -19,6 +19,7 @@ import unstall
 from unstall.sidecar import find_java
 from unstall.torch import DataLoader, Dataset, pil_loader
 from conftest import SidecarFactory
+from batches import keep
 from datagen import make_image_folder
 from s3proxy import ACCESS_KEY, SECRET_KEY, S3Proxy, S3ProxyMissing
 
@@ -68,9 +69,7 @@ def upload_tree(s3: Any, local: Path, prefix: str) -> dict[str, bytes]:
 @pytest.fixture(scope="session")
 def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local ImageFolder (real JPEG/PNG, a nested directory, upper-case extensions, a non-image file)."""
-    root = tmp_path_factory.mktemp("s3imgs")
-    make_image_folder(root, CLASSES, per_class=8, seed=5)
-    return root
+    return make_image_folder(tmp_path_factory.mktemp("s3imgs"), CLASSES, per_class=8, seed=5)
 
 
 @pytest.fixture(scope="session")
@@ -102,10 +101,6 @@ def digest_and_image(data: bytes) -> tuple[str, torch.Tensor]:
     """Loader: the payload's SHA-256 (to check bytes and coverage) and the decoded image as floats."""
     image = torchvision.transforms.functional.pil_to_tensor(pil_loader(data))
     return hashlib.sha256(data).hexdigest(), image.float().div_(255)
-
-
-def keep(batch: list[Any]) -> list[Any]:
-    return batch
 
 
 def collate(items: list[tuple[tuple[str, torch.Tensor], int]]) -> tuple[list[str], torch.Tensor, torch.Tensor]:

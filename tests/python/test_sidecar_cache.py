@@ -9,14 +9,11 @@ import pytest
 
 from unstall.protocol import EpochStats
 from unstall.torch import DataLoader, Dataset
+from batches import keep
 from datagen import make_image_folder, make_tfrecord_shards
 
 SIZE = 4096  # every sample is exactly this many bytes
 K = 5  # the cache holds exactly K samples
-
-
-def keep(batch):
-    return batch
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

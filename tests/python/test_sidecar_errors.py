@@ -18,15 +18,12 @@ from unstall import prep
 from unstall.client import FlightClient
 from unstall.protocol import encode_fetch_ticket
 from unstall.torch import DataLoader, Dataset
+from batches import keep
 from datagen import Record, make_image_folder, make_tfrecord_shards
 from format_cases import webdataset_case
 from waits import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[2] / "protocol" / "fixtures"
-
-
-def keep(batch):
-    return batch
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import unstall
 from unstall.sidecar import read_state
+from waits import wait_until
 
 SCRIPT = """
 import json, os, unstall
@@ -23,15 +23,17 @@ print(json.dumps({"started": s.started, "pid": s.pid, "flight": s.flight_locatio
 """
 
 
-def _gone(pid: int, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _wait_gone(pid: int, what: str, timeout: float = 20.0) -> None:
+    """Waits until no process ``pid`` exists; a timeout fails naming ``what``."""
+
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        time.sleep(0.1)
-    return False
+        return False
+
+    wait_until(gone, what, timeout=timeout, interval=0.1)
 
 
 def test_no_sidecar_running_starts_the_embedded_one_and_stops_it_at_exit(sidecar_jar: Path, tmp_path: Path) -> None:
@@ -42,7 +44,7 @@ def test_no_sidecar_running_starts_the_embedded_one_and_stops_it_at_exit(sidecar
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout.strip().splitlines()[-1])
     assert info["started"] and info["state"] and info["v"] == 1 and info["flight"].startswith("grpc+tcp://127.0.0.1:")
-    assert _gone(info["pid"]), "the embedded sidecar outlived the interpreter that started it"
+    _wait_gone(info["pid"], "the embedded sidecar to exit with the interpreter that started it")
     assert not (tmp_path / "home" / "sidecar.json").exists()
     token = (tmp_path / "home" / "token").read_text().strip()
     assert len(token) == 64 and token not in out.stdout + out.stderr
@@ -83,7 +85,8 @@ def test_stale_state_file_is_replaced(sidecar_jar: Path, tmp_path: Path) -> None
     with unstall.Sidecar(home=home, jar=sidecar_jar, cache_capacity="1MiB") as s:
         assert s.started and s.pid != 2**22 + 12345
         pid = s.pid
-    assert _gone(pid) and not (home / "sidecar.json").exists()
+    _wait_gone(pid, f"the started sidecar (pid {pid}) to exit at close")
+    assert not (home / "sidecar.json").exists()
 
 
 def test_a_sidecar_that_cannot_start_reports_its_log(tmp_path: Path) -> None:

@@ -11,20 +11,15 @@ import torchvision
 
 import unstall
 from unstall.torch import DataLoader, Dataset, decode_image, pil_loader
+from batches import keep
 from datagen import make_image_folder, make_tfrecord_shards
 
 CLASSES = ["cat", "dog", "zebra"]
 
 
-def keep(batch):
-    return batch
-
-
 @pytest.fixture(scope="module")
 def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("imgs")
-    make_image_folder(root, CLASSES, per_class=9, seed=1)
-    return root
+    return make_image_folder(tmp_path_factory.mktemp("imgs"), CLASSES, per_class=9, seed=1)
 
 
 @pytest.fixture(scope="module")

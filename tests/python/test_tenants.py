@@ -22,14 +22,11 @@ from unstall.client import FlightClient
 from unstall.local import LocalClient
 from unstall.protocol import encode_fetch_ticket
 from unstall.torch import DataLoader, Dataset
+from batches import keep
 from datagen import make_image_folder
 from waits import wait_until
 
 NOBODY = 65534
-
-
-def keep(batch):
-    return batch
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,9 @@ construction is adapted:
   torchdata's workers snapshot their state; unstall's state is the position, exact at every step),
   ``multiprocessing_context`` (torchdata's forkserver on macOS) and ``pin_memory=TEST_CUDA``;
 - ``subTest`` loops and ``parameterized.expand`` are ``pytest.mark.parametrize``.
+- the steps torchdata's tests repeat (building the loader, interrupting it, restoring a state) are shared helpers:
+  ``_loader``, ``_interrupted``, ``_restored``, ``_run_and_checkpoint``, ``_snapshot_zero``, ``_snapshot_end``,
+  ``_interrupted_and_new``.
 
 A dataset that draws from torch's RNG in ``__getitem__`` (``DummyMapDataset(shuffle=True)``) resumes as
 torchdata's does, by other means: torchdata saves and restores each worker's RNG through the dataset's
@@ -143,6 +146,27 @@ def DummyMapDataset(make_dataset: MakeDataset) -> Callable[..., Dataset]:  # noq
     return make
 
 
+def _loader(dataset: Dataset, **kwargs: Any) -> DataLoader:
+    """``StatefulDataLoader(dataset=dataset, collate_fn=identity, ...)``, as most of torchdata's tests build it."""
+    return DataLoader(dataset=dataset, collate_fn=identity, **kwargs)
+
+
+def _interrupted(dl: DataLoader, interrupt: int) -> tuple[dict[str, Any], list[Any]]:
+    """Takes ``interrupt`` batches of a new epoch of ``dl``, then its state, then the rest of that epoch: the state
+    and the batches a loader restored from it is expected to yield."""
+    it = iter(dl)
+    for _ in range(interrupt):
+        next(it)
+    state = dl.state_dict()
+    return state, list(it)
+
+
+def _restored(dl: DataLoader, state: dict[str, Any]) -> list[Any]:
+    """The batches of ``dl`` restored from ``state``."""
+    dl.load_state_dict(state)
+    return list(dl)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # TestStatefulDataLoaderIterable_shard0's test methods, which TestStatefulDataLoaderMap_shard1 and
 # TestStatefulSampler_shard1 inherit with their own _run_and_checkpoint.
@@ -162,6 +186,24 @@ def _inherited_cases() -> list[Any]:
     return cases
 
 
+def _run_and_checkpoint(dataset: Dataset, make_sampler: Callable[[], torch.utils.data.Sampler], num_workers: int,
+                        batch_size: Optional[int], pw: bool, interrupt: Optional[int]) -> None:
+    """``_run_and_checkpoint`` of TestStatefulDataLoaderMap_shard1 and TestStatefulSampler_shard1: the batches
+    after ``interrupt`` (None: all) of one loader against those of a new one restored from the state there."""
+
+    def loader() -> DataLoader:
+        return _loader(dataset, num_workers=num_workers, persistent_workers=pw, batch_size=batch_size,
+                       sampler=make_sampler())
+
+    dl = loader()
+    if interrupt is None:
+        interrupt = len(dl)
+    state_dict, exp = _interrupted(dl, interrupt)
+
+    # Restore new instance from state
+    assert _restored(loader(), state_dict) == exp
+
+
 # TestStatefulDataLoaderMap_shard1 returns before doing anything without workers.
 @pytest.mark.parametrize("num_workers, batch_size, pw, interrupt, shuffle", _inherited_cases())
 def test_map_shard1(DummyMapDataset: Callable[..., Dataset], num_workers: int, batch_size: Optional[int],  # noqa: N803
@@ -170,48 +212,13 @@ def test_map_shard1(DummyMapDataset: Callable[..., Dataset], num_workers: int, b
     if num_workers == 0:
         return
     dataset = DummyMapDataset(100, shuffle=shuffle)
-    generator = torch.Generator()
-    generator.manual_seed(13)
-    sampler = torch.utils.data.RandomSampler(dataset, generator=generator)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=batch_size,
-        sampler=sampler,
-    )
 
-    if interrupt is None:
-        interrupt = len(dl)
+    def sampler() -> torch.utils.data.Sampler:
+        generator = torch.Generator()
+        generator.manual_seed(13)
+        return torch.utils.data.RandomSampler(dataset, generator=generator)
 
-    it = iter(dl)
-    for _ in range(interrupt):
-        next(it)
-
-    state_dict = dl.state_dict()
-    exp = []
-    for batch in it:
-        exp.append(batch)
-
-    # Restore new instance from state
-    generator = torch.Generator()
-    generator.manual_seed(13)
-    sampler = torch.utils.data.RandomSampler(dataset, generator=generator)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=batch_size,
-        sampler=sampler,
-    )
-    dl.load_state_dict(state_dict)
-    batches = []
-    for batch in dl:
-        batches.append(batch)
-
-    assert batches == exp
+    _run_and_checkpoint(dataset, sampler, num_workers, batch_size, pw, interrupt)
 
 
 # DummySampler's order is fixed, so unstall's skip in the sampler restores it although unstall cannot restore
@@ -222,93 +229,30 @@ def test_stateful_sampler_shard1(DummyMapDataset: Callable[..., Dataset], num_wo
                                  batch_size: Optional[int], pw: bool, interrupt: Optional[int], shuffle: bool) -> None:
     """TestStatefulSampler_shard1: a custom sampler (torchdata restores its iterator's own state_dict)."""
     dataset = DummyMapDataset(100, shuffle=shuffle)
-    sampler = DummySampler(len(dataset))
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=batch_size,
-        sampler=sampler,
-    )
-
-    if interrupt is None:
-        interrupt = len(dl)
-
-    it = iter(dl)
-    for _ in range(interrupt):
-        next(it)
-
-    state_dict = dl.state_dict()
-    exp = []
-    for batch in it:
-        exp.append(batch)
-
-    # Restore new instance from state
-    sampler = DummySampler(len(dataset))
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=batch_size,
-        sampler=sampler,
-    )
-    dl.load_state_dict(state_dict)
-    batches = []
-    for batch in dl:
-        batches.append(batch)
-
-    assert batches == exp
+    _run_and_checkpoint(dataset, lambda: DummySampler(len(dataset)), num_workers, batch_size, pw, interrupt)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # TestSnapshotZero_shard2: a state taken before the first batch.
 
 
+def _snapshot_zero(dl: DataLoader) -> None:
+    """The state of ``dl`` taken right after ``iter()``, restored into ``dl`` itself, replays that epoch."""
+    state0, exp = _interrupted(dl, 0)
+    assert _restored(dl, state0) == exp
+
+
 @pytest.mark.parametrize("pw", [False, True])
 def test_snapshot_zero_map(DummyMapDataset: Callable[..., Dataset], pw: bool) -> None:  # noqa: N803
     """TestSnapshotZero_shard2.test_map."""
-    num_workers = 3
-    dataset = DummyMapDataset(100, shuffle=True)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-    )
-
-    it = iter(dl)
-    state0 = dl.state_dict()
-    exp = list(it)
-
-    dl.load_state_dict(state0)
-    batches = list(dl)
-
-    assert batches == exp
+    _snapshot_zero(_loader(DummyMapDataset(100, shuffle=True), num_workers=3, persistent_workers=pw))
 
 
 @pytest.mark.parametrize("pw", [False, True])
 def test_snapshot_zero_map_shuffle(DummyMapDataset: Callable[..., Dataset], pw: bool) -> None:  # noqa: N803
     """TestSnapshotZero_shard2.test_map_shuffle."""
-    num_workers = 3
-    dataset = DummyMapDataset(100, shuffle=False)
-    dl = DataLoader(
-        dataset=dataset,
-        shuffle=True,  # Use default RandomSampler
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-    )
-
-    it = iter(dl)
-    state0 = dl.state_dict()
-    exp = list(it)
-
-    dl.load_state_dict(state0)
-    batches = list(dl)
-
-    assert batches == exp
+    _snapshot_zero(_loader(DummyMapDataset(100, shuffle=False), shuffle=True,  # Use default RandomSampler
+                           num_workers=3, persistent_workers=pw))
 
 
 @pytest.mark.parametrize("pw, num_workers, every_n_steps", list(itertools.product([False, True], [0, 2], [1, 15])))
@@ -317,13 +261,7 @@ def test_snapshot_zero_map_iterrupted_shuffle(DummyMapDataset: Callable[..., Dat
     """TestSnapshotZero_shard2.test_map_iterrupted_shuffle: restores the state after 4 batches, then the state
     before the first."""
     dataset = DummyMapDataset(10, shuffle=True)
-    dl = DataLoader(
-        dataset=dataset,
-        shuffle=True,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw if num_workers > 0 else False,
-    )
+    dl = _loader(dataset, shuffle=True, num_workers=num_workers, persistent_workers=pw if num_workers > 0 else False)
 
     it = iter(dl)
     state0 = dl.state_dict()
@@ -349,71 +287,40 @@ def test_snapshot_zero_map_iterrupted_shuffle(DummyMapDataset: Callable[..., Dat
 # TestSnapshotEnd_shard2: a state taken once the epoch's loop is over restores as the next epoch's start.
 
 
-@pytest.mark.parametrize("pw, bs", list(itertools.product([False, True], [None, 4])))
-def test_snapshot_end_map(DummyMapDataset: Callable[..., Dataset], pw: bool, bs: Optional[int]) -> None:  # noqa: N803
-    """TestSnapshotEnd_shard2.test_map."""
-    num_workers = 3
-    dataset = DummyMapDataset(100, shuffle=True)
-    generator = torch.Generator()
-    generator.manual_seed(15)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=bs,
-        generator=generator,
-    )
+def _snapshot_end(make_loader: Callable[[], DataLoader]) -> None:
+    """The state of one loader after a whole epoch, restored into a new one, yields what the first loader's next
+    epoch does."""
+    dl = make_loader()
     list(dl)
     state_end = dl.state_dict()
     exp = list(dl)
 
-    generator.manual_seed(15)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=bs,
-        generator=generator,
-    )
-    dl.load_state_dict(state_end)
-    batches = list(dl)
+    assert _restored(make_loader(), state_end) == exp
 
-    assert batches == exp
+
+@pytest.mark.parametrize("pw, bs", list(itertools.product([False, True], [None, 4])))
+def test_snapshot_end_map(DummyMapDataset: Callable[..., Dataset], pw: bool, bs: Optional[int]) -> None:  # noqa: N803
+    """TestSnapshotEnd_shard2.test_map."""
+    dataset = DummyMapDataset(100, shuffle=True)
+    generator = torch.Generator()
+
+    def loader() -> DataLoader:
+        generator.manual_seed(15)
+        return _loader(dataset, num_workers=3, persistent_workers=pw, batch_size=bs, generator=generator)
+
+    _snapshot_end(loader)
 
 
 @pytest.mark.parametrize("pw, bs", list(itertools.product([False, True], [None, 4])))
 def test_snapshot_end_map_shuffle(DummyMapDataset: Callable[..., Dataset], pw: bool,  # noqa: N803
                                   bs: Optional[int]) -> None:
     """TestSnapshotEnd_shard2.test_map_shuffle."""
-    num_workers = 3
-    dataset = DummyMapDataset(100, shuffle=False)
-    dl = DataLoader(
-        dataset=dataset,
-        shuffle=True,  # Use default RandomSampler
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=bs,
-    )
-    list(dl)
-    state_end = dl.state_dict()
-    exp = list(dl)
 
-    dataset = DummyMapDataset(100, shuffle=False)
-    dl = DataLoader(
-        dataset=dataset,
-        shuffle=True,  # Use default RandomSampler
-        num_workers=num_workers,
-        collate_fn=identity,
-        persistent_workers=pw,
-        batch_size=bs,
-    )
-    dl.load_state_dict(state_end)
-    batches = list(dl)
+    def loader() -> DataLoader:
+        return _loader(DummyMapDataset(100, shuffle=False), shuffle=True,  # Use default RandomSampler
+                       num_workers=3, persistent_workers=pw, batch_size=bs)
 
-    assert batches == exp
+    _snapshot_end(loader)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -429,22 +336,14 @@ def test_num_workers_mismatch(DummyMapDataset: Callable[..., Dataset]) -> None: 
         if initial_num_workers == num_workers:
             continue
         dataset = DummyMapDataset(100, shuffle=False)
-        dl = DataLoader(
-            dataset=dataset,
-            num_workers=initial_num_workers,
-            collate_fn=identity,
-        )
+        dl = _loader(dataset, num_workers=initial_num_workers)
         state = dl.state_dict()
 
         iter(dl)
         state = dl.state_dict()
         assert len(state) > 0
 
-        dl = DataLoader(
-            dataset=dataset,
-            num_workers=num_workers,
-            collate_fn=identity,
-        )
+        dl = _loader(dataset, num_workers=num_workers)
         dl.load_state_dict(state)
         try:
             iter(dl)
@@ -457,11 +356,7 @@ def test_num_workers_mismatch(DummyMapDataset: Callable[..., Dataset]) -> None: 
 def test_two_dataloaders(DummyMapDataset: Callable[..., Dataset]) -> None:  # noqa: N803
     """TestConcurrentDataLoaders_shard3.test_two_dataloaders: unstall's loader and torch's, one dataset."""
     dataset = DummyMapDataset(100, shuffle=False)
-    sdl = DataLoader(
-        dataset=dataset,
-        num_workers=2,
-        collate_fn=identity,
-    )
+    sdl = _loader(dataset, num_workers=2)
     exp = list(sdl)
 
     dl = torch.utils.data.DataLoader(
@@ -481,12 +376,7 @@ def test_json_serde_map(DummyMapDataset: Callable[..., Dataset], num_workers: in
     interrupt = 4
     dataset = DummyMapDataset(100, shuffle=False, include_generator=False)
     sampler = DummySampler(100)
-    dl = DataLoader(
-        dataset=dataset,
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=identity,
-    )
+    dl = _loader(dataset, sampler=sampler, num_workers=num_workers)
     list(dl)
 
     exp = []
@@ -500,17 +390,9 @@ def test_json_serde_map(DummyMapDataset: Callable[..., Dataset], num_workers: in
         exp.append(data)
 
     # Restore new instance from state
-    batches = []
-    dl = DataLoader(
-        dataset=dataset,
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=identity,
-    )
+    dl = _loader(dataset, sampler=sampler, num_workers=num_workers)
     deser = json.loads(ser)
-    dl.load_state_dict(deser)
-    for batch in iter(dl):
-        batches.append(batch)
+    batches = _restored(dl, deser)
 
     assert exp == batches
 
@@ -522,14 +404,7 @@ def test_json_serde_map(DummyMapDataset: Callable[..., Dataset], num_workers: in
 @pytest.mark.parametrize("pw", [False, True])
 def test_initial_state(DummyMapDataset: Callable[..., Dataset], pw: bool) -> None:  # noqa: N803
     """TestInitialState_shard0.test_initial_state."""
-    num_workers = 4
-    dataset = DummyMapDataset(100, shuffle=False)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        persistent_workers=pw,
-        collate_fn=identity,
-    )
+    dl = _loader(DummyMapDataset(100, shuffle=False), num_workers=4, persistent_workers=pw)
     state = dl.state_dict()
     # torchdata asserts its own layout here, len(state["_snapshot"]["_worker_snapshots"]) == num_workers;
     # unstall's state has no part per worker (the position is counted in the batches handed out).
@@ -540,70 +415,39 @@ def test_initial_state(DummyMapDataset: Callable[..., Dataset], pw: bool) -> Non
     for _ in range(2):
         next(it)
 
-    dl.load_state_dict(state)
-    data = list(dl)
-    assert data == exp
+    assert _restored(dl, state) == exp
 
     data2 = list(dl)
     assert data2 == exp
+
+
+def _interrupted_and_new(DummyMapDataset: Callable[..., Dataset], pw: bool,  # noqa: N803
+                         interrupt: int) -> tuple[dict[str, Any], list[Any], DataLoader]:
+    """The state of a 4-worker loader over 100 samples after ``interrupt`` batches, the rest of that epoch, and a new
+    loader built the same way to restore the state into."""
+    dataset = DummyMapDataset(100, shuffle=True)
+
+    def loader() -> DataLoader:
+        return _loader(dataset, num_workers=4, persistent_workers=pw)
+
+    state, exp = _interrupted(loader(), interrupt)
+    return state, exp, loader()
 
 
 @pytest.mark.parametrize("pw, interrupt", list(itertools.product([False, True], [2, 9])))
 def test_load_state_after_initial_state_dict(DummyMapDataset: Callable[..., Dataset], pw: bool,  # noqa: N803
                                              interrupt: int) -> None:
     """TestInitialState_shard0.test_load_state_after_initial_state_dict."""
-    num_workers = 4
-    dataset = DummyMapDataset(100, shuffle=True)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        persistent_workers=pw,
-        collate_fn=identity,
-    )
-
-    it = iter(dl)
-    for _ in range(interrupt):
-        next(it)
-    state = dl.state_dict()
-    exp = list(it)
-
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        persistent_workers=pw,
-        collate_fn=identity,
-    )
+    state, exp, dl = _interrupted_and_new(DummyMapDataset, pw, interrupt)
     dl.state_dict()  # torchdata asserts its per-worker layout of this state (see test_initial_state)
-    dl.load_state_dict(state)
-    data = list(dl)
-    assert data == exp
+    assert _restored(dl, state) == exp
 
 
 @pytest.mark.parametrize("pw, interrupt", list(itertools.product([False, True], [2, 9])))
 def test_load_state_before_initial_state_dict(DummyMapDataset: Callable[..., Dataset], pw: bool,  # noqa: N803
                                               interrupt: int) -> None:
     """TestInitialState_shard0.test_load_state_before_initial_state_dict."""
-    num_workers = 4
-    dataset = DummyMapDataset(100, shuffle=True)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        persistent_workers=pw,
-        collate_fn=identity,
-    )
-
-    it = iter(dl)
-    for _ in range(interrupt):
-        next(it)
-    state = dl.state_dict()
-    exp = list(it)
-
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        persistent_workers=pw,
-        collate_fn=identity,
-    )
+    state, exp, dl = _interrupted_and_new(DummyMapDataset, pw, interrupt)
     dl.load_state_dict(state)
     state0 = dl.state_dict()
     assert state0 == state
@@ -616,14 +460,7 @@ def test_load_state_before_initial_state_dict(DummyMapDataset: Callable[..., Dat
     "next(); torchdata's waits for each worker's initial state in iter()"))
 def test_init_error(DummyMapDataset: Callable[..., Dataset]) -> None:  # noqa: N803
     """TestInitialState_shard0.test_init_error."""
-    num_workers = 4
-    dataset = DummyMapDataset(100, shuffle=True)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-        worker_init_fn=error_worker_init_fn,
-    )
+    dl = _loader(DummyMapDataset(100, shuffle=True), num_workers=4, worker_init_fn=error_worker_init_fn)
     with pytest.raises(ValueError, match=ERROR_MSG):
         iter(dl)
 
@@ -637,13 +474,7 @@ def error_worker_init_fn(worker_id: int) -> None:
 
 def test_iteration_error(make_dataset: MakeDataset) -> None:
     """TestInitialState_shard0.test_iteration_error."""
-    num_workers = 4
-    dataset = make_dataset(10, raise_iteration_error)  # ErrorDataset()
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        collate_fn=identity,
-    )
+    dl = _loader(make_dataset(10, raise_iteration_error), num_workers=4)  # ErrorDataset()
     it = iter(dl)
     with pytest.raises(ValueError, match="Iteration error"):
         next(it)
@@ -652,24 +483,13 @@ def test_iteration_error(make_dataset: MakeDataset) -> None:
 @pytest.mark.parametrize("pw", list(itertools.product([False, True])))  # torchdata's: pw is a 1-tuple, truthy
 def test_load_then_state(DummyMapDataset: Callable[..., Dataset], pw: Any) -> None:  # noqa: N803
     """TestInitialState_shard0.test_load_then_state."""
-    num_workers = 4
     dataset = DummyMapDataset(100, shuffle=True)
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        persistent_workers=pw,
-        collate_fn=identity,
-    )
+    dl = _loader(dataset, num_workers=4, persistent_workers=pw)
 
     state0 = dl.state_dict()
     exp = list(dl)
 
-    dl = DataLoader(
-        dataset=dataset,
-        num_workers=num_workers,
-        persistent_workers=pw,
-        collate_fn=identity,
-    )
+    dl = _loader(dataset, num_workers=4, persistent_workers=pw)
     it = iter(dl)
     for _ in range(3):
         next(it)

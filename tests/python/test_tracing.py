@@ -12,15 +12,12 @@ import pytest
 from unstall import tracing
 from unstall.errors import DataFileNotFoundError
 from unstall.torch import DataLoader, Dataset
+from batches import keep
 from datagen import make_tfrecord_shards
 
 SIZE = 4096
 N = 16
 K = 5  # cache slots
-
-
-def keep(batch):
-    return batch
 
 
 @pytest.fixture

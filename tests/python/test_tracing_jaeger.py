@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from unstall.torch import Dataset
 from datagen import make_tfrecord_shards
+from waits import wait_until
 
 SIZE = 4096
 
@@ -92,18 +92,18 @@ def jaeger(tmp_path_factory: pytest.TempPathFactory):
     proc = subprocess.Popen([str(jaeger_binary()), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})  # Jaeger's own telemetry
     query = f"http://127.0.0.1:{ports[1]}"
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"Jaeger exited with {proc.returncode}: {(tmp_path / 'jaeger.log').read_text()[-2000:]}")
+        try:
+            get_json(query + "/api/services")
+            return True
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"Jaeger exited with {proc.returncode}: {(tmp_path / 'jaeger.log').read_text()[-2000:]}")
-            try:
-                get_json(query + "/api/services")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("Jaeger did not answer within 60 s")
-                time.sleep(0.2)
+        wait_until(answers, "Jaeger to answer on its query API", timeout=60, interval=0.2)
         yield f"http://127.0.0.1:{ports[0]}", query
     finally:
         proc.terminate()
@@ -149,17 +149,15 @@ def test_stall_spans_reach_jaeger(jaeger, start_sidecar, tmp_path: Path, num_wor
     assert proc.returncode == 0, proc.stderr
     assert "unstall: epoch 1: 3 batches" in proc.stderr + proc.stdout
 
-    stalls: list = []
-    steps: list = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def stalls_and_steps() -> tuple[list, list] | None:
         data = get_json(f"{query}/api/traces?service={service}&limit=1000").get("data") or []
         spans = [s for t in data for s in t["spans"]]
         stalls = [s for s in spans if s["operationName"] == "unstall.stall"]
         steps = [s for s in spans if s["operationName"] == "unstall.step"]
-        if len(stalls) >= 6 and len(steps) >= 6:
-            break
-        time.sleep(0.25)
+        return (stalls, steps) if len(stalls) >= 6 and len(steps) >= 6 else None
+
+    stalls, steps = wait_until(stalls_and_steps, f"6 unstall.stall and 6 unstall.step spans of {service} in Jaeger",
+                               timeout=60, interval=0.25)
     assert (len(stalls), len(steps)) == (6, 6)  # 2 epochs x 3 batches
     tags = [{t["key"]: t["value"] for t in s["tags"]} for s in stalls]
     assert sorted((t["unstall.epoch"], t["unstall.batch.index"]) for t in tags) == [(e, i) for e in (0, 1) for i in range(3)]
