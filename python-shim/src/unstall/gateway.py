@@ -14,14 +14,13 @@ the fork its gateways are dropped unsent, their Java objects left to the parent,
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import weakref
 from typing import Any, Optional
 
 from py4j.java_gateway import GatewayClient, GatewayParameters, JavaGateway
 from py4j.protocol import Py4JAuthenticationError, Py4JError, Py4JJavaError, Py4JNetworkError, is_fatal_error
 
+from ._fork import ResetInChild
 from .errors import AuthenticationError, SidecarError, SidecarUnavailableError, from_java_error
 
 __all__ = ["ControlPlane"]
@@ -66,17 +65,14 @@ class _NoNetworkTraceback(logging.Filter):
 
 logging.getLogger("py4j.java_gateway").addFilter(_NoNetworkTraceback())
 
-_planes: "weakref.WeakSet[ControlPlane]" = weakref.WeakSet()
 
 
-def _after_fork_in_child() -> None:
-    for plane in list(_planes):
-        plane._lock = threading.Lock()  # a lock held by another thread at the fork is never released here
-        plane._forget_gateways()
+def _reset_in_child(plane: ControlPlane) -> None:
+    plane._lock = threading.Lock()  # a lock held by another thread at the fork is never released here
+    plane._forget_gateways()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_planes: ResetInChild[ControlPlane] = ResetInChild(_reset_in_child)
 
 
 def _forget_inherited(gateway: JavaGateway) -> None:
