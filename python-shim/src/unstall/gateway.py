@@ -3,6 +3,12 @@
 ``ControlPlane`` holds one gateway per read deadline (py4j's read timeout is per gateway) and turns py4j's
 failures into the shim's errors: a network failure is ``SidecarUnavailableError`` (a fault that recovery
 handles), a refused token ``AuthenticationError``, a Java exception the error its status names.
+
+Nothing is sent to the sidecar from a garbage collection: py4j frees a Java object when its Python proxy is
+collected, from whichever thread the collection runs in (torch's queue feeder thread, say), waiting there for the
+answer. The only Java objects the shim gets are the exceptions of failed calls, so the call that failed frees its
+exception before it raises. A forked process (a DataLoader worker) never sends on its parent's connections: after
+the fork its gateways are dropped unsent, their Java objects left to the parent, and a call there connects anew.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any, Optional
 from py4j.java_gateway import GatewayClient, GatewayParameters, JavaGateway
 from py4j.protocol import Py4JAuthenticationError, Py4JError, Py4JJavaError, Py4JNetworkError, is_fatal_error
 
+from ._fork import ResetInChild
 from .errors import AuthenticationError, SidecarError, SidecarUnavailableError, from_java_error
 
 __all__ = ["ControlPlane"]
@@ -59,6 +66,42 @@ class _NoNetworkTraceback(logging.Filter):
 logging.getLogger("py4j.java_gateway").addFilter(_NoNetworkTraceback())
 
 
+
+def _reset_in_child(plane: ControlPlane) -> None:
+    plane._lock = threading.Lock()  # a lock held by another thread at the fork is never released here
+    plane._forget_gateways()
+
+
+_planes: ResetInChild[ControlPlane] = ResetInChild(_reset_in_child)
+
+
+def _forget_inherited(gateway: JavaGateway) -> None:
+    """Makes a gateway inherited through fork inert without sending anything on its connections (the parent's):
+    its client counts as disconnected, so the Java objects of the parent's calls are not freed from here, and this
+    process's copies of its sockets are closed (no shutdown: that would end the parent's connections too)."""
+    client = gateway._gateway_client
+    client.is_connected = False
+    while client.deque:
+        connection = client.deque.pop()
+        for end in (getattr(connection, "stream", None), connection.socket):
+            try:
+                if end is not None:
+                    end.close()
+            except OSError:
+                pass
+
+
+def _free(err: Py4JJavaError) -> None:
+    """Frees the Java exception of a failed call now, in the calling thread (bounded by the gateway's read
+    deadline), rather than whenever a garbage collection finds its proxy; a failure to free it is not the call's."""
+    java = getattr(err, "java_exception", None)
+    if java is not None:
+        try:
+            java._detach()
+        except Exception:
+            pass
+
+
 class ControlPlane:
     """The Py4J connection to one sidecar's control port. ``address`` stays known after ``close()``: a
     call then connects again."""
@@ -68,6 +111,7 @@ class ControlPlane:
         self._token = ""
         self._gateways: dict[float, JavaGateway] = {}  # one per read deadline
         self._lock = threading.Lock()
+        _planes.add(self)
 
     def describe(self) -> str:
         return f"{self.address[0]}:{self.address[1]}" if self.address is not None else "(no control port)"
@@ -110,7 +154,9 @@ class ControlPlane:
         try:
             return getattr(self.gateway(timeout).entry_point, method)(*args)
         except Py4JJavaError as e:
-            raise from_java_error(e) from None
+            error = from_java_error(e)  # reads the Java stack trace: before the exception is freed
+            _free(e)
+            raise error from None
         except Py4JNetworkError as e:
             raise SidecarUnavailableError(
                 f"lost the sidecar control plane at {self.describe()} ({method}): {_network_cause(e)}"
@@ -120,6 +166,12 @@ class ControlPlane:
                 f"the sidecar control port {self.describe()} rejected the token ({method}): {e}") from None
         except Py4JError as e:
             raise SidecarError(f"{method} failed: {e}") from None
+
+    def _forget_gateways(self) -> None:
+        """In a forked child: drops the parent's gateways unsent (``_forget_inherited``); a call connects anew."""
+        gateways, self._gateways = list(self._gateways.values()), {}
+        for gateway in gateways:
+            _forget_inherited(gateway)
 
     def close(self) -> None:
         with self._lock:

@@ -25,12 +25,12 @@ import mmap
 import os
 import socket
 import threading
-import weakref
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
 from . import protocol
+from ._fork import ResetInChild
 from .client import check_ids
 from .errors import ProtocolMismatchError, SessionNotFoundError, SidecarError, SidecarUnavailableError, from_status
 from .recovery import Deadlines, Endpoint, Rediscovery, call_with_recovery
@@ -39,19 +39,15 @@ T = TypeVar("T")
 
 __all__ = ["LocalClient", "answers_hello", "recv_frame", "send_frame"]
 
-_clients: "weakref.WeakSet[LocalClient]" = weakref.WeakSet()
 
-
-def _after_fork_in_child() -> None:
+def _reset_in_child(client: LocalClient) -> None:
     # The parent's connection is not ours: close this process's copy of its descriptor (the parent's
     # stays open, nothing is sent) so that the next call here opens a connection of its own.
-    for client in list(_clients):
-        client._lock = threading.RLock()  # a lock held by another thread at the fork is never released here
-        client._forget_connection()
+    client._lock = threading.RLock()  # a lock held by another thread at the fork is never released here
+    client._forget_connection()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_clients: ResetInChild[LocalClient] = ResetInChild(_reset_in_child)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
