@@ -66,7 +66,6 @@ class _NoNetworkTraceback(logging.Filter):
 logging.getLogger("py4j.java_gateway").addFilter(_NoNetworkTraceback())
 
 
-
 def _reset_in_child(plane: ControlPlane) -> None:
     plane._lock = threading.Lock()  # a lock held by another thread at the fork is never released here
     plane._forget_gateways()
