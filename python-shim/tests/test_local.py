@@ -82,6 +82,34 @@ def test_errors_carry_the_sidecars_message_and_the_connection_survives(fake: Fak
         LocalClient(fake.shm / "nowhere.sock", TOKEN).connect()
 
 
+def test_a_close_asked_for_mid_exchange_waits_for_the_exchange(fake: FakeLocalSidecar,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A garbage collection on the thread that is reading an answer can run a loader's finalizer, which closes its
+    session: the re-entrant lock lets it in, and a CLOSE sent then would take the FETCH's answer as its own."""
+    import unstall.local as local_mod
+
+    with LocalClient(fake.socket_path, TOKEN) as c:
+        reading, closing = c.open_session("imgs", "reading"), c.open_session("imgs", "collected")
+        fake.take_requests()
+        real_recv = local_mod.recv_frame
+        collected = []
+
+        def recv_after_a_collection(sock: socket.socket) -> bytearray:
+            if not collected:  # the first answer's read: a collection runs the finalizer here
+                collected.append(True)
+                c.close_session(closing)
+            return real_recv(sock)
+
+        monkeypatch.setattr(local_mod, "recv_frame", recv_after_a_collection)
+        assert bytes(c.fetch(reading, [5]).payloads[0]) == fake.payloads[5]  # a staged payload: valid until the
+        assert [(r.kind, r.session) for _, r in fake.take_requests()] == [(protocol.LOCAL_FETCH, reading)]  # next
+        assert closing in fake.sessions  # request, so the CLOSE waits for that
+        assert bytes(c.fetch(reading, [7]).payloads[0]) == fake.payloads[7]  # the connection is in step
+        assert [(r.kind, r.session) for _, r in fake.take_requests()] == \
+            [(protocol.LOCAL_CLOSE, closing), (protocol.LOCAL_FETCH, reading)]
+        assert closing not in fake.sessions and reading in fake.sessions
+
+
 def test_a_lost_connection_is_unavailable_then_reconnects(fake: FakeLocalSidecar) -> None:
     c = LocalClient(fake.socket_path, TOKEN).connect()
     first = c.connection_id

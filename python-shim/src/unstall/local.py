@@ -111,6 +111,8 @@ class LocalClient:
         self._lock = threading.RLock()
         self._default_sessions: dict[str, int] = {}  # dataset -> session on this process's connection
         self._stale_sessions: set[int] = set()  # sessions of a sidecar that has since restarted
+        self._exchanging = False  # a frame is out and its answer not read yet (by the thread holding the lock)
+        self._closes_later: list[int] = []  # CLOSEs asked for during an exchange, sent before the next request
         self.shm_dir: Optional[str] = None
         self.sidecar_pid: Optional[int] = None
         self.generation = 0  # this process's connections so far: sessions of an older one are gone
@@ -178,6 +180,7 @@ class LocalClient:
                 pass
         self._pid = None
         self._default_sessions.clear()
+        self._closes_later.clear()  # its sessions ended with it
 
     def close(self) -> None:
         """Closes this process's connection (its sessions end with it). Views already handed out stay valid."""
@@ -202,6 +205,26 @@ class LocalClient:
 
     # -- frames --------------------------------------------------------------------------------
     def _exchange(self, sock: socket.socket, body: bytes, what: str, dataset: Optional[str] = None) -> Any:
+        if self._closes_later and sock is self._sock:
+            self._close_deferred()
+        self._exchanging = True
+        try:
+            return self._exchange_once(sock, body, what, dataset)
+        finally:
+            self._exchanging = False
+
+    def _close_deferred(self) -> None:
+        """The CLOSEs a garbage collection asked for in the middle of an exchange (a loader's finalizer), sent
+        before the connection's next request: not earlier, since the answer's staged payloads stay valid until
+        then."""
+        sessions, self._closes_later = self._closes_later, []
+        for session in sessions:
+            try:
+                self.close_session(session)
+            except SidecarError:
+                pass  # as the finalizer does: the session ends with the connection anyway
+
+    def _exchange_once(self, sock: socket.socket, body: bytes, what: str, dataset: Optional[str] = None) -> Any:
         try:
             try:
                 send_frame(sock, body)
@@ -310,11 +333,17 @@ class LocalClient:
             return session
 
     def close_session(self, session: int) -> None:
-        """CLOSE; a no-op when this process has no connection (its sessions ended with it)."""
+        """CLOSE; a no-op when this process has no connection (its sessions ended with it). Asked for while this
+        thread is in the middle of an exchange (a garbage collection there ran a loader's finalizer, which the
+        re-entrant lock lets in), it is sent before the connection's next request, never between an exchange's
+        frames."""
         with self._lock:
             if self.connection_id is None:
                 return
             if session in self._stale_sessions:
+                return
+            if self._exchanging:  # sent before the next request (_close_deferred)
+                self._closes_later.append(session)
                 return
             self._ok(self._exchange(self._conn(), protocol.encode_local_close(session), "CLOSE"), "CLOSE")
             for k in [k for k, v in self._default_sessions.items() if v == session]:
