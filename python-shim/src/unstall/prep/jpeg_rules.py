@@ -66,9 +66,10 @@ def with_standard_tables(data: Any, check: JpegCheck) -> bytearray:
 
 # The markers by what the walk does with them, looked up once a segment.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC)
-# The coding processes libjpeg-turbo 2.1 refuses at their marker (lossless, differential, and the reserved JPG marker):
-# it decodes sequential and progressive frames only, Huffman (SOF0, SOF1, SOF2) or arithmetic coded (SOF9, SOF10)
-_UNSUPPORTED = frozenset((0xC3, 0xC5, 0xC6, 0xC7, 0xC8, 0xCB, 0xCD, 0xCE, 0xCF))
+# The coding processes libjpeg-turbo 2.1 refuses at their frame header, lossless and differential (the JPG marker,
+# 0xC8, in the same words, by the walk): it decodes sequential and progressive frames only, Huffman (SOF0, SOF1,
+# SOF2) or arithmetic coded (SOF9, SOF10)
+_UNSUPPORTED = frozenset((0xC3, 0xC5, 0xC6, 0xC7, 0xCB, 0xCD, 0xCE, 0xCF))
 _PROGRESSIVE = frozenset((0xC2, 0xCA))
 _NO_LENGTH = frozenset((0x01, *range(0xD0, 0xD8)))  # TEM, RSTn: no length
 # The markers libjpeg-turbo 2.1 reads no segment of, which it refuses wherever it meets them ("Unsupported marker
