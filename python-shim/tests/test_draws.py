@@ -3,13 +3,15 @@ flight-server's SpatialOpsTest holds the sidecar's own draws to)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from unstall.prep.draws import SplittableRandom, crop_params, sample_box, sample_rng
+from unstall.prep.draws import (SplittableRandom, SplittableRandoms, crop_params, sample_box, sample_boxes, sample_rng,
+                                sample_rngs)
 
 
 def test_every_case_of_the_golden_fixture(fixtures_dir: Path) -> None:
@@ -19,7 +21,7 @@ def test_every_case_of_the_golden_fixture(fixtures_dir: Path) -> None:
     assert any(c["height"] * 10 < c["width"] for c in cases)  # the central-crop fallback
     for c in cases:
         box = sample_box(c["ops"], c["height"], c["width"], sample_rng(c["seed"], c["epoch"], c["id"]))
-        assert dataclasses.asdict(box) == c["box"], c
+        assert box._asdict() == c["box"], c
 
 
 def test_bounded_ints_stay_in_range_and_use_every_value() -> None:
@@ -56,3 +58,40 @@ def test_a_crop_size_is_one_int_or_height_and_width_as_the_sidecar_takes_it() ->
         assert square == pair and (square.out_h, square.out_w) == (32, 32)
     with pytest.raises(ValueError, match="size must be an int or \\(height, width\\)"):
         sample_box([{"op": "decode"}, {"op": "center_crop", "size": [1, 2, 3]}], 97, 61, sample_rng(7, 0, 3))
+
+
+def test_a_batch_draws_what_each_of_its_samples_draws_alone() -> None:
+    """``sample_boxes`` advances each sample's generator only by that sample's own draws (a miss drawn again, a
+    rejected bounded int, the central-crop fallback), so a sample's box does not depend on its batch."""
+    rnd = random.Random(20261128)
+    pipelines = [
+        [{"op": "decode"}, {"op": "random_resized_crop", "size": 224}, {"op": "hflip"}],
+        [{"op": "decode"}, {"op": "random_resized_crop", "size": [64, 48], "scale": [0.99, 1.0],
+                            "ratio": [5.0, 9.0]}, {"op": "hflip", "p": 0.3}],  # mostly ten misses: the fallback
+        [{"op": "decode"}, {"op": "resize", "size": [300, 200]}, {"op": "center_crop", "size": 101},
+         {"op": "hflip", "p": 0.9}],
+    ]
+    for ops in pipelines:
+        for _ in range(20):
+            seed, epoch = rnd.randrange(-(2**63), 2**63), rnd.randrange(2**32)
+            ids = [rnd.randrange(2**62) for _ in range(rnd.randrange(1, 64))]
+            sizes = [(rnd.randrange(101, 2000), rnd.randrange(101, 2000)) for _ in ids]
+            batch = sample_boxes(ops, [h for h, _ in sizes], [w for _, w in sizes], sample_rngs(seed, epoch, ids))
+            alone = [sample_box(ops, h, w, sample_rng(seed, epoch, i)) for (h, w), i in zip(sizes, ids)]
+            assert batch == alone
+
+
+def test_bounded_ints_of_many_generators_each_follow_their_own_rejections() -> None:
+    """Java's ``nextInt(bound)`` draws again when it rejects (about half the time for 2**30 + 1, whose multiples
+    leave 2**30 - 1 of the 2**31 draws over): in a batch only the rejected generators draw again."""
+    seeds = list(range(-50, 50))
+    bound = 2**30 + 1
+    together = SplittableRandoms(seeds)
+    got = [together.next_int(bound=np.full(len(seeds), bound)).tolist() for _ in range(5)]
+    five = SplittableRandoms(seeds)
+    for _ in range(5):
+        five.next_long()
+    assert 0 < int(np.sum(together.seeds != five.seeds)) < len(seeds)  # some drew again, some did not
+    alone = [SplittableRandom(s) for s in seeds]
+    assert [[r.next_int(bound) for r in alone] for _ in range(5)] == got
+    assert together.next_long().tolist() == [r.next_long() for r in alone]  # and stay in step afterwards

@@ -1,125 +1,196 @@
 """The random draws of a sidecar prep pipeline, in Python: which window of a sample ``random_resized_crop`` takes and
 whether ``hflip`` flips it, exactly as the sidecar draws them (``ImagePrep.rng``, Java's ``SplittableRandom``,
 ``SpatialOps.cropParams``), so that a pipeline decoded on the GPU (``decode(device="mixed")``) gives every sample
-of every epoch the crop the CPU path would have given it. protocol/fixtures/draws-v1.json pins both sides."""
+of every epoch the crop the CPU path would have given it. protocol/fixtures/draws-v1.json pins both sides.
+
+A batch's samples draw together (:func:`sample_boxes`): one generator per sample, advanced as numpy uint64 arrays,
+each draw taken by the generators that draw it, so a batch costs a few array operations instead of a Python loop
+per sample on the thread that feeds the device. The one-sample forms (:class:`SplittableRandom`, :func:`crop_params`,
+:func:`sample_box`) run the same code on a batch of one."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-__all__ = ["SplittableRandom", "sample_rng", "crop_params", "Box", "crop_size", "sample_box", "resized_size"]
+import numpy as np
 
-_MASK = (1 << 64) - 1
-_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+__all__ = ["SplittableRandom", "SplittableRandoms", "sample_rng", "sample_rngs", "crop_params", "Box", "crop_size",
+           "sample_box", "sample_boxes", "resized_size"]
 
-
-def _mix64(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
+_U64 = np.uint64
+_GOLDEN_GAMMA = _U64(0x9E3779B97F4A7C15)
+_ALL = slice(None)
+Index = Any  # the generators that draw: an index array or a slice
 
 
-def _signed32(v: int) -> int:
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v >= 1 << 31 else v
+def _mix64(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return z ^ (z >> _U64(31))
+
+
+def _u64(values: Any) -> np.ndarray:
+    """Python ints (any sign, Java longs) as their 64-bit two's complement (uint64 arrays as they are)."""
+    if isinstance(values, np.ndarray) and values.dtype == _U64:
+        return values.copy()
+    return np.array([int(v) & 0xFFFF_FFFF_FFFF_FFFF for v in np.atleast_1d(values).tolist()], dtype=_U64)
+
+
+class SplittableRandoms:
+    """One ``java.util.SplittableRandom`` (Java 17) per sample, as far as the sidecar's pipelines use it
+    (``nextLong``, ``nextInt``, ``nextInt(bound)``, ``nextDouble``), bit for bit; each draw takes ``at``, the
+    generators that draw (an index array; all by default), and advances only those."""
+
+    __slots__ = ("seeds",)
+
+    def __init__(self, seeds: Any) -> None:
+        self.seeds = _u64(seeds)
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def _next_seed(self, at: Index) -> np.ndarray:
+        s = self.seeds[at] + _GOLDEN_GAMMA
+        self.seeds[at] = s
+        return s
+
+    def next_long(self, at: Index = _ALL) -> np.ndarray:
+        """The next 64 random bits of each, as uint64."""
+        return _mix64(self._next_seed(at))
+
+    def _next_uint32(self, at: Index) -> np.ndarray:
+        z = self._next_seed(at)
+        z = (z ^ (z >> _U64(33))) * _U64(0x62A9D9ED799705F5)
+        return (((z ^ (z >> _U64(28))) * _U64(0xCB24D0A5C88C35B3)) >> _U64(32)).astype(np.int64)
+
+    def next_int(self, at: Index = _ALL, bound: Optional[np.ndarray] = None) -> np.ndarray:
+        """``nextInt()`` (signed 32-bit ints) or ``nextInt(bound)`` (each in ``[0, bound)``: Java's rejection loop,
+        which draws again only for the generators it rejected), as int64."""
+        r = self._next_uint32(at)
+        if bound is None:
+            return np.where(r >= 1 << 31, r - (1 << 32), r)
+        bound = np.broadcast_to(np.asarray(bound, dtype=np.int64), r.shape)
+        if np.any(bound <= 0):
+            raise ValueError(f"bound must be positive, got {int(bound[bound <= 0][0])}")
+        m = bound - 1
+        out = r & m  # a power of two takes the low bits
+        idx = np.arange(len(self.seeds))[at]
+        pending = np.flatnonzero(bound & m)  # the others: Java's loop over u = r >>> 1
+        u = r[pending] >> 1
+        while len(pending):
+            v = u % bound[pending]
+            out[pending] = v
+            again = u + m[pending] - v >= 1 << 31  # negative as a Java int: rejected, drawn again
+            pending = pending[again]
+            u = self._next_uint32(idx[pending]) >> 1
+        return out
+
+    def next_double(self, at: Index = _ALL) -> np.ndarray:
+        return (self.next_long(at) >> _U64(11)).astype(np.float64) * 2.0 ** -53
 
 
 class SplittableRandom:
-    """``java.util.SplittableRandom`` (Java 17) as far as the sidecar's pipelines use it: ``nextLong``,
-    ``nextInt``, ``nextInt(bound)`` and ``nextDouble``, bit for bit."""
+    """``java.util.SplittableRandom`` (Java 17) as far as the sidecar's pipelines use it: one generator, the
+    batch-of-one form of :class:`SplittableRandoms`."""
 
-    __slots__ = ("_seed",)
+    __slots__ = ("batch",)
 
-    def __init__(self, seed: int) -> None:
-        self._seed = seed & _MASK
-
-    def _next_seed(self) -> int:
-        self._seed = (self._seed + _GOLDEN_GAMMA) & _MASK
-        return self._seed
+    def __init__(self, seed: int = 0, batch: Optional[SplittableRandoms] = None) -> None:
+        self.batch = batch if batch is not None else SplittableRandoms([seed])
 
     def next_long(self) -> int:
         """The next 64 random bits, as an unsigned int."""
-        return _mix64(self._next_seed())
+        return int(self.batch.next_long()[0])
 
     def next_int(self, bound: Optional[int] = None) -> int:
         """``nextInt()`` (a signed 32-bit int) or ``nextInt(bound)`` (in ``[0, bound)``, Java's rejection loop)."""
-        z = self._next_seed()
-        z = ((z ^ (z >> 33)) * 0x62A9D9ED799705F5) & _MASK
-        r = _signed32((((z ^ (z >> 28)) * 0xCB24D0A5C88C35B3) & _MASK) >> 32)
-        if bound is None:
-            return r
-        if bound <= 0:
-            raise ValueError(f"bound must be positive, got {bound}")
-        m = bound - 1
-        if bound & m == 0:
-            return r & m
-        u = (r & 0xFFFFFFFF) >> 1
-        while True:
-            r = u % bound
-            if _signed32(u + m - r) >= 0:
-                return r
-            u = (self.next_int() & 0xFFFFFFFF) >> 1
+        return int(self.batch.next_int(bound=None if bound is None else np.array([bound]))[0])
 
     def next_double(self) -> float:
-        return (self.next_long() >> 11) * 2.0 ** -53
+        return float(self.batch.next_double()[0])
+
+
+def sample_rngs(seed: int, epoch: int, sample_ids: Any) -> SplittableRandoms:
+    """The sidecar's generators for samples of one epoch (``ImagePrep.rng``): a SplitMix64 hash of the three."""
+    h = _mix64(_u64(seed) ^ _GOLDEN_GAMMA)
+    h = _mix64(h ^ _u64(epoch))
+    return SplittableRandoms(_mix64(h ^ _u64(sample_ids)))
 
 
 def sample_rng(seed: int, epoch: int, sample_id: int) -> SplittableRandom:
-    """The sidecar's generator for one sample of one epoch (``ImagePrep.rng``): a SplitMix64 hash of the three."""
-    h = _mix64((seed ^ _GOLDEN_GAMMA) & _MASK)
-    h = _mix64(h ^ (epoch & _MASK))
-    h = _mix64(h ^ (sample_id & _MASK))
-    return SplittableRandom(h)
+    """The sidecar's generator for one sample of one epoch (``ImagePrep.rng``)."""
+    return SplittableRandom(batch=sample_rngs(seed, epoch, [sample_id]))
 
 
-def _uniform(rng: SplittableRandom, lo: float, hi: float) -> float:
-    return lo if lo == hi else lo + (hi - lo) * rng.next_double()
+def _exp(x: np.ndarray) -> np.ndarray:
+    """``math.exp`` of each (the C library's, as the sidecar's ``Math.exp`` gives on the fixtures; numpy's own may
+    differ in the last bit)."""
+    return np.array([math.exp(v) for v in x.tolist()], dtype=np.float64)
 
 
-def _java_round(x: float) -> int:
+def _java_round(x: np.ndarray) -> np.ndarray:
     """``Math.round(double)``: half up."""
-    return math.floor(x + 0.5)
+    return np.floor(x + 0.5).astype(np.int64)
+
+
+def _crop_windows(heights: np.ndarray, widths: np.ndarray, scale: Sequence[float], ratio: Sequence[float],
+                  rngs: SplittableRandoms) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """torchvision's ``RandomResizedCrop.get_params`` as the sidecar draws it, for every generator of ``rngs``:
+    ``(top, left, height, width)`` arrays."""
+    n = len(heights)
+    top, left, h, w = (np.zeros(n, dtype=np.int64) for _ in range(4))
+    area = heights.astype(np.float64) * widths
+    log_min, log_max = math.log(ratio[0]), math.log(ratio[1])
+    todo = np.arange(n)
+    for _ in range(10):
+        if not len(todo):
+            break
+        target = area[todo] * (scale[0] if scale[0] == scale[1] else
+                               scale[0] + (scale[1] - scale[0]) * rngs.next_double(todo))
+        aspect = _exp(np.full(len(todo), log_min) if log_min == log_max else
+                      log_min + (log_max - log_min) * rngs.next_double(todo))
+        cw, ch = _java_round(np.sqrt(target * aspect)), _java_round(np.sqrt(target / aspect))
+        fits = (cw > 0) & (cw <= widths[todo]) & (ch > 0) & (ch <= heights[todo])
+        done = todo[fits]
+        h[done], w[done] = ch[fits], cw[fits]
+        top[done] = rngs.next_int(done, heights[done] - h[done] + 1)
+        left[done] = rngs.next_int(done, widths[done] - w[done] + 1)
+        todo = todo[~fits]
+    for k in todo.tolist():  # ten misses (rare): the central crop
+        height, width = int(heights[k]), int(widths[k])
+        in_ratio = width / height
+        if in_ratio < ratio[0]:
+            cw_k, ch_k = width, math.floor(width / ratio[0] + 0.5)
+        elif in_ratio > ratio[1]:
+            ch_k, cw_k = height, math.floor(height * ratio[1] + 0.5)
+        else:
+            cw_k, ch_k = width, height
+        h[k], w[k] = max(1, min(ch_k, height)), max(1, min(cw_k, width))
+        top[k], left[k] = (height - h[k]) // 2, (width - w[k]) // 2
+    return top, left, h, w
 
 
 def crop_params(height: int, width: int, scale: Sequence[float], ratio: Sequence[float],
                 rng: SplittableRandom) -> Tuple[int, int, int, int]:
     """torchvision's ``RandomResizedCrop.get_params`` as the sidecar draws it: ``(top, left, height, width)``."""
-    area = float(height) * width
-    log_min, log_max = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        target = area * _uniform(rng, scale[0], scale[1])
-        aspect = math.exp(_uniform(rng, log_min, log_max))
-        w = _java_round(math.sqrt(target * aspect))
-        h = _java_round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            top = rng.next_int(height - h + 1)
-            left = rng.next_int(width - w + 1)
-            return top, left, h, w
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w = width
-        h = _java_round(w / ratio[0])
-    elif in_ratio > ratio[1]:
-        h = height
-        w = _java_round(h * ratio[1])
-    else:
-        w, h = width, height
-    h = max(1, min(h, height))
-    w = max(1, min(w, width))
-    return (height - h) // 2, (width - w) // 2, h, w
+    top, left, h, w = _crop_windows(np.array([height]), np.array([width]), scale, ratio, rng.batch)
+    return int(top[0]), int(left[0]), int(h[0]), int(w[0])
 
 
 def resized_size(size: Any, h: int, w: int) -> Tuple[int, int]:
     """The size ``resize`` gives an ``h`` x ``w`` image (``SpatialOps.resizedSize``)."""
+    rh, rw = _resized(size, np.array([h]), np.array([w]))
+    return int(rh[0]), int(rw[0])
+
+
+def _resized(size: Any, h: np.ndarray, w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     if isinstance(size, int):
-        return (size, size * w // h) if h <= w else (size * h // w, size)
-    return int(size[0]), int(size[1])
+        return np.where(h <= w, size, size * h // w), np.where(h <= w, size * w // h, size)
+    return np.full_like(h, int(size[0])), np.full_like(w, int(size[1]))
 
 
-@dataclass(frozen=True)
-class Box:
+class Box(NamedTuple):
     """What one sample's spatial ops take from its decoded ``height`` x ``width`` image: the window
     ``(top, left, h, w)`` in its pixels (fractional where a resize came first), the output ``out_h`` x ``out_w``
     it is resampled to, and whether it is then flipped."""
@@ -143,40 +214,53 @@ def crop_size(size: Any) -> Tuple[int, int]:
     return s[0], s[1]
 
 
-def sample_box(ops: Sequence[Mapping[str, Any]], height: int, width: int, rng: SplittableRandom) -> Box:
-    """The window, size and flip the pipeline's ops give one ``height`` x ``width`` image, drawing from ``rng`` in
-    the order the sidecar does. Supports what ``decode(device="mixed")`` runs: ``resize``, ``random_resized_crop``,
-    ``center_crop`` (within the image) and ``hflip``, each at most once, plus ``normalize``; a ``resize`` followed
-    by a crop is folded into one resampling of the original pixels (the same sample points)."""
-    top, left, h, w = 0.0, 0.0, float(height), float(width)
-    cur_h, cur_w = height, width  # the image's size after the ops so far
-    flip = False
+def sample_boxes(ops: Sequence[Mapping[str, Any]], heights: Any, widths: Any, rngs: SplittableRandoms) -> List[Box]:
+    """The window, size and flip the pipeline's ops give each ``heights[i]`` x ``widths[i]`` image, drawing from
+    ``rngs``'s i-th generator in the order the sidecar does. Supports what ``decode(device="mixed")`` runs:
+    ``resize``, ``random_resized_crop``, ``center_crop`` (within the image) and ``hflip``, each at most once, plus
+    ``normalize``; a ``resize`` followed by a crop is folded into one resampling of the original pixels (the same
+    sample points)."""
+    height, width = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+    n = len(height)
+    top, left = np.zeros(n), np.zeros(n)
+    h, w = height.astype(np.float64), width.astype(np.float64)
+    cur_h, cur_w = height, width  # each image's size after the ops so far
+    flip = np.zeros(n, dtype=bool)
     for op in ops:
         name = op.get("op")
         if name == "decode" or name == "normalize":
             continue
         if name == "resize":
-            cur_h, cur_w = resized_size(op["size"], cur_h, cur_w)
+            cur_h, cur_w = _resized(op["size"], cur_h, cur_w)
         elif name == "random_resized_crop":
-            if (cur_h, cur_w) != (height, width):
+            if np.any((cur_h != height) | (cur_w != width)):
                 raise ValueError("decode(device='mixed') runs random_resized_crop on the decoded image only, not "
                                  "after a resize")
-            ct, cl, ch, cw = crop_params(height, width, op.get("scale", (0.08, 1.0)),
-                                         op.get("ratio", (3 / 4, 4 / 3)), rng)
-            top, left, h, w = float(ct), float(cl), float(ch), float(cw)
-            cur_h, cur_w = crop_size(op["size"])
+            ct, cl, ch, cw = _crop_windows(height, width, op.get("scale", (0.08, 1.0)),
+                                           op.get("ratio", (3 / 4, 4 / 3)), rngs)
+            top, left, h, w = ct.astype(np.float64), cl.astype(np.float64), ch.astype(np.float64), cw.astype(np.float64)
+            oh, ow = crop_size(op["size"])
+            cur_h, cur_w = np.full(n, oh, dtype=np.int64), np.full(n, ow, dtype=np.int64)
         elif name == "center_crop":
             oh, ow = crop_size(op["size"])
-            if oh > cur_h or ow > cur_w:
-                raise ValueError(f"decode(device='mixed'): center_crop {oh}x{ow} is larger than the {cur_h}x{cur_w} "
-                                 "image (the CPU path pads; the GPU path does not)")
-            ct, cl = round((cur_h - oh) / 2.0), round((cur_w - ow) / 2.0)  # Python round, as the sidecar's rint
+            small = np.flatnonzero((oh > cur_h) | (ow > cur_w))
+            if len(small):
+                k = small[0]
+                raise ValueError(f"decode(device='mixed'): center_crop {oh}x{ow} is larger than the "
+                                 f"{cur_h[k]}x{cur_w[k]} image (the CPU path pads; the GPU path does not)")
+            ct, cl = np.round((cur_h - oh) / 2.0), np.round((cur_w - ow) / 2.0)  # half to even, as the sidecar's rint
             sy, sx = h / cur_h, w / cur_w  # the current image's pixels in the original's
             top, left, h, w = top + ct * sy, left + cl * sx, oh * sy, ow * sx
-            cur_h, cur_w = oh, ow
+            cur_h, cur_w = np.full(n, oh, dtype=np.int64), np.full(n, ow, dtype=np.int64)
         elif name == "hflip":
-            flip = rng.next_double() < float(op.get("p", 0.5))
+            flip = rngs.next_double() < float(op.get("p", 0.5))
         else:
             raise ValueError(f"decode(device='mixed') cannot run the op {name!r} on the GPU; supported: resize, "
                              "random_resized_crop, center_crop, hflip, normalize")
-    return Box(top, left, h, w, cur_h, cur_w, flip)
+    return [Box(*row) for row in zip(top.tolist(), left.tolist(), h.tolist(), w.tolist(), cur_h.tolist(),
+                                     cur_w.tolist(), flip.tolist())]
+
+
+def sample_box(ops: Sequence[Mapping[str, Any]], height: int, width: int, rng: SplittableRandom) -> Box:
+    """:func:`sample_boxes` of one image, drawing from ``rng``."""
+    return sample_boxes(ops, [height], [width], rng.batch)[0]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .draws import Box, sample_box, sample_rng
+from .draws import Box, sample_box, sample_boxes, sample_rng, sample_rngs
 from .jpeg_rules import jpeg_check, with_standard_tables
 from .mixed_parts import Group, describe_image, image_header, not_an_image, not_decodable, to_device
 from .pipeline import check_decode_backend
@@ -143,7 +143,7 @@ class MixedDecode:
 
     def boxes(self, sizes: Sequence[Tuple[int, int]], ids: Sequence[int], epoch: int, seed: int) -> List[Box]:
         """Each sample's window, output size and flip, from its decoded ``(height, width)``."""
-        return [sample_box(self.ops, h, w, sample_rng(seed, epoch, int(i))) for (h, w), i in zip(sizes, ids)]
+        return sample_boxes(self.ops, [h for h, _ in sizes], [w for _, w in sizes], sample_rngs(seed, epoch, ids))
 
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], epoch: int, seed: int,
                  keys: Optional[Sequence[str]] = None, prepared: Optional[Sequence[bool]] = None,
