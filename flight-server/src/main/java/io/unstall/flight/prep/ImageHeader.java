@@ -22,15 +22,25 @@ import java.util.Locale;
  *     defines (a Motion-JPEG frame): the slots still empty at its first scan, which libjpeg-turbo fills with the
  *     standard tables, bit t for DC table t and 4 + t for AC table t ({@link StandardHuffmanTables}); 0: none
  * @param firstScan where the first scan's marker (FF DA) starts, when {@code standardTables} is not 0
+ * @param libjpegRefuses a JPEG whose structure passes the rules but whose header libjpeg-turbo 2.1 refuses (a
+ *     malformed table or segment, a marker, coding process, frame or scan it does not take): left to the native
+ *     decoder, which refuses it in libjpeg's words once the caps passed; python-shim's jpeg_rules gives the same
+ *     words
  */
 public record ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan,
-    int standardTables, int firstScan) {
+    int standardTables, int firstScan, boolean libjpegRefuses) {
   /** The decoder's output is 8-bit BGR (OpenCV's IMREAD_COLOR). */
   static final int DECODED_CHANNELS = 3;
 
   /** A header whose Huffman tables are all defined (or that has none). */
   public ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan) {
     this(format, width, height, components, exif, multiScan, 0, 0);
+  }
+
+  /** A header libjpeg takes. */
+  public ImageHeader(Format format, int width, int height, int components, boolean exif, boolean multiScan,
+      int standardTables, int firstScan) {
+    this(format, width, height, components, exif, multiScan, standardTables, firstScan, false);
   }
 
   /** The formats whose header the sidecar parses; a pipeline accepts a subset ({@code "formats"} of decode). */
@@ -234,10 +244,10 @@ public record ImageHeader(Format format, int width, int height, int components, 
         libjpegRefuses = true; // libjpeg: Unsupported JPEG process: SOF type 0xc8
       } else if (marker == 0xDB || marker == 0xC4) {
         int t = marker == 0xDB ? quantTables(in, i + 2, end) : huffmanTables(in, i + 2, end);
+        libjpegRefuses |= t < 0;
         if (t < 0 && firstScan >= 0) {
           break; // libjpeg refuses it after the scans before it, in its words
         }
-        libjpegRefuses |= t < 0;
         quant |= marker == 0xDB && t > 0 ? t : 0;
         huff |= marker == 0xC4 && t > 0 ? t : 0;
       } else if (marker == 0xE1 && len >= 8 && in.at(i + 2, 'E', 'x', 'i', 'f', 0, 0)) {
@@ -274,7 +284,7 @@ public record ImageHeader(Format format, int width, int height, int components, 
       i = end;
     }
     return new ImageHeader(Format.JPEG, frame.width, frame.height, frame.components, exif, multiScan,
-        standard ? empty : 0, standard ? firstScan : 0);
+        standard ? empty : 0, standard ? firstScan : 0, libjpegRefuses);
   }
 
   private static BadImageException noEndMarker(Bytes in) {

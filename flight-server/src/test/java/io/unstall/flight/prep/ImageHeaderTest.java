@@ -376,24 +376,43 @@ class ImageHeaderTest {
         refusal(prep(PIPELINE), inserted(prog, mid, 0xFF, 0xD5)));
   }
 
-  /** The golden pair of the rules on every scan: python-shim's jpeg_rules gives the same verdicts on these bytes. */
+  /**
+   * The golden pair of the rules on every scan: python-shim's jpeg_rules gives the same verdicts on these bytes. The
+   * sidecar vouches for exactly the JPEGs the device's rules pass (no reason), with the fixture's standard tables and
+   * first scan in the packed header ({@link VouchedHeaders}).
+   */
   @Test
   void theRulesOnEveryScanGiveTheGoldenVerdicts() throws Exception {
     JsonNode cases = new ObjectMapper().readTree(ProtocolFixturesTest.FIXTURES.resolve("jpeg-scans-v1.json").toFile())
         .get("cases");
     assertEquals(62, cases.size());
+    int vouched = 0;
     for (JsonNode c : cases) {
       byte[] b = HexFormat.of().parseHex(c.get("hex").asText());
       String name = c.get("name").asText();
-      if (c.get("reason").isNull() || c.get("reason").asText().startsWith("libjpeg: ")) {
+      boolean passes = c.get("reason").isNull();
+      if (passes || c.get("reason").asText().startsWith("libjpeg: ")) {
         ImageHeader h = ImageHeader.read(direct(b)); // a libjpeg reason: left to libjpeg, which refuses it so
-        assertEquals(c.get("standard_tables").asInt(), h.standardTables(), name);
-        assertEquals(c.get("first_scan").asInt(), h.firstScan(), name);
+        assertEquals(!passes, h.libjpegRefuses(), name);
+        if (passes) {
+          assertEquals(c.get("standard_tables").asInt(), h.standardTables(), name);
+          assertEquals(c.get("first_scan").asInt(), h.firstScan(), name);
+        }
       } else {
         assertEquals(c.get("reason").asText(),
             assertThrows(BadImageException.class, () -> ImageHeader.read(direct(b)), name).getMessage(), name);
       }
+      long packed = VouchedHeaders.packed(direct(b));
+      assertEquals(passes, packed != VouchedHeaders.NONE, name);
+      if (passes) {
+        vouched++;
+        ImageHeader h = ImageHeader.read(direct(b));
+        assertEquals(h.width() | (long) h.height() << 16, packed & 0xFFFFFFFFL, name);
+        assertEquals(c.get("standard_tables").asLong(), packed >>> 32 & 0xFF, name);
+        assertEquals(c.get("first_scan").asLong(), packed >>> 40, name);
+      }
     }
+    assertEquals(11, vouched);
   }
 
   @Test
