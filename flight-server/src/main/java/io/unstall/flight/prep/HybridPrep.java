@@ -8,8 +8,10 @@ import java.util.Arrays;
 import java.util.List;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.rounding.RoundingPolicy;
+import org.apache.arrow.vector.BigIntVector;
 import org.apache.arrow.vector.BitVector;
 import org.apache.arrow.vector.FixedSizeBinaryVector;
+import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.types.pojo.ArrowType;
 import org.apache.arrow.vector.types.pojo.Field;
@@ -21,7 +23,8 @@ import org.apache.arrow.vector.types.pojo.Schema;
  * of each raw batch, the sidecar prepares the first {@link #cpuRows} samples with the group's pipeline (uint8 NHWC,
  * the same code and draws as {@link SidecarPrep}) and leaves the rest encoded, for the members' device to decode.
  * A batch is the raw one with a {@code prepared} column: where it is true, {@code payload} holds the sample's
- * prepared pixels instead of its stored bytes. The {@link Autotuner} moves the split online when it is "auto".
+ * prepared pixels instead of its stored bytes (and {@code header} is null). The {@link Autotuner} moves the split
+ * online when it is "auto".
  */
 final class HybridPrep implements BatchSource {
   static final String PREPARED = "prepared";
@@ -52,9 +55,9 @@ final class HybridPrep implements BatchSource {
   }
 
   private static Schema hybridSchema() {
-    List<Field> fields = new ArrayList<>(BatchSchema.SCHEMA.getFields());
+    List<Field> fields = new ArrayList<>(RawBatches.SCHEMA.getFields());
     fields.add(new Field(PREPARED, FieldType.notNullable(ArrowType.Bool.INSTANCE), null));
-    return new Schema(fields, BatchSchema.SCHEMA.getCustomMetadata());
+    return new Schema(fields, RawBatches.SCHEMA.getCustomMetadata());
   }
 
   @Override
@@ -149,7 +152,7 @@ final class HybridPrep implements BatchSource {
 
   /**
    * The raw batch {@code in} with its first {@code m} payloads replaced by {@code prepped}'s rows, its payloads in a
-   * slot when the group stages in shared memory ({@link RawBatches#restage}).
+   * slot when the group stages in shared memory ({@link RawBatches#restage}), and the other rows' vouched headers.
    */
   private VectorSchemaRoot merged(VectorSchemaRoot in, VectorSchemaRoot prepped, int m, long pos, Staging staging)
       throws IOException {
@@ -164,6 +167,8 @@ final class HybridPrep implements BatchSource {
       for (int i = 0; i < n; i++) {
         prepared.set(i, i < m ? 1 : 0);
       }
+      VouchedHeaders.fill((VarBinaryVector) out.getVector(BatchSchema.PAYLOAD), n,
+          (BigIntVector) out.getVector(VouchedHeaders.COLUMN), m);
       out.setRowCount(n);
       synchronized (this) {
         samplesPrepared += m;

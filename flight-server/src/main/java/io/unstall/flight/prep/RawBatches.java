@@ -3,21 +3,29 @@ package io.unstall.flight.prep;
 import io.unstall.flight.BatchAssembler;
 import io.unstall.flight.protocol.BatchSchema;
 import java.io.IOException;
+import java.util.ArrayList;
+import java.util.List;
 import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.rounding.RoundingPolicy;
 import org.apache.arrow.vector.BaseVariableWidthVector;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.types.pojo.Field;
 import org.apache.arrow.vector.types.pojo.Schema;
 
 /**
  * The raw-batch source (a group joined without a pipeline): each batch is the encoded samples as a DoGet of the
- * dataset would send them, assembled through the data plane's tiers (cache, peers, storage). {@link SidecarPrep}
- * and {@link HybridPrep} fetch with it too. A group that stages in shared memory gets each batch with its payloads
- * assembled in a /dev/shm slot (a hybrid batch's copied there, {@link #restage}), which members map instead of
- * receiving the bytes over gRPC.
+ * dataset would send them, assembled through the data plane's tiers (cache, peers, storage), with each row's
+ * {@link VouchedHeaders vouched header}. {@link SidecarPrep} and {@link HybridPrep} fetch with it too. A group that
+ * stages in shared memory gets each batch with its payloads assembled in a /dev/shm slot (a hybrid batch's copied
+ * there, {@link #restage}), which members map instead of receiving the bytes over gRPC.
  */
 final class RawBatches implements BatchSource {
+  /** The fetched batch schema and the {@code header} column. */
+  static final Schema SCHEMA = rawSchema();
+
   private final BatchOrder order;
   private final BatchAssembler assembler;
   private final PrepCounts counts;
@@ -38,6 +46,12 @@ final class RawBatches implements BatchSource {
         + PrepGroup.BATCH_OVERHEAD;
   }
 
+  private static Schema rawSchema() {
+    List<Field> fields = new ArrayList<>(BatchSchema.SCHEMA.getFields());
+    fields.add(VouchedHeaders.FIELD);
+    return new Schema(fields, BatchSchema.SCHEMA.getCustomMetadata());
+  }
+
   @Override
   public String mode() {
     return "none";
@@ -45,7 +59,7 @@ final class RawBatches implements BatchSource {
 
   @Override
   public Schema schema() {
-    return BatchSchema.SCHEMA;
+    return SCHEMA;
   }
 
   @Override
@@ -66,10 +80,26 @@ final class RawBatches implements BatchSource {
   @Override
   public VectorSchemaRoot prepare(long pos, Staging staging) throws IOException {
     int[] ids = order.ids(pos);
-    if (!staging.shm()) {
-      return fetch(pos, ids, staging, null); // staged as fetched
+    VectorSchemaRoot fetched = !staging.shm()
+        ? fetch(pos, ids, staging, null) // staged as fetched
+        : fetch(pos, ids, staging, (payload, rows, bytes) -> staging.allocatePayload(payload, pos, rows, bytes));
+    return withHeaders(fetched, staging);
+  }
+
+  /** The fetched batch {@code in} (its vectors, not copied) and the {@code header} column read from its payloads. */
+  private static VectorSchemaRoot withHeaders(VectorSchemaRoot in, Staging staging) {
+    int n = in.getRowCount();
+    BigIntVector header = (BigIntVector) VouchedHeaders.FIELD.createVector(staging.allocator());
+    try {
+      VouchedHeaders.fill((VarBinaryVector) in.getVector(BatchSchema.PAYLOAD), n, header, 0);
+    } catch (RuntimeException | Error e) {
+      header.close();
+      in.close();
+      throw e;
     }
-    return fetch(pos, ids, staging, (payload, rows, bytes) -> staging.allocatePayload(payload, pos, rows, bytes));
+    List<FieldVector> vectors = new ArrayList<>(in.getFieldVectors());
+    vectors.add(header);
+    return new VectorSchemaRoot(SCHEMA, vectors, n);
   }
 
   /** Assembles the samples {@code ids} of position {@code pos} into staging. */

@@ -219,18 +219,21 @@ final class Serving {
     VarCharVector keyVector = (VarCharVector) r.getVector(BatchSchema.KEY);
     VarBinaryVector payload = (VarBinaryVector) r.getVector(BatchSchema.PAYLOAD);
     BitVector preparedVector = (BitVector) r.getVector(HybridPrep.PREPARED); // null: a raw group
+    BigIntVector headerVector = (BigIntVector) r.getVector(VouchedHeaders.COLUMN);
     String[] keys = new String[n];
     int[] offsets = new int[n + 1];
+    long[] headers = new long[n];
     boolean[] prepared = preparedVector == null ? null : new boolean[n];
     for (int i = 0; i < n; i++) {
       keys[i] = keyVector.getObject(i).toString();
       offsets[i] = payload.getStartOffset(i);
+      headers[i] = headerVector.isNull(i) ? VouchedHeaders.NONE : headerVector.get(i);
       if (prepared != null) {
         prepared[i] = preparedVector.get(i) != 0;
       }
     }
     offsets[n] = payload.getStartOffset(n);
-    return PrepNextReply.payloads(path, ids, labels, keys, offsets, prepared);
+    return PrepNextReply.payloads(path, ids, labels, keys, offsets, headers, prepared);
   }
 
   private void awaitStaged(Membership.Member m, long pos, BooleanSupplier cancelled) throws InterruptedException {

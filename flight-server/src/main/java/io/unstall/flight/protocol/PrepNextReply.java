@@ -1,6 +1,7 @@
 package io.unstall.flight.protocol;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
 /**
@@ -8,7 +9,8 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
  * /dev/shm slot file {@code path} that the member maps read-only. A prepared batch is a {@code [rows, *shape]}
  * array of {@code dtype} at the start of the file; a raw or hybrid batch is its rows' payloads one after another
  * from the start of the file, row {@code i} at bytes {@code offsets[i]} to {@code offsets[i + 1]}, with each row's
- * key and, for a hybrid batch, whether it holds prepared pixels (uint8 HWC) instead of its stored bytes.
+ * key, the header the sidecar vouches for (a JPEG's, packed; null for none) and, for a hybrid batch, whether it holds
+ * prepared pixels (uint8 HWC) instead of its stored bytes.
  */
 public final class PrepNextReply {
   public static final int VERSION = 1;
@@ -26,18 +28,28 @@ public final class PrepNextReply {
 
   /**
    * A raw batch ({@code prepared} null) or a hybrid one: {@code offsets} has a row more than {@code ids} (unless the
-   * batch is empty), its last the bytes of every payload together.
+   * batch is empty), its last the bytes of every payload together; {@code headers} each row's packed header, negative
+   * for none (sent as null).
    */
   public static ObjectNode payloads(String path, long[] ids, long[] labels, String[] keys, int[] offsets,
-      boolean[] prepared) {
+      long[] headers, boolean[] prepared) {
     if (keys.length != ids.length || (ids.length > 0 && offsets.length != ids.length + 1)
-        || (prepared != null && prepared.length != ids.length)) {
+        || headers.length != ids.length || (prepared != null && prepared.length != ids.length)) {
       throw new IllegalArgumentException("prep.next: " + ids.length + " rows need as many keys (got " + keys.length
-          + "), one more offset (got " + offsets.length + ") and as many prepared flags");
+          + "), one more offset (got " + offsets.length + "), as many headers (got " + headers.length
+          + ") and as many prepared flags");
     }
     ObjectNode o = rows(path, ids, labels);
     o.set("keys", JSON.valueToTree(keys));
     o.set("offsets", JSON.valueToTree(offsets));
+    ArrayNode h = o.putArray("headers");
+    for (long v : headers) {
+      if (v < 0) {
+        h.addNull();
+      } else {
+        h.add(v);
+      }
+    }
     if (prepared != null) {
       o.set("prepared", JSON.valueToTree(prepared));
     }

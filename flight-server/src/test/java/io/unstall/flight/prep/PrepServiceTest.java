@@ -211,8 +211,11 @@ class PrepServiceTest {
     return Arrays.copyOf(out, n);
   }
 
-  /** One batch's rows of a raw or hybrid group: ids, payloads and (hybrid) which the sidecar prepared. */
-  record RawRows(long[] ids, byte[][] payloads, boolean[] prepared) {}
+  /**
+   * One batch's rows of a raw or hybrid group: ids, payloads, (hybrid) which the sidecar prepared, and the headers it
+   * vouches for (-1: none).
+   */
+  record RawRows(long[] ids, byte[][] payloads, boolean[] prepared, long[] headers) {}
 
   RawRows getRaw(JsonNode j, long epoch, long batch) throws Exception {
     return getRaw(new PrepTicket(j.get("group").asText(), j.get("member").asLong(), epoch, batch));
@@ -226,11 +229,13 @@ class PrepServiceTest {
       BigIntVector ids = (BigIntVector) r.getVector("id");
       VarBinaryVector payload = (VarBinaryVector) r.getVector("payload");
       BitVector prepared = (BitVector) r.getVector("prepared");
-      RawRows out = new RawRows(new long[n], new byte[n][], new boolean[n]);
+      BigIntVector header = (BigIntVector) r.getVector("header");
+      RawRows out = new RawRows(new long[n], new byte[n][], new boolean[n], new long[n]);
       for (int i = 0; i < n; i++) {
         out.ids()[i] = ids.get(i);
         out.payloads()[i] = payload.get(i);
         out.prepared()[i] = prepared != null && prepared.get(i) == 1;
+        out.headers()[i] = header.isNull(i) ? -1 : header.get(i);
       }
       assertFalse(s.next());
       return out;
@@ -490,8 +495,9 @@ class PrepServiceTest {
 
   /**
    * A raw group and a hybrid one staging in shared memory: {@code prep.next} names a slot holding each batch's
-   * payloads at the offsets it gives, the very bytes (and keys, labels, prepared flags) a Flight member of the same
-   * group receives; the slots go with the group.
+   * payloads at the offsets it gives, the very bytes (and keys, labels, prepared flags, vouched headers) a Flight
+   * member of the same group receives; the sidecar vouches for each JPEG it left encoded, not for a PNG or prepared
+   * pixels; the slots go with the group.
    */
   @Test
   void rawAndHybridGroupsInSharedMemoryNameTheirPayloadsInASlot() throws Exception {
@@ -539,6 +545,12 @@ class PrepServiceTest {
             assertEquals(f.prepared()[i], hybrid && r.get("prepared").get(i).asBoolean(), "batch " + b + " row " + i);
             assertArrayEquals(f.payloads()[i], Arrays.copyOfRange(slots.get(b), r.get("offsets").get(i).asInt(),
                 r.get("offsets").get(i + 1).asInt()), "batch " + b + " row " + i);
+            JsonNode h = r.get("headers").get(i);
+            assertEquals(f.headers()[i], h.isNull() ? -1 : h.asLong(), "batch " + b + " row " + i);
+            boolean jpeg = !f.prepared()[i] && r.get("keys").get(i).asText().endsWith(".jpg");
+            assertEquals(jpeg ? VouchedHeaders.packed(ByteBuffer.wrap(f.payloads()[i])) : -1, f.headers()[i],
+                "batch " + b + " row " + i);
+            assertTrue(!jpeg || f.headers()[i] > 0, "a clean JPEG is vouched for: batch " + b + " row " + i);
           }
         }
         assertEquals(paths.size(), new java.util.HashSet<>(paths).size(), "no slot written again: " + paths);

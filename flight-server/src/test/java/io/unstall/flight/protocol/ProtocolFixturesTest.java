@@ -272,11 +272,19 @@ public class ProtocolFixturesTest {
     boolean[] prepared = JSON.treeToValue(e.get("prepared"), boolean[].class);
     int[] offsets = JSON.treeToValue(e.get("offsets"), int[].class);
     int n = ids.length;
+    long[] headers = new long[n];
+    for (int i = 0; i < n; i++) {
+      JsonNode h = e.get("headers").get(i);
+      headers[i] = h.isNull() ? -1 : h.asLong();
+    }
+    assertEquals(320 | 240L << 16 | 0x33L << 32 | 423L << 40, headers[2], "a Motion-JPEG frame's, packed");
     // as sent: the JSON text, read back
     assertEquals(e, JSON.readTree(JSON.writeValueAsString(
-        PrepNextReply.payloads(e.get("path").asText(), ids, labels, keys, offsets, prepared))));
+        PrepNextReply.payloads(e.get("path").asText(), ids, labels, keys, offsets, headers, prepared))));
     assertThrows(IllegalArgumentException.class,
-        () -> PrepNextReply.payloads("p", ids, labels, keys, java.util.Arrays.copyOf(offsets, n), null));
+        () -> PrepNextReply.payloads("p", ids, labels, keys, java.util.Arrays.copyOf(offsets, n), headers, null));
+    assertThrows(IllegalArgumentException.class,
+        () -> PrepNextReply.payloads("p", ids, labels, keys, offsets, java.util.Arrays.copyOf(headers, n - 1), null));
   }
 
   @Test
