@@ -377,12 +377,42 @@ def test_prep_next_payloads_answer_matches_its_golden_document(fixtures_dir: Pat
     assert slot.offsets is not None and slot.offsets.tolist() == [0, 6912, 7301, 9045]
     assert slot.keys == doc["keys"] and slot.shape is None
     assert slot.prepared is not None and slot.prepared.tolist() == [True, False, False]
+    assert slot.headers is not None and slot.headers.dtype == np.int64
+    assert slot.headers.tolist() == [-1, 24576500, 465312477610304]  # null: -1
+    vouched = [protocol.VouchedHeader(500, 375, 0, 0), protocol.VouchedHeader(320, 240, 0x33, 423)]
+    assert [protocol.VouchedHeader.unpack(int(v)) for v in slot.headers] == [None, *vouched]
+    assert [h.packed() for h in vouched] == slot.headers.tolist()[1:]
+    assert protocol.parse_prep_slot({k: v for k, v in doc.items() if k != "headers"}).headers is None  # older sidecar
     for bad, says in ((dict(doc, offsets=[0, 6912, 7301]), "3 rows need 4 non-decreasing offsets"),
                       (dict(doc, offsets=[0, 7301, 6912, 9045]), "non-decreasing"),
                       (dict(doc, keys=["a"]), "3 rows with 1 keys"),
-                      (dict(doc, v=2), "unsupported version 2")):
+                      (dict(doc, v=2), "unsupported version 2"),
+                      (dict(doc, headers=[None, 24576500]), "3 rows need as many headers, got 2 headers"),
+                      (dict(doc, headers=7), "3 rows need as many headers, got 7"),
+                      (dict(doc, headers=[None, -2, 0]), "a header is a packed non-negative int64 or null, got -2"),
+                      (dict(doc, headers=[None, "500", 0]), "packed non-negative int64 or null, got '500'"),
+                      (dict(doc, headers=[None, 1.5, 0]), "got 1.5"),
+                      (dict(doc, headers=[None, True, 0]), "got True"),
+                      (dict(doc, headers=[None, 1 << 63, 0]), f"got {1 << 63}")):
         with pytest.raises(ProtocolMismatchError, match=says):
             protocol.parse_prep_slot(bad)
+
+
+def test_a_raw_batch_over_flight_gives_its_header_column_as_int64_with_minus_one_for_null() -> None:
+    """``batch_payloads``: a raw or hybrid PREP batch's ``header`` column (the sidecar's vouched headers), -1 where
+    null; none from a sidecar that sends no such column; a column of another type or a negative value is refused."""
+    rows = [{"id": 1, "label": None, "key": "a.jpg", "payload": b"\xff\xd8\xff"},
+            {"id": 2, "label": 0, "key": "b.png", "payload": b"\x89PNG"}]
+    raw = pa.RecordBatch.from_pylist(rows, schema=protocol.BATCH_SCHEMA)
+    assert protocol.batch_payloads(raw).headers is None
+    header = pa.array([24576500, None], pa.int64())
+    p = protocol.batch_payloads(raw.append_column("header", header))
+    assert p.headers is not None and p.headers.dtype == np.int64 and p.headers.tolist() == [24576500, -1]
+    assert p.row_bytes() == [b"\xff\xd8\xff", b"\x89PNG"] and p.ids.tolist() == [1, 2]
+    with pytest.raises(ProtocolMismatchError, match="column 'header' has type int32, expected int64"):
+        protocol.batch_payloads(raw.append_column("header", pa.array([1, None], pa.int32())))
+    with pytest.raises(ProtocolMismatchError, match="column 'header' holds -5"):
+        protocol.batch_payloads(raw.append_column("header", pa.array([-5, None], pa.int64())))
 
 
 def test_decoded_batch_handover_matches_its_golden_messages(fixtures_dir: Path) -> None:

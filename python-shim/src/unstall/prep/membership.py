@@ -229,7 +229,7 @@ class Membership:
         assert r.offsets is not None and r.keys is not None, "a raw batch's answer has its offsets"
         data = self._slots.view(r.path, np.dtype(np.uint8), (int(r.offsets[-1]),), epoch, index) if r.rows else None
         return PayloadBatch(np.empty(0, np.uint8) if data is None else data, r.offsets, r.ids, r.labels, r.keys,
-                            r.prepared)
+                            r.prepared, r.headers)
 
     def _next(self, epoch: int, index: int) -> PrepSlot:
         """``prep.next`` for batch ``index`` of ``epoch`` (a shared-memory member): where it lies in its slot."""

@@ -26,6 +26,7 @@ __all__ = [
     "skipped_of",
     "tensor_batch",
     "binary_offsets",
+    "VouchedHeader",
     "PayloadBatch",
     "batch_payloads",
     "PrepSlot",
@@ -214,10 +215,36 @@ def tensor_batch(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> pa.
 # Raw and hybrid batches of a prep group, over Flight or shared memory (protocol/README.md, "Zero copy")
 
 
+class VouchedHeader(NamedTuple):
+    """The header of a JPEG the sidecar vouches for (protocol/README.md, "Vouched headers"): its bytes pass the
+    sidecar's header rules (``ImageHeader``; ``prep.jpeg_rules`` on this side) and libjpeg takes them. Its size, and
+    for a Motion-JPEG frame the standard Huffman tables' slots it relies on and where its first scan's marker starts
+    (``jpeg_rules.JpegCheck``'s ``standard_tables`` and ``first_scan``; 0 and 0 for other JPEGs). A raw or hybrid
+    batch carries one per row packed in an int64, -1 where the sidecar vouches for none."""
+
+    width: int
+    height: int
+    standard_tables: int
+    first_scan: int
+
+    def packed(self) -> int:
+        """The int64 a batch carries: ``width | height << 16 | standard_tables << 32 | first_scan << 40``."""
+        return self.width | self.height << 16 | self.standard_tables << 32 | self.first_scan << 40
+
+    @staticmethod
+    def unpack(value: int) -> Optional[VouchedHeader]:
+        """The header a batch's ``value`` packs, None for -1 (none)."""
+        if value < 0:
+            return None
+        return VouchedHeader(value & 0xFFFF, value >> 16 & 0xFFFF, value >> 32 & 0xFF, value >> 40)
+
+
 class PayloadBatch(NamedTuple):
     """A raw (or hybrid) prep batch's payloads without a copy: row ``i`` is ``data[offsets[i]:offsets[i + 1]]``,
     ``data`` a read-only view of the Flight batch's buffer or of the group's /dev/shm slot. ``prepared`` (a hybrid
-    group's; None for a raw one): rows whose payload is the sidecar's uint8 HWC pixels, not the stored bytes."""
+    group's; None for a raw one): rows whose payload is the sidecar's uint8 HWC pixels, not the stored bytes.
+    ``headers``: each row's :class:`VouchedHeader`, packed, -1 where the sidecar vouches for none; None from a
+    sidecar that sends none."""
 
     data: np.ndarray  # uint8
     offsets: np.ndarray  # rows + 1 integers
@@ -225,6 +252,7 @@ class PayloadBatch(NamedTuple):
     labels: np.ndarray  # int64, -1 where a sample has none
     keys: list[str]
     prepared: Optional[np.ndarray]  # bool
+    headers: Optional[np.ndarray] = None  # int64
 
     def row_bytes(self) -> list[bytes]:
         """Each row's payload as bytes of its own (a copy: for a caller that keeps them past the batch)."""
@@ -232,15 +260,38 @@ class PayloadBatch(NamedTuple):
 
 
 def batch_payloads(batch: pa.RecordBatch) -> PayloadBatch:
-    """A raw or hybrid prep batch received over Flight, as views of its buffers."""
+    """A raw or hybrid prep batch received over Flight, as views of its buffers; raises ProtocolMismatchError when
+    its ``header`` column is not packed headers."""
     payload = batch.column("payload")
     data_buf = payload.buffers()[2]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    prepared = (batch.column("prepared").to_numpy(zero_copy_only=False) if "prepared" in batch.schema.names
-                else None)
+    names = batch.schema.names
+    prepared = batch.column("prepared").to_numpy(zero_copy_only=False) if "prepared" in names else None
     return PayloadBatch(data, binary_offsets(payload), batch.column("id").to_numpy(zero_copy_only=False),
                         pc.fill_null(batch.column("label"), -1).to_numpy(zero_copy_only=False),
-                        batch.column("key").to_pylist(), prepared)
+                        batch.column("key").to_pylist(), prepared,
+                        _header_column(batch.column("header")) if "header" in names else None)
+
+
+def _header_column(column: pa.Array) -> np.ndarray:
+    """A Flight batch's ``header`` column as int64, -1 for null."""
+    if column.type != pa.int64():
+        raise ProtocolMismatchError(f"raw batch column 'header' has type {column.type}, expected int64")
+    lowest = pc.min(column).as_py()
+    if lowest is not None and lowest < 0:
+        raise ProtocolMismatchError(f"raw batch column 'header' holds {lowest}: a packed header is not negative")
+    return pc.fill_null(column, -1).to_numpy(zero_copy_only=False)
+
+
+def _headers(values: Any, rows: int) -> np.ndarray:
+    """``prep.next``'s ``headers`` as int64, -1 for null; ProtocolMismatchError naming what is wrong."""
+    if not isinstance(values, list) or len(values) != rows:
+        got = f"{len(values)} headers" if isinstance(values, list) else repr(values)[:40]
+        raise ProtocolMismatchError(f"prep.next: {rows} rows need as many headers, got {got}")
+    for v in values:
+        if v is not None and (type(v) is not int or not 0 <= v < 1 << 63):
+            raise ProtocolMismatchError(f"prep.next: a header is a packed non-negative int64 or null, got {v!r}")
+    return np.array([-1 if v is None else v for v in values], dtype=np.int64)
 
 
 def encode_prep_next(group: str, member: int, epoch: int, batch: int,
@@ -259,8 +310,9 @@ def encode_prep_next(group: str, member: int, epoch: int, batch: int,
 class PrepSlot:
     """A ``prep.next`` answer: the batch's rows in the /dev/shm slot file ``path``, mapped read-only. A prepared
     batch is ``[rows, *shape]`` of ``dtype`` at the start of the file; a raw or hybrid batch is its payloads from the
-    start of the file, row ``i`` at bytes ``offsets[i]`` to ``offsets[i + 1]``, with ``keys`` and (hybrid)
-    ``prepared``. ``skipped``: the samples the group left out of it (decode ``on_error="skip"``)."""
+    start of the file, row ``i`` at bytes ``offsets[i]`` to ``offsets[i + 1]``, with ``keys``, ``headers`` (as
+    :class:`PayloadBatch`'s) and (hybrid) ``prepared``. ``skipped``: the samples the group left out of it (decode
+    ``on_error="skip"``)."""
 
     path: str
     ids: np.ndarray  # int64
@@ -271,6 +323,7 @@ class PrepSlot:
     offsets: Optional[np.ndarray] = None  # a raw or hybrid batch's: rows + 1 int64
     keys: Optional[list[str]] = None
     prepared: Optional[np.ndarray] = None  # bool
+    headers: Optional[np.ndarray] = None  # int64, packed VouchedHeaders, -1 for none; None: not sent
 
     @property
     def rows(self) -> int:
@@ -302,7 +355,8 @@ def parse_prep_slot(doc: Mapping[str, Any]) -> PrepSlot:
     if len(keys) != rows or (prepared is not None and len(prepared) != rows):
         raise ProtocolMismatchError(f"prep.next: {rows} rows with {len(keys)} keys"
                                     + ("" if prepared is None else f" and {len(prepared)} prepared flags"))
-    return dataclasses.replace(slot, offsets=offsets, keys=keys, prepared=prepared)
+    headers = _headers(doc["headers"], rows) if "headers" in doc else None
+    return dataclasses.replace(slot, offsets=offsets, keys=keys, prepared=prepared, headers=headers)
 
 
 @dataclass(frozen=True)
