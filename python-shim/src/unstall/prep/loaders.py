@@ -262,7 +262,8 @@ class PrepLoader(GroupLoader):
         timing = None if rates is None else (lambda n, work: rates.timed(mixed.device, n, work))
 
         def decode() -> Any:
-            return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys, prepared, timing)
+            return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys, prepared, timing,
+                         p.headers)
 
         if not self._device_share:
             images = decode()

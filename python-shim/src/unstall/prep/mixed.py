@@ -17,10 +17,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .draws import Box, sample_box, sample_boxes, sample_rng, sample_rngs
-from .jpeg_rules import jpeg_check, with_standard_tables
+from .jpeg_rules import JpegCheck, jpeg_check, with_standard_tables
 from .mixed_parts import Group, describe_image, image_header, not_an_image, not_decodable, to_device
 from .pipeline import check_decode_backend
 from ..png_rules import png_check, png_data_check
+from ..protocol import VouchedHeader
 
 __all__ = ["MIXED", "decode_device", "resolve_backend", "MixedDecode", "payload_tensors"]
 
@@ -77,7 +78,9 @@ class MixedDecode:
     images), else the pipeline's ``layout``. ``__call__(payloads, ids, epoch, seed)`` (``payloads``: uint8 tensors
     in host memory, as :func:`payload_tensors` gives them; ``seed``: the group's) returns the images of one batch; a
     sample whose bytes do not decode raises an error naming its id and key. The caps on a sample's declared size are
-    the decode op's, else the sidecar's (:meth:`set_limits`)."""
+    the decode op's, else the sidecar's (:meth:`set_limits`). ``headers`` (the batch's, as
+    :class:`unstall.protocol.PayloadBatch` has them; optional) spare the host the JPEG rules on the rows the sidecar
+    vouches for."""
 
     def __init__(self, ops: Sequence[Mapping[str, Any]], dtype: str, layout: str, device: Any,
                  memory_format: Any = None) -> None:
@@ -147,12 +150,13 @@ class MixedDecode:
 
     def __call__(self, payloads: Sequence[Any], ids: Sequence[int], epoch: int, seed: int,
                  keys: Optional[Sequence[str]] = None, prepared: Optional[Sequence[bool]] = None,
-                 timing: Optional[Timing] = None) -> Any:
+                 timing: Optional[Timing] = None, headers: Optional[np.ndarray] = None) -> Any:
         """The batch on the device: its encoded samples decoded, cropped, resized and flipped here, the samples the
         sidecar ``prepared`` (uint8 HWC) copied in, then all normalized. ``timing(n, work)`` runs ``work``, the part
         that grows with the ``n`` encoded samples (checks, decode, resampling, flips), and times it for the hybrid's
         split (``MemberRates.timed``): what the batch costs whatever its split (the output, the copies, the
-        normalization) is not counted to the device's samples."""
+        normalization) is not counted to the device's samples. ``headers``: each row's packed
+        :class:`~unstall.protocol.VouchedHeader`, -1 where the sidecar vouches for none (None: for no row)."""
         import torch
 
         data = list(payloads)
@@ -160,6 +164,7 @@ class MixedDecode:
         on_cpu = [k for k in range(n) if prepared is not None and prepared[k]]  # pixels the sidecar prepared
         encoded = [k for k in range(n) if prepared is None or not prepared[k]]
         names = keys if keys is not None else [""] * n
+        vouched = [None if headers is None else VouchedHeader.unpack(int(headers[k])) for k in encoded]
         if self.device.type == "cuda" and encoded:
             # nvJPEG's hardware engine writes its outputs before the work queued on the caller's stream ran, into
             # blocks the caching allocator hands out as soon as they are freed on that stream
@@ -168,7 +173,7 @@ class MixedDecode:
 
         def encoded_part() -> Tuple[Any, List[Box]]:
             groups, boxes = self._decode([data[k] for k in encoded], [ids[k] for k in encoded],
-                                         [names[k] for k in encoded], epoch, seed) if encoded else ([], [])
+                                         [names[k] for k in encoded], vouched, epoch, seed) if encoded else ([], [])
             oh, ow = self.out_size(boxes)
             out = torch.empty((n, 3, oh, ow), dtype=torch.float32, device=self.device)
             for stack, rois, members in groups:
@@ -196,12 +201,12 @@ class MixedDecode:
             return result.contiguous(memory_format=self.memory_format)
         return result.permute(0, 2, 3, 1).contiguous() if self.layout == "NHWC" else result
 
-    def _decode(self, payloads: List[Any], ids: List[int], keys: List[str], epoch: int, seed: int
-                ) -> Tuple[List[Group], List[Box]]:
+    def _decode(self, payloads: List[Any], ids: List[int], keys: List[str], vouched: List[Optional[VouchedHeader]],
+                epoch: int, seed: int) -> Tuple[List[Group], List[Box]]:
         """The encoded samples' decoded pixels, in stacks to resample, and their boxes: JPEGs on the device, the
         other formats the pipeline decodes (PNG; WebP when its ``formats`` name it) on the host, as DALI's mixed
         decoder does with what nvJPEG does not decode."""
-        heads = [self._check(p, i, k) for p, i, k in zip(payloads, ids, keys)]
+        heads = [self._check(p, i, k, v) for p, i, k, v in zip(payloads, ids, keys, vouched)]
         payloads = [data for _, _, data in heads]
         jpeg = [j for j, (kind, _, _) in enumerate(heads) if kind == "jpeg"]
         rest = [j for j, (kind, _, _) in enumerate(heads) if kind != "jpeg"]
@@ -230,7 +235,8 @@ class MixedDecode:
             images = [self._decode_one(p, i, k) for p, i, k in zip(payloads, ids, keys)]  # names the one that fails
         return self._by_size(images, ids, epoch, seed)
 
-    def _check(self, data: Any, sample_id: int, key: str) -> Tuple[str, Tuple[int, int], Any]:
+    def _check(self, data: Any, sample_id: int, key: str, vouched: Optional[VouchedHeader] = None
+               ) -> Tuple[str, Tuple[int, int], Any]:
         """A sample's format, ``(height, width)`` and the bytes to decode, once its header passed the pipeline's rules
         as the sidecar's ``ImagePrep.check`` applies them (``formats``; a JPEG's structure, ``jpeg_rules``, a PNG's,
         ``png_rules``; ``max_pixels`` and ``max_aspect_ratio``, the op's or the sidecar's; then what libjpeg refuses
@@ -239,17 +245,22 @@ class MixedDecode:
         have decoded its top rows, a truncated PNG in the sidecar's words, not the host decoder's, and a PNG whose
         image data libpng refuses (``png_data_check``) before the host decoder ends the process on it. The bytes are
         ``data`` but for a Motion-JPEG frame: a copy with the standard Huffman tables it relies on, which the sidecar
-        decodes too, whichever decoder runs."""
+        decodes too, whichever decoder runs. A JPEG the sidecar ``vouched`` for passed its structure rules and
+        libjpeg's there: its header gives the size and the standard tables, and only ``formats`` and the caps are
+        applied here."""
         op = self.ops[0]
         formats = [str(f) for f in op.get("formats", ("jpeg", "png"))]
         view = data.numpy()
-        kind, w, h = image_header(view)
+        kind, w, h = ("jpeg", vouched.width, vouched.height) if vouched is not None else image_header(view)
         if kind is None or kind not in formats:  # ImagePrep.check's words
             what = describe_image(view)
             names = ", ".join(f for f in ("jpeg", "png", "webp") if f in formats)
             raise _refused(sample_id, key, not_an_image(view) if what is None else
                            f"{what}, not one of the formats the pipeline decodes: {names} (decode \"formats\")")
-        check = jpeg_check(view) if kind == "jpeg" else None
+        if vouched is not None:
+            check: Optional[JpegCheck] = JpegCheck(None, vouched.standard_tables, vouched.first_scan)
+        else:
+            check = jpeg_check(view) if kind == "jpeg" else None
         problem = check.problem if check is not None else png_check(view) if kind == "png" else None
         # libjpeg's refusals come after the caps, as the sidecar's decoder meets them after its header check
         if problem is not None and not problem.startswith("libjpeg: "):
