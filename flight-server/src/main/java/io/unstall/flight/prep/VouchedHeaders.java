@@ -13,8 +13,9 @@ import org.apache.arrow.vector.types.pojo.FieldType;
  * payload is a JPEG that passes {@link ImageHeader}'s rules and that libjpeg takes, its header packed in one int64,
  * {@code width | height << 16 | standardTables << 32 | firstScan << 40}; null for any other row (another format, a
  * refused JPEG, the sidecar's prepared pixels). A member decoding on its device ({@code decode(device="mixed")})
- * skips the walk over a vouched row's bytes that python-shim's jpeg_rules would repeat, which costs its trainer's
- * CPU tens of microseconds a JPEG; reading the header here costs a few, on the prep thread that assembled the batch.
+ * skips the walk over a vouched row's bytes that python-shim's jpeg_rules would repeat on its trainer's feeding
+ * thread, under the GIL, on the CPUs that mode is short of; the sidecar walks them here instead, in Java, on the prep
+ * thread that assembled the batch (docs/BENCHMARKS.md, "Decode on the device, on the CPU", has both costs).
  */
 final class VouchedHeaders {
   static final String COLUMN = "header";
