@@ -761,14 +761,20 @@ public record ImageHeader(Format format, int width, int height, int components, 
     /** The first 0xFF byte at or after {@code from} and before {@code to}; {@code to} when none. */
     int indexOfFf(int from, int to) {
       int i = from;
-      for (; i + 32 <= to; i += 32) { // four words a step until one holds an 0xFF byte
-        long zeros = 0;
-        for (int k = 0; k < 32; k += 8) {
-          long t = ~(long) LONGS.get(b, base + i + k); // an 0xFF byte is now 0x00
-          zeros |= (t - 0x0101010101010101L) & ~t;
+      for (; i + 32 <= to; i += 32) { // four words a step until one holds an 0xFF byte, then the first such byte
+        long z0 = ffBytes(i);
+        long z1 = ffBytes(i + 8);
+        long z2 = ffBytes(i + 16);
+        long z3 = ffBytes(i + 24);
+        if ((z0 | z1 | z2 | z3) != 0) {
+          return z0 != 0 ? i + first(z0) : z1 != 0 ? i + 8 + first(z1) : z2 != 0 ? i + 16 + first(z2)
+              : i + 24 + first(z3);
         }
-        if ((zeros & 0x8080808080808080L) != 0) {
-          break;
+      }
+      for (; i + 8 <= to; i += 8) {
+        long z = ffBytes(i);
+        if (z != 0) {
+          return i + first(z);
         }
       }
       for (; i < to; i++) {
@@ -777,6 +783,20 @@ public record ImageHeader(Format format, int width, int height, int components, 
         }
       }
       return to;
+    }
+
+    /**
+     * The eight bytes at {@code i} (the first the lowest, little-endian) with the high bit of each 0xFF byte set: the
+     * lowest set bit marks the first 0xFF byte exactly (a borrow can mark a byte only above a true one).
+     */
+    private long ffBytes(int i) {
+      long t = ~(long) LONGS.get(b, base + i); // an 0xFF byte is now 0x00
+      return (t - 0x0101010101010101L) & ~t & 0x8080808080808080L;
+    }
+
+    /** The index in its word of the byte {@link #ffBytes} marks first. */
+    private static int first(long marks) {
+      return Long.numberOfTrailingZeros(marks) >>> 3;
     }
 
     /** Whether {@code bytes} occur at or after {@code from}, searching from the end (where they usually are). */

@@ -301,6 +301,18 @@ class ImageHeaderTest {
   }
 
   @Test
+  void aMarkerIsFoundAtEveryOffsetOfTheScanData() throws Exception {
+    // The walk reads the scan data eight bytes at a time: a marker at any offset of a word, or in the bytes after the
+    // last whole word, is the one reported.
+    byte[] jpeg = jpeg(128, 96, false, 0, false);
+    for (int at = scanData(jpeg); at + 2 < jpeg.length - 2; at++) { // up to the end-of-image marker
+      byte[] cut = patched(jpeg, at, 0xFF, 0xC4);
+      assertEquals("corrupt JPEG: marker 0xFFC4 at byte " + at + " cuts the scan data",
+          assertThrows(BadImageException.class, () -> ImageHeader.read(direct(cut))).getMessage());
+    }
+  }
+
+  @Test
   void restartMarkersPassWithARestartIntervalAndTooFewOfThemAreATruncatedFile() throws Exception {
     // 128x96 at 4:2:0: 8 x 6 MCUs of 16x16 pixels; 5 a restart interval: 10 intervals, 9 restart markers.
     byte[] rst = jpeg(128, 96, false, 5, false);
