@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,6 +53,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add_photo_options(ap, "default 512", "default 500x375", 512, "500x375")
     ap.add_argument("--variants", default="", help="comma-separated nvImageCodec variants to add: whole (roi=False), "
                     "hwN (hw_decoder_load=N/100), e.g. whole,hw0,hw65,hw100")
+    ap.add_argument("--sidecar-jar", type=Path, default=HERE.parent / "sidecar" / "target" / "unstall-sidecar.jar",
+                    help="the sidecar jar whose header read (HeaderRead.java) is timed over the same files beside the "
+                    "host's checks (default sidecar/target/unstall-sidecar.jar; skipped with a line saying so when it "
+                    "or java is missing)")
     ap.add_argument("--json", type=Path, help="also write the rows and the run's header as JSON")
     args = ap.parse_args(argv)
     try:
@@ -81,6 +87,16 @@ def timed(dev: Any, passes: int, run: Callable[[], None]) -> List[float]:
         sync(dev)
         out.append(time.perf_counter() - t0)
     return out
+
+
+def sidecar_read(jar: Path, files: Sequence[Path], rounds: int) -> Any:
+    """The sidecar's header read, us per image, per round (``HeaderRead.java`` on ``jar``), or why it did not run."""
+    java = shutil.which("java")
+    if java is None or not jar.is_file():
+        return f"not measured ({'java is not on PATH' if java is None else f'{jar} is missing'})"
+    out = subprocess.run([java, "-cp", str(jar), str(HERE / "HeaderRead.java"), str(max(3, rounds)),
+                          *map(str, files)], capture_output=True, text=True, check=True).stdout
+    return [float(line.split()[1]) for line in out.splitlines() if line.strip()]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -206,6 +222,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             run()
             secs.append(time.perf_counter() - t0)
 
+    sizes = [[(h, w) for _, w, h in map(image_header, (x.numpy() for x in p))] for p, _ in batches]
+
+    def draws() -> None:  # each sample's window and flip (the device path's draws, a batch at a time)
+        for (_, ids), hw in zip(batches, sizes):
+            mixed.boxes(hw, ids, 0, 7)
+
+    draw_s = [timed(torch.device("cpu"), 1, draws)[0] for _ in range(args.repeats + 1)][1:]
+    sidecar_us = sidecar_read(args.sidecar_jar, files[:need], args.repeats)
+
     head = header() + [f"- device: {args.device} ({gpu_name(dev)}), torch threads {torch.get_num_threads()}",
                        f"- commit: {git_commit()}",
                        f"- {args.batches} batches of {args.batch} from {data}, RandomResizedCrop {args.crop} + flip, "
@@ -234,14 +259,21 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "process's CPU, on any device).", "",
               f"The same for rows whose header the sidecar vouches for ({vouched} of {need} JPEGs; headers packed here "
               f"from jpeg_rules' answer, which equals the sidecar's): {vouched_ms:.3f} ms per batch, "
-              f"{1e3 * vouched_ms / args.batch:.2f} us per image."]
+              f"{1e3 * vouched_ms / args.batch:.2f} us per image.", "",
+              f"The draws (each sample's window and flip, MixedDecode.boxes, a batch at a time): "
+              f"{1e6 * statistics.mean(draw_s) / need:.2f} us per image.", "",
+              "The sidecar's read of the same headers (ImageHeader.read in Java over direct buffers, "
+              "benchmarks/HeaderRead.java; what it runs per row to vouch for it): " +
+              (f"{statistics.median(sidecar_us):.2f} us per image (median of {len(sidecar_us)} rounds: "
+               f"{', '.join(f'{v:.2f}' for v in sidecar_us)})." if isinstance(sidecar_us, list) else f"{sidecar_us}.")]
     print("\n".join(lines), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps({"header": head, "rows": rows, "ratio": ratio,
                                          "window_area": statistics.mean(area), "region_area": statistics.mean(region),
                                          "resample_s": resample,
                                          "stacks_per_batch": statistics.mean(groups), "padding": padding,
-                                         "check_s": check_s, "check_vouched_s": vouched_s,
+                                         "check_s": check_s, "check_vouched_s": vouched_s, "draw_s": draw_s,
+                                         "sidecar_read_us": sidecar_us,
                                          "vouched_rows": vouched}, indent=1) + "\n")
 
 

@@ -95,3 +95,18 @@ def test_bounded_ints_of_many_generators_each_follow_their_own_rejections() -> N
     alone = [SplittableRandom(s) for s in seeds]
     assert [[r.next_int(bound) for r in alone] for _ in range(5)] == got
     assert together.next_long().tolist() == [r.next_long() for r in alone]  # and stay in step afterwards
+
+
+def test_a_pair_of_bounded_ints_is_two_draws_in_turn_whatever_either_rejects() -> None:
+    """``next_int_pair`` takes two states at once; where the first or the second draw is rejected (about half of the
+    draws for 2**30 + 1) it draws again in Java's order: the same answers and states as two ``nextInt(bound)``."""
+    seeds = list(range(-100, 100))
+    first = np.array([2**30 + 1, 7, 2**30 + 1, 64] * 50)
+    second = np.array([2**30 + 1, 2**30 + 1, 5, 64] * 50)
+    at = np.arange(len(seeds))
+    pair, turn = SplittableRandoms(seeds), SplittableRandoms(seeds)
+    for _ in range(4):
+        a, b = pair.next_int_pair(at, first, second)
+        assert a.tolist() == turn.next_int(at, first).tolist()
+        assert b.tolist() == turn.next_int(at, second).tolist()
+        assert pair.seeds.tolist() == turn.seeds.tolist()

@@ -20,6 +20,8 @@ __all__ = ["SplittableRandom", "SplittableRandoms", "sample_rng", "sample_rngs",
 
 _U64 = np.uint64
 _GOLDEN_GAMMA = _U64(0x9E3779B97F4A7C15)
+# 1 to 8 steps of a generator's state
+_GAMMAS = np.array([k * 0x9E3779B97F4A7C15 & 0xFFFF_FFFF_FFFF_FFFF for k in range(1, 9)], dtype=_U64)
 _ALL = slice(None)
 Index = Any  # the generators that draw: an index array or a slice
 
@@ -31,10 +33,14 @@ def _mix64(z: np.ndarray) -> np.ndarray:
 
 
 def _u64(values: Any) -> np.ndarray:
-    """Python ints (any sign, Java longs) as their 64-bit two's complement (uint64 arrays as they are)."""
-    if isinstance(values, np.ndarray) and values.dtype == _U64:
-        return values.copy()
-    return np.array([int(v) & 0xFFFF_FFFF_FFFF_FFFF for v in np.atleast_1d(values).tolist()], dtype=_U64)
+    """Python ints (any sign, Java longs) or an integer array as their 64-bit two's complement."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return np.atleast_1d(values).astype(_U64)  # a copy
+    try:
+        return np.atleast_1d(np.asarray(values, dtype=np.int64)).astype(_U64)
+    except OverflowError:  # beyond int64: an unsigned long's bits
+        ints = values if isinstance(values, (list, tuple)) else [values]
+        return np.array([int(v) & 0xFFFF_FFFF_FFFF_FFFF for v in ints], dtype=_U64)
 
 
 class SplittableRandoms:
@@ -50,44 +56,83 @@ class SplittableRandoms:
     def __len__(self) -> int:
         return len(self.seeds)
 
-    def _next_seed(self, at: Index) -> np.ndarray:
-        s = self.seeds[at] + _GOLDEN_GAMMA
-        self.seeds[at] = s
-        return s
+    def _take(self, at: Index, k: int) -> np.ndarray:
+        """The states of the next ``k`` draws of each generator ``at`` (``[len, k]``; a SplittableRandom's state
+        advances by a constant, so any draw's is at hand), and those generators advanced past them."""
+        states = self.seeds[at][:, None] + _GAMMAS[:k]
+        if k:
+            self.seeds[at] = states[:, -1]
+        return states
+
+    def _rewind(self, at: Index, k: Any) -> None:
+        """Takes back the last ``k`` draws (one count, or one a generator, at least 1) of the generators ``at``."""
+        self.seeds[at] -= _GAMMAS[np.asarray(k) - 1]
 
     def next_long(self, at: Index = _ALL) -> np.ndarray:
         """The next 64 random bits of each, as uint64."""
-        return _mix64(self._next_seed(at))
+        return _mix64(self._take(at, 1)[:, 0])
 
-    def _next_uint32(self, at: Index) -> np.ndarray:
-        z = self._next_seed(at)
-        z = (z ^ (z >> _U64(33))) * _U64(0x62A9D9ED799705F5)
-        return (((z ^ (z >> _U64(28))) * _U64(0xCB24D0A5C88C35B3)) >> _U64(32)).astype(np.int64)
-
-    def next_int(self, at: Index = _ALL, bound: Optional[np.ndarray] = None) -> np.ndarray:
-        """``nextInt()`` (signed 32-bit ints) or ``nextInt(bound)`` (each in ``[0, bound)``: Java's rejection loop,
-        which draws again only for the generators it rejected), as int64."""
-        r = self._next_uint32(at)
-        if bound is None:
-            return np.where(r >= 1 << 31, r - (1 << 32), r)
-        bound = np.broadcast_to(np.asarray(bound, dtype=np.int64), r.shape)
-        if np.any(bound <= 0):
-            raise ValueError(f"bound must be positive, got {int(bound[bound <= 0][0])}")
-        m = bound - 1
-        out = r & m  # a power of two takes the low bits
-        idx = np.arange(len(self.seeds))[at]
-        pending = np.flatnonzero(bound & m)  # the others: Java's loop over u = r >>> 1
-        u = r[pending] >> 1
-        while len(pending):
-            v = u % bound[pending]
-            out[pending] = v
-            again = u + m[pending] - v >= 1 << 31  # negative as a Java int: rejected, drawn again
-            pending = pending[again]
-            u = self._next_uint32(idx[pending]) >> 1
-        return out
+    def next_doubles(self, at: Index, k: int) -> np.ndarray:
+        """The next ``k`` ``nextDouble()`` of each generator ``at``: ``[len, k]``."""
+        return (_mix64(self._take(at, k)) >> _U64(11)).astype(np.float64) * 2.0 ** -53
 
     def next_double(self, at: Index = _ALL) -> np.ndarray:
-        return (self.next_long(at) >> _U64(11)).astype(np.float64) * 2.0 ** -53
+        return self.next_doubles(at, 1)[:, 0]
+
+    def next_int(self, at: Index = _ALL, bound: Optional[np.ndarray] = None) -> np.ndarray:
+        """``nextInt()`` (signed 32-bit ints) or ``nextInt(bound)`` (``bound``: positive int64s, one a generator;
+        each in ``[0, bound)``: Java's rejection loop, which draws again only for the generators it rejected), as
+        int64."""
+        r = _uint32(self._take(at, 1)[:, 0])
+        if bound is None:
+            return np.where(r >= 1 << 31, r - (1 << 32), r)
+        out, again = _bounded(r, bound)
+        if again.any():
+            idx = np.arange(len(self.seeds))[at]
+            pending = np.flatnonzero(again)
+            while len(pending):
+                out[pending], again = _bounded(_uint32(self._take(idx[pending], 1)[:, 0]), bound[pending])
+                pending = pending[again]
+        return out
+
+    def next_int_pair(self, at: Index, first: np.ndarray, second: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """``nextInt(first)`` then ``nextInt(second)`` of each generator ``at``, both from one pass over the next
+        two states; the few a rejection makes draw more are drawn again one by one."""
+        r = _uint32(self._take(at, 2))
+        a, again_a = _bounded(r[:, 0], first)
+        b, again_b = _bounded(r[:, 1], second)
+        if again_a.any() or again_b.any():
+            idx = np.arange(len(self.seeds))[at]
+            # A rejected draw is followed by the next state's: the first's retries start at the second state, and
+            # the second draw follows them; the second's retries follow the two states taken.
+            redo = np.flatnonzero(again_a)
+            self._rewind(idx[redo], 1)
+            a[redo] = self.next_int(idx[redo], first[redo])
+            b[redo] = self.next_int(idx[redo], second[redo])
+            redo = np.flatnonzero(again_b & ~again_a)
+            b[redo] = self.next_int(idx[redo], second[redo])
+        return a, b
+
+
+def _uint32(states: np.ndarray) -> np.ndarray:
+    """``nextInt()``'s 32 bits of each state, unsigned, as int64."""
+    z = states ^ (states >> _U64(33))
+    z *= _U64(0x62A9D9ED799705F5)
+    z ^= z >> _U64(28)
+    z *= _U64(0xCB24D0A5C88C35B3)
+    z >>= _U64(32)
+    return z.astype(np.int64)
+
+
+def _bounded(r: np.ndarray, bound: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``nextInt(bound)``'s answer from the 32 bits ``r``, and where Java's loop rejects it (draws again): a power of
+    two takes the low bits; the others ``u % bound``, ``u = r >>> 1``, rejected when ``u + bound - 1 - answer``
+    overflows a Java int."""
+    m = bound - 1
+    pow2 = (bound & m) == 0
+    u = r >> 1
+    out = np.where(pow2, r & m, u % bound)
+    return out, (u + m - out >= 1 << 31) & ~pow2
 
 
 class SplittableRandom:
@@ -105,7 +150,9 @@ class SplittableRandom:
 
     def next_int(self, bound: Optional[int] = None) -> int:
         """``nextInt()`` (a signed 32-bit int) or ``nextInt(bound)`` (in ``[0, bound)``, Java's rejection loop)."""
-        return int(self.batch.next_int(bound=None if bound is None else np.array([bound]))[0])
+        if bound is not None and bound <= 0:
+            raise ValueError(f"bound must be positive, got {bound}")
+        return int(self.batch.next_int(bound=None if bound is None else np.array([bound], dtype=np.int64))[0])
 
     def next_double(self) -> float:
         return float(self.batch.next_double()[0])
@@ -126,7 +173,12 @@ def sample_rng(seed: int, epoch: int, sample_id: int) -> SplittableRandom:
 def _exp(x: np.ndarray) -> np.ndarray:
     """``math.exp`` of each (the C library's, as the sidecar's ``Math.exp`` gives on the fixtures; numpy's own may
     differ in the last bit)."""
-    return np.array([math.exp(v) for v in x.tolist()], dtype=np.float64)
+    return np.array([math.exp(v) for v in x.ravel().tolist()], dtype=np.float64).reshape(x.shape)
+
+
+# The crop attempts drawn at once: most windows fit at the first or second (a batch's generators in one pass),
+# the draws of an attempt after the one that fits are taken back
+_TRIES = 2
 
 
 def _java_round(x: np.ndarray) -> np.ndarray:
@@ -142,21 +194,28 @@ def _crop_windows(heights: np.ndarray, widths: np.ndarray, scale: Sequence[float
     top, left, h, w = (np.zeros(n, dtype=np.int64) for _ in range(4))
     area = heights.astype(np.float64) * widths
     log_min, log_max = math.log(ratio[0]), math.log(ratio[1])
+    draws = int(scale[0] != scale[1]) + int(log_min != log_max)  # the doubles an attempt draws
     todo = np.arange(n)
-    for _ in range(10):
+    for first in range(0, 10, _TRIES):  # _TRIES attempts at once, the draws of those after a fit taken back
         if not len(todo):
             break
-        target = area[todo] * (scale[0] if scale[0] == scale[1] else
-                               scale[0] + (scale[1] - scale[0]) * rngs.next_double(todo))
-        aspect = _exp(np.full(len(todo), log_min) if log_min == log_max else
-                      log_min + (log_max - log_min) * rngs.next_double(todo))
+        tries = min(_TRIES, 10 - first)
+        u = rngs.next_doubles(todo, draws * tries).reshape(len(todo), tries, draws)
+        target = area[todo, None] * (scale[0] if scale[0] == scale[1] else
+                                     scale[0] + (scale[1] - scale[0]) * u[:, :, 0])
+        aspect = _exp(np.full((len(todo), tries), log_min) if log_min == log_max else
+                      log_min + (log_max - log_min) * u[:, :, draws - 1])
         cw, ch = _java_round(np.sqrt(target * aspect)), _java_round(np.sqrt(target / aspect))
-        fits = (cw > 0) & (cw <= widths[todo]) & (ch > 0) & (ch <= heights[todo])
-        done = todo[fits]
-        h[done], w[done] = ch[fits], cw[fits]
-        top[done] = rngs.next_int(done, heights[done] - h[done] + 1)
-        left[done] = rngs.next_int(done, widths[done] - w[done] + 1)
-        todo = todo[~fits]
+        fits = (cw > 0) & (cw <= widths[todo, None]) & (ch > 0) & (ch <= heights[todo, None])
+        hit = fits.any(axis=1)
+        at = fits.argmax(axis=1)[hit]  # each hit's first fitting attempt
+        done = todo[hit]
+        if draws and tries > 1:
+            later = (tries - 1 - at) * draws
+            rngs._rewind(done[later > 0], later[later > 0])
+        h[done], w[done] = ch[hit, at], cw[hit, at]
+        top[done], left[done] = rngs.next_int_pair(done, heights[done] - h[done] + 1, widths[done] - w[done] + 1)
+        todo = todo[~hit]
     for k in todo.tolist():  # ten misses (rare): the central crop
         height, width = int(heights[k]), int(widths[k])
         in_ratio = width / height
