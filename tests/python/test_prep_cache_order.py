@@ -80,8 +80,10 @@ def test_members_read_one_cache_first_order_each_sample_once(start_sidecar, tmp_
         for start in range(0, N, W):
             hits = snapshot[order[start:start + W]].tolist()
             assert hits == sorted(hits, reverse=True), f"epoch {epoch}: a window's hits come before its misses"
-        # MinIO keeps the first K samples it read, epoch 0's first: that epoch's seeded order is hits first already
-        assert (order == seeded[epoch]) == (epoch == 0), f"epoch {epoch}: reordered unless it was hits first"
+        # MinIO keeps the first K samples whose reads finished in epoch 0 (two producers and the read-ahead run at
+        # once, so which ones is the machine's timing); the later epochs' seeded orders put misses before hits
+        if epoch > 0:
+            assert order != seeded[epoch], f"epoch {epoch}: reordered"
     stats = members[0].membership.group_stats()
     assert (stats["order"], stats["order_window"]) == ("cache_first", W)
     assert stats["remote_workers"].startswith("refused: a cache_first order")
