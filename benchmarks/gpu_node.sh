@@ -39,7 +39,7 @@ PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu_node: /' || true
 if [ -n "${GPU_NODE_PYTEST:-}" ]; then  # test paths to run first, on this node's GPU (their CUDA cases too)
   read -r -a tests <<< "$GPU_NODE_PYTEST"
-  (cd "$here/.." && timeout "${GPU_NODE_PYTEST_TIMEOUT:-900}" "$python" -m pytest -q -p no:cacheprovider -rs \
+  (cd "$here/.." && timeout "${GPU_NODE_PYTEST_TIMEOUT:-900}" "$python" -m pytest -v -p no:cacheprovider -rfs \
     "${tests[@]}") 2>&1 | tee "$out/pytest.log" || true
 fi
 

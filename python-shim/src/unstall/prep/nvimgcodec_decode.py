@@ -17,10 +17,16 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 from .draws import Box
 from .mixed_parts import Group, image_header, not_decodable, to_device
 
-__all__ = ["import_nvimgcodec", "cuda_backends", "stack_groups", "STACK_SLACK", "RoiDecode"]
+__all__ = ["import_nvimgcodec", "cuda_backends", "stack_groups", "grown", "STACK_SLACK", "ROI_MARGIN", "RoiDecode"]
 
 STACK_SLACK = 1.5
 """How many times its windows' own pixels a padded stack may hold at most (``stack_groups``)."""
+
+ROI_MARGIN = 2
+"""Pixels decoded beyond each side of a region (within the image) and cut off after the decode. nvJPEG before 13.2
+may upsample a region's outermost chroma row and column wrongly (nvImageCodec's warning, which then declines the
+region on the GPU unless ``enable_roi_fancy_upsampling`` is set): with the margin those pixels are never used, and
+every kept pixel has the neighbours a whole-image decode gives it, as libjpeg-turbo's region decode does."""
 
 
 def import_nvimgcodec() -> Any:
@@ -70,6 +76,13 @@ def stack_groups(shapes: Sequence[Tuple[int, int]], slack: float = STACK_SLACK) 
     return groups
 
 
+def grown(region: Tuple[int, int, int, int], height: int, width: int,
+          margin: int = ROI_MARGIN) -> Tuple[int, int, int, int]:
+    """``region`` (``(y0, x0, y1, x1)``) with ``margin`` more pixels on each side, within ``height`` x ``width``."""
+    y0, x0, y1, x1 = region
+    return max(0, y0 - margin), max(0, x0 - margin), min(height, y1 + margin), min(width, x1 + margin)
+
+
 class RoiDecode:
     """Decodes the windows of a batch's samples on ``device`` (a ``torch.device``). ``ops``: the pipeline's; with a
     ``random_resized_crop`` the window is the crop, which the sidecar resizes on its own (clamped at its edges, as
@@ -87,8 +100,10 @@ class RoiDecode:
         # beside a pinned sidecar stays on its cores.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         threads = max(1, cores - 1)
-        # Chroma upsampled as libjpeg-turbo does by default, as the sidecar and torchvision decode on the CPU.
-        options = ":fancy_upsampling=1"
+        # Chroma upsampled as libjpeg-turbo does by default, as the sidecar and torchvision decode on the CPU; in a
+        # region too (ROI_MARGIN cuts off the edge nvJPEG < 13.2 may get wrong): without it nvImageCodec warns once
+        # per image and declines the GPU for every region decode, which then runs on this process's CPU threads.
+        options = ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1"
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
             self._decoder = nv.Decoder(device_id=index, max_num_cpu_threads=threads,
@@ -136,8 +151,9 @@ class RoiDecode:
                 raise not_decodable(i, key, "its header declares no size")
         boxes = boxes_of(sizes)
         regions = [self.region(b, h, w) for b, (h, w) in zip(boxes, sizes)]
+        reads = [region if self._whole else grown(region, h, w) for region, (h, w) in zip(regions, sizes)]
         windows = []
-        for data, (y0, x0, y1, x1), i, key in zip(payloads, regions, ids, keys):
+        for data, (y0, x0, y1, x1), i, key in zip(payloads, reads, ids, keys):
             try:
                 windows.append(nv.CodeStream(data.numpy()).get_sub_code_stream(region=nv.Region(y0, x0, y1, x1)))
             except RuntimeError as e:
@@ -150,7 +166,9 @@ class RoiDecode:
                 raise not_decodable(i, key, "nvImageCodec could not decode it")
         rois = [(b.left - x0, b.top - y0, b.left - x0 + b.w, b.top - y0 + b.h)
                 for b, (y0, x0, _, _) in zip(boxes, regions)]
-        return [self._tensor(image) for image in decoded], rois, boxes
+        images = [self._tensor(image)[y0 - ry0:y1 - ry0, x0 - rx0:x1 - rx0]
+                  for image, (y0, x0, y1, x1), (ry0, rx0, _, _) in zip(decoded, regions, reads)]
+        return images, rois, boxes
 
     def region(self, box: Box, height: int, width: int) -> Tuple[int, int, int, int]:
         """``(y0, x0, y1, x1)``, the pixels decoded for ``box``: the whole image's (``roi=False``), the crop's, or the
