@@ -12,10 +12,10 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
   * ``PrepLoader(..., device=DEV)``: the sidecar prepares uint8, the loader puts the batches on the device and
     normalizes them there;
   * the same with ``decode(device="mixed")``: the sidecar serves the stored JPEG bytes, the loader decodes them
-    on the device (``--decode-backend``: nvImageCodec, decoding each crop window only, or torchvision, whole
-    images; nvJPEG either way on CUDA) and crops, flips and normalizes them there; ``prep_mixed_tv``: the same with
-    torchvision's whole-image decode whatever ``--decode-backend`` says, the baseline of the region decode;
-    ``prep_mixed_whole``: the chosen backend decoding whole images (``roi=False``: a hardware decoder's case);
+    on the device (``--decode-backend``, default auto: torchvision's whole images on CUDA; nvImageCodec, decoding
+    each crop window only; nvJPEG either way on CUDA) and crops, flips and normalizes them there; ``prep_mixed_nv``:
+    the same with nvImageCodec's region decode whatever ``--decode-backend`` says; ``prep_mixed_whole``:
+    nvImageCodec decoding whole images (``roi=False``: a hardware decoder's case);
   * the same with ``cpu_load="auto"``: of each batch the sidecar prepares the share it keeps up with, the device
     decodes the rest (the split tuned online);
   * an HP search: ``--jobs`` concurrent training processes on the one device, each with its own
@@ -309,7 +309,7 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 
 @dataclasses.dataclass
 class Row:
-    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_mixed_tv,
+    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_mixed_nv,
     # prep_mixed_whole, prep_hybrid, hp_torch, hp_prep, hp_mixed, hp_mixed_solo; KEY_alone
     row: str
     images_per_s: float
@@ -497,14 +497,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
     ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
-                    f"prep_mixed, prep_mixed_tv, prep_mixed_whole, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row "
+                    f"prep_mixed, prep_mixed_nv, prep_mixed_whole, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row "
                     "always runs")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
     ap.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
-                    help="the device's decoder in the decode(device='mixed') rows (default auto: nvImageCodec where "
-                         "it imports, else torchvision)")
+                    help="the device's decoder in the decode(device='mixed') rows (default auto: torchvision on "
+                         "CUDA, elsewhere nvImageCodec where it imports, else torchvision)")
     ap.add_argument("--hw-decoder-load", type=float, help="decode(hw_decoder_load=) of the nvImageCodec rows: the share "
                     "of each batch's JPEGs for the GPU's hardware JPEG engine (default: nvImageCodec's choice)")
     ap.add_argument("--trainer-cpus", type=int, help="run this process (the trainer, its decoder's threads, the HP "
@@ -596,12 +596,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ("prep_mixed", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed')",
          lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, backend=args.decode_backend,
                              hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
-        ("prep_mixed_tv", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
-         "backend='torchvision'): whole images decoded",
-         lambda: prep_loader(args.crop, args.batch, 7, 1, dev, True, True, backend="torchvision", sidecar=sidecar)),
+        ("prep_mixed_nv", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
+         "backend='nvimgcodec'): each crop window decoded",
+         lambda: prep_loader(args.crop, args.batch, 7, 1, dev, True, True, backend="nvimgcodec",
+                             hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
         ("prep_mixed_whole", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
-         "roi=False): whole images decoded by the chosen backend",
-         lambda: prep_loader(args.crop, args.batch, 8, 1, dev, True, True, backend=args.decode_backend, roi=False,
+         "backend='nvimgcodec', roi=False): whole images decoded",
+         lambda: prep_loader(args.crop, args.batch, 8, 1, dev, True, True, backend="nvimgcodec", roi=False,
                              hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
         ("prep_hybrid", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "cpu_load='auto')",
@@ -681,7 +682,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     gpu = gpu_name(dev)
     commit = git_commit()
     try:
-        runs = f"{resolve_backend(args.decode_backend)} runs"
+        runs = f"{resolve_backend(args.decode_backend, dev.type, args.hw_decoder_load is not None)} runs"
     except ImportError:
         runs = "not installed"
     head = header() + [f"- GPU: {gpu}", f"- commit: {commit}",

@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--backends", default="torchvision,nvimgcodec",
                     help="comma-separated decode backends of the mixed path (default torchvision,nvimgcodec)")
     args = ap.parse_args()
-    backends = [resolve_backend(b) for b in args.backends.split(",")]  # "auto": the one that runs here
+    backends = [resolve_backend(b, args.device.split(":")[0]) for b in args.backends.split(",")]  # "auto": the one that runs here
     cases = {
         "random_resized_crop 48 + hflip": (
             prep.imagenet_train(48, dtype="uint8", layout="NHWC"),

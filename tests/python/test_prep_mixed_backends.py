@@ -324,6 +324,10 @@ def test_the_backend_option_is_checked_and_named() -> None:
     assert prep.decode(device="mixed", backend="torchvision") == {"op": "decode", "device": "mixed",
                                                                   "backend": "torchvision"}
     assert resolve_backend("torchvision") == "torchvision"
+    # on CUDA "auto" is torchvision's batched nvJPEG, nvImageCodec where named (docs/PREP.md "The decode backend")
+    assert resolve_backend("auto", "cuda") == resolve_backend("torchvision", "cuda") == "torchvision"
+    if not NEEDS_NVIMGCODEC.args[0]:  # unless the op sets nvImageCodec's own options (hw_decoder_load, roi)
+        assert resolve_backend("auto", "cuda", nvimgcodec_options=True) == "nvimgcodec"
 
 
 def test_without_nvimgcodec_auto_is_torchvision_and_nvimgcodec_says_what_to_install() -> None:

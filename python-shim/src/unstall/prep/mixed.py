@@ -52,13 +52,16 @@ def decode_device(spec: Any) -> str:
     return device
 
 
-def resolve_backend(backend: Any) -> str:
-    """The decoder a ``decode(device="mixed", backend=...)`` runs: ``"nvimgcodec"`` or ``"torchvision"`` (``"auto"``:
-    nvImageCodec where it imports); nvImageCodec named but missing raises an ImportError that says what to
-    install."""
+def resolve_backend(backend: Any, device_type: str = "cpu", nvimgcodec_options: bool = False) -> str:
+    """The decoder a ``decode(device="mixed", backend=...)`` runs on a device of ``device_type``: ``"nvimgcodec"`` or
+    ``"torchvision"``. ``"auto"``: on CUDA torchvision's batched nvJPEG decode of whole images, which decoded 1.86x
+    the images of nvImageCodec's region decode on an H200 (docs/PREP.md "The decode backend"), unless the decode op
+    sets nvImageCodec's own options (``nvimgcodec_options``: ``hw_decoder_load``, ``roi``); elsewhere nvImageCodec
+    where it imports (libjpeg-turbo's region decode), else torchvision. nvImageCodec named but missing raises an
+    ImportError that says what to install."""
     backend = check_decode_backend(backend)
-    if backend == "torchvision":
-        return backend
+    if backend == "torchvision" or (backend == "auto" and device_type == "cuda" and not nvimgcodec_options):
+        return "torchvision"
     from .nvimgcodec_decode import import_nvimgcodec
 
     try:
@@ -95,9 +98,9 @@ class MixedDecode:
                              "the device")
         sample_box(self.ops, 64, 64, sample_rng(0, 0, 0))  # refuses ops the device path cannot run, now
         asked = check_decode_backend(first.get("backend", "auto"))
-        self.backend = resolve_backend(asked)
-        self.cpu_load: Any = first.get("cpu_load", 0) or 0
         self.device = torch.device(device)
+        self.backend = resolve_backend(asked, self.device.type, "hw_decoder_load" in first or "roi" in first)
+        self.cpu_load: Any = first.get("cpu_load", 0) or 0
         self.dtype = dtype
         self.layout = layout
         self.memory_format = memory_format

@@ -49,7 +49,8 @@ def decode(
     default: none), or ``"auto"``: tuned online, the sidecar taking as much as it keeps up with while the
     device decodes the rest. ``backend`` (with ``"mixed"``): the device's decoder: ``"nvimgcodec"`` (NVIDIA
     nvImageCodec: only each sample's crop window is decoded), ``"torchvision"`` (``torchvision.io.decode_jpeg``:
-    whole images) or ``"auto"`` (the default: nvImageCodec where it imports, else torchvision); ``roi`` (with
+    whole images) or ``"auto"`` (the default: torchvision on CUDA, the faster there as measured; elsewhere
+    nvImageCodec where it imports, else torchvision); ``roi`` (with
     ``"mixed"``, nvImageCodec's): ``True`` (the default) decodes only each sample's window, ``False`` whole images
     (as DALI's ``decoders.image`` against ``decoders.image_random_crop``: where a GPU's hardware decoder outruns
     its region decode); ``hw_decoder_load`` (with ``"mixed"``, nvImageCodec's; DALI's name): the share of each
