@@ -4,6 +4,10 @@ On one machine and in one run, a torchvision ResNet (``--model``, weights=None) 
 on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps per row, fed by:
 
   * nothing: the model alone, on a synthetic batch already on the device (the rate every row is a fraction of);
+  * the same beside ``decode(device="mixed")`` running flat out on raw batches (vouched headers, bf16
+    channels_last out, ``--decode-backend``) in a thread of this process (``beside_thread``) or a process of its
+    own (``beside_process``): what the device decode costs the model, the GIL's share (a thread only) apart from
+    the device's (both);
   * torch: ``torch.utils.data.DataLoader`` over an ImageFolder, torchvision decode + RandomResizedCrop + flip +
     normalize in ``--workers`` worker processes, pin_memory, copied to the device by the training loop;
   * ``unstall.torch.DataLoader(..., device=DEV)``, the same transforms in its workers, the collated batches
@@ -56,6 +60,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -79,6 +84,8 @@ __all__ = ["main"]
 DATASET = "bench-gpu"
 HP_KINDS = ("torch", "prep", "mixed", "mixed_solo")  # the HP-search rows' jobs (--job)
 HP_ROWS = tuple(f"hp_{kind}" for kind in HP_KINDS)
+BESIDE = {"beside_thread": "a thread of this process", "beside_process": "a process of its own"}
+"""The model-alone rows with decode(device='mixed') running flat out beside the model: where it runs."""
 # The full run (the issue's setting) and --toy; an option given on the command line wins over both.
 FULL = dict(model="resnet18", batch=256, steps=100, warmup=20, crop=224, jobs=4, images=9600, size="500x375",
             workers=max(1, (os.cpu_count() or 2) - 1))
@@ -364,6 +371,86 @@ def measure(key: str, name: str, loader: Any, batches: Batches, step: Optional[C
                wall_s=wall)
 
 
+def raw_batches(data: Path, batch: int, n: int) -> list[Tuple[list[Any], list[int], Any]]:
+    """``n`` batches of ``data``'s first JPEGs as a raw group's member receives them: each row's bytes (tensors over
+    one buffer) and the header the sidecar vouches for (packed from ``jpeg_rules``' answer, which is the
+    sidecar's)."""
+    import numpy as np
+    from unstall.prep.jpeg_rules import jpeg_check
+    from unstall.prep.mixed import payload_tensors
+    from unstall.prep.mixed_parts import image_header
+    from unstall.protocol import VouchedHeader
+
+    files = sorted(p for p in data.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))[: batch * n]
+    blobs = [p.read_bytes() for p in files]
+    flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    payloads = payload_tensors(flat, np.concatenate([[0], np.cumsum([len(b) for b in blobs])]))
+
+    def packed(x: Any) -> int:
+        kind, w, h = image_header(x)
+        c = jpeg_check(x) if kind == "jpeg" else None
+        return -1 if c is None or c.problem else VouchedHeader(w, h, c.standard_tables, c.first_scan).packed()
+
+    headers = np.array([packed(x.numpy()) for x in payloads], dtype=np.int64)
+    return [(payloads[i:i + batch], list(range(i, i + batch)), headers[i:i + batch])
+            for i in range(0, len(payloads) - batch + 1, batch)]
+
+
+def decode_loop(data: str, batch: int, crop: int, device: str, backend: str, stop: Any, count: Any) -> None:
+    """decode(device='mixed') of raw batches, flat out until ``stop`` is set: a PrepLoader's feeding thread's work
+    per batch (the host's checks on vouched rows, the draws, the decode, crop, resize, flip, normalize to bf16
+    channels_last) on its own CUDA stream, without the sidecar; ``count`` (a multiprocessing Value) gains each
+    batch's images."""
+    import torch
+    from unstall import prep
+    from unstall.prep.mixed import MixedDecode
+
+    dev = torch.device(device)
+    batches = raw_batches(Path(data), batch, 4)
+    if not batches:
+        raise SystemExit(f"{data}: fewer JPEGs than one batch of {batch}")
+    ops = [dict(o) for o in prep.imagenet_train(crop, dtype="bfloat16", layout="NHWC", decode_device="mixed",
+                                                decode_backend=backend).ops]
+    mixed = MixedDecode(ops, "bfloat16", "NHWC", dev, memory_format=torch.channels_last)
+    stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        while not stop.is_set():
+            for payloads, ids, headers in batches:
+                mixed(payloads, ids, 0, 7, headers=headers)
+                with count.get_lock():
+                    count.value += len(ids)
+
+
+def beside(key: str, args: argparse.Namespace, data: Path, dev: Any, step: Callable[[Any, Any], None],
+           pids: Sequence[Optional[int]]) -> Row:
+    """The model alone on its synthetic batch while ``decode_loop`` runs in ``BESIDE[key]``: against the model-alone
+    row, a fall in a thread that a process does not show is the GIL's, one in both the device's. The row's name
+    gives what the decoder made meanwhile."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, count = ctx.Event(), ctx.Value("q", 0)
+    argv = (str(data), args.batch, args.crop, str(dev), args.decode_backend, stop, count)
+    worker: Any = (ctx.Process(target=decode_loop, args=argv, daemon=True) if key == "beside_process" else
+                   threading.Thread(target=decode_loop, args=argv, daemon=True))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 600  # a bound on a hang (a first CUDA context, a decoder's start)
+        while count.value == 0:
+            if not worker.is_alive():
+                raise RuntimeError("the decode loop ended before its first batch (its error above)")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the decode loop made no batch in 600 s")
+            time.sleep(0.05)
+        c0, t0 = count.value, time.perf_counter()
+        name = f"{args.model} alone, synthetic batch, beside decode(device='mixed') flat out in {BESIDE[key]}"
+        row = measure(key, name, None, synthetic(args.batch, args.crop, dev), step, args, dev,
+                      [*pids, getattr(worker, "pid", None)])
+        row.row += f" (it made {(count.value - c0) / (time.perf_counter() - t0):,.0f} images/s)"
+        return row
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+
+
 def job(args: argparse.Namespace) -> None:
     """One HP-search job (a process of run_jobs): warm up, await GO, train --steps steps, print RESULT."""
     import torch
@@ -497,7 +584,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
     ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
-                    f"prep_mixed, prep_mixed_nv, prep_mixed_whole, prep_hybrid, {', '.join(HP_ROWS)}; the model-alone row "
+                    f"prep_mixed, prep_mixed_nv, prep_mixed_whole, prep_hybrid, {', '.join(HP_ROWS)}, "
+                    f"{', '.join(BESIDE)}; the model-alone row "
                     "always runs")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
@@ -609,14 +697,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
          lambda: prep_loader(args.crop, args.batch, 6, 1, dev, True, True, "auto", backend=args.decode_backend,
                              hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
     ]
-    chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | set(HP_ROWS)
-    unknown = chosen - {key for key, _, _ in loaders} - set(HP_ROWS)
+    chosen = set(args.rows.split(",")) if args.rows else {key for key, _, _ in loaders} | set(HP_ROWS) | set(BESIDE)
+    unknown = chosen - {key for key, _, _ in loaders} - set(HP_ROWS) - set(BESIDE)
     if unknown:
         raise SystemExit(f"--rows: unknown rows {sorted(unknown)}; rows: {[key for key, _, _ in loaders]}, "
-                         f"{', '.join(HP_ROWS)}")
+                         f"{', '.join(HP_ROWS)}, {', '.join(BESIDE)}")
     loaders = [entry for entry in loaders if entry[0] in chosen]
     hp = [kind for kind in HP_KINDS if f"hp_{kind}" in chosen]
-    total = 1 + len(loaders) * (2 if args.loader_alone else 1) + len(hp)
+    besides = [key for key in BESIDE if key in chosen]
+    total = 1 + len(besides) + len(loaders) * (2 if args.loader_alone else 1) + len(hp)
     trained: list[Row] = []  # the table lists the training rows first, the loaders alone last
     alone: list[Row] = []
 
@@ -644,6 +733,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         model_row = measure("model", f"{args.model} alone, synthetic batch on the device", None,
                         synthetic(args.batch, args.crop, dev), step, args, dev, pids)
         done(model_row, trained)
+        for key in besides:
+            try:
+                done(beside(key, args, data, dev, step, pids), trained)
+            except Exception as e:
+                failed(key, f"{args.model} alone beside decode(device='mixed') in {BESIDE[key]}", e)
         for key, name, make in loaders:
             try:  # a loader that cannot be built (a decoder missing, say) is a failed row too
                 loader, batches = make()

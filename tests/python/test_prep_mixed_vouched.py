@@ -169,3 +169,38 @@ def test_through_a_sidecar_the_members_batches_carry_each_jpegs_header(
     vouched = sum(h >= 0 for h, _ in seen)
     assert vouched == len(seen) if cpu_load == 0 else 0 < vouched < len(seen), seen  # hybrid: not the prepared rows
     assert rule_calls == []
+
+
+def test_a_batch_of_vouched_rows_is_checked_at_once_as_row_by_row(batch: tuple[list[bytes], list[str]],
+                                                                  rule_calls: list[int]) -> None:
+    """``MixedDecode.heads`` checks a batch the sidecar vouched for in array operations only when every row passes
+    as it is: its answer is the rows' own ``_check``; a row without a header, a Motion-JPEG frame (its tables copied
+    in) or a cap crossed sends the batch row by row. The caps at their bounds agree with the row's test."""
+    blobs, keys = batch
+    jpegs = [k for k, b in enumerate(blobs) if _vouch(b) >= 0 and k != keys.index(FRAME.name)]
+    headers = np.array([_vouch(blobs[k]) for k in jpegs], dtype=np.int64)
+    rows, ids, names = _tensors([blobs[k] for k in jpegs]), jpegs, [keys[k] for k in jpegs]
+    decode = _mixed("torchvision")
+    fast = decode._vouched_batch(rows, headers)
+    assert fast is not None and rule_calls == []
+    one_by_one = [decode._check(x, i, k, VouchedHeader.unpack(int(h))) for x, i, k, h in zip(rows, ids, names, headers)]
+    assert [(kind, size) for kind, size, _ in fast] == [(kind, size) for kind, size, _ in one_by_one]
+    assert all(a is b for (_, _, a), (_, _, b) in zip(fast, one_by_one))  # the bytes as they came, no copy
+    assert decode.heads(rows, ids, names, headers) == fast
+    frame = keys.index(FRAME.name)
+    for extra_row, extra_header in ((blobs[frame], _vouch(blobs[frame])), (blobs[0], -1)):
+        more = np.append(headers, extra_header)
+        assert decode._vouched_batch([*rows, *_tensors([extra_row])], more) is None
+    ops = [dict(o) for o in prep.imagenet_train(48, dtype="uint8", layout="NHWC", decode_device="mixed").ops]
+    ops[0].update(max_pixels=160_000, max_aspect_ratio=100)
+    capped = MixedDecode(ops, "uint8", "NHWC", "cpu")
+    for w, h in ((4000, 40), (4001, 40), (40, 4000), (40, 4001), (400, 400), (401, 400), (3, 0), (1, 1)):
+        header = np.array([VouchedHeader(w, h, 0, 0).packed()], dtype=np.int64)
+        row = _tensors([blobs[0]])
+        try:
+            expected: Any = [capped._check(row[0], 0, "x.jpg", VouchedHeader(w, h, 0, 0))]
+        except ValueError:
+            expected = None
+        got = capped._vouched_batch(row, header)
+        assert (got is None) == (expected is None), (w, h)
+        assert got is None or [(k, s) for k, s, _ in got] == [(k, s) for k, s, _ in expected], (w, h)

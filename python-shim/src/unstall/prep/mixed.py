@@ -167,7 +167,7 @@ class MixedDecode:
         on_cpu = [k for k in range(n) if prepared is not None and prepared[k]]  # pixels the sidecar prepared
         encoded = [k for k in range(n) if prepared is None or not prepared[k]]
         names = keys if keys is not None else [""] * n
-        vouched = [None if headers is None else VouchedHeader.unpack(int(headers[k])) for k in encoded]
+        vouched = None if headers is None else np.asarray(headers, dtype=np.int64)[encoded]
         if self.device.type == "cuda" and encoded:
             # nvJPEG's hardware engine writes its outputs before the work queued on the caller's stream ran, into
             # blocks the caching allocator hands out as soon as they are freed on that stream
@@ -204,12 +204,12 @@ class MixedDecode:
             return result.contiguous(memory_format=self.memory_format)
         return result.permute(0, 2, 3, 1).contiguous() if self.layout == "NHWC" else result
 
-    def _decode(self, payloads: List[Any], ids: List[int], keys: List[str], vouched: List[Optional[VouchedHeader]],
+    def _decode(self, payloads: List[Any], ids: List[int], keys: List[str], vouched: Optional[np.ndarray],
                 epoch: int, seed: int) -> Tuple[List[Group], List[Box]]:
         """The encoded samples' decoded pixels, in stacks to resample, and their boxes: JPEGs on the device, the
         other formats the pipeline decodes (PNG; WebP when its ``formats`` name it) on the host, as DALI's mixed
         decoder does with what nvJPEG does not decode."""
-        heads = [self._check(p, i, k, v) for p, i, k, v in zip(payloads, ids, keys, vouched)]
+        heads = self.heads(payloads, ids, keys, vouched)
         payloads = [data for _, _, data in heads]
         jpeg = [j for j, (kind, _, _) in enumerate(heads) if kind == "jpeg"]
         rest = [j for j, (kind, _, _) in enumerate(heads) if kind != "jpeg"]
@@ -237,6 +237,36 @@ class MixedDecode:
         except RuntimeError:
             images = [self._decode_one(p, i, k) for p, i, k in zip(payloads, ids, keys)]  # names the one that fails
         return self._by_size(images, ids, epoch, seed)
+
+    def heads(self, payloads: Sequence[Any], ids: Sequence[int], keys: Sequence[str],
+              vouched: Optional[np.ndarray] = None) -> List[Tuple[str, Tuple[int, int], Any]]:
+        """Each sample's ``_check``: format, ``(height, width)`` and the bytes to decode, or the first refusal.
+        ``vouched``: the rows' packed :class:`~unstall.protocol.VouchedHeader` (-1: none). When the sidecar vouched
+        for every row and every one passes the formats and caps and needs no standard tables, the batch is checked
+        in a few array operations (what ``_check`` would find row by row); else row by row, so that every refusal
+        keeps its words and its order."""
+        fast = self._vouched_batch(payloads, vouched)
+        if fast is not None:
+            return fast
+        unpacked = [None] * len(payloads) if vouched is None else [VouchedHeader.unpack(int(v)) for v in vouched]
+        return [self._check(p, i, k, v) for p, i, k, v in zip(payloads, ids, keys, unpacked)]
+
+    def _vouched_batch(self, payloads: Sequence[Any], vouched: Optional[np.ndarray]
+                       ) -> Optional[List[Tuple[str, Tuple[int, int], Any]]]:
+        """``heads`` of a batch whose every row the sidecar vouched for and passes as it is, else None."""
+        op = self.ops[0]
+        if vouched is None or len(vouched) != len(payloads) or not len(vouched) or "jpeg" not in [
+                str(f) for f in op.get("formats", ("jpeg", "png"))]:
+            return None
+        v = np.asarray(vouched, dtype=np.int64)
+        if (v < 0).any() or (v >> 32 & 0xFF).any():  # none, or a Motion-JPEG frame's standard tables to copy in
+            return None
+        w, h = v & 0xFFFF, v >> 16 & 0xFFFF
+        cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
+        short, long = np.minimum(w, h), np.maximum(w, h)
+        if (w * h > cap).any() or ((short > 0) & (long / np.maximum(short, 1) > ratio)).any():
+            return None  # row by row, for the refusal's words
+        return [("jpeg", (hh, ww), data) for hh, ww, data in zip(h.tolist(), w.tolist(), payloads)]
 
     def _check(self, data: Any, sample_id: int, key: str, vouched: Optional[VouchedHeader] = None
                ) -> Tuple[str, Tuple[int, int], Any]:
