@@ -258,9 +258,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     lines += ["", f"The host's checks before the decode (formats, caps, the JPEG structure rules; MixedDecode._check): "
               f"{check_ms:.2f} ms per batch of {args.batch}, {1e3 * check_ms / args.batch:.1f} us per image (this "
               "process's CPU, on any device).", "",
-              f"The same for rows whose header the sidecar vouches for ({vouched} of {need} JPEGs, MixedDecode.heads a batch at "
-              f"a time; headers packed here "
-              f"from jpeg_rules' answer, which equals the sidecar's): {vouched_ms:.3f} ms per batch, "
+              f"The same for rows whose header the sidecar vouches for ({vouched} of {need} JPEGs, MixedDecode.heads "
+              f"a batch at a time; headers packed here from jpeg_rules' answer, which equals the sidecar's): "
+              f"{vouched_ms:.3f} ms per batch, "
               f"{1e3 * vouched_ms / args.batch:.2f} us per image.", "",
               f"The draws (each sample's window and flip, MixedDecode.boxes, a batch at a time): "
               f"{1e6 * statistics.mean(draw_s) / need:.2f} us per image.", "",
