@@ -15,7 +15,8 @@ from test_prep_mixed import NEEDS_NVIMGCODEC
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "bench_gpu.py"
 
-TRAINING = ["model", "beside_thread", "beside_process", "torch", "unstall", "prep", "prep_device", "prep_mixed", "prep_mixed_nv", "prep_mixed_whole",
+TRAINING = ["model", "beside_thread", "beside_process",
+            "torch", "unstall", "prep", "prep_device", "prep_mixed", "prep_mixed_nv", "prep_mixed_whole",
             "prep_hybrid", "hp_torch", "hp_prep", "hp_mixed", "hp_mixed_solo"]
 ALONE = ["torch_alone", "unstall_alone", "prep_alone", "prep_device_alone", "prep_mixed_alone",
          "prep_mixed_nv_alone", "prep_mixed_whole_alone", "prep_hybrid_alone"]
