@@ -37,7 +37,7 @@ from typing import Any, Callable, List, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import add_photo_options, dataset_dir, git_commit, gpu_name, sync  # noqa: E402
+from bench_gpu import add_photo_options, dataset_dir, git_commit, gpu_name, raw_batches, sync  # noqa: E402
 from _report import header  # noqa: E402
 
 BACKENDS = ("torchvision", "nvimgcodec")
@@ -101,15 +101,12 @@ def sidecar_read(jar: Path, files: Sequence[Path], rounds: int) -> Any:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
-    import numpy as np
     import torch
 
     from unstall import prep
-    from unstall.prep.jpeg_rules import jpeg_check
-    from unstall.prep.mixed import MixedDecode, payload_tensors
+    from unstall.prep.mixed import MixedDecode
     from unstall.prep.mixed_parts import image_header
     from unstall.prep.nvimgcodec_decode import STACK_SLACK, stack_groups
-    from unstall.protocol import VouchedHeader
 
     dev = torch.device(args.device)
     data = dataset_dir(args)
@@ -117,11 +114,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     need = args.batch * args.batches
     if len(files) < need:
         raise SystemExit(f"{data}: {len(files)} JPEGs, fewer than {args.batches} batches of {args.batch}")
-    blobs = [p.read_bytes() for p in files[:need]]
-    flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])])
-    payloads = payload_tensors(flat, offsets)
-    batches = [(payloads[i:i + args.batch], list(range(i, i + args.batch))) for i in range(0, need, args.batch)]
+    raw = raw_batches(data, args.batch, args.batches)  # each row's bytes, and the header the sidecar vouches for
+    batches = [(p, ids) for p, ids, _ in raw]
     keys = [""] * args.batch
     def decoder(backend: str, extra: dict[str, Any]) -> MixedDecode:
         ops = [dict(o) for o in prep.imagenet_train(args.crop, dtype="uint8", layout="NHWC", decode_device="mixed",
@@ -200,14 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             for x, i in zip(p, ids):
                 mixed._check(x, i, "")
 
-    def packed(x: Any) -> int:  # the header the sidecar vouches for: the JPEGs these rules pass
-        kind, w, h = image_header(x)
-        c = jpeg_check(x) if kind == "jpeg" else None
-        return -1 if c is None or c.problem else VouchedHeader(w, h, c.standard_tables, c.first_scan).packed()
-
-    headers = [[packed(x.numpy()) for x in p] for p, _ in batches]
-
-    vouched_arrays = [np.array(hs, dtype=np.int64) for hs in headers]
+    vouched_arrays = [hs for _, _, hs in raw]
 
     def vouched_checks() -> None:  # the same, each batch with its headers as it carries them (formats and caps)
         for (p, ids), hs in zip(batches, vouched_arrays):
@@ -254,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         lines.append(f"| {name} | {statistics.mean(per):.1f} | {', '.join(f'{v:.1f}' for v in per)} |")
     check_ms = statistics.mean(1e3 * s / args.batches for s in check_s)
     vouched_ms = statistics.mean(1e3 * s / args.batches for s in vouched_s)
-    vouched = sum(v >= 0 for hs in headers for v in hs)
+    vouched = sum(int((hs >= 0).sum()) for hs in vouched_arrays)
     lines += ["", f"The host's checks before the decode (formats, caps, the JPEG structure rules; MixedDecode._check): "
               f"{check_ms:.2f} ms per batch of {args.batch}, {1e3 * check_ms / args.batch:.1f} us per image (this "
               "process's CPU, on any device).", "",
