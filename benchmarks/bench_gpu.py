@@ -31,8 +31,8 @@ of the model-alone rate, busy cores (the CPU of this process, its workers, the s
 benchmarks/_cpu.py, over the row's wall time), the machine's busy cores, images per busy core, the training
 thread's CPU ms and wall ms per batch to get the next batch onto the device (``next()`` plus the copy; the wall ms
 is the stall the trainer sees, waiting there), and for the device rows the part of the CPU ms the loader's
-``device_stats`` count (the hand-out to the device). Ratios are against the model-alone row of the
-same run; nothing is asserted.
+``device_stats`` count (the hand-out to the device), and the training thread's CPU ms per step (the model's
+launches). Ratios are against the model-alone row of the same run; nothing is asserted.
 
     python benchmarks/bench_gpu.py [--model resnet18|resnet50] [--batch 256] [--steps 100] [--warmup 20]
         [--workers N] [--jobs 4] [--images 9600] [--size 500x375] [--data DIR] [--device cuda|cpu]
@@ -330,6 +330,7 @@ class Row:
     wall_s: float = 0.0
     error: Optional[str] = None  # the row failed: what it raised (the run goes on with the next row)
     decodes: Optional[dict[str, int]] = None  # hp_mixed*: the jobs' batches decoded, received from another, fallbacks
+    step_cpu_ms_per_batch: Optional[float] = None  # the training thread's CPU in the step (the model's launches)
 
     @property
     def images_per_busy_core(self) -> Optional[float]:
@@ -341,18 +342,21 @@ def machine_cores(busy_s: float, idle_s: float) -> float:
     return busy_s / max(busy_s + idle_s, 1e-9) * (os.cpu_count() or 1)
 
 
-def run_steps(batches: Batches, step: Optional[Callable[[Any, Any], None]], n: int) -> Tuple[float, float]:
+def run_steps(batches: Batches, step: Optional[Callable[[Any, Any], None]], n: int) -> Tuple[float, float, float]:
     """``n`` steps (or with ``step=None`` just ``n`` batches): the training thread's CPU and wall seconds in
-    ``next()``."""
-    cpu = wall = 0.0
+    ``next()``, and its CPU seconds in the steps (the model's launches: near their wall time, the model is bound by
+    this thread, and whatever holds the GIL beside it slows it)."""
+    cpu = wall = in_step = 0.0
     for _ in range(n):
         c, w = time.thread_time(), time.perf_counter()
         images, labels = next(batches)
         cpu += time.thread_time() - c
         wall += time.perf_counter() - w
         if step is not None:
+            c = time.thread_time()
             step(images, labels)
-    return cpu, wall
+            in_step += time.thread_time() - c
+    return cpu, wall, in_step
 
 
 def measure(key: str, name: str, loader: Any, batches: Batches, step: Optional[Callable[[Any, Any], None]],
@@ -362,13 +366,13 @@ def measure(key: str, name: str, loader: Any, batches: Batches, step: Optional[C
     sync(dev)
     with CpuMeter([os.getpid(), *pids]) as cpu:
         m0, h0, t0 = machine_busy(), handed_out(loader), time.perf_counter()
-        in_next, in_next_wall = run_steps(batches, step, args.steps)
+        in_next, in_next_wall, in_step = run_steps(batches, step, args.steps)
         sync(dev)
         wall, m1, h1 = time.perf_counter() - t0, machine_busy(), handed_out(loader)
     images = args.steps * args.batch
     return Row(key, name, images / wall, cpu.seconds / wall, machine_cores(m1[0] - m0[0], m1[1] - m0[1]),
                1e3 * in_next / args.steps, 1e3 * in_next_wall / args.steps, copy_ms(h0, h1), images=images,
-               wall_s=wall)
+               wall_s=wall, step_cpu_ms_per_batch=1e3 * in_step / args.steps if step is not None else None)
 
 
 def raw_batches(data: Path, batch: int, n: int) -> list[Tuple[list[Any], list[int], Any]]:
@@ -474,7 +478,7 @@ def job(args: argparse.Namespace) -> None:
     sync(dev)
     await_go()
     t0, c0, h0 = time.time(), self_cpu(), handed_out(loader)
-    in_next, in_next_wall = run_steps(batches, step, args.steps)
+    in_next, in_next_wall, _ = run_steps(batches, step, args.steps)
     sync(dev)
     result = {"start": t0, "end": time.time(), "cpu": self_cpu() - c0, "images": args.steps * args.batch,
               "input_ms": 1e3 * in_next / args.steps, "input_wall_ms": 1e3 * in_next_wall / args.steps,
@@ -543,16 +547,16 @@ def fmt(value: Optional[float], digits: int = 0) -> str:
 def table(rows: Sequence[Row]) -> list[str]:
     lines = ["| row | images/s | of the model alone | busy cores | machine busy cores | images/s per busy core | "
              "training thread CPU ms per batch: next() + copy | training thread wall ms per batch in next() | "
-             "of which the hand-out to the device (device_stats, CPU ms) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "of which the hand-out to the device (device_stats, CPU ms) | training thread CPU ms per step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.error is not None:
-            lines.append(f"| {r.row} | failed: {r.error} | - | - | - | - | - | - | - |")
+            lines.append(f"| {r.row} | failed: {r.error} | - | - | - | - | - | - | - | - |")
             continue
         lines.append(f"| {r.row} | {fmt(r.images_per_s)} | {fmt(r.of_model_alone, 2)} | {fmt(r.busy_cores, 1)} | "
                      f"{fmt(r.machine_busy_cores, 1)} | {fmt(r.images_per_busy_core)} | "
                      f"{fmt(r.input_cpu_ms_per_batch, 2)} | {fmt(r.input_wall_ms_per_batch, 2)} | "
-                     f"{fmt(r.copy_cpu_ms_per_batch, 2)} |")
+                     f"{fmt(r.copy_cpu_ms_per_batch, 2)} | {fmt(r.step_cpu_ms_per_batch, 2)} |")
     shared = [r for r in rows if r.decodes is not None and r.error is None]
     if shared:
         lines.append("")
@@ -590,6 +594,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
                     "the CPU a node has left per GPU")
     ap.add_argument("--json", type=Path, help="also write the table and the run's header as JSON")
+    ap.add_argument("--data-only", action="store_true",
+                    help="make the data (generated once under --cache-dir) and exit: gpu_node.sh runs it while the "
+                         "tests run")
     ap.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
                     help="the device's decoder in the decode(device='mixed') rows (default auto: torchvision on "
                          "CUDA, elsewhere nvImageCodec where it imports, else torchvision)")
@@ -659,6 +666,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     if args.job:
         job(args)
+        return
+    if args.data_only:  # on every core, before any pinning
+        print(dataset_dir(args))
         return
 
     pin_trainer(args)

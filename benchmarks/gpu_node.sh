@@ -7,12 +7,13 @@
 # installs the bundle's wheels into a private directory (nothing system-wide), checks that the sidecar starts on the
 # bundled Java runtime, then runs bench_gpu.py once per model (MODELS: comma-separated, default resnet18,resnet50)
 # and writes each table (.md), its JSON and the log to OUT_DIR. GPU_NODE_PYTEST="PATH ..." runs those tests first
-# (their CUDA cases run there; at most GPU_NODE_PYTEST_TIMEOUT seconds, 900), the log to OUT_DIR/pytest.log.
+# (their CUDA cases run there; at most GPU_NODE_PYTEST_TIMEOUT seconds, 900), the log to OUT_DIR/pytest.log, while
+# bench_gpu's data is made (OUT_DIR/data.log).
 # GPU_NODE_SHARE="bench_decode_share.py options" runs that benchmark (--device cuda) before the models, and
 # GPU_NODE_MIXED="bench_mixed_backends.py options" that one (the device decode alone, e.g. --variants whole,hw0,hw100),
 # GPU_NODE_HYBRID="bench_hybrid.py options" that one (one job: the sidecar alone, the device alone, the split).
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 bundle=$1 out=$2 models=${3:-resnet18,resnet50}
 shift $(( $# >= 3 ? 3 : 2 ))
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +38,9 @@ print(f"export UNSTALL_JAVA={shlex.quote(str(java))} UNSTALL_SIDECAR_JAR={shlex.
 PY
 )"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu_node: /' || true
+# bench_gpu's data, made while the tests run (generated once per node: a minute or more on 16 cores)
+"$python" "$here/bench_gpu.py" --data-only "$@" > "$out/data.log" 2>&1 &
+data_pid=$!
 if [ -n "${GPU_NODE_PYTEST:-}" ]; then  # test paths to run first, on this node's GPU (their CUDA cases too)
   read -r -a tests <<< "$GPU_NODE_PYTEST"
   (cd "$here/.." && timeout "${GPU_NODE_PYTEST_TIMEOUT:-900}" "$python" -m pytest -v -p no:cacheprovider -rfs \
@@ -64,6 +68,7 @@ if [ -n "${GPU_NODE_HYBRID+x}" ]; then  # one job: the sidecar's cores, the devi
     2> >(tee "$out/hybrid-$stamp.log" >&2) | tee "$out/hybrid-$stamp.md" || true
 fi
 
+wait "$data_pid" || { cat "$out/data.log" >&2; exit 1; }
 IFS=, read -r -a model_list <<< "$models"
 for model in "${model_list[@]}"; do
   stamp=$(date -u +%Y-%m-%dT%H%M)

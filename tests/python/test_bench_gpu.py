@@ -39,6 +39,11 @@ def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp
         assert r["input_wall_ms_per_batch"] >= 0, r  # the stall the trainer sees, in every row
         assert f"| {r['row']} | {r['images_per_s']:,.0f} |" in run.stdout, r["row"]
     assert rows[0]["of_model_alone"] == 1.0
+    # the training thread's CPU in the steps: every row that trains in this process, none that does not
+    assert [r["key"] for r in rows if r["step_cpu_ms_per_batch"] is not None] == [
+        key for key in TRAINING if not key.startswith("hp_")]
+    assert all(r["step_cpu_ms_per_batch"] > 0 for r in rows if r["step_cpu_ms_per_batch"] is not None)
+    assert "| training thread CPU ms per step |" in run.stdout
     assert "| training thread wall ms per batch in next() |" in run.stdout
     assert [r["key"] for r in rows if r["copy_cpu_ms_per_batch"] is not None] == [
         "unstall", "prep_device", "prep_mixed", "prep_mixed_nv", "prep_mixed_whole", "prep_hybrid", "hp_prep", "hp_mixed",

@@ -168,5 +168,6 @@ def test_gpu_node_runs_every_part_of_the_prepared_gpu_run_on_the_cpu(bundle: Pat
     assert any(f.startswith("gpu-resnet18-") and f.endswith(".json") for f in files), files
     assert len(json.loads(next(out.glob("hybrid-*.json")).read_text())["rows"]) == 3, files
     assert " passed" in (out / "pytest.log").read_text()
+    assert (out / "data.log").read_text().splitlines()[-1].endswith("n48-64x48-q75")  # made while the tests ran
     rows = json.loads(next(out.glob("gpu-resnet18-*.json")).read_text())["rows"]
     assert len(rows) > 10 and all(r["error"] is None and r["images_per_s"] > 0 for r in rows), rows
