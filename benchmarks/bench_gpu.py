@@ -18,7 +18,8 @@ on channels_last input, ``--warmup`` steps and then ``--steps`` measured steps p
   * the same with ``decode(device="mixed")``: the sidecar serves the stored JPEG bytes, the loader decodes them
     on the device (``--decode-backend``, default auto: torchvision's whole images on CUDA; nvImageCodec, decoding
     each crop window only; nvJPEG either way on CUDA) and crops, flips and normalizes them there; ``prep_mixed_nv``:
-    the same with nvImageCodec's region decode whatever ``--decode-backend`` says; ``prep_mixed_whole``:
+    the same with nvImageCodec's region decode whatever ``--decode-backend`` says; ``prep_mixed_proc``: the
+    decode in a process of its own (``decode_workers=1``); ``prep_mixed_whole``:
     nvImageCodec decoding whole images (``roi=False``: a hardware decoder's case);
   * the same with ``cpu_load="auto"``: of each batch the sidecar prepares the share it keeps up with, the device
     decodes the rest (the split tuned online);
@@ -239,7 +240,8 @@ def unstall_loader(sidecar: Any, crop: int, batch: int, workers: int, seed: int,
 
 def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool, mixed: bool = False,
                 cpu_load: Any = None, device_share: bool = True, backend: str = "auto", roi: Optional[bool] = None,
-                hw_decoder_load: Optional[float] = None, **where: Any) -> Tuple[Any, Batches]:
+                hw_decoder_load: Optional[float] = None, decode_workers: int = 0,
+                **where: Any) -> Tuple[Any, Batches]:
     """A PrepLoader in a group of ``k``: host uint8 batches normalized by hand, or (``device``) batches the
     loader puts on the device, normalized there from the sidecar's uint8, or (``mixed``) decoded there from the
     stored JPEG bytes (``decode(device="mixed", cpu_load=, backend=, roi=, hw_decoder_load=)``; ``device_share``: the group's
@@ -257,7 +259,7 @@ def prep_loader(crop: int, batch: int, seed: int, k: int, dev: Any, device: bool
                                   *pipe.ops[1:]), layout="NHWC", dtype="bfloat16")
         loader = prep.PrepLoader(DATASET, pipe, batch_size=batch, seed=seed, group_size=k, drop_last=True,
                                  device=str(dev), device_prefetch=2, memory_format=torch.channels_last,
-                                 device_share=device_share, **where)
+                                 device_share=device_share, decode_workers=decode_workers, **where)
         return loader, on_device(forever(loader), dev)
     loader = prep.PrepLoader(DATASET, prep.imagenet_train(crop, dtype="uint8"), batch_size=batch, seed=seed,
                              group_size=k, drop_last=True, **where)
@@ -316,7 +318,8 @@ def close(loader: Any, batches: Iterator[Any]) -> None:
 
 @dataclasses.dataclass
 class Row:
-    key: str  # stable across runs: model, torch, unstall, prep, prep_device, prep_mixed, prep_mixed_nv,
+    key: str  # stable across runs: model, beside_*, torch, unstall, prep, prep_device, prep_mixed, prep_mixed_proc,
+    # prep_mixed_nv,
     # prep_mixed_whole, prep_hybrid, hp_torch, hp_prep, hp_mixed, hp_mixed_solo; KEY_alone
     row: str
     images_per_s: float
@@ -588,7 +591,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-loader-alone", dest="loader_alone", action="store_false",
                     help="leave out the loader-alone rows")
     ap.add_argument("--rows", help="comma-separated rows to run (default all): torch, unstall, prep, prep_device, "
-                    f"prep_mixed, prep_mixed_nv, prep_mixed_whole, prep_hybrid, {', '.join(HP_ROWS)}, "
+                    f"prep_mixed, prep_mixed_proc, prep_mixed_nv, prep_mixed_whole, prep_hybrid, {', '.join(HP_ROWS)}, "
                     f"{', '.join(BESIDE)}; the model-alone row "
                     "always runs")
     ap.add_argument("--sidecar-cpus", type=int, help="run the sidecar on the first N cores only (taskset -c 0-N-1): "
@@ -694,6 +697,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ("prep_mixed", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed')",
          lambda: prep_loader(args.crop, args.batch, 5, 1, dev, True, True, backend=args.decode_backend,
                              hw_decoder_load=args.hw_decoder_load, sidecar=sidecar)),
+        ("prep_mixed_proc", f"PrepLoader(device={str(dev)!r}, decode_workers=1), bf16 channels_last, "
+         "decode(device='mixed') in a process of its own",
+         lambda: prep_loader(args.crop, args.batch, 9, 1, dev, True, True, backend=args.decode_backend,
+                             hw_decoder_load=args.hw_decoder_load, decode_workers=1, sidecar=sidecar)),
         ("prep_mixed_nv", f"PrepLoader(device={str(dev)!r}), bf16 channels_last, decode(device='mixed', "
          "backend='nvimgcodec'): each crop window decoded",
          lambda: prep_loader(args.crop, args.batch, 7, 1, dev, True, True, backend="nvimgcodec",

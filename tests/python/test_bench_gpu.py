@@ -16,10 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "bench_gpu.py"
 
 TRAINING = ["model", "beside_thread", "beside_process",
-            "torch", "unstall", "prep", "prep_device", "prep_mixed", "prep_mixed_nv", "prep_mixed_whole",
-            "prep_hybrid", "hp_torch", "hp_prep", "hp_mixed", "hp_mixed_solo"]
+            "torch", "unstall", "prep", "prep_device", "prep_mixed", "prep_mixed_proc", "prep_mixed_nv",
+            "prep_mixed_whole", "prep_hybrid", "hp_torch", "hp_prep", "hp_mixed", "hp_mixed_solo"]
 ALONE = ["torch_alone", "unstall_alone", "prep_alone", "prep_device_alone", "prep_mixed_alone",
-         "prep_mixed_nv_alone", "prep_mixed_whole_alone", "prep_hybrid_alone"]
+         "prep_mixed_proc_alone", "prep_mixed_nv_alone", "prep_mixed_whole_alone", "prep_hybrid_alone"]
 
 
 @pytest.mark.slow
@@ -46,8 +46,9 @@ def test_toy_run_prints_every_row_and_writes_them_as_json(sidecar_jar: Path, tmp
     assert "| training thread CPU ms per step |" in run.stdout
     assert "| training thread wall ms per batch in next() |" in run.stdout
     assert [r["key"] for r in rows if r["copy_cpu_ms_per_batch"] is not None] == [
-        "unstall", "prep_device", "prep_mixed", "prep_mixed_nv", "prep_mixed_whole", "prep_hybrid", "hp_prep", "hp_mixed",
-        "hp_mixed_solo", "unstall_alone", "prep_device_alone", "prep_mixed_alone", "prep_mixed_nv_alone",
+        "unstall", "prep_device", "prep_mixed", "prep_mixed_proc", "prep_mixed_nv", "prep_mixed_whole", "prep_hybrid",
+        "hp_prep", "hp_mixed", "hp_mixed_solo", "unstall_alone", "prep_device_alone", "prep_mixed_alone",
+        "prep_mixed_proc_alone", "prep_mixed_nv_alone",
         "prep_mixed_whole_alone", "prep_hybrid_alone"]
     by_key = {r["key"]: r for r in rows}
     shared, solo = by_key["hp_mixed"]["decodes"], by_key["hp_mixed_solo"]["decodes"]

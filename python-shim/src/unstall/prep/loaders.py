@@ -119,6 +119,9 @@ class PrepLoader(GroupLoader):
     ``share_stats`` counts what this member decoded, served and received. Once another member is there (from the
     first batch with ``group_size > 1``; else from the first batch one asked the other for) it keeps its last few
     decoded batches on offer (device memory: about ``2 * (device_prefetch + window)`` batches); alone, none.
+
+    ``decode_workers`` (``decode(device="mixed")`` only; default 0): 1 decodes in a process of its own on the device,
+    off the training thread's interpreter lock (:mod:`unstall.prep.decode_worker`).
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class PrepLoader(GroupLoader):
         device_prefetch: int = 2,
         memory_format: Any = None,
         device_share: bool = True,
+        decode_workers: int = 0,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         **join_kwargs: Any,
@@ -144,6 +148,14 @@ class PrepLoader(GroupLoader):
         self._decode_share: Optional[DecodeShare] = None
         self._share_scope: Tuple[Optional[str], bytes] = (None, b"")  # (group, its scope digest): _share_for
         self._device_share = bool(device_share)
+        if decode_workers not in (0, 1) or isinstance(decode_workers, bool):
+            raise ValueError("decode_workers must be 0 (decode(device='mixed') on the prefetcher's thread) or 1 (in a "
+                             f"process of its own), got {decode_workers!r}")
+        self._decode_worker: Any = None  # decode_worker.LoaderWorker (decode_workers=1)
+        if decode_workers:
+            from .decode_worker import LoaderWorker
+
+            self._decode_worker = LoaderWorker()
         if pipeline is not None and decode_device(pipeline) == MIXED:
             if device is None:
                 raise ValueError("decode(device='mixed') decodes on the loader's device: pass device= ('cuda'; "
@@ -157,6 +169,9 @@ class PrepLoader(GroupLoader):
                 join_kwargs["hybrid"] = {"cpu_load": self._mixed.cpu_load}
                 self._rates = MemberRates()
                 join_kwargs["rates"] = self._rates.report
+        if decode_workers and self._mixed is None:
+            raise ValueError("decode_workers applies to decode(device='mixed') only: the sidecar prepares the other "
+                             "pipelines")
         if device is not None or memory_format is not None:
             import torch
 
@@ -232,6 +247,8 @@ class PrepLoader(GroupLoader):
         self._epochs.close()
         if self._decode_share is not None:
             self._decode_share.close()
+        if self._decode_worker is not None:
+            self._decode_worker.close()
         super().close()
 
     @property
@@ -262,6 +279,11 @@ class PrepLoader(GroupLoader):
         timing = None if rates is None else (lambda n, work: rates.timed(mixed.device, n, work))
 
         def decode() -> Any:
+            if self._decode_worker is not None:  # None back: no worker now, decoded here
+                images = self._decode_worker(mixed, p, ids, batch.epoch, seed, prepared,
+                                             self.membership.info.get("decode_limits"), rates)
+                if images is not None:
+                    return images
             return mixed(payload_tensors(p.data, p.offsets), ids, batch.epoch, seed, p.keys, prepared, timing,
                          p.headers)
 

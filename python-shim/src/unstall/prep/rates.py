@@ -59,6 +59,10 @@ class MemberRates:
             start, end, samples = self._pending.popleft()
             self._average("_decode", start.elapsed_time(end) / 1e3 / samples)
 
+    def decoded(self, per_sample: float) -> None:
+        """The device's decode seconds per sample, measured where the decode ran (a decode worker)."""
+        self._average("_decode", per_sample)
+
     def stepped(self, seconds: float) -> None:
         """The loop spent ``seconds`` between two batches, outside ``next()``."""
         self._average("_step", seconds)
