@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from test_prep_mixed import _epochs, env  # noqa: F401  (the module's sidecar and JPEGs)
-from test_prep_support import PrepEnv
+from test_prep_support import REPO, PrepEnv
 
 from unstall import prep  # noqa: E402
 from unstall.prep.decode_worker import DecodeWorker  # noqa: E402
@@ -97,3 +97,32 @@ def test_the_option_is_checked_by_name(env: tuple[PrepEnv, list[Path]]) -> None:
     with pytest.raises(ValueError, match=r"decode_workers applies to decode\(device='mixed'\)"):
         prep.PrepLoader("jpegs", prep.imagenet_train(48), batch_size=4, device="cpu", decode_workers=1,
                         sidecar=e.sidecar)
+
+
+def test_a_trainer_script_without_a_main_guard_is_not_run_again_by_the_worker(
+        env: tuple[PrepEnv, list[Path]], tmp_path: Path) -> None:  # noqa: F811
+    """The worker is a new interpreter running ``unstall.prep.decode_worker``, not the trainer's script again (which
+    multiprocessing's spawn would do): a script with no ``if __name__ == "__main__":`` guard runs once."""
+    import subprocess
+    import sys
+
+    e, _ = env
+    runs = tmp_path / "runs.txt"
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import unstall
+from unstall import prep
+with open({str(runs)!r}, "a") as f:
+    f.write("run\\n")
+client = unstall.FlightClient({e.location!r}, {e.sidecar.token!r})
+with prep.PrepLoader("jpegs", prep.imagenet_train(48, dtype="uint8", decode_device="mixed"), batch_size=4,
+                     device="cpu", epochs=1, client=client, decode_workers=1) as loader:
+    images, labels = next(iter(loader))
+    assert tuple(images.shape) == (4, 3, 48, 48), images.shape
+    assert loader._decode_worker.process.batches >= 1
+print("ok")
+""")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO / "python-shim" / "src")))
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+    assert runs.read_text() == "run\n"

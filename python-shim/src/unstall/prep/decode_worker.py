@@ -12,9 +12,15 @@ Loaded only by a ``PrepLoader`` with ``decode_workers=1``: ``import unstall`` im
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
 import threading
 import warnings
 from contextlib import nullcontext
+from multiprocessing.connection import Connection
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,20 +41,28 @@ class DecodeWorker:
 
     def __init__(self, ops: Sequence[Mapping[str, Any]], dtype: str, layout: str, device: Any,
                  memory_format: Any = None) -> None:
+        import multiprocessing
+
         import torch
-        import torch.multiprocessing as tmp
 
         fmt = next((name for name in _MEMORY_FORMATS if memory_format is not None
                     and memory_format == getattr(torch, name)), None)
         if memory_format is not None and fmt is None:
             raise ValueError(f"decode_workers: memory_format must be one of torch.{', torch.'.join(_MEMORY_FORMATS)}"
                              f", got {memory_format!r}")
-        ctx = tmp.get_context("spawn")  # a CUDA context does not survive a fork
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, [dict(o) for o in ops], dtype, layout, str(device), fmt),
-                                 daemon=True, name="unstall-decode")
-        self._proc.start()
-        child.close()
+        # A new interpreter (a CUDA context does not survive a fork), started as `python -m` over an inherited
+        # socket: multiprocessing's spawn would run the trainer's script again in it, which a script without an
+        # `if __name__ == "__main__":` guard does not survive. The same import path as this process.
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), UNSTALL_DECODE_FD=str(theirs.fileno()))
+        self._proc = subprocess.Popen([sys.executable, "-m", "unstall.prep.decode_worker"], env=env,
+                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        # the pipe's first message: this process's key, which the worker's shared tensors are fetched with (on the
+        # CPU their file descriptors come through its resource sharer), and what to run
+        self._conn.send_bytes(bytes(multiprocessing.current_process().authkey))
+        self._conn.send(([dict(o) for o in ops], dtype, layout, str(device), fmt))
         self._lock = threading.Lock()
         self._shm: Any = None
         self.pid = self._proc.pid
@@ -70,9 +84,10 @@ class DecodeWorker:
                                  None if limits is None else dict(limits)))
                 reply = self._conn.recv()
             except (EOFError, OSError) as e:
-                self._proc.join(timeout=5)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=5)
                 raise DecodeWorkerGone(f"the decode worker (pid {self.pid}) ended, exit code "
-                                       f"{self._proc.exitcode}: {type(e).__name__}") from e
+                                       f"{self._proc.returncode}: {type(e).__name__}") from e
         if reply[0] == "error":
             _, kind, message = reply
             raise (ValueError if kind == "ValueError" else RuntimeError)(message)
@@ -98,10 +113,11 @@ class DecodeWorker:
                 self._conn.send(None)
             except (OSError, ValueError):
                 pass
-            self._proc.join(timeout=10)
-            if self._proc.is_alive():
-                self._proc.terminate()
-                self._proc.join(timeout=5)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
             self._conn.close()
             if self._shm is not None:
                 _drop(self._shm)
@@ -215,3 +231,18 @@ def _serve(conn: Any, ops: Sequence[Mapping[str, Any]], dtype: str, layout: str,
                 torch.cuda.ipc_collect()  # the blocks the loader copied out of and let go of: back to the allocator
         except Exception as e:  # the batch's refusal, in the decode's words; the worker goes on
             conn.send(("error", type(e).__name__, str(e)))
+
+
+def _main() -> None:
+    """``python -m unstall.prep.decode_worker``, as ``DecodeWorker`` starts it: the socket it inherited, the
+    loader's key, then what to run."""
+    import multiprocessing
+
+    conn = Connection(int(os.environ["UNSTALL_DECODE_FD"]))
+    multiprocessing.current_process().authkey = conn.recv_bytes()
+    ops, dtype, layout, device, memory_format = conn.recv()
+    _serve(conn, ops, dtype, layout, device, memory_format)
+
+
+if __name__ == "__main__":
+    _main()
