@@ -258,10 +258,9 @@ class MixedDecode:
         if vouched is None or len(vouched) != len(payloads) or not len(vouched) or "jpeg" not in [
                 str(f) for f in op.get("formats", ("jpeg", "png"))]:
             return None
-        v = np.asarray(vouched, dtype=np.int64)
-        if (v < 0).any() or (v >> 32 & 0xFF).any():  # none, or a Motion-JPEG frame's standard tables to copy in
+        w, h, standard_tables, _ = VouchedHeader.unpack_all(vouched)
+        if (np.asarray(vouched) < 0).any() or standard_tables.any():  # none, or a Motion-JPEG frame's tables to copy in
             return None
-        w, h = v & 0xFFFF, v >> 16 & 0xFFFF
         cap, ratio = int(op.get("max_pixels", self._limits[0])), float(op.get("max_aspect_ratio", self._limits[1]))
         short, long = np.minimum(w, h), np.maximum(w, h)
         if (w * h > cap).any() or ((short > 0) & (long / np.maximum(short, 1) > ratio)).any():

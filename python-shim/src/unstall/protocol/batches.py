@@ -238,6 +238,13 @@ class VouchedHeader(NamedTuple):
             return None
         return VouchedHeader(value & 0xFFFF, value >> 16 & 0xFFFF, value >> 32 & 0xFF, value >> 40)
 
+    @staticmethod
+    def unpack_all(values: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The fields of a batch's packed ``values`` (none: -1) as int64 arrays, in the fields' order (``unpack`` a
+        row at a time)."""
+        v = np.asarray(values, dtype=np.int64)
+        return v & 0xFFFF, v >> 16 & 0xFFFF, v >> 32 & 0xFF, v >> 40
+
 
 class PayloadBatch(NamedTuple):
     """A raw (or hybrid) prep batch's payloads without a copy: row ``i`` is ``data[offsets[i]:offsets[i + 1]]``,
